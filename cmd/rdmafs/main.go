@@ -1,0 +1,37 @@
+// Command rdmafs is the rdmafs multi-tool: the metadata server, the FUSE client,
+// administration and benchmarks. Each subcommand lives in its own file and only
+// parses flags, wires components together and handles signals; the logic lives in
+// the library packages.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newRootCommand().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "rdmafs:", err)
+		os.Exit(1)
+	}
+}
+
+// newRootCommand assembles the command tree. Subcommands register themselves in
+// subcommands (one constructor per file) so that files do not collide.
+func newRootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "rdmafs",
+		Short:         "rdmafs: an erasure-coded distributed file system with an RDMA data path",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newBenchCommand())
+	return root
+}
