@@ -5,7 +5,10 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/rdma"
 	"github.com/rdmafs/rdmafs/rdma/internal/soft"
@@ -80,6 +83,18 @@ type queuePair struct {
 	out  []outItem
 	kick chan struct{}
 
+	// The socket writer's state, guarded by wmu (taken before mu).
+	wmu      sync.Mutex
+	wIOV     [][]byte  // the unwritten rest of the current batch
+	wItems   []outItem // the responses of the current batch
+	wHdrs    []byte    // arena of the current batch's headers
+	wBufs    net.Buffers
+	raw      syscall.RawConn
+	iovecs   []unix.Iovec
+	wn       int
+	werr     error
+	writevFn func(fd uintptr) bool
+
 	failStatus   rdma.WCStatus
 	running      atomic.Int32 // reader and writer goroutines alive
 	tornDown     bool
@@ -144,6 +159,18 @@ func (q *queuePair) start(conn net.Conn, peerRNR time.Duration) error {
 		q.mu.Unlock()
 		return fmt.Errorf("tcp: connect qp %d in state %v: %w", q.num, q.state, rdma.ErrInvalidState)
 	}
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		q.mu.Unlock()
+		return fmt.Errorf("tcp: connection %T has no file descriptor", conn)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		q.mu.Unlock()
+		return fmt.Errorf("tcp: connection descriptor: %w", err)
+	}
+	q.raw = raw
+	q.writevFn = q.writev
 	q.conn, q.remote, q.peerRNR = conn, conn.RemoteAddr().String(), peerRNR
 	q.state = rdma.QPStateRTS
 	q.running.Store(2)
@@ -183,9 +210,11 @@ func (q *queuePair) PostSend(wrs []rdma.SendWR) error {
 	}
 	if q.tornDown {
 		q.flushSendLocked()
+		q.mu.Unlock()
+		return nil
 	}
 	q.mu.Unlock()
-	q.kickWriter()
+	q.flush()
 	return nil
 }
 
@@ -390,9 +419,12 @@ func (q *queuePair) failLocked(status rdma.WCStatus) {
 // queue pair down.
 func (q *queuePair) exit() {
 	if q.running.Add(-1) == 0 {
+		q.wmu.Lock()
+		q.releaseWriteState()
 		q.mu.Lock()
 		q.teardownLocked()
 		q.mu.Unlock()
+		q.wmu.Unlock()
 	}
 }
 
