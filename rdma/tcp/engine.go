@@ -108,7 +108,8 @@ func (q *queuePair) buildBatch() bool {
 	if first == last && len(q.wItems) == 0 {
 		return false
 	}
-	hdrs, iov := q.wHdrs[:0], q.wIOV[:0]
+	// Start from the full backing arrays: writing trims q.wIOV from the front.
+	hdrs, iov := q.wHdrs[:0], q.wIOVBase[:0]
 	var h header
 	for i := first; i < last; i++ {
 		s := &q.sq[i%uint64(len(q.sq))]
@@ -138,7 +139,7 @@ func (q *queuePair) buildBatch() bool {
 			iov = append(iov, it.payload)
 		}
 	}
-	q.wHdrs, q.wIOV = hdrs, iov
+	q.wHdrs, q.wIOV, q.wIOVBase = hdrs, iov, iov
 	return true
 }
 

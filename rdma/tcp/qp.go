@@ -86,6 +86,7 @@ type queuePair struct {
 	// The socket writer's state, guarded by wmu (taken before mu).
 	wmu      sync.Mutex
 	wIOV     [][]byte  // the unwritten rest of the current batch
+	wIOVBase [][]byte  // the backing array wIOV is a view of
 	wItems   []outItem // the responses of the current batch
 	wHdrs    []byte    // arena of the current batch's headers
 	wBufs    net.Buffers
