@@ -95,7 +95,7 @@ func BenchmarkTransport(b *testing.B) {
 		op          perftest.Op
 		size, depth int
 	}{
-		{perftest.OpRead, 4096, 1}, {perftest.OpRead, 4096, 16},
+		{perftest.OpRead, 4096, 1}, {perftest.OpRead, 4096, 16}, {perftest.OpRead, 1 << 20, 1},
 		{perftest.OpWrite, 1 << 20, 16}, {perftest.OpRead, 1 << 20, 16},
 	} {
 		c, base := loopback(b, bc.depth)
