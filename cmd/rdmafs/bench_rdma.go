@@ -48,7 +48,7 @@ next port (listen port + 1).`,
 	fl.StringVar(&f.listen, "listen", "0.0.0.0:18515", "address the server listens on")
 	fl.StringVar(&f.connect, "connect", "", "measure against the server at host:port")
 	fl.BoolVar(&f.loopback, "loopback", false, "run server and client in this process over 127.0.0.1")
-	fl.StringVar(&f.transport, "transport", "tcp", "rdma transport")
+	fl.StringVar(&f.transport, "transport", "tcp", "rdma transport: tcp, shm, verbs or auto")
 	fl.StringVar(&f.ops, "op", "write,read,send", "operations: write, read, send")
 	fl.StringVar(&f.sizes, "sizes", "all", `message sizes: "all" (2 B .. 8 MiB) or a list such as 4K,1M`)
 	fl.IntSliceVar(&f.depths, "depth", []int{1, 16}, "queue depths to measure (1 = latency)")
@@ -104,7 +104,7 @@ func runBenchRDMA(cmd *cobra.Command, f *benchRDMAFlags) error {
 		p, _ := strconv.Atoi(port)
 		baseAddr = net.JoinHostPort(host, strconv.Itoa(p+1))
 	}
-	dev, err := transport.Open(f.transport)
+	dev, err := transport.Open(f.transport, nil)
 	if err != nil {
 		return fmt.Errorf("bench rdma: %w", err)
 	}
@@ -138,7 +138,7 @@ func runBenchRDMA(cmd *cobra.Command, f *benchRDMAFlags) error {
 // startBenchServers starts a perftest server on its own device and a TCP baseline
 // server on the next port, both stopping with ctx.
 func startBenchServers(ctx context.Context, transportName, listen string, log bool) (rdmaAddr, baseAddr string, err error) {
-	dev, err := transport.Open(transportName)
+	dev, err := transport.Open(transportName, nil)
 	if err != nil {
 		return "", "", fmt.Errorf("bench rdma: %w", err)
 	}

@@ -1,4 +1,4 @@
-package tcp
+package stream
 
 import (
 	"time"
@@ -133,7 +133,7 @@ func (q *queuePair) buildBatch() bool {
 	}
 	for i := range q.wItems {
 		it := &q.wItems[i]
-		h = header{op: it.op, status: it.status, psn: it.psn, length: uint32(len(it.payload))}
+		h = header{op: it.op, status: it.status, psn: it.psn, rkey: it.rkey, imm: it.imm, length: uint32(len(it.payload))}
 		hdrs, iov = appendHeader(hdrs, iov, &h)
 		if len(it.payload) > 0 {
 			iov = append(iov, it.payload)
@@ -271,6 +271,14 @@ func (q *queuePair) readLoop(rd *frameReader) {
 			}
 			q.mu.Unlock()
 			return
+		case opGrant:
+			ok = q.acceptGrant(rd, &h)
+		case opRevoke:
+			q.dropGrant(h.rkey)
+			ok = true
+		case opRevokeAck:
+			q.revoked(h.rkey)
+			ok = true
 		case opDisconnect:
 			q.fail(rdma.WCWRFlushErr)
 			return
@@ -367,6 +375,7 @@ func (q *queuePair) serveWrite(rd *frameReader, h *header) bool {
 			return false
 		}
 		err := rd.readInto(buf)
+		q.grant(r)
 		r.Release()
 		if err != nil {
 			q.fail(rdma.WCRetryExcErr)
@@ -393,6 +402,7 @@ func (q *queuePair) serveRead(h *header) bool {
 		q.nak(h.psn, st)
 		return false
 	}
+	q.grant(r)
 	q.respond(outItem{op: opReadResp, psn: h.psn, payload: buf, region: r})
 	return true
 }

@@ -1,4 +1,4 @@
-package tcp
+package stream
 
 import (
 	"fmt"
@@ -46,6 +46,8 @@ type outItem struct {
 	op         uint8
 	status     uint8
 	psn        uint32
+	rkey       uint32 // GRANT, REVOKE, REVOKE_ACK
+	imm        uint32 // GRANT: the access rights
 	payload    []byte
 	region     *soft.Region
 	closeAfter bool // the connection ends once this item is on the wire
@@ -103,13 +105,15 @@ type queuePair struct {
 	disconnected chan struct{}
 	closeOnce    sync.Once
 	progress     atomic.Uint64
+
+	shm *shmState // set on shared-memory connections
 }
 
 func (d *Device) newQP(pd *soft.PD, attr rdma.QPAttr) (rdma.QueuePair, error) {
 	scq, ok1 := attr.SendCQ.(*soft.CQ)
 	rcq, ok2 := attr.RecvCQ.(*soft.CQ)
 	if !ok1 || !ok2 {
-		return nil, fmt.Errorf("tcp: create qp: completion queues of another transport: %w", rdma.ErrInvalidArgument)
+		return nil, fmt.Errorf("rdma: create qp: completion queues of another transport: %w", rdma.ErrInvalidArgument)
 	}
 	q := &queuePair{
 		dev: d, pd: pd, attr: attr, num: d.qpn.Add(1),
@@ -158,17 +162,17 @@ func (q *queuePair) start(conn net.Conn, peerRNR time.Duration) error {
 	q.mu.Lock()
 	if q.state != rdma.QPStateInit {
 		q.mu.Unlock()
-		return fmt.Errorf("tcp: connect qp %d in state %v: %w", q.num, q.state, rdma.ErrInvalidState)
+		return fmt.Errorf("rdma: connect qp %d in state %v: %w", q.num, q.state, rdma.ErrInvalidState)
 	}
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
 		q.mu.Unlock()
-		return fmt.Errorf("tcp: connection %T has no file descriptor", conn)
+		return fmt.Errorf("rdma: connection %T has no file descriptor", conn)
 	}
 	raw, err := sc.SyscallConn()
 	if err != nil {
 		q.mu.Unlock()
-		return fmt.Errorf("tcp: connection descriptor: %w", err)
+		return fmt.Errorf("rdma: connection descriptor: %w", err)
 	}
 	q.raw = raw
 	q.writevFn = q.writev
@@ -193,20 +197,34 @@ func (q *queuePair) kickWriter() {
 func (q *queuePair) PostSend(wrs []rdma.SendWR) error {
 	for i := range wrs {
 		if err := q.validate(&wrs[i]); err != nil {
-			return fmt.Errorf("tcp: post send: request %d: %w", i, err)
+			return fmt.Errorf("rdma: post send: request %d: %w", i, err)
 		}
 	}
 	q.mu.Lock()
 	if q.state < rdma.QPStateRTS {
 		q.mu.Unlock()
-		return fmt.Errorf("tcp: post send on qp %d in state %v: %w", q.num, q.state, rdma.ErrInvalidState)
+		return fmt.Errorf("rdma: post send on qp %d in state %v: %w", q.num, q.state, rdma.ErrInvalidState)
 	}
 	if q.sqTail-q.sqHead+uint64(len(wrs)) > uint64(len(q.sq)) {
 		q.mu.Unlock()
-		return fmt.Errorf("tcp: post send: %d requests, %d free: %w", len(wrs), uint64(len(q.sq))-(q.sqTail-q.sqHead), rdma.ErrQueueFull)
+		return fmt.Errorf("rdma: post send: %d requests, %d free: %w", len(wrs), uint64(len(q.sq))-(q.sqTail-q.sqHead), rdma.ErrQueueFull)
 	}
 	for i := range wrs {
-		q.fillSlot(&q.sq[q.sqTail%uint64(len(q.sq))], &wrs[i])
+		wr := &wrs[i]
+		status := rdma.WCSuccess
+		if q.shm != nil && q.sqHead == q.sqTail && q.state == rdma.QPStateRTS &&
+			(wr.Opcode == rdma.OpRDMARead || wr.Opcode == rdma.OpRDMAWrite) {
+			var done bool
+			if done, status = q.direct(wr); done {
+				continue
+			}
+		}
+		s := &q.sq[q.sqTail%uint64(len(q.sq))]
+		q.fillSlot(s, wr)
+		if status != rdma.WCSuccess && s.localErr == rdma.WCSuccess {
+			s.releaseRegions()
+			s.localErr = status
+		}
 		q.sqTail++
 	}
 	if q.tornDown {
@@ -281,13 +299,13 @@ func (s *sendSlot) releaseRegions() {
 func (q *queuePair) PostRecv(wrs []rdma.RecvWR) error {
 	for i := range wrs {
 		if len(wrs[i].SGL) > q.attr.MaxSGE {
-			return fmt.Errorf("tcp: post recv: request %d: %d SGEs, max %d: %w", i, len(wrs[i].SGL), q.attr.MaxSGE, rdma.ErrInvalidWR)
+			return fmt.Errorf("rdma: post recv: request %d: %d SGEs, max %d: %w", i, len(wrs[i].SGL), q.attr.MaxSGE, rdma.ErrInvalidWR)
 		}
 	}
 	q.mu.Lock()
 	if q.rqTail-q.rqHead+uint64(len(wrs)) > uint64(len(q.rq)) {
 		q.mu.Unlock()
-		return fmt.Errorf("tcp: post recv: %d requests, %d free: %w", len(wrs), uint64(len(q.rq))-(q.rqTail-q.rqHead), rdma.ErrQueueFull)
+		return fmt.Errorf("rdma: post recv: %d requests, %d free: %w", len(wrs), uint64(len(q.rq))-(q.rqTail-q.rqHead), rdma.ErrQueueFull)
 	}
 	for i := range wrs {
 		s := &q.rq[q.rqTail%uint64(len(q.rq))]
@@ -453,6 +471,7 @@ func (q *queuePair) teardownLocked() {
 	}
 	q.flushSendLocked()
 	q.flushRecvLocked()
+	q.releaseGrantsLocked()
 	close(q.done)
 }
 
@@ -537,7 +556,7 @@ func (q *queuePair) Close() error {
 func (q *queuePair) BindMW(mw rdma.MemoryWindow, mr rdma.MemoryRegion, addr, length uint64, access rdma.AccessFlags) (uint32, error) {
 	w, ok := mw.(*soft.MW)
 	if !ok {
-		return 0, fmt.Errorf("tcp: bind mw: window of another transport: %w", rdma.ErrInvalidArgument)
+		return 0, fmt.Errorf("rdma: bind mw: window of another transport: %w", rdma.ErrInvalidArgument)
 	}
 	return w.Bind(q, mr, addr, length, access)
 }
@@ -546,7 +565,7 @@ func (q *queuePair) BindMW(mw rdma.MemoryWindow, mr rdma.MemoryRegion, addr, len
 func (q *queuePair) InvalidateMW(mw rdma.MemoryWindow) error {
 	w, ok := mw.(*soft.MW)
 	if !ok {
-		return fmt.Errorf("tcp: invalidate mw: window of another transport: %w", rdma.ErrInvalidArgument)
+		return fmt.Errorf("rdma: invalidate mw: window of another transport: %w", rdma.ErrInvalidArgument)
 	}
 	w.Invalidate()
 	return nil
