@@ -54,7 +54,7 @@ next port (listen port + 1).`,
 	fl.IntSliceVar(&f.depths, "depth", []int{1, 16}, "queue depths to measure (1 = latency)")
 	fl.IntVar(&f.batch, "batch", 16, "work requests per post call")
 	fl.DurationVar(&f.duration, "duration", 200*time.Millisecond, "minimum time per measurement")
-	fl.StringVar(&f.baseline, "baseline", "none", `"tcp" to measure plain TCP in the same run`)
+	fl.StringVar(&f.baseline, "baseline", "none", `"tcp" (plain TCP, same exchanges) or "memcpy" (for shm), measured in the same run`)
 	return c
 }
 
@@ -69,8 +69,8 @@ func runBenchRDMA(cmd *cobra.Command, f *benchRDMAFlags) error {
 	if modes != 1 {
 		return fmt.Errorf("bench rdma: choose one of --server, --connect or --loopback")
 	}
-	if f.baseline != "none" && f.baseline != "tcp" {
-		return fmt.Errorf("bench rdma: --baseline %q: want tcp or none", f.baseline)
+	if f.baseline != "none" && f.baseline != "tcp" && f.baseline != "memcpy" {
+		return fmt.Errorf("bench rdma: --baseline %q: want tcp, memcpy or none", f.baseline)
 	}
 	ops, err := perftest.ParseOps(f.ops)
 	if err != nil {
@@ -115,7 +115,16 @@ func runBenchRDMA(cmd *cobra.Command, f *benchRDMAFlags) error {
 			return fmt.Errorf("bench rdma: connect %s: %w", addr, err)
 		}
 		var base perftest.Runner
-		if f.baseline == "tcp" {
+		switch f.baseline {
+		case "memcpy":
+			mc, err := perftest.NewMemcpy()
+			if err != nil {
+				client.Close()
+				return fmt.Errorf("bench rdma: %w", err)
+			}
+			defer mc.Close()
+			base = mc
+		case "tcp":
 			bc, err := perftest.DialTCP(ctx, baseAddr)
 			if err != nil {
 				client.Close()
@@ -130,7 +139,7 @@ func runBenchRDMA(cmd *cobra.Command, f *benchRDMAFlags) error {
 			return fmt.Errorf("bench rdma: %w", err)
 		}
 		title := fmt.Sprintf("\n%s transport, depth %d, batch %d (latency: post to completion)", f.transport, depth, min(f.batch, depth))
-		perftest.Print(cmd.OutOrStdout(), title, rows)
+		perftest.Print(cmd.OutOrStdout(), title, f.baseline, rows)
 	}
 	return nil
 }
@@ -161,4 +170,3 @@ func startBenchServers(ctx context.Context, transportName, listen string, log bo
 	go perftest.ServeTCP(ctx, bl)
 	return ln.Addr(), bl.Addr().String(), nil
 }
-

@@ -52,13 +52,13 @@ func Sweep(ctx context.Context, r, base Runner, ops []Op, sizes []int, depth, ba
 
 // Print writes rows as a table. With a baseline, the ratio columns give the
 // transport's bandwidth and p50 latency relative to it.
-func Print(w io.Writer, title string, rows []Row) {
+func Print(w io.Writer, title, baseline string, rows []Row) {
 	fmt.Fprintln(w, title)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	hasBase := len(rows) > 0 && rows[0].Base != nil
 	fmt.Fprint(tw, "op\tbytes\titers\tMB/s\tMops/s\tp50\tp99\t")
 	if hasBase {
-		fmt.Fprint(tw, "tcp MB/s\ttcp p50\tbw ratio\tp50 ratio\t")
+		fmt.Fprintf(tw, "%s MB/s\t%s p50\tbw ratio\tp50 ratio\t", baseline, baseline)
 	}
 	fmt.Fprintln(tw)
 	for _, row := range rows {

@@ -218,4 +218,3 @@ func (w *MW) Close() error {
 	w.pd.live.Add(-1)
 	return nil
 }
-

@@ -102,7 +102,9 @@ func (d *Device) deadline(ctx context.Context) time.Time {
 func ShmAddr(port string) string { return "@rdmafs-shm/port-" + port }
 
 // isUnixAddr reports whether addr names a unix socket (a path or @abstract name).
-func isUnixAddr(addr string) bool { return strings.HasPrefix(addr, "@") || strings.HasPrefix(addr, "/") }
+func isUnixAddr(addr string) bool {
+	return strings.HasPrefix(addr, "@") || strings.HasPrefix(addr, "/")
+}
 
 // dial connects to addr with the socket the mode calls for.
 func (d *Device) dial(ctx context.Context, addr string) (net.Conn, error) {
