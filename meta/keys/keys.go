@@ -25,6 +25,7 @@ const (
 	PrefixSession     = 'S' // S session -> SessionRecord
 	PrefixOpen        = 'o' // o ino session -> uint64 count
 	PrefixOrphan      = 'u' // u ino -> empty (nlink 0, still open)
+	PrefixSessionOpen = 'q' // q session ino -> empty (index of opens by session)
 )
 
 // ErrMalformed reports a key that does not have the expected shape.
@@ -99,6 +100,21 @@ func Open(ino, session uint64) []byte { return u64s(PrefixOpen, ino, session) }
 
 // OpenPrefix is the prefix of all open records of ino.
 func OpenPrefix(ino uint64) []byte { return u64s(PrefixOpen, ino) }
+
+// SessionOpen is the key indexing an open of ino by session.
+func SessionOpen(session, ino uint64) []byte { return u64s(PrefixSessionOpen, session, ino) }
+
+// SessionOpenPrefix is the prefix of all opens of session.
+func SessionOpenPrefix(session uint64) []byte { return u64s(PrefixSessionOpen, session) }
+
+// ParseSessionOpen returns the session and inode of a session open key.
+func ParseSessionOpen(key []byte) (session, ino uint64, err error) {
+	v, err := fixed(key, PrefixSessionOpen, 2)
+	if err != nil {
+		return 0, 0, err
+	}
+	return v[0], v[1], nil
+}
 
 // Orphan is the key marking ino as unlinked but still open.
 func Orphan(ino uint64) []byte { return u64s(PrefixOrphan, ino) }
