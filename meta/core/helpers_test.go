@@ -2,6 +2,8 @@ package core
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"sync"
 	"syscall"
 	"testing"
@@ -83,7 +85,7 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, e *env)) {
 }
 
 func (e *env) start() {
-	s, err := New(e.ctx, Config{Store: e.store, Now: e.clock.Now, HeartbeatTimeout: 5 * time.Second, SessionTTL: 10 * time.Second, GrantTTL: time.Minute})
+	s, err := New(e.ctx, Config{Store: e.store, Now: e.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), HeartbeatTimeout: 5 * time.Second, SessionTTL: 10 * time.Second, GrantTTL: time.Minute})
 	if err != nil {
 		e.t.Fatal(err)
 	}
