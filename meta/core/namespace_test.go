@@ -273,12 +273,12 @@ func TestRename(t *testing.T) {
 	// Each case starts from a fresh tree:
 	//   /a/file /a/file2 /a/hl (hard link of file) /a/emptydir /a/full/x /a/sub/ /b/
 	tests := []struct {
-		name                string
-		from                func(s setup) (uint64, string)
-		to                  func(s setup) (uint64, string)
-		flags               uint32
-		want                syscall.Errno
-		check               func(t *testing.T, e *env, s setup)
+		name  string
+		from  func(s setup) (uint64, string)
+		to    func(s setup) (uint64, string)
+		flags uint32
+		want  syscall.Errno
+		check func(t *testing.T, e *env, s setup)
 	}{
 		{"simple", at("a", "file"), at("a", "renamed"), 0, 0, func(t *testing.T, e *env, s setup) {
 			mustLookup(t, e, s.a, "renamed", s.file)
