@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
@@ -29,9 +30,9 @@ type Options struct {
 	// MaxBatch bounds the number of transactions committed together
 	// (default 1024).
 	MaxBatch int
-	// Linger is how long the committer waits for more transactions when the
-	// previous group was larger than the current one (default 200µs;
-	// negative disables it).
+	// Linger bounds how long the committer waits for transactions of
+	// writers that are between two Update calls (default 500µs; negative
+	// disables it).
 	Linger time.Duration
 	// OnCommit, when set, is called after every group commit with the number
 	// of transactions in it and the time the commit took (for metrics).
@@ -46,6 +47,8 @@ type Store struct {
 	mu       sync.RWMutex // guards closed against sends on reqs
 	closed   bool
 	finished chan struct{}
+	inflight atomic.Int64 // Update calls not yet returned
+	peak     atomic.Int64 // highest inflight since the committer last reset it
 }
 
 type request struct {
@@ -77,7 +80,7 @@ func Open(dir string, opts Options) (*Store, error) {
 		opts.MaxBatch = 1024
 	}
 	if opts.Linger == 0 {
-		opts.Linger = 200 * time.Microsecond
+		opts.Linger = 500 * time.Microsecond
 	}
 	s := &Store{db: db, opts: opts, reqs: make(chan *request, opts.MaxBatch), finished: make(chan struct{})}
 	go s.committer()
@@ -102,6 +105,10 @@ func (s *Store) Update(ctx context.Context, fn func(kv.Txn) error) error {
 		return err
 	}
 	r := &request{ctx: ctx, fn: fn, done: make(chan error, 1)}
+	n := s.inflight.Add(1)
+	for p := s.peak.Load(); n > p && !s.peak.CompareAndSwap(p, n); p = s.peak.Load() {
+	}
+	defer s.inflight.Add(-1)
 	s.mu.RLock()
 	if s.closed {
 		s.mu.RUnlock()
@@ -136,7 +143,7 @@ func (s *Store) committer() {
 	defer close(s.finished)
 	batch := make([]*request, 0, s.opts.MaxBatch)
 	results := make([]error, 0, s.opts.MaxBatch)
-	lastBatch := 1
+	peakReset := time.Now()
 	for {
 		r, ok := <-s.reqs
 		if !ok {
@@ -155,10 +162,15 @@ func (s *Store) committer() {
 				break drain
 			}
 		}
-		// Under concurrent load the previous group's writers are sending
-		// their next transactions right now: linger briefly for them so the
-		// fsync is shared, but never when the load is a single writer.
-		if want := min(lastBatch, s.opts.MaxBatch); len(batch) < want && s.opts.Linger > 0 {
+		// Under concurrent load the writers of the previous group are
+		// sending their next transactions right now: linger briefly until
+		// as many transactions are queued as there were concurrent writers
+		// recently, so that they share the fsync; never for a single writer.
+		if time.Since(peakReset) > 50*time.Millisecond {
+			s.peak.Store(s.inflight.Load())
+			peakReset = time.Now()
+		}
+		if want := min(int(s.peak.Load()), s.opts.MaxBatch); len(batch) < want && s.opts.Linger > 0 {
 			timer := time.NewTimer(s.opts.Linger)
 		linger:
 			for len(batch) < want {
@@ -174,7 +186,6 @@ func (s *Store) committer() {
 			}
 			timer.Stop()
 		}
-		lastBatch = len(batch)
 		results = results[:0]
 		for range batch {
 			results = append(results, nil)
