@@ -269,7 +269,7 @@ func purgeInode(t kv.Txn, rec *metapb.InodeRecord) error {
 			return err
 		}
 	}
-	if err := truncateStripes(t, rec, 0); err != nil {
+	if err := truncateStripes(t, rec, 0, true); err != nil {
 		return err
 	}
 	if err := dropGrants(t, ino, func(stripe, version uint64) bool { return true }); err != nil {

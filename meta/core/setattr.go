@@ -77,7 +77,7 @@ func (s *Service) SetAttr(ctx context.Context, req *metapb.SetAttrRequest) (*met
 			if !ok {
 				return metaerr.New(syscall.EACCES, "truncate: no write permission on inode %d", a.Ino)
 			}
-			if err := truncateStripes(t, rec, req.Size); err != nil {
+			if err := truncateStripes(t, rec, req.Size, false); err != nil {
 				return err
 			}
 			a.Size = req.Size

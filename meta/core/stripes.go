@@ -329,8 +329,10 @@ func (s *Service) GetStripes(ctx context.Context, req *metapb.GetStripesRequest)
 
 // truncateStripes drops the stripes wholly past size (queuing their chunks
 // for collection) and shortens the stripe that size cuts, so that its bytes
-// past size read as zeros even if the file grows again.
-func truncateStripes(t kv.Txn, rec *metapb.InodeRecord, size uint64) error {
+// past size read as zeros even if the file grows again. Unless purge is set
+// (the inode is being deleted) the version counters of dropped stripes are
+// kept so that versions are never granted twice.
+func truncateStripes(t kv.Txn, rec *metapb.InodeRecord, size uint64, purge bool) error {
 	l := rec.Attr.Layout
 	if l == nil || stripeBytes(l) == 0 {
 		return nil
@@ -373,7 +375,7 @@ func truncateStripes(t kv.Txn, rec *metapb.InodeRecord, size uint64) error {
 				return err
 			}
 		}
-		if it.st.NextVersion > 1 && rec.Attr.Nlink > 0 {
+		if it.st.NextVersion > 1 && !purge {
 			// Keep the version counter so that versions of this stripe are
 			// never reused while the file lives (grants may be in flight).
 			if err := putMsg(t, keys.Stripe(rec.Attr.Ino, it.idx), &metapb.StripeRecord{NextVersion: it.st.NextVersion}); err != nil {

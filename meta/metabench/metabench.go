@@ -77,6 +77,10 @@ func runLevel(ctx context.Context, o Options, n int) ([]Result, error) {
 		}
 		defer c.Close()
 		clients[i] = c
+		// Connect before measuring: connections are established lazily.
+		if _, err := c.GetAttr(ctx, &metapb.GetAttrRequest{Ino: core.RootIno}); err != nil {
+			return nil, fmt.Errorf("metabench: connect client %d: %w", i, err)
+		}
 	}
 	c0 := clients[0]
 	stamp := time.Now().UnixNano()
