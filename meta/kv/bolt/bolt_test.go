@@ -2,6 +2,10 @@ package bolt
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
 	"testing"
 
 	"github.com/rdmafs/rdmafs/meta/kv"
@@ -44,3 +48,57 @@ func TestReopenKeepsData(t *testing.T) {
 		t.Fatalf("after reopen k = %q", v)
 	}
 }
+
+// TestGroupCommit checks that concurrent transactions share commits (and so
+// fsyncs) while each keeps its own outcome.
+func TestGroupCommit(t *testing.T) {
+	var mu sync.Mutex
+	commits, txns := 0, 0
+	s, err := Open(t.TempDir(), Options{OnCommit: func(n int, d time.Duration) {
+		mu.Lock()
+		commits++
+		txns += n
+		mu.Unlock()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const workers, each = 16, 30
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				fail := i%5 == 0
+				err := s.Update(context.Background(), func(tx kv.Txn) error {
+					tx.Put([]byte(fmt.Sprintf("w%02d-%03d", w, i)), []byte("v"))
+					if fail {
+						return errBoom
+					}
+					return nil
+				})
+				if fail != (err == errBoom) {
+					t.Errorf("worker %d txn %d: %v", w, i, err)
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if txns != workers*each || commits >= txns/2 {
+		t.Fatalf("%d transactions in %d commits: no group commit", txns, commits)
+	}
+	n := 0
+	s.View(context.Background(), func(r kv.Reader) error {
+		return r.Scan([]byte("w"), nil, 0, func(k, v []byte) error { n++; return nil })
+	})
+	if n != workers*each*4/5 {
+		t.Fatalf("%d keys stored, want %d (failed transactions must leave nothing)", n, workers*each*4/5)
+	}
+	t.Logf("%d transactions in %d commits", txns, commits)
+}
+
+var errBoom = errors.New("boom")
