@@ -276,3 +276,34 @@ func TestXattrs(t *testing.T) {
 		wantErrno(t, err, syscall.ENOENT)
 	})
 }
+
+func TestRenamePermissions(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		shared := e.mkdir(root, RootIno, "shared", 0o777)
+		ro := e.mkdir(root, RootIno, "ro", 0o755)
+		e.create(root, ro, "f", 0o644)
+		e.create(alice, shared, "mine", 0o644)
+		// A directory alice cannot write: she may not move it to another parent.
+		e.mkdir(root, shared, "locked", 0o755)
+		other := e.mkdir(alice, shared, "other", 0o755)
+		tests := []struct {
+			name  string
+			c     *metapb.Caller
+			fromP uint64
+			from  string
+			toP   uint64
+			to    string
+			want  syscall.Errno
+		}{
+			{"out of a read-only directory", alice, ro, "f", shared, "g", syscall.EACCES},
+			{"into a read-only directory", alice, shared, "mine", ro, "mine", syscall.EACCES},
+			{"directory she cannot write to a new parent", alice, shared, "locked", other, "locked", syscall.EACCES},
+			{"same directory rename of that directory", alice, shared, "locked", shared, "locked2", 0},
+			{"own file", alice, shared, "mine", other, "mine", 0},
+		}
+		for _, tt := range tests {
+			_, err := e.s.Rename(e.ctx, &metapb.RenameRequest{Caller: tt.c, Parent: tt.fromP, Name: tt.from, NewParent: tt.toP, NewName: tt.to})
+			t.Run(tt.name, func(t *testing.T) { wantErrno(t, err, tt.want) })
+		}
+	})
+}
