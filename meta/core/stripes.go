@@ -442,21 +442,21 @@ func queueGC(t kv.Txn, shards []*metapb.Shard, version uint64) error {
 // expireGrants collects the chunks of grants that were never committed.
 func (s *Service) expireGrants(ctx context.Context) error {
 	now := s.now().UnixNano()
-	any := false
+	expired := false
 	if err := s.view(ctx, func(r kv.Reader) error {
-		any = false
+		expired = false
 		return r.Scan([]byte{keys.PrefixGrant}, []byte{keys.PrefixGrant + 1}, 0, func(k, v []byte) error {
 			g := &metapb.GrantRecord{}
 			if err := proto.Unmarshal(v, g); err != nil {
 				return fmt.Errorf("grant %x: %w", k, err)
 			}
 			if g.ExpiresNs < now {
-				any = true
+				expired = true
 				return kv.ErrStop
 			}
 			return nil
 		})
-	}); err != nil || !any {
+	}); err != nil || !expired {
 		return err
 	}
 	return s.update(ctx, func(t kv.Txn) error {
