@@ -101,7 +101,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.Registry = prometheus.NewRegistry()
 	}
 	m := newMetrics(cfg.Registry)
-	store, err := bolt.Open(cfg.DataDir, bolt.Options{OnCommit: func(n int, d time.Duration) {
+	store, err := bolt.Open(cfg.DataDir, bolt.Options{Logger: cfg.Logger, OnCommit: func(n int, d time.Duration) {
 		m.groupCommit.Observe(float64(n))
 		m.commitSeconds.Observe(d.Seconds())
 	}})
