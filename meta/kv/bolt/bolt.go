@@ -56,7 +56,7 @@ type Store struct {
 	closed   bool
 	finished chan struct{}
 	path     string
-	hwm      int64 // bytes of the file bbolt uses (committer only)
+	hwm      int64        // bytes of the file bbolt uses (committer only)
 	inflight atomic.Int64 // Update calls not yet returned
 	peak     atomic.Int64 // highest inflight since the committer last reset it
 }
