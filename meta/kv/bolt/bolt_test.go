@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	bbolt "go.etcd.io/bbolt"
 
 	"github.com/rdmafs/rdmafs/meta/kv"
 	"github.com/rdmafs/rdmafs/meta/kv/kvtest"
@@ -102,3 +106,37 @@ func TestGroupCommit(t *testing.T) {
 }
 
 var errBoom = errors.New("boom")
+
+// TestPreallocation checks that the file keeps zero-filled slack beyond the
+// pages in use as the database grows.
+func TestPreallocation(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, Options{Slack: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	size := func() int64 {
+		fi, err := os.Stat(filepath.Join(dir, FileName))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	if got := size(); got < 1<<19 {
+		t.Fatalf("new database file of %d bytes has no slack", got)
+	}
+	val := make([]byte, 4000)
+	for i := 0; i < 2000; i++ {
+		if err := s.Update(context.Background(), func(tx kv.Txn) error {
+			return tx.Put([]byte(fmt.Sprintf("k%06d", i)), val)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var used int64
+	s.db.View(func(tx *bbolt.Tx) error { used = tx.Size(); return nil })
+	if got := size(); got-used < 1<<19 || used < 8<<20 {
+		t.Fatalf("file %d bytes, %d used: slack not kept", got, used)
+	}
+}
