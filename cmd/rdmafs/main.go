@@ -32,6 +32,9 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.AddCommand(newMetaCommand())
+	root.AddCommand(newFormatCommand())
+	root.AddCommand(newStatusCommand())
 	root.AddCommand(newBenchCommand())
 	return root
 }
