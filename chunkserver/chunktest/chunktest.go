@@ -31,14 +31,14 @@ import (
 // Options configure an in-process chunkserver. Zero values take small test
 // defaults.
 type Options struct {
-	Dir        string              // data dir (default a fresh t.TempDir())
-	Mem        int                 // registered memory (default 64 MiB)
-	Secret     []byte              // cluster secret (default "chunktest secret")
-	MaxLength  int                 // largest version (default 16 MiB)
-	Capacity   int64               // disk capacity bound (default none)
-	Config     chunkserver.Config  // further settings; Device, Store, Addr, MemBytes, Secret are filled in
-	Device     rdma.Device         // transport (default a new tcp device)
-	Logger     *slog.Logger        // default: discards below Warn
+	Dir        string             // data dir (default a fresh t.TempDir())
+	Mem        int                // registered memory (default 64 MiB)
+	Secret     []byte             // cluster secret (default "chunktest secret")
+	MaxLength  int                // largest version (default 16 MiB)
+	Capacity   int64              // disk capacity bound (default none)
+	Config     chunkserver.Config // further settings; Device, Store, Addr, MemBytes, Secret are filled in
+	Device     rdma.Device        // transport (default a new tcp device)
+	Logger     *slog.Logger       // default: discards below Warn
 	Registerer prometheus.Registerer
 }
 

@@ -124,11 +124,11 @@ type op struct {
 // Dial connects to the chunkd at addr through dev, with a queue pair in pd (the
 // domain the caller's buffers are registered in), and authenticates with the
 // cluster secret.
-func Dial(ctx context.Context, dev rdma.Device, pd rdma.ProtectionDomain, addr string, opts Options) (c *Client, err error) {
+func Dial(ctx context.Context, dev rdma.Device, pd rdma.ProtectionDomain, addr string, opts Options) (_ *Client, err error) {
 	if opts.MaxSendWR <= 0 {
 		opts.MaxSendWR = 256
 	}
-	c = &Client{
+	c := &Client{
 		addr: addr, maxSGE: rdma.MaxSGELimit,
 		calls: make(map[uint64]*call), ops: make(map[uint64]*op), leases: make(map[chunk.Key]*Lease),
 		done: make(chan struct{}), closing: make(chan struct{}), pollDone: make(chan struct{}),

@@ -189,7 +189,9 @@ func fileNamePath(k chunk.Key) string {
 	return filepath.Join(chunksDir, filepathHex(k.Chunk%fanout), fileName(k))
 }
 
-func filepathHex(b uint64) string { return string("0123456789abcdef"[b>>4]) + string("0123456789abcdef"[b&15]) }
+func filepathHex(b uint64) string {
+	return string("0123456789abcdef"[b>>4]) + string("0123456789abcdef"[b&15])
+}
 
 func countIn(m map[chunk.Key][]byte, slot uint64) int {
 	n := 0

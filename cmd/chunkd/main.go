@@ -206,5 +206,3 @@ func parseSize(s string) (int64, error) {
 	}
 	return n * mult, nil
 }
-
-
