@@ -239,8 +239,9 @@ type Process struct {
 	Addr   string // the address it listens on
 	Dir    string
 	Secret []byte
-	opts   ProcOptions
-	waited chan error
+	opts    ProcOptions
+	exited  chan struct{} // closed when the process has exited
+	exitErr error         // valid once exited is closed
 }
 
 // StartProcess starts a chunkd process and waits until it serves; it is killed at
@@ -280,8 +281,11 @@ func StartProcess(t testing.TB, opts ProcOptions) *Process {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("chunktest: start chunkd: %v", err)
 	}
-	p := &Process{Cmd: cmd, Dir: opts.Dir, Secret: opts.Secret, opts: opts, waited: make(chan error, 1)}
-	go func() { p.waited <- cmd.Wait() }()
+	p := &Process{Cmd: cmd, Dir: opts.Dir, Secret: opts.Secret, opts: opts, exited: make(chan struct{})}
+	go func() {
+		p.exitErr = cmd.Wait()
+		close(p.exited)
+	}()
 	t.Cleanup(func() { p.Kill() })
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -290,9 +294,8 @@ func StartProcess(t testing.TB, opts ProcOptions) *Process {
 			return p
 		}
 		select {
-		case err := <-p.waited:
-			p.waited <- err
-			t.Fatalf("chunktest: chunkd exited before serving: %v", err)
+		case <-p.exited:
+			t.Fatalf("chunktest: chunkd exited before serving: %v", p.exitErr)
 		case <-time.After(10 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
@@ -306,8 +309,10 @@ func (p *Process) PID() int { return p.Cmd.Process.Pid }
 
 // Kill sends SIGKILL to the process (by PID) and waits for it to exit.
 func (p *Process) Kill() {
-	if p.Cmd.ProcessState != nil {
+	select {
+	case <-p.exited:
 		return
+	default:
 	}
 	syscall.Kill(p.PID(), syscall.SIGKILL)
 	p.wait(10 * time.Second)
@@ -323,9 +328,8 @@ func (p *Process) Stop() error {
 
 func (p *Process) wait(d time.Duration) error {
 	select {
-	case err := <-p.waited:
-		p.waited <- err
-		return err
+	case <-p.exited:
+		return p.exitErr
 	case <-time.After(d):
 		return errors.New("chunktest: chunkd did not exit")
 	}
