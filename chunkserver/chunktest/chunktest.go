@@ -235,10 +235,10 @@ type ProcOptions struct {
 
 // Process is a running chunkd process.
 type Process struct {
-	Cmd    *exec.Cmd
-	Addr   string // the address it listens on
-	Dir    string
-	Secret []byte
+	Cmd     *exec.Cmd
+	Addr    string // the address it listens on
+	Dir     string
+	Secret  []byte
 	opts    ProcOptions
 	exited  chan struct{} // closed when the process has exited
 	exitErr error         // valid once exited is closed

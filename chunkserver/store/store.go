@@ -9,13 +9,14 @@
 //	LOCK                   flock'ed while a Store has the directory open
 //	chunks/XX/CCCC.VVVV    one version: XX = low byte of the chunk id, CCCC the chunk
 //	                       id and VVVV the version, both 16 hex digits
-//	chunks/XX/.tmp-...     a version being written; removed on open
+//	chunks/XX/.tmp-...     left by older versions of chunkd; removed on open
 //	corrupt/               files found damaged on open, kept for inspection
 //
 // A version file is a 40-byte header (magic, format, chunk, version, length, CRC32C
-// of the data, CRC32C of the header) followed by the data. A version is written to a
-// temporary file, fdatasync'ed, renamed into place and the directory fsync'ed: the
-// rename is the commit point.
+// of the data, CRC32C of the header) followed by the data. A version is created
+// under its final name with mode 0600 ("pending"), written, fdatasync'ed, its
+// directory fsync'ed, and then marked complete with mode 0644; see Store.write for
+// why this is crash safe. Files with damaged headers are moved to corrupt/.
 package store
 
 import (
@@ -75,6 +76,9 @@ const (
 	corruptDir = "corrupt"
 	tmpPrefix  = ".tmp-"
 	fanout     = 256
+	// pendingMode marks a version file being written, doneMode a complete one.
+	pendingMode = 0o600
+	doneMode    = 0o644
 )
 
 // Options configure a Store.
@@ -191,11 +195,33 @@ func (s *Store) recoverDir(sub string) error {
 			s.log.Warn("store: ignoring unknown file", "file", path)
 			continue
 		}
+		fi, err := e.Info()
+		if err != nil {
+			return fmt.Errorf("store: stat %s: %w", path, err)
+		}
+		pending := fi.Mode().Perm()&0o044 == 0
 		info, size, err := readHeaderFile(path)
 		if err == nil && (info.Key != key || size != HeaderLen+int64(info.Length)) {
 			err = fmt.Errorf("%w: header names %v length %d, file is %v of %d bytes", ErrCorrupt, info.Key, info.Length, key, size)
 		}
-		if err != nil {
+		if pending {
+			// Written but not marked complete: a crash hit the write or the
+			// mark. Keep it only if it is whole.
+			if err == nil {
+				err = verifyFile(path, info)
+			}
+			if err != nil {
+				s.log.Info("store: removing half-written version", "file", path, "err", err)
+				if err := os.Remove(path); err != nil {
+					return fmt.Errorf("store: remove %s: %w", path, err)
+				}
+				continue
+			}
+			if err := os.Chmod(path, doneMode); err != nil {
+				return fmt.Errorf("store: mark %s complete: %w", path, err)
+			}
+			s.log.Info("store: kept a complete version whose completion mark was lost", "file", path)
+		} else if err != nil {
 			s.quarantine(path, err)
 			continue
 		}
@@ -363,18 +389,22 @@ func (s *Store) has(key chunk.Key) bool {
 	return ok
 }
 
-// write makes the version file: temporary file, data synced, renamed, dir synced.
+// write makes the version file. The file is created under its final name with
+// mode 0600, which marks it "not yet known complete"; header and data are written
+// and fdatasync'ed, the directory is fsync'ed (the new entry was committed with the
+// file, so this is cheap), and only then is the mode set to 0644. Recovery trusts
+// 0644 files after a header check and verifies the whole checksum of 0600 ones,
+// keeping those that are complete and discarding half-written ones. So a commit
+// costs one journal commit, and a crash at any point loses no acknowledged
+// version and shows no partial one.
 func (s *Store) write(info chunk.Info, data []byte) error {
 	slot := int(info.Chunk % fanout)
 	sub := filepath.Join(s.dir, chunksDir, fmt.Sprintf("%02x", slot))
 	final := filepath.Join(sub, fileName(info.Key))
-	var rnd [6]byte
-	rand.Read(rnd[:])
-	tmp := filepath.Join(sub, tmpPrefix+fileName(info.Key)+"."+hex.EncodeToString(rnd[:]))
 
-	fd, err := unix.Open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o644)
+	fd, err := unix.Open(final, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, pendingMode)
 	if err != nil {
-		return fmt.Errorf("create %s: %w", tmp, err)
+		return fmt.Errorf("create %s: %w", final, err)
 	}
 	ok := false
 	defer func() {
@@ -382,7 +412,7 @@ func (s *Store) write(info chunk.Info, data []byte) error {
 			unix.Close(fd)
 		}
 		if !ok {
-			os.Remove(tmp)
+			os.Remove(final)
 		}
 	}()
 	var hdr [HeaderLen]byte
@@ -402,25 +432,24 @@ func (s *Store) write(info chunk.Info, data []byte) error {
 		n += m
 	}
 	if err != nil {
-		return fmt.Errorf("write %s: %w", tmp, err)
+		return fmt.Errorf("write %s: %w", final, err)
 	}
 	if err := unix.Fdatasync(fd); err != nil {
-		return fmt.Errorf("fdatasync %s: %w", tmp, err)
+		return fmt.Errorf("fdatasync %s: %w", final, err)
 	}
+	if err := s.dirs[slot].Sync(); err != nil {
+		return fmt.Errorf("fsync dir %s: %w", sub, err)
+	}
+	// Durable: mark complete. The mode change itself need not be synced: if it
+	// is lost, recovery verifies the checksum and keeps the file.
+	if err := unix.Fchmod(fd, doneMode); err != nil {
+		return fmt.Errorf("mark %s complete: %w", final, err)
+	}
+	ok = true
 	err = unix.Close(fd)
 	fd = -1
 	if err != nil {
-		return fmt.Errorf("close %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, final); err != nil {
-		return fmt.Errorf("commit %s: %w", final, err)
-	}
-	ok = true
-	if err := s.dirs[slot].Sync(); err != nil {
-		// The rename may or may not survive a crash: undo it so that we never
-		// acknowledge a version whose durability we do not know.
-		os.Remove(final)
-		return fmt.Errorf("fsync dir %s: %w", sub, err)
+		return fmt.Errorf("close %s: %w", final, err)
 	}
 	return nil
 }
@@ -553,6 +582,25 @@ func decodeHeader(b []byte) (chunk.Info, error) {
 		Length: uint32(length),
 		CRC:    binary.LittleEndian.Uint32(b[32:]),
 	}, nil
+}
+
+var errHalfWritten = errors.New("store: version was not completely written")
+
+// verifyFile checks the data of a version file against its header's checksum.
+func verifyFile(path string, info chunk.Info) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	data := make([]byte, info.Length)
+	if _, err := f.ReadAt(data, HeaderLen); err != nil {
+		return fmt.Errorf("%w: %v", errHalfWritten, err)
+	}
+	if c := Checksum(data); c != info.CRC {
+		return fmt.Errorf("%w: crc32c %08x, header says %08x", errHalfWritten, c, info.CRC)
+	}
+	return nil
 }
 
 func readHeaderFile(path string) (chunk.Info, int64, error) {

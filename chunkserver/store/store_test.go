@@ -157,7 +157,26 @@ func TestRecovery(t *testing.T) {
 	f.WriteAt([]byte{^keep[bad][50]}, HeaderLen+50)
 	f.Close()
 
+	// A complete version whose completion mark (the mode) was lost is kept; a
+	// pending one that is short or damaged is removed.
+	lost := chunk.Key{Chunk: 5, Version: 20}
+	lostData := randBytes(20, 5000)
+	writeRaw(t, dir, lost, lostData, pendingMode, len(lostData))
+	keep[lost] = lostData
+	short := chunk.Key{Chunk: 5, Version: 21}
+	writeRaw(t, dir, short, randBytes(21, 5000), pendingMode, 3000)
+	badcrc := chunk.Key{Chunk: 5, Version: 22}
+	writeRaw(t, dir, badcrc, randBytes(22, 5000), pendingMode, -1)
+
 	s2 := open(t, dir, Options{})
+	for _, k := range []chunk.Key{short, badcrc} {
+		if _, err := s2.Stat(k); err == nil {
+			t.Fatalf("half-written %v was kept", k)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(sub, fileName(lost))); err != nil || fi.Mode().Perm() != doneMode {
+		t.Fatalf("kept version not marked complete: %v %v", fi.Mode(), err)
+	}
 	if s2.ID() != id {
 		t.Fatalf("id changed: %s -> %s", id, s2.ID())
 	}
@@ -183,6 +202,24 @@ func TestRecovery(t *testing.T) {
 			t.Fatalf("version %v: %v", k, err)
 		}
 	}
+}
+
+// writeRaw writes a version file by hand: cut >= 0 truncates it to cut data bytes,
+// cut < 0 damages the data's checksum.
+func writeRaw(t *testing.T, dir string, k chunk.Key, data []byte, mode os.FileMode, cut int) {
+	t.Helper()
+	hdr := make([]byte, HeaderLen)
+	crc := Checksum(data)
+	if cut < 0 {
+		crc ^= 1
+		cut = len(data)
+	}
+	encodeHeader(hdr, chunk.Info{Key: k, Length: uint32(len(data)), CRC: crc})
+	path := filepath.Join(dir, fileNamePath(k))
+	if err := os.WriteFile(path, append(hdr, data[:cut]...), mode); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(path, mode)
 }
 
 func fileNamePath(k chunk.Key) string {
