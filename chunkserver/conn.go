@@ -74,7 +74,7 @@ type staging struct {
 
 // newConn allocates a connection's resources and posts its receives; the caller
 // accepts the request with c.qp.
-func (s *Server) newConn(log *slog.Logger) (c *conn, err error) {
+func (s *Server) newConn(ctx context.Context, log *slog.Logger) (c *conn, err error) {
 	cfg := &s.cfg
 	c = &conn{
 		s: s, log: log,
@@ -83,6 +83,7 @@ func (s *Server) newConn(log *slog.Logger) (c *conn, err error) {
 		byKey:     make(map[chunk.Key]*lease),
 		staging:   make(map[chunk.Key]*staging),
 	}
+	c.ctx, c.cancel = context.WithCancel(ctx)
 	defer func() {
 		if err != nil {
 			c.destroy()
@@ -143,8 +144,7 @@ func (c *conn) postRecv(slot int) error {
 
 // run serves the connection until it disconnects or the server stops, then
 // releases everything it held.
-func (c *conn) run(ctx context.Context) {
-	c.ctx, c.cancel = context.WithCancel(ctx)
+func (c *conn) run() {
 	c.wg.Add(2 + c.s.cfg.Credits)
 	go c.poll()
 	go c.reap()
@@ -162,15 +162,12 @@ func (c *conn) run(ctx context.Context) {
 }
 
 // fail ends the connection.
-func (c *conn) fail() {
-	if c.cancel != nil {
-		c.cancel()
-	}
-}
+func (c *conn) fail() { c.cancel() }
 
 // destroy revokes every grant and frees the connection's resources. The workers
 // have stopped.
 func (c *conn) destroy() {
+	c.cancel()
 	if c.qp != nil {
 		c.qp.Close()
 	}

@@ -3,6 +3,10 @@ package chunkserver_test
 import (
 	"bytes"
 	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -124,13 +128,34 @@ func TestProcessSIGTERM(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds chunkd")
 	}
-	p := chunktest.StartProcess(t, chunktest.ProcOptions{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := ln.Addr().String()
+	ln.Close()
+	p := chunktest.StartProcess(t, chunktest.ProcOptions{Args: []string{"--metrics", metricsAddr, "--zone", "rack1"}})
 	c, env := func() (*client.Client, *chunktest.ClientEnv) {
 		env := chunktest.NewClientEnv(t, 1<<20)
 		return env.Dial(t, p.Addr, p.Secret), env
 	}()
 	key := chunk.Key{Chunk: 1, Version: 1}
 	put(t, c, env, 0, key, 1000)
+	if _, err := c.ReadAt(ctxT(t), key, 0, []rdma.SGE{env.SGE(0, 1000)}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape metrics: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, m := range []string{"chunkd_disk_written_bytes_total 1000", "chunkd_leases 1", "chunkd_connections 1",
+		`chunkd_requests_total{op="Commit",status="ok"} 1`, "chunkd_request_seconds_bucket", "chunkd_resident_bytes 4096"} {
+		if !strings.Contains(string(body), m) {
+			t.Errorf("metrics lack %q", m)
+		}
+	}
 	if err := p.Stop(); err != nil {
 		t.Fatalf("chunkd exit after SIGTERM: %v", err)
 	}

@@ -315,7 +315,7 @@ func (s *Server) handshake(ctx context.Context, req rdma.ConnRequest) {
 		reject("busy", fmt.Sprintf("chunkd: busy: %d connections", s.cfg.MaxConns))
 		return
 	}
-	c, err := s.newConn(log)
+	c, err := s.newConn(ctx, log)
 	if err != nil {
 		reject("busy", "chunkd: busy: "+err.Error())
 		return
@@ -339,7 +339,7 @@ func (s *Server) handshake(ctx context.Context, req rdma.ConnRequest) {
 	s.metrics.Connections.Set(float64(len(s.conns)))
 	s.mu.Unlock()
 	log.Debug("chunkd: connected")
-	c.run(ctx)
+	c.run()
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.metrics.Connections.Set(float64(len(s.conns)))

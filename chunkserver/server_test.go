@@ -593,3 +593,26 @@ func (m *fakeMembership) Heartbeat(ctx context.Context, st chunkserver.Stats) ([
 	m.beats++
 	return m.garbage, nil // deleting what is not (yet) there is harmless
 }
+
+// TestReadPathAllocations: a read through a cached lease is a pure one-sided
+// operation and allocates (almost) nothing.
+func TestReadPathAllocations(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{})
+	c, env := s.Dial(t)
+	key := chunk.Key{Chunk: 30, Version: 1}
+	put(t, c, env, 0, key, 64<<10)
+	ctx := context.Background()
+	sgl := []rdma.SGE{env.SGE(0, 64<<10)}
+	if _, err := c.ReadAt(ctx, key, 0, sgl); err != nil {
+		t.Fatal(err)
+	}
+	allocs := testing.AllocsPerRun(200, func() {
+		if _, err := c.ReadAt(ctx, key, 0, sgl); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Logf("%.1f allocations per cached read", allocs)
+	if allocs > 2 {
+		t.Fatalf("%.1f allocations per cached read", allocs)
+	}
+}

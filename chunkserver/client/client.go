@@ -93,6 +93,8 @@ type Client struct {
 	sq    chan struct{} // room in the send queue
 	next  atomic.Uint64
 
+	opPool sync.Pool // *op, reused so that reads and writes do not allocate
+
 	mu     sync.Mutex
 	calls  map[uint64]*call
 	ops    map[uint64]*op
@@ -117,8 +119,8 @@ type call struct {
 type op struct {
 	pending int
 	status  rdma.WCStatus
-	opcode  rdma.Opcode
-	done    chan struct{}
+	done    chan struct{} // receives one value when all work requests completed
+	wrs     [4]rdma.SendWR
 }
 
 // Dial connects to the chunkd at addr through dev, with a queue pair in pd (the
@@ -327,7 +329,7 @@ func (c *Client) complete(wc *rdma.WorkCompletion) {
 			o.pending--
 			if o.pending == 0 {
 				delete(c.ops, wc.ID)
-				close(o.done)
+				o.done <- struct{}{}
 			}
 		}
 		c.mu.Unlock()
@@ -346,7 +348,7 @@ func (c *Client) failOps() {
 			o.status = rdma.WCWRFlushErr
 		}
 		delete(c.ops, id)
-		close(o.done)
+		o.done <- struct{}{}
 	}
 }
 
@@ -676,16 +678,20 @@ func (c *Client) oneSided(ctx context.Context, opcode rdma.Opcode, addr uint64, 
 	}
 	nwr := (len(sgl) + c.maxSGE - 1) / c.maxSGE
 	id := opTag | c.next.Add(1)
-	o := &op{pending: nwr, opcode: opcode, done: make(chan struct{})}
+	o, _ := c.opPool.Get().(*op)
+	if o == nil {
+		o = &op{done: make(chan struct{}, 1)}
+	}
+	o.pending, o.status = nwr, rdma.WCSuccess
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
+		c.opPool.Put(o)
 		return c.err
 	}
 	c.ops[id] = o
 	c.mu.Unlock()
-	var wrbuf [4]rdma.SendWR
-	wrs := wrbuf[:0]
+	wrs := o.wrs[:0]
 	remote := addr + uint64(off)
 	for i := 0; i < len(sgl); i += c.maxSGE {
 		part := sgl[i:min(i+c.maxSGE, len(sgl))]
@@ -696,13 +702,19 @@ func (c *Client) oneSided(ctx context.Context, opcode rdma.Opcode, addr uint64, 
 	}
 	if err := c.post(ctx, wrs); err != nil {
 		c.mu.Lock()
+		_, mine := c.ops[id]
 		delete(c.ops, id)
 		c.mu.Unlock()
+		if mine {
+			c.opPool.Put(o)
+		}
 		return err
 	}
 	<-o.done
-	if o.status != rdma.WCSuccess {
-		return &RDMAError{Op: opcode, Status: o.status}
+	status := o.status
+	c.opPool.Put(o)
+	if status != rdma.WCSuccess {
+		return &RDMAError{Op: opcode, Status: status}
 	}
 	return nil
 }
