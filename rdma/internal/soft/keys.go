@@ -20,6 +20,7 @@ const invalidBit = int64(1) << 62
 type Region struct {
 	key    uint32
 	pd     *PD
+	mem    *rdma.Memory
 	owner  any // for a window: the queue pair it is bound to; nil for a region
 	base   uint64
 	buf    []byte
@@ -28,10 +29,61 @@ type Region struct {
 	state   atomic.Int64
 	drained chan struct{}
 	once    sync.Once
+
+	rmu      sync.Mutex
+	revokers []Revoker
+	revoked  bool
 }
 
-func newRegion(pd *PD, owner any, base uint64, buf []byte, access rdma.AccessFlags) *Region {
-	return &Region{pd: pd, owner: owner, base: base, buf: buf, access: access, drained: make(chan struct{})}
+// Revoker is a holder of a key outside this process's key table — a peer that
+// may access the region directly through shared memory — that must give it up
+// before an invalidation completes.
+type Revoker interface {
+	// Revoke returns once the holder can no longer access the region.
+	Revoke(key uint32)
+}
+
+func newRegion(pd *PD, owner any, mem *rdma.Memory, base uint64, buf []byte, access rdma.AccessFlags) *Region {
+	return &Region{pd: pd, owner: owner, mem: mem, base: base, buf: buf, access: access, drained: make(chan struct{})}
+}
+
+// Key returns the region's key.
+func (r *Region) Key() uint32 { return r.key }
+
+// Base returns the address of the region's first byte.
+func (r *Region) Base() uint64 { return r.base }
+
+// Len returns the region's length.
+func (r *Region) Len() int { return len(r.buf) }
+
+// Access returns the region's rights.
+func (r *Region) Access() rdma.AccessFlags { return r.access }
+
+// Memory returns the registered memory the region lies in.
+func (r *Region) Memory() *rdma.Memory { return r.mem }
+
+// AddRevoker registers a holder to revoke when the region is invalidated. It
+// returns false when the region is already invalid.
+func (r *Region) AddRevoker(rv Revoker) bool {
+	r.rmu.Lock()
+	defer r.rmu.Unlock()
+	if r.revoked {
+		return false
+	}
+	r.revokers = append(r.revokers, rv)
+	return true
+}
+
+// RemoveRevoker forgets a holder that went away.
+func (r *Region) RemoveRevoker(rv Revoker) {
+	r.rmu.Lock()
+	defer r.rmu.Unlock()
+	for i, x := range r.revokers {
+		if x == rv {
+			r.revokers = append(r.revokers[:i], r.revokers[i+1:]...)
+			return
+		}
+	}
 }
 
 func (r *Region) acquire() bool {
@@ -64,6 +116,13 @@ func (r *Region) invalidate() {
 		}
 	}
 	<-r.drained
+	r.rmu.Lock()
+	revokers := r.revokers
+	r.revokers, r.revoked = nil, true
+	r.rmu.Unlock()
+	for _, rv := range revokers {
+		rv.Revoke(r.key)
+	}
 }
 
 // slice returns the bytes [addr, addr+length) of the region, or false when the range

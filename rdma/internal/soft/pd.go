@@ -16,6 +16,16 @@ type PD struct {
 	Keys  *Keys
 	newQP QPFactory
 	live  atomic.Int64 // regions, windows and queue pairs not yet closed
+
+	mu  sync.Mutex
+	mrs []*MR // registered regions, in registration order
+}
+
+// Regions returns the domain's registered memory regions.
+func (pd *PD) Regions() []*MR {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	return append([]*MR(nil), pd.mrs...)
 }
 
 // NewPD returns a protection domain whose keys live in keys and whose queue pairs
@@ -30,10 +40,14 @@ func (pd *PD) RegisterMemory(mem *rdma.Memory, access rdma.AccessFlags) (rdma.Me
 	if err := mem.Pin(); err != nil {
 		return nil, fmt.Errorf("register memory: %w", err)
 	}
-	r := newRegion(pd, nil, mem.Addr(), mem.Bytes(), access)
+	r := newRegion(pd, nil, mem, mem.Addr(), mem.Bytes(), access)
 	pd.Keys.insert(r)
 	pd.live.Add(1)
-	return &MR{pd: pd, mem: mem, r: r}, nil
+	mr := &MR{pd: pd, mem: mem, r: r}
+	pd.mu.Lock()
+	pd.mrs = append(pd.mrs, mr)
+	pd.mu.Unlock()
+	return mr, nil
 }
 
 // AllocMW implements rdma.ProtectionDomain.
@@ -109,6 +123,14 @@ func (m *MR) Deregister() error {
 		m.pd.Keys.remove(m.r)
 		m.mem.Unpin()
 		m.pd.live.Add(-1)
+		m.pd.mu.Lock()
+		for i, x := range m.pd.mrs {
+			if x == m {
+				m.pd.mrs = append(m.pd.mrs[:i], m.pd.mrs[i+1:]...)
+				break
+			}
+		}
+		m.pd.mu.Unlock()
 	})
 	return nil
 }
@@ -161,7 +183,7 @@ func (w *MW) Bind(qp any, mr rdma.MemoryRegion, addr, length uint64, access rdma
 		return 0, fmt.Errorf("bind mw: %w", rdma.ErrClosed)
 	}
 	w.unbindLocked()
-	r := newRegion(w.pd, qp, addr, buf, access)
+	r := newRegion(w.pd, qp, m.mem, addr, buf, access)
 	w.pd.Keys.insert(r)
 	w.bound, w.mr = r, m
 	m.windows.Add(1)
@@ -196,6 +218,3 @@ func (w *MW) Close() error {
 	w.pd.live.Add(-1)
 	return nil
 }
-
-// Owner returns the queue pair a region (window) is bound to; nil for a memory region.
-func (r *Region) Owner() any { return r.owner }

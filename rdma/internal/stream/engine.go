@@ -1,118 +1,194 @@
-package tcp
+package stream
 
 import (
-	"net"
 	"time"
 
 	"github.com/rdmafs/rdmafs/rdma"
 )
 
-// maxBatch bounds the frames one writev carries.
+// maxBatch bounds the requests one batch takes from the send queue.
 const maxBatch = 256
 
-// writeLoop sends what the send queue and the responder have queued: all of it in
-// one writev when it fits, so a batch of posted requests costs one system call.
+// The socket is written by whoever holds q.wmu: the goroutine posting requests,
+// the reader answering them, or the writer goroutine. The first two only try the
+// lock and write without blocking (one non-blocking writev); what the socket does
+// not take at once is left in q.wIOV for the writer goroutine, the only one that
+// waits for the socket. So PostSend never blocks, and the reader can never be stuck
+// writing to a peer whose reader is stuck writing to us.
+
+// flush writes what is queued if the socket lock is free, without blocking, and
+// hands whatever remains to the writer goroutine.
+func (q *queuePair) flush() {
+	if !q.wmu.TryLock() {
+		q.kickWriter()
+		return
+	}
+	done := q.push(false)
+	q.wmu.Unlock()
+	if !done {
+		q.kickWriter()
+	}
+}
+
+// writeLoop writes, blocking as long as the socket needs, whatever the
+// non-blocking writers could not.
 func (q *queuePair) writeLoop() {
 	defer q.exit()
-	var (
-		items []outItem
-		hdrs  = make([]byte, 0, maxBatch*headerSize)
-		iov   = make([][]byte, 0, 4*maxBatch)
-		bufs  net.Buffers
-		h     header
-	)
 	for {
 		select {
 		case <-q.kick:
 		case <-q.disconnected:
 			return
 		}
-		for {
-			q.mu.Lock()
-			if q.state != rdma.QPStateRTS {
-				q.mu.Unlock()
-				return
-			}
-			first := q.sqNext
-			for q.sqNext < q.sqTail && q.sqNext-first < maxBatch {
-				s := &q.sq[q.sqNext%uint64(len(q.sq))]
-				if s.localErr != rdma.WCSuccess || (s.fence && q.readsInFlight > 0) {
-					break
-				}
-				if s.op == rdma.OpRDMARead {
-					q.readsInFlight++
-				}
-				q.sqNext++
-			}
-			last := q.sqNext
-			items, q.out = q.out, items[:0]
-			q.checkLocalErrLocked()
-			conn := q.conn
-			q.mu.Unlock()
-			if first == last && len(items) == 0 {
-				break
-			}
-
-			hdrs, iov = hdrs[:0], iov[:0]
-			closeAfter := false
-			for i := first; i < last; i++ {
-				s := &q.sq[i%uint64(len(q.sq))]
-				h = header{length: s.length, psn: s.psn, rkey: s.rkey, raddr: s.raddr, imm: s.imm}
-				switch s.op {
-				case rdma.OpSend:
-					h.op = opSend
-				case rdma.OpSendWithImm:
-					h.op = opSendImm
-				case rdma.OpRDMAWrite:
-					h.op = opWrite
-				case rdma.OpRDMAWriteWithImm:
-					h.op = opWriteImm
-				case rdma.OpRDMARead:
-					h.op = opReadReq
-				}
-				hdrs, iov = appendHeader(hdrs, iov, &h)
-				if h.op != opReadReq {
-					iov = append(iov, s.segs...)
-				}
-			}
-			for i := range items {
-				it := &items[i]
-				h = header{op: it.op, status: it.status, psn: it.psn, length: uint32(len(it.payload))}
-				hdrs, iov = appendHeader(hdrs, iov, &h)
-				if len(it.payload) > 0 {
-					iov = append(iov, it.payload)
-				}
-				closeAfter = closeAfter || it.closeAfter
-			}
-			bufs = iov
-			_, err := bufs.WriteTo(conn)
-			for i := range items {
-				if items[i].region != nil {
-					items[i].region.Release()
-				}
-				items[i] = outItem{}
-			}
-			items = items[:0]
-			if err != nil {
-				q.fail(rdma.WCRetryExcErr)
-				return
-			}
-			if closeAfter {
-				q.fail(rdma.WCWRFlushErr)
-				return
-			}
+		q.wmu.Lock()
+		q.push(true)
+		q.wmu.Unlock()
+		if q.State() != rdma.QPStateRTS {
+			return
 		}
 	}
 }
 
-// appendHeader encodes h at the end of hdrs and adds it to iov. hdrs has room for
-// maxBatch headers per batch of requests and grows for responses beyond that.
+// push writes the unfinished batch, then new batches built from the send queue and
+// the responses, until nothing is queued (true) or, when !blocking, the socket would
+// block (false). The caller holds q.wmu.
+func (q *queuePair) push(blocking bool) bool {
+	for {
+		if len(q.wIOV) == 0 && !q.buildBatch() {
+			return true
+		}
+		var err error
+		if blocking {
+			q.wBufs = q.wIOV
+			_, err = q.wBufs.WriteTo(q.conn)
+			q.wIOV = q.wIOV[:0]
+		} else {
+			var n int
+			n, err = q.writevOnce()
+			q.wIOV = trimIOV(q.wIOV, n)
+		}
+		if err != nil {
+			q.fail(rdma.WCRetryExcErr)
+			return true
+		}
+		if len(q.wIOV) > 0 {
+			return false
+		}
+		closeAfter := q.finishBatch()
+		if closeAfter {
+			q.fail(rdma.WCWRFlushErr)
+			return true
+		}
+	}
+}
+
+// buildBatch moves the send queue's waiting requests and the queued responses
+// into q.wIOV, and reports whether there is anything to write.
+func (q *queuePair) buildBatch() bool {
+	q.mu.Lock()
+	if q.state != rdma.QPStateRTS {
+		q.mu.Unlock()
+		return false
+	}
+	first := q.sqNext
+	for q.sqNext < q.sqTail && q.sqNext-first < maxBatch {
+		s := &q.sq[q.sqNext%uint64(len(q.sq))]
+		if s.localErr != rdma.WCSuccess || (s.fence && q.readsInFlight > 0) {
+			break
+		}
+		if s.op == rdma.OpRDMARead {
+			q.readsInFlight++
+		}
+		q.sqNext++
+	}
+	last := q.sqNext
+	q.wItems, q.out = q.out, q.wItems[:0]
+	q.checkLocalErrLocked()
+	q.mu.Unlock()
+	if first == last && len(q.wItems) == 0 {
+		return false
+	}
+	// Start from the full backing arrays: writing trims q.wIOV from the front.
+	hdrs, iov := q.wHdrs[:0], q.wIOVBase[:0]
+	var h header
+	for i := first; i < last; i++ {
+		s := &q.sq[i%uint64(len(q.sq))]
+		h = header{length: s.length, psn: s.psn, rkey: s.rkey, raddr: s.raddr, imm: s.imm}
+		switch s.op {
+		case rdma.OpSend:
+			h.op = opSend
+		case rdma.OpSendWithImm:
+			h.op = opSendImm
+		case rdma.OpRDMAWrite:
+			h.op = opWrite
+		case rdma.OpRDMAWriteWithImm:
+			h.op = opWriteImm
+		case rdma.OpRDMARead:
+			h.op = opReadReq
+		}
+		hdrs, iov = appendHeader(hdrs, iov, &h)
+		if h.op != opReadReq {
+			iov = append(iov, s.segs...)
+		}
+	}
+	for i := range q.wItems {
+		it := &q.wItems[i]
+		h = header{op: it.op, status: it.status, psn: it.psn, rkey: it.rkey, imm: it.imm, length: uint32(len(it.payload))}
+		hdrs, iov = appendHeader(hdrs, iov, &h)
+		if len(it.payload) > 0 {
+			iov = append(iov, it.payload)
+		}
+	}
+	q.wHdrs, q.wIOV, q.wIOVBase = hdrs, iov, iov
+	return true
+}
+
+// finishBatch releases the memory the written batch's responses held and reports
+// whether one of them ends the connection.
+func (q *queuePair) finishBatch() bool {
+	closeAfter := false
+	for i := range q.wItems {
+		if q.wItems[i].region != nil {
+			q.wItems[i].region.Release()
+		}
+		closeAfter = closeAfter || q.wItems[i].closeAfter
+		q.wItems[i] = outItem{}
+	}
+	q.wItems = q.wItems[:0]
+	return closeAfter
+}
+
+// releaseWriteState frees what an unfinished batch held; the queue pair is being
+// torn down and nobody writes any more. The caller holds q.wmu.
+func (q *queuePair) releaseWriteState() {
+	q.wIOV = q.wIOV[:0]
+	q.finishBatch()
+}
+
+// trimIOV drops the first n bytes of iov.
+func trimIOV(iov [][]byte, n int) [][]byte {
+	for n > 0 && len(iov) > 0 {
+		if n >= len(iov[0]) {
+			n -= len(iov[0])
+			iov = iov[1:]
+			continue
+		}
+		iov[0] = iov[0][n:]
+		n = 0
+	}
+	for len(iov) > 0 && len(iov[0]) == 0 {
+		iov = iov[1:]
+	}
+	return iov
+}
+
+// appendHeader encodes h at the end of hdrs and adds it to iov. When hdrs is full
+// a bigger arena replaces it; the old one stays alive through the iov entries that
+// point into it until the batch is written.
 func appendHeader(hdrs []byte, iov [][]byte, h *header) ([]byte, [][]byte) {
 	n := len(hdrs)
 	if n+headerSize > cap(hdrs) {
-		// A new arena: the old one stays alive through the iov entries that point
-		// into it until this batch is written.
-		hdrs = make([]byte, 0, 2*cap(hdrs))
+		hdrs = make([]byte, 0, max(2*cap(hdrs), maxBatch*headerSize))
 		n = 0
 	}
 	hdrs = hdrs[:n+headerSize]
@@ -120,7 +196,8 @@ func appendHeader(hdrs []byte, iov [][]byte, h *header) ([]byte, [][]byte) {
 	return hdrs, append(iov, hdrs[n:n+headerSize])
 }
 
-// respond queues a response for the writer.
+// respond queues a response; the reader flushes responses before it waits for
+// more input, so several go out in one write.
 func (q *queuePair) respond(it outItem) {
 	q.mu.Lock()
 	if q.state != rdma.QPStateRTS {
@@ -132,7 +209,6 @@ func (q *queuePair) respond(it outItem) {
 	}
 	q.out = append(q.out, it)
 	q.mu.Unlock()
-	q.kickWriter()
 }
 
 // readLoop handles every frame that arrives: requests as the target, responses as
@@ -147,9 +223,14 @@ func (q *queuePair) readLoop(rd *frameReader) {
 		ackPSN     uint32
 	)
 	for {
-		if ackPending && rd.buffered() < headerSize {
-			q.respond(outItem{op: opAck, psn: ackPSN})
-			ackPending = false
+		if rd.buffered() < headerSize {
+			// About to wait for input: send the coalesced ACK and every queued
+			// response now.
+			if ackPending {
+				q.respond(outItem{op: opAck, psn: ackPSN})
+				ackPending = false
+			}
+			q.flush()
 		}
 		b, err := rd.header()
 		if err != nil {
@@ -190,6 +271,14 @@ func (q *queuePair) readLoop(rd *frameReader) {
 			}
 			q.mu.Unlock()
 			return
+		case opGrant:
+			ok = q.acceptGrant(rd, &h)
+		case opRevoke:
+			q.dropGrant(h.rkey)
+			ok = true
+		case opRevokeAck:
+			q.revoked(h.rkey)
+			ok = true
 		case opDisconnect:
 			q.fail(rdma.WCWRFlushErr)
 			return
@@ -204,6 +293,7 @@ func (q *queuePair) readLoop(rd *frameReader) {
 // once the NAK is on the wire, as an iWARP TERMINATE does.
 func (q *queuePair) nak(psn uint32, status rdma.WCStatus) {
 	q.respond(outItem{op: opNak, status: uint8(status), psn: psn, closeAfter: true})
+	q.flush()
 }
 
 // waitRecv returns once a receive is posted, or false after the peer's RNR timeout
@@ -285,6 +375,7 @@ func (q *queuePair) serveWrite(rd *frameReader, h *header) bool {
 			return false
 		}
 		err := rd.readInto(buf)
+		q.grant(r)
 		r.Release()
 		if err != nil {
 			q.fail(rdma.WCRetryExcErr)
@@ -311,6 +402,7 @@ func (q *queuePair) serveRead(h *header) bool {
 		q.nak(h.psn, st)
 		return false
 	}
+	q.grant(r)
 	q.respond(outItem{op: opReadResp, psn: h.psn, payload: buf, region: r})
 	return true
 }

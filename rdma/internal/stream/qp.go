@@ -1,11 +1,14 @@
-package tcp
+package stream
 
 import (
 	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/rdma"
 	"github.com/rdmafs/rdmafs/rdma/internal/soft"
@@ -43,6 +46,8 @@ type outItem struct {
 	op         uint8
 	status     uint8
 	psn        uint32
+	rkey       uint32 // GRANT, REVOKE, REVOKE_ACK
+	imm        uint32 // GRANT: the access rights
 	payload    []byte
 	region     *soft.Region
 	closeAfter bool // the connection ends once this item is on the wire
@@ -80,6 +85,19 @@ type queuePair struct {
 	out  []outItem
 	kick chan struct{}
 
+	// The socket writer's state, guarded by wmu (taken before mu).
+	wmu      sync.Mutex
+	wIOV     [][]byte  // the unwritten rest of the current batch
+	wIOVBase [][]byte  // the backing array wIOV is a view of
+	wItems   []outItem // the responses of the current batch
+	wHdrs    []byte    // arena of the current batch's headers
+	wBufs    net.Buffers
+	raw      syscall.RawConn
+	iovecs   []unix.Iovec
+	wn       int
+	werr     error
+	writevFn func(fd uintptr) bool
+
 	failStatus   rdma.WCStatus
 	running      atomic.Int32 // reader and writer goroutines alive
 	tornDown     bool
@@ -87,13 +105,15 @@ type queuePair struct {
 	disconnected chan struct{}
 	closeOnce    sync.Once
 	progress     atomic.Uint64
+
+	shm *shmState // set on shared-memory connections
 }
 
 func (d *Device) newQP(pd *soft.PD, attr rdma.QPAttr) (rdma.QueuePair, error) {
 	scq, ok1 := attr.SendCQ.(*soft.CQ)
 	rcq, ok2 := attr.RecvCQ.(*soft.CQ)
 	if !ok1 || !ok2 {
-		return nil, fmt.Errorf("tcp: create qp: completion queues of another transport: %w", rdma.ErrInvalidArgument)
+		return nil, fmt.Errorf("rdma: create qp: completion queues of another transport: %w", rdma.ErrInvalidArgument)
 	}
 	q := &queuePair{
 		dev: d, pd: pd, attr: attr, num: d.qpn.Add(1),
@@ -142,8 +162,20 @@ func (q *queuePair) start(conn net.Conn, peerRNR time.Duration) error {
 	q.mu.Lock()
 	if q.state != rdma.QPStateInit {
 		q.mu.Unlock()
-		return fmt.Errorf("tcp: connect qp %d in state %v: %w", q.num, q.state, rdma.ErrInvalidState)
+		return fmt.Errorf("rdma: connect qp %d in state %v: %w", q.num, q.state, rdma.ErrInvalidState)
 	}
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		q.mu.Unlock()
+		return fmt.Errorf("rdma: connection %T has no file descriptor", conn)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		q.mu.Unlock()
+		return fmt.Errorf("rdma: connection descriptor: %w", err)
+	}
+	q.raw = raw
+	q.writevFn = q.writev
 	q.conn, q.remote, q.peerRNR = conn, conn.RemoteAddr().String(), peerRNR
 	q.state = rdma.QPStateRTS
 	q.running.Store(2)
@@ -165,27 +197,43 @@ func (q *queuePair) kickWriter() {
 func (q *queuePair) PostSend(wrs []rdma.SendWR) error {
 	for i := range wrs {
 		if err := q.validate(&wrs[i]); err != nil {
-			return fmt.Errorf("tcp: post send: request %d: %w", i, err)
+			return fmt.Errorf("rdma: post send: request %d: %w", i, err)
 		}
 	}
 	q.mu.Lock()
 	if q.state < rdma.QPStateRTS {
 		q.mu.Unlock()
-		return fmt.Errorf("tcp: post send on qp %d in state %v: %w", q.num, q.state, rdma.ErrInvalidState)
+		return fmt.Errorf("rdma: post send on qp %d in state %v: %w", q.num, q.state, rdma.ErrInvalidState)
 	}
 	if q.sqTail-q.sqHead+uint64(len(wrs)) > uint64(len(q.sq)) {
 		q.mu.Unlock()
-		return fmt.Errorf("tcp: post send: %d requests, %d free: %w", len(wrs), uint64(len(q.sq))-(q.sqTail-q.sqHead), rdma.ErrQueueFull)
+		return fmt.Errorf("rdma: post send: %d requests, %d free: %w", len(wrs), uint64(len(q.sq))-(q.sqTail-q.sqHead), rdma.ErrQueueFull)
 	}
 	for i := range wrs {
-		q.fillSlot(&q.sq[q.sqTail%uint64(len(q.sq))], &wrs[i])
+		wr := &wrs[i]
+		status := rdma.WCSuccess
+		if q.shm != nil && q.sqHead == q.sqTail && q.state == rdma.QPStateRTS &&
+			(wr.Opcode == rdma.OpRDMARead || wr.Opcode == rdma.OpRDMAWrite) {
+			var done bool
+			if done, status = q.direct(wr); done {
+				continue
+			}
+		}
+		s := &q.sq[q.sqTail%uint64(len(q.sq))]
+		q.fillSlot(s, wr)
+		if status != rdma.WCSuccess && s.localErr == rdma.WCSuccess {
+			s.releaseRegions()
+			s.localErr = status
+		}
 		q.sqTail++
 	}
 	if q.tornDown {
 		q.flushSendLocked()
+		q.mu.Unlock()
+		return nil
 	}
 	q.mu.Unlock()
-	q.kickWriter()
+	q.flush()
 	return nil
 }
 
@@ -251,13 +299,13 @@ func (s *sendSlot) releaseRegions() {
 func (q *queuePair) PostRecv(wrs []rdma.RecvWR) error {
 	for i := range wrs {
 		if len(wrs[i].SGL) > q.attr.MaxSGE {
-			return fmt.Errorf("tcp: post recv: request %d: %d SGEs, max %d: %w", i, len(wrs[i].SGL), q.attr.MaxSGE, rdma.ErrInvalidWR)
+			return fmt.Errorf("rdma: post recv: request %d: %d SGEs, max %d: %w", i, len(wrs[i].SGL), q.attr.MaxSGE, rdma.ErrInvalidWR)
 		}
 	}
 	q.mu.Lock()
 	if q.rqTail-q.rqHead+uint64(len(wrs)) > uint64(len(q.rq)) {
 		q.mu.Unlock()
-		return fmt.Errorf("tcp: post recv: %d requests, %d free: %w", len(wrs), uint64(len(q.rq))-(q.rqTail-q.rqHead), rdma.ErrQueueFull)
+		return fmt.Errorf("rdma: post recv: %d requests, %d free: %w", len(wrs), uint64(len(q.rq))-(q.rqTail-q.rqHead), rdma.ErrQueueFull)
 	}
 	for i := range wrs {
 		s := &q.rq[q.rqTail%uint64(len(q.rq))]
@@ -390,9 +438,12 @@ func (q *queuePair) failLocked(status rdma.WCStatus) {
 // queue pair down.
 func (q *queuePair) exit() {
 	if q.running.Add(-1) == 0 {
+		q.wmu.Lock()
+		q.releaseWriteState()
 		q.mu.Lock()
 		q.teardownLocked()
 		q.mu.Unlock()
+		q.wmu.Unlock()
 	}
 }
 
@@ -420,6 +471,7 @@ func (q *queuePair) teardownLocked() {
 	}
 	q.flushSendLocked()
 	q.flushRecvLocked()
+	q.releaseGrantsLocked()
 	close(q.done)
 }
 
@@ -504,7 +556,7 @@ func (q *queuePair) Close() error {
 func (q *queuePair) BindMW(mw rdma.MemoryWindow, mr rdma.MemoryRegion, addr, length uint64, access rdma.AccessFlags) (uint32, error) {
 	w, ok := mw.(*soft.MW)
 	if !ok {
-		return 0, fmt.Errorf("tcp: bind mw: window of another transport: %w", rdma.ErrInvalidArgument)
+		return 0, fmt.Errorf("rdma: bind mw: window of another transport: %w", rdma.ErrInvalidArgument)
 	}
 	return w.Bind(q, mr, addr, length, access)
 }
@@ -513,7 +565,7 @@ func (q *queuePair) BindMW(mw rdma.MemoryWindow, mr rdma.MemoryRegion, addr, len
 func (q *queuePair) InvalidateMW(mw rdma.MemoryWindow) error {
 	w, ok := mw.(*soft.MW)
 	if !ok {
-		return fmt.Errorf("tcp: invalidate mw: window of another transport: %w", rdma.ErrInvalidArgument)
+		return fmt.Errorf("rdma: invalidate mw: window of another transport: %w", rdma.ErrInvalidArgument)
 	}
 	w.Invalidate()
 	return nil

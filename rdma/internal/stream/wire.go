@@ -1,4 +1,4 @@
-package tcp
+package stream
 
 import (
 	"encoding/binary"
@@ -36,8 +36,19 @@ const (
 	opAck        = 7
 	opNak        = 8
 	opDisconnect = 9
-	opMax        = opDisconnect
+	// Shared-memory connections only: the target tells the initiator it may
+	// access a region directly (payload: grantSize bytes), asks it to stop, and
+	// the initiator confirms it has.
+	opGrant     = 10
+	opRevoke    = 11
+	opRevokeAck = 12
+	opMax       = opRevokeAck
 )
+
+// grantSize is the payload of a GRANT: base, length and the base of the shared
+// memory the region lies in, each a little-endian uint64. The header carries the
+// rkey, and the access rights in imm.
+const grantSize = 24
 
 // maxMessage is the largest payload of one work request, as a verbs device's
 // max_msg_sz (2 GiB).
@@ -54,7 +65,7 @@ type header struct {
 	imm    uint32
 }
 
-var errBadFrame = errors.New("tcp: malformed frame")
+var errBadFrame = errors.New("rdma: malformed frame")
 
 func (h *header) encode(b []byte) {
 	_ = b[headerSize-1]
@@ -93,8 +104,10 @@ func (h *header) decode(b []byte) error {
 		return fmt.Errorf("%w: NAK with status %d", errBadFrame, h.status)
 	case h.op != opNak && h.status != 0:
 		return fmt.Errorf("%w: status %d on op %d", errBadFrame, h.status, h.op)
-	case (h.op == opAck || h.op == opNak || h.op == opDisconnect) && h.length != 0:
+	case (h.op == opAck || h.op == opNak || h.op == opDisconnect || h.op == opRevoke || h.op == opRevokeAck) && h.length != 0:
 		return fmt.Errorf("%w: length %d on op %d", errBadFrame, h.length, h.op)
+	case h.op == opGrant && h.length != grantSize:
+		return fmt.Errorf("%w: grant of %d bytes", errBadFrame, h.length)
 	}
 	return nil
 }
@@ -102,7 +115,7 @@ func (h *header) decode(b []byte) error {
 // hasPayload reports whether payload bytes follow the header.
 func (h *header) hasPayload() bool {
 	switch h.op {
-	case opSend, opSendImm, opWrite, opWriteImm, opReadResp:
+	case opSend, opSendImm, opWrite, opWriteImm, opReadResp, opGrant:
 		return true
 	}
 	return false

@@ -1,0 +1,48 @@
+package stream
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// writevOnce makes one non-blocking writev of q.wIOV (at most IOV_MAX entries) and
+// returns the bytes written; a socket that would block writes 0 without error.
+// The caller holds q.wmu. Nothing is allocated: the iovec array and the callback
+// live in the queue pair.
+func (q *queuePair) writevOnce() (int, error) {
+	iov := q.iovecs[:0]
+	for _, b := range q.wIOV {
+		if len(b) == 0 {
+			continue
+		}
+		if len(iov) == 1024 {
+			break
+		}
+		iov = append(iov, unix.Iovec{Base: unsafe.SliceData(b), Len: uint64(len(b))})
+	}
+	q.iovecs = iov
+	if len(iov) == 0 {
+		return 0, nil
+	}
+	q.wn, q.werr = 0, nil
+	err := q.raw.Write(q.writevFn)
+	clear(iov) // drop the pointers into memory that may be freed
+	if err != nil {
+		return q.wn, err
+	}
+	return q.wn, q.werr
+}
+
+// writev is the raw-connection callback of writevOnce: one attempt, never a wait.
+func (q *queuePair) writev(fd uintptr) bool {
+	r, _, errno := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(unsafe.SliceData(q.iovecs))), uintptr(len(q.iovecs)))
+	switch errno {
+	case 0:
+		q.wn = int(r)
+	case unix.EAGAIN, unix.EINTR:
+	default:
+		q.werr = errno
+	}
+	return true
+}
