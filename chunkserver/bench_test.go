@@ -18,7 +18,7 @@ import (
 	"github.com/rdmafs/rdmafs/chunkserver/store"
 	"github.com/rdmafs/rdmafs/rdma"
 	"github.com/rdmafs/rdmafs/rdma/rdmatest"
-	"github.com/rdmafs/rdmafs/rdma/tcp"
+	"github.com/rdmafs/rdmafs/rdma/transport"
 )
 
 // The read benchmarks compare reading resident 1 MiB shards through the chunk
@@ -30,8 +30,10 @@ const shard = 1 << 20
 
 var depths = []int{1, 4}
 
-func openTCP(t testing.TB) rdma.Device {
-	d, err := tcp.Open(tcp.Options{})
+// openDev opens a device of the transport under test (CHUNKTEST_TRANSPORT,
+// default tcp), the same one the protocol benchmarks use.
+func openDev(t testing.TB) rdma.Device {
+	d, err := transport.Open(chunktest.TransportName(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,11 +41,11 @@ func openTCP(t testing.TB) rdma.Device {
 }
 
 // BenchmarkRawRDMARead is the baseline: RDMA_READ of 1 MiB between two ends of
-// the tcp transport, depth reads in flight.
+// the transport, depth reads in flight.
 func BenchmarkRawRDMARead(b *testing.B) {
 	for _, depth := range depths {
 		b.Run(fmt.Sprintf("depth=%d", depth), func(b *testing.B) {
-			a, t := rdmatest.Pair(b, openTCP, rdmatest.PairConfig{MemSize: 8 * shard, Attr: rdma.QPAttr{MaxSendWR: 64}})
+			a, t := rdmatest.Pair(b, openDev, rdmatest.PairConfig{MemSize: 8 * shard, Attr: rdma.QPAttr{MaxSendWR: 64}})
 			ctx := context.Background()
 			var wcs [16]rdma.WorkCompletion
 			post := func(i int) {

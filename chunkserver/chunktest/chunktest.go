@@ -25,7 +25,7 @@ import (
 	"github.com/rdmafs/rdmafs/chunkserver/client"
 	"github.com/rdmafs/rdmafs/chunkserver/store"
 	"github.com/rdmafs/rdmafs/rdma"
-	"github.com/rdmafs/rdmafs/rdma/tcp"
+	"github.com/rdmafs/rdmafs/rdma/transport"
 )
 
 // Options configure an in-process chunkserver. Zero values take small test
@@ -56,12 +56,24 @@ type Server struct {
 	served chan error
 }
 
-// NewDevice opens a transport device for tests (tcp) and closes it at cleanup.
+// TransportEnv names the environment variable that selects the transport tests
+// use (default "tcp"), so the whole suite can run on each transport.
+const TransportEnv = "CHUNKTEST_TRANSPORT"
+
+// TransportName returns the transport tests use.
+func TransportName() string {
+	if name := os.Getenv(TransportEnv); name != "" {
+		return name
+	}
+	return "tcp"
+}
+
+// NewDevice opens a device of the test transport and closes it at cleanup.
 func NewDevice(t testing.TB) rdma.Device {
 	t.Helper()
-	dev, err := tcp.Open(tcp.Options{})
+	dev, err := transport.Open(TransportName(), nil)
 	if err != nil {
-		t.Fatalf("chunktest: open tcp transport: %v", err)
+		t.Fatalf("chunktest: open %s transport: %v", TransportName(), err)
 	}
 	t.Cleanup(func() { dev.Close() })
 	return dev
@@ -269,7 +281,7 @@ func StartProcess(t testing.TB, opts ProcOptions) *Process {
 		t.Fatal(err)
 	}
 	ready := filepath.Join(aux, "ready")
-	args := append([]string{"--data", opts.Dir, "--listen", opts.Addr, "--mem", opts.Mem,
+	args := append([]string{"--transport", TransportName(), "--data", opts.Dir, "--listen", opts.Addr, "--mem", opts.Mem,
 		"--secret-file", secretFile, "--ready-file", ready, "--metrics", ""}, opts.Args...)
 	cmd := exec.Command(opts.Bin, args...)
 	cmd.Stdout = opts.Stderr

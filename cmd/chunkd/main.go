@@ -25,8 +25,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/chunkserver"
 	"github.com/rdmafs/rdmafs/chunkserver/store"
-	"github.com/rdmafs/rdmafs/rdma"
-	"github.com/rdmafs/rdmafs/rdma/tcp"
+	"github.com/rdmafs/rdmafs/rdma/transport"
 )
 
 func main() {
@@ -62,7 +61,7 @@ func newCommand() *cobra.Command {
 	fl.StringVar(&f.advertise, "advertise", "", "address registered with the metadata service (default: the listen address)")
 	fl.StringVar(&f.meta, "meta", "", "metadata service address (empty: standalone)")
 	fl.StringVar(&f.mem, "mem", "", "registered memory for resident chunks and staging, e.g. 512MiB (default min(RAM/8, 4GiB))")
-	fl.StringVar(&f.transport, "transport", "tcp", "rdma transport: tcp")
+	fl.StringVar(&f.transport, "transport", "auto", "rdma transport: "+strings.Join(transport.Names(), ", "))
 	fl.StringVar(&f.zone, "zone", "", "failure-domain label")
 	fl.StringVar(&f.metrics, "metrics", "", "address of the Prometheus /metrics endpoint (empty: off)")
 	fl.StringVar(&f.secretFile, "secret-file", "", "file holding the cluster secret clients must present")
@@ -113,7 +112,7 @@ func run(ctx context.Context, f *flags) error {
 			return fmt.Errorf("--secret-file %s is empty", f.secretFile)
 		}
 	}
-	dev, err := openTransport(f.transport)
+	dev, err := transport.Open(f.transport, log)
 	if err != nil {
 		return err
 	}
@@ -169,14 +168,6 @@ func run(ctx context.Context, f *flags) error {
 		return err
 	}
 	return nil
-}
-
-func openTransport(name string) (rdma.Device, error) {
-	switch name {
-	case "tcp":
-		return tcp.Open(tcp.Options{})
-	}
-	return nil, fmt.Errorf("--transport %q: unknown (available: tcp)", name)
 }
 
 // defaultMem returns min(RAM/8, 4 GiB), at least 64 MiB.
