@@ -74,9 +74,9 @@ type staging struct {
 
 // newConn allocates a connection's resources and posts its receives; the caller
 // accepts the request with c.qp.
-func (s *Server) newConn(ctx context.Context, log *slog.Logger) (c *conn, err error) {
+func (s *Server) newConn(ctx context.Context, log *slog.Logger) (_ *conn, err error) {
 	cfg := &s.cfg
-	c = &conn{
+	c := &conn{
 		s: s, log: log,
 		sendSlots: cfg.Credits + 4,
 		leases:    make(map[uint64]*lease),

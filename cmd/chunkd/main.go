@@ -187,6 +187,9 @@ func parseSize(s string) (int64, error) {
 	num := strings.TrimRightFunc(s, func(r rune) bool { return r < '0' || r > '9' })
 	unit := strings.ToLower(strings.TrimSpace(s[len(num):]))
 	n, err := strconv.ParseInt(num, 10, 64)
+	if err == nil && n < 0 {
+		err = strconv.ErrRange
+	}
 	if err != nil {
 		return 0, fmt.Errorf("size %q: %w", s, err)
 	}
