@@ -164,48 +164,65 @@ func reportLatency(b *testing.B, lat []time.Duration) {
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 }
 
+// BenchmarkPwriteFdatasync is the baseline: each writer appends 1 MiB to its own
+// file with pwrite and fdatasyncs it (mode=append), or writes each 1 MiB into a
+// new file with pwrite and fdatasyncs it (mode=newfile; what a copy-on-write
+// store must do at least).
 func BenchmarkPwriteFdatasync(b *testing.B) {
-	for _, w := range writers {
-		b.Run(fmt.Sprintf("writers=%d", w), func(b *testing.B) {
-			dir := benchDir(b)
-			buf := make([]byte, shard)
-			fill(buf, chunk.Key{Chunk: 1, Version: 1})
-			var mu sync.Mutex
-			var lat []time.Duration
-			b.SetBytes(shard)
-			b.ResetTimer()
-			var wg sync.WaitGroup
-			for g := 0; g < w; g++ {
-				wg.Add(1)
-				go func(g int) {
-					defer wg.Done()
-					f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("f%d", g)), os.O_CREATE|os.O_WRONLY, 0o644)
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					defer f.Close()
-					for i := g; i < b.N; i += w {
-						start := time.Now()
-						if _, err := unix.Pwrite(int(f.Fd()), buf, int64(i/w)*shard); err != nil {
+	for _, mode := range []string{"append", "newfile"} {
+		for _, w := range writers {
+			b.Run(fmt.Sprintf("mode=%s/writers=%d", mode, w), func(b *testing.B) {
+				dir := benchDir(b)
+				buf := make([]byte, shard)
+				fill(buf, chunk.Key{Chunk: 1, Version: 1})
+				var mu sync.Mutex
+				var lat []time.Duration
+				b.SetBytes(shard)
+				b.ResetTimer()
+				var wg sync.WaitGroup
+				for g := 0; g < w; g++ {
+					wg.Add(1)
+					go func(g int) {
+						defer wg.Done()
+						f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("f%d", g)), os.O_CREATE|os.O_WRONLY, 0o644)
+						if err != nil {
 							b.Error(err)
 							return
 						}
-						if err := unix.Fdatasync(int(f.Fd())); err != nil {
-							b.Error(err)
-							return
+						defer f.Close()
+						for i := g; i < b.N; i += w {
+							start := time.Now()
+							fd, off := int(f.Fd()), int64(i/w)*shard
+							if mode == "newfile" {
+								if fd, err = unix.Open(filepath.Join(dir, fmt.Sprintf("n%d", i)), unix.O_CREAT|unix.O_WRONLY|unix.O_EXCL, 0o644); err != nil {
+									b.Error(err)
+									return
+								}
+								off = 0
+							}
+							if _, err := unix.Pwrite(fd, buf, off); err != nil {
+								b.Error(err)
+								return
+							}
+							if err := unix.Fdatasync(fd); err != nil {
+								b.Error(err)
+								return
+							}
+							if mode == "newfile" {
+								unix.Close(fd)
+							}
+							d := time.Since(start)
+							mu.Lock()
+							lat = append(lat, d)
+							mu.Unlock()
 						}
-						d := time.Since(start)
-						mu.Lock()
-						lat = append(lat, d)
-						mu.Unlock()
-					}
-				}(g)
-			}
-			wg.Wait()
-			b.StopTimer()
-			reportLatency(b, lat)
-		})
+					}(g)
+				}
+				wg.Wait()
+				b.StopTimer()
+				reportLatency(b, lat)
+			})
+		}
 	}
 }
 

@@ -615,7 +615,10 @@ func (c *Client) Abort(ctx context.Context, key chunk.Key) error {
 }
 
 // WriteVersion writes a whole new version: prepare, RDMA_WRITE of sgl, commit with
-// crc (the CRC32C of the bytes of sgl). On failure the staging is dropped.
+// crc (the CRC32C of the bytes of sgl). The commit is sent right behind the
+// RDMA_WRITE without waiting for its completion: a reliable connection delivers
+// the SEND only after the written data is placed, so this saves a round trip. On
+// failure the staging is dropped.
 func (c *Client) WriteVersion(ctx context.Context, key chunk.Key, sgl []rdma.SGE, crc uint32) error {
 	n := 0
 	for _, s := range sgl {
@@ -625,13 +628,18 @@ func (c *Client) WriteVersion(ctx context.Context, key chunk.Key, sgl []rdma.SGE
 	if err != nil {
 		return err
 	}
-	if err := c.Write(ctx, st, 0, sgl); err != nil {
+	o, err := c.startOneSided(ctx, rdma.OpRDMAWrite, st.Addr, st.RKey, int(st.Length), 0, sgl)
+	if err != nil {
 		if c.Err() == nil {
 			c.Abort(ctx, key)
 		}
 		return fmt.Errorf("write %v: %w", key, err)
 	}
-	return c.Commit(ctx, key, crc)
+	cerr := c.Commit(ctx, key, crc)
+	if werr := c.finishOneSided(o, rdma.OpRDMAWrite); werr != nil {
+		return fmt.Errorf("write %v: %w", key, werr)
+	}
+	return cerr
 }
 
 // Delete deletes version key.
@@ -697,15 +705,25 @@ func (c *Client) await(o *op) {
 // range [addr+off, ...) of a grant of length bytes, split as the queue pair's
 // SGE limit requires, and waits for all of them.
 func (c *Client) oneSided(ctx context.Context, opcode rdma.Opcode, addr uint64, rkey uint32, length, off int, sgl []rdma.SGE) error {
+	o, err := c.startOneSided(ctx, opcode, addr, rkey, length, off, sgl)
+	if err != nil {
+		return err
+	}
+	return c.finishOneSided(o, opcode)
+}
+
+// startOneSided posts the work requests of a one-sided operation; o is nil when
+// there was nothing to transfer.
+func (c *Client) startOneSided(ctx context.Context, opcode rdma.Opcode, addr uint64, rkey uint32, length, off int, sgl []rdma.SGE) (*op, error) {
 	total := 0
 	for _, s := range sgl {
 		total += int(s.Length)
 	}
 	if off < 0 || off+total > length {
-		return fmt.Errorf("chunkserver client: %v of [%d,+%d) outside the grant of %d bytes", opcode, off, total, length)
+		return nil, fmt.Errorf("chunkserver client: %v of [%d,+%d) outside the grant of %d bytes", opcode, off, total, length)
 	}
 	if total == 0 {
-		return nil
+		return nil, nil
 	}
 	nwr := (len(sgl) + c.maxSGE - 1) / c.maxSGE
 	id := opTag | c.next.Add(1)
@@ -716,9 +734,10 @@ func (c *Client) oneSided(ctx context.Context, opcode rdma.Opcode, addr uint64, 
 	o.pending, o.status = nwr, rdma.WCSuccess
 	c.mu.Lock()
 	if c.err != nil {
+		err := c.err
 		c.mu.Unlock()
 		c.opPool.Put(o)
-		return c.err
+		return nil, err
 	}
 	c.ops[id] = o
 	c.mu.Unlock()
@@ -739,7 +758,15 @@ func (c *Client) oneSided(ctx context.Context, opcode rdma.Opcode, addr uint64, 
 		if mine {
 			c.opPool.Put(o)
 		}
-		return err
+		return nil, err
+	}
+	return o, nil
+}
+
+// finishOneSided waits for an operation started by startOneSided.
+func (c *Client) finishOneSided(o *op, opcode rdma.Opcode) error {
+	if o == nil {
+		return nil
 	}
 	c.await(o)
 	status := o.status
