@@ -1,0 +1,778 @@
+// Package client is the client side of the chunk protocol: the stub the FUSE
+// client and repair use to read and write chunk versions on a chunkd. Control
+// requests travel as SEND/RECV on the connection's queue pair, batched where the
+// caller batches them; chunk bytes move with one-sided RDMA_READ and RDMA_WRITE
+// between the caller's registered buffers and the regions chunkd grants.
+//
+// A Client is one connection to one chunkd and is safe for concurrent use. The
+// buffers named in SGEs must be registered in the protection domain the client
+// was dialed with. A connection that fails (including a one-sided access to a
+// revoked grant, which moves the queue pair to ERR as verbs do) stays failed: dial
+// again.
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	"github.com/rdmafs/rdmafs/chunkserver/proto"
+	"github.com/rdmafs/rdmafs/rdma"
+)
+
+// Options configure a Client.
+type Options struct {
+	// Secret is the cluster secret.
+	Secret []byte
+	// MaxSendWR is the send queue depth: control messages plus one-sided
+	// operations in flight (default 256).
+	MaxSendWR int
+	// LeaseMargin is how long before its expiry a cached lease is renewed
+	// (default a quarter of the lease time).
+	LeaseMargin time.Duration
+}
+
+// ErrClosed is returned once the connection is closed or failed.
+var ErrClosed = errors.New("chunkserver client: connection closed")
+
+// RDMAError is a one-sided operation that completed with an error status.
+// Status REM_ACCESS_ERR means the grant was revoked (expired) or never covered the
+// range.
+type RDMAError struct {
+	Op     rdma.Opcode
+	Status rdma.WCStatus
+}
+
+func (e *RDMAError) Error() string { return fmt.Sprintf("chunkserver client: %v: %v", e.Op, e.Status) }
+
+// Lease is a read lease: RDMA_READs of [Addr, Addr+Length) with RKey on this
+// connection read the version until Expiry.
+type Lease struct {
+	ID     uint64
+	Key    chunk.Key
+	Addr   uint64
+	RKey   uint32
+	Length uint32
+	CRC    uint32    // CRC32C of the version's data
+	Expiry time.Time // conservative: measured from when the request was sent
+}
+
+// Staging is a prepared write: RDMA_WRITEs into [Addr, Addr+Length) with RKey on
+// this connection, then Commit.
+type Staging struct {
+	Key    chunk.Key
+	Addr   uint64
+	RKey   uint32
+	Length uint32
+	Expiry time.Time
+}
+
+const (
+	recvTag = 1 << 62
+	sendTag = 1 << 61
+	opTag   = 1 << 60
+)
+
+// Client is a connection to one chunkd.
+type Client struct {
+	addr   string
+	qp     rdma.QueuePair
+	cq     rdma.CompletionQueue
+	mem    *rdma.Memory
+	mr     rdma.MemoryRegion
+	limits proto.AcceptData
+	margin time.Duration
+	maxSGE int
+
+	slots chan int      // free send buffers: one per credit
+	sq    chan struct{} // room in the send queue
+	next  atomic.Uint64
+
+	opPool sync.Pool  // *op, reused so that reads and writes do not allocate
+	pollMu sync.Mutex // serializes polling the completion queue
+
+	mu     sync.Mutex
+	calls  map[uint64]*call
+	ops    map[uint64]*op
+	err    error
+	leases map[chunk.Key]*Lease
+
+	done       chan struct{} // closed when the connection fails or closes
+	closeOnce  sync.Once
+	closing    chan struct{} // closed by Close: the poller stops
+	closeOnce2 sync.Once
+	pollDone   chan struct{}
+}
+
+type call struct {
+	slot int
+	want int
+	reps []proto.Reply
+	err  error
+	done chan struct{}
+}
+
+type op struct {
+	pending int
+	status  rdma.WCStatus
+	done    chan struct{} // receives one value when all work requests completed
+	wrs     [4]rdma.SendWR
+	wcs     [8]rdma.WorkCompletion
+}
+
+// Dial connects to the chunkd at addr through dev, with a queue pair in pd (the
+// domain the caller's buffers are registered in), and authenticates with the
+// cluster secret.
+func Dial(ctx context.Context, dev rdma.Device, pd rdma.ProtectionDomain, addr string, opts Options) (_ *Client, err error) {
+	if opts.MaxSendWR <= 0 {
+		opts.MaxSendWR = 256
+	}
+	c := &Client{
+		addr: addr, maxSGE: rdma.MaxSGELimit,
+		calls: make(map[uint64]*call), ops: make(map[uint64]*op), leases: make(map[chunk.Key]*Lease),
+		done: make(chan struct{}), closing: make(chan struct{}), pollDone: make(chan struct{}),
+	}
+	defer func() {
+		if err != nil {
+			c.release()
+		}
+	}()
+	const maxRecv = 256
+	if c.cq, err = dev.CreateCQ(opts.MaxSendWR + maxRecv); err != nil {
+		return nil, fmt.Errorf("chunkserver client: create cq: %w", err)
+	}
+	c.qp, err = pd.CreateQP(rdma.QPAttr{SendCQ: c.cq, RecvCQ: c.cq, MaxSendWR: opts.MaxSendWR, MaxRecvWR: maxRecv, MaxSGE: c.maxSGE})
+	if err != nil {
+		return nil, fmt.Errorf("chunkserver client: create qp: %w", err)
+	}
+	cd := proto.ConnectData{Time: time.Now()}
+	rand.Read(cd.Nonce[:])
+	priv := proto.EncodeConnect(opts.Secret, cd)
+	acc, err := dev.Connect(ctx, c.qp, addr, priv)
+	if err != nil {
+		var re *rdma.RejectError
+		if errors.As(err, &re) {
+			return nil, fmt.Errorf("chunkserver client: %s refused the connection: %s", addr, re.PrivateData)
+		}
+		return nil, fmt.Errorf("chunkserver client: connect %s: %w", addr, err)
+	}
+	if c.limits, err = proto.DecodeAccept(opts.Secret, priv, acc); err != nil {
+		return nil, fmt.Errorf("chunkserver client: %s: %w", addr, err)
+	}
+	credits := min(c.limits.Credits, maxRecv, opts.MaxSendWR/2)
+	c.margin = opts.LeaseMargin
+	if c.margin <= 0 {
+		c.margin = c.limits.LeaseTTL / 4
+	}
+	if c.mem, err = rdma.AllocMemory("chunk-client-msgs", 2*credits*c.limits.MaxMsg); err != nil {
+		return nil, fmt.Errorf("chunkserver client: %w", err)
+	}
+	if c.mr, err = pd.RegisterMemory(c.mem, rdma.AccessLocalWrite); err != nil {
+		return nil, fmt.Errorf("chunkserver client: register message buffers: %w", err)
+	}
+	c.slots = make(chan int, credits)
+	for i := 0; i < credits; i++ {
+		c.slots <- i
+		if err := c.postRecv(i); err != nil {
+			return nil, err
+		}
+	}
+	c.sq = make(chan struct{}, opts.MaxSendWR)
+	go c.poll()
+	go func() {
+		select {
+		case <-c.qp.Disconnected():
+			c.failAll(fmt.Errorf("%w: %s disconnected", ErrClosed, addr))
+		case <-c.done:
+		}
+	}()
+	return c, nil
+}
+
+// Limits returns what chunkd granted this connection.
+func (c *Client) Limits() proto.AcceptData { return c.limits }
+
+// Addr returns the chunkd's address.
+func (c *Client) Addr() string { return c.addr }
+
+// Done is closed when the connection has failed or been closed.
+func (c *Client) Done() <-chan struct{} { return c.done }
+
+// Err returns why the connection ended, or nil while it is up.
+func (c *Client) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Close disconnects. Outstanding calls fail with ErrClosed.
+func (c *Client) Close() error {
+	c.failAll(ErrClosed)
+	c.qp.Close()
+	c.closeOnce2.Do(func() { close(c.closing) })
+	<-c.pollDone
+	c.release()
+	return nil
+}
+
+func (c *Client) release() {
+	if c.qp != nil {
+		c.qp.Close()
+	}
+	if c.mr != nil {
+		c.mr.Deregister()
+		c.mr = nil
+	}
+	if c.mem != nil {
+		c.mem.Free()
+		c.mem = nil
+	}
+	if c.cq != nil {
+		c.cq.Close()
+	}
+}
+
+func (c *Client) failAll(err error) {
+	c.mu.Lock()
+	if c.err == nil {
+		c.err = err
+		c.closeOnce.Do(func() { close(c.done) })
+	}
+	calls := c.calls
+	c.calls = map[uint64]*call{}
+	c.mu.Unlock()
+	for _, cl := range calls {
+		cl.err = err
+		close(cl.done)
+	}
+}
+
+func (c *Client) msgSGE(i int) rdma.SGE {
+	m := c.limits.MaxMsg
+	return rdma.SGE{Addr: c.mr.Addr() + uint64(i*m), Length: uint32(m), LKey: c.mr.LKey()}
+}
+
+func (c *Client) msgBytes(i int) []byte {
+	m := c.limits.MaxMsg
+	return c.mem.Bytes()[i*m : (i+1)*m]
+}
+
+func (c *Client) recvIndex(slot int) int { return cap(c.slots) + slot }
+
+func (c *Client) postRecv(slot int) error {
+	sge := [1]rdma.SGE{c.msgSGE(c.recvIndex(slot))}
+	wr := [1]rdma.RecvWR{{ID: recvTag | uint64(slot), SGL: sge[:]}}
+	if err := c.qp.PostRecv(wr[:]); err != nil {
+		return fmt.Errorf("chunkserver client: post receive: %w", err)
+	}
+	return nil
+}
+
+func (c *Client) poll() {
+	defer close(c.pollDone)
+	var wcs [64]rdma.WorkCompletion
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-c.closing
+		cancel()
+	}()
+	for {
+		c.pollMu.Lock()
+		n := c.cq.Poll(wcs[:])
+		for i := range wcs[:n] {
+			c.complete(&wcs[i])
+		}
+		c.pollMu.Unlock()
+		if n > 0 {
+			continue
+		}
+		if err := c.cq.Wait(ctx); err != nil && ctx.Err() != nil {
+			// Closed: the queue pair has flushed; take what it left, then stop.
+			c.pollMu.Lock()
+			for n = c.cq.Poll(wcs[:]); n > 0; n = c.cq.Poll(wcs[:]) {
+				for i := range wcs[:n] {
+					c.complete(&wcs[i])
+				}
+			}
+			c.pollMu.Unlock()
+			c.failOps()
+			return
+		}
+	}
+}
+
+func (c *Client) complete(wc *rdma.WorkCompletion) {
+	switch {
+	case wc.ID&recvTag != 0:
+		if wc.Status != rdma.WCSuccess {
+			c.failAll(fmt.Errorf("%w: receive: %v", ErrClosed, wc.Status))
+			return
+		}
+		slot := int(wc.ID &^ recvTag)
+		c.deliver(c.msgBytes(c.recvIndex(slot))[:wc.ByteLen])
+		if err := c.postRecv(slot); err != nil {
+			c.failAll(fmt.Errorf("%w: %v", ErrClosed, err))
+		}
+	case wc.ID&sendTag != 0:
+		<-c.sq
+		if wc.Status != rdma.WCSuccess {
+			c.failAll(fmt.Errorf("%w: send: %v", ErrClosed, wc.Status))
+		}
+	case wc.ID&opTag != 0:
+		<-c.sq
+		c.mu.Lock()
+		o := c.ops[wc.ID]
+		if o != nil {
+			if wc.Status != rdma.WCSuccess && o.status == rdma.WCSuccess {
+				o.status = wc.Status
+			}
+			o.pending--
+			if o.pending == 0 {
+				delete(c.ops, wc.ID)
+				o.done <- struct{}{}
+			}
+		}
+		c.mu.Unlock()
+		if wc.Status != rdma.WCSuccess && wc.Status != rdma.WCWRFlushErr {
+			c.failAll(fmt.Errorf("%w: %v failed with %v", ErrClosed, wc.Opcode, wc.Status))
+		}
+	}
+}
+
+// failOps completes the one-sided operations nobody will complete any more.
+func (c *Client) failOps() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, o := range c.ops {
+		if o.status == rdma.WCSuccess {
+			o.status = rdma.WCWRFlushErr
+		}
+		delete(c.ops, id)
+		o.done <- struct{}{}
+	}
+}
+
+// deliver hands a reply message to its call.
+func (c *Client) deliver(b []byte) {
+	h, err := proto.DecodeHeader(b)
+	if err != nil {
+		c.failAll(fmt.Errorf("%w: bad reply from %s: %v", ErrClosed, c.addr, err))
+		return
+	}
+	c.mu.Lock()
+	cl := c.calls[h.ID]
+	delete(c.calls, h.ID)
+	c.mu.Unlock()
+	if cl == nil {
+		return
+	}
+	_, cl.reps, cl.err = proto.DecodeReplies(b, cl.reps[:0])
+	if cl.err == nil && len(cl.reps) != cl.want {
+		cl.err = fmt.Errorf("chunkserver client: %d replies to %d requests", len(cl.reps), cl.want)
+	}
+	c.slots <- cl.slot
+	close(cl.done)
+}
+
+// Do sends a batch of requests in one message and returns their replies, in
+// order. The replies' statuses are not turned into errors: see proto.Status.Err.
+// len(reqs) must not exceed Limits().MaxBatch.
+func (c *Client) Do(ctx context.Context, reqs []proto.Request) ([]proto.Reply, error) {
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	if len(reqs) > c.limits.MaxBatch {
+		return nil, fmt.Errorf("chunkserver client: batch of %d requests, at most %d", len(reqs), c.limits.MaxBatch)
+	}
+	var slot int
+	select {
+	case slot = <-c.slots:
+	case <-c.done:
+		return nil, c.Err()
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	id := c.next.Add(1)
+	n, err := proto.EncodeRequests(c.msgBytes(slot), id, reqs)
+	if err != nil {
+		c.slots <- slot
+		return nil, fmt.Errorf("chunkserver client: %w", err)
+	}
+	cl := &call{slot: slot, want: len(reqs), reps: make([]proto.Reply, 0, len(reqs)), done: make(chan struct{})}
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		c.slots <- slot
+		return nil, c.err
+	}
+	c.calls[id] = cl
+	c.mu.Unlock()
+	sge := [1]rdma.SGE{c.msgSGE(slot)}
+	sge[0].Length = uint32(n)
+	wr := [1]rdma.SendWR{{ID: sendTag | id, Opcode: rdma.OpSend, Flags: rdma.SendSignaled, SGL: sge[:]}}
+	if err := c.post(ctx, wr[:]); err != nil {
+		c.mu.Lock()
+		delete(c.calls, id)
+		c.mu.Unlock()
+		c.slots <- slot
+		return nil, err
+	}
+	select {
+	case <-cl.done:
+	case <-ctx.Done():
+		// The reply will still come and return the credit; nobody waits for it.
+		return nil, ctx.Err()
+	}
+	if cl.err != nil {
+		return nil, cl.err
+	}
+	return cl.reps, nil
+}
+
+// post posts send work requests once the send queue has room for them.
+func (c *Client) post(ctx context.Context, wrs []rdma.SendWR) error {
+	for range wrs {
+		select {
+		case c.sq <- struct{}{}:
+		case <-c.done:
+			return c.Err()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if err := c.qp.PostSend(wrs); err != nil {
+		for range wrs {
+			<-c.sq
+		}
+		return fmt.Errorf("chunkserver client: post: %w", err)
+	}
+	return nil
+}
+
+func (c *Client) do1(ctx context.Context, req proto.Request) (proto.Reply, error) {
+	reps, err := c.Do(ctx, []proto.Request{req})
+	if err != nil {
+		return proto.Reply{}, err
+	}
+	return reps[0], reps[0].Status.Err(req.Op)
+}
+
+// ReadLease asks for a read lease on key (uncached: see Lease for the cached form).
+func (c *Client) ReadLease(ctx context.Context, key chunk.Key) (Lease, error) {
+	sent := time.Now()
+	rep, err := c.do1(ctx, proto.Request{Op: proto.OpReadLease, Chunk: key.Chunk, Version: key.Version})
+	if err != nil {
+		return Lease{}, fmt.Errorf("read lease %v: %w", key, err)
+	}
+	return leaseOf(key, sent, &rep), nil
+}
+
+func leaseOf(key chunk.Key, sent time.Time, rep *proto.Reply) Lease {
+	return Lease{ID: rep.LeaseID, Key: key, Addr: rep.Addr, RKey: rep.RKey, Length: rep.Length, CRC: rep.CRC,
+		Expiry: sent.Add(time.Duration(rep.TTL) * time.Millisecond)}
+}
+
+// ReadLeases asks for read leases on several versions in one message.
+func (c *Client) ReadLeases(ctx context.Context, keys []chunk.Key) ([]Lease, []error, error) {
+	reqs := make([]proto.Request, len(keys))
+	for i, k := range keys {
+		reqs[i] = proto.Request{Op: proto.OpReadLease, Chunk: k.Chunk, Version: k.Version}
+	}
+	sent := time.Now()
+	reps, err := c.Do(ctx, reqs)
+	if err != nil {
+		return nil, nil, err
+	}
+	leases := make([]Lease, len(keys))
+	errs := make([]error, len(keys))
+	for i := range reps {
+		if errs[i] = reps[i].Status.Err(proto.OpReadLease); errs[i] == nil {
+			leases[i] = leaseOf(keys[i], sent, &reps[i])
+		}
+	}
+	return leases, errs, nil
+}
+
+// RenewLease extends l and returns it with its new expiry.
+func (c *Client) RenewLease(ctx context.Context, l Lease) (Lease, error) {
+	sent := time.Now()
+	rep, err := c.do1(ctx, proto.Request{Op: proto.OpRenewLease, LeaseID: l.ID})
+	if err != nil {
+		return l, fmt.Errorf("renew lease %v: %w", l.Key, err)
+	}
+	l.Expiry = sent.Add(time.Duration(rep.TTL) * time.Millisecond)
+	return l, nil
+}
+
+// ReleaseLease ends l now; chunkd revokes its rkey.
+func (c *Client) ReleaseLease(ctx context.Context, l Lease) error {
+	c.mu.Lock()
+	if cl := c.leases[l.Key]; cl != nil && cl.ID == l.ID {
+		delete(c.leases, l.Key)
+	}
+	c.mu.Unlock()
+	if _, err := c.do1(ctx, proto.Request{Op: proto.OpReleaseLease, LeaseID: l.ID}); err != nil {
+		return fmt.Errorf("release lease %v: %w", l.Key, err)
+	}
+	return nil
+}
+
+// Lease returns a lease on key from the connection's cache, renewing it when it
+// is within the margin of its expiry and asking for one when there is none.
+// Repeated reads of a cached version are then pure one-sided operations.
+func (c *Client) Lease(ctx context.Context, key chunk.Key) (Lease, error) {
+	now := time.Now()
+	c.mu.Lock()
+	cached := c.leases[key]
+	var l Lease
+	if cached != nil {
+		l = *cached
+	}
+	c.mu.Unlock()
+	if cached != nil && now.Add(c.margin).Before(l.Expiry) {
+		return l, nil
+	}
+	var err error
+	if cached != nil && now.Before(l.Expiry) {
+		l, err = c.RenewLease(ctx, l)
+	} else {
+		l, err = c.ReadLease(ctx, key)
+	}
+	if err != nil {
+		if cached != nil && proto.IsStatus(err, proto.StatusLeaseExpired) {
+			l, err = c.ReadLease(ctx, key)
+		}
+		if err != nil {
+			c.mu.Lock()
+			delete(c.leases, key)
+			c.mu.Unlock()
+			return Lease{}, err
+		}
+	}
+	c.mu.Lock()
+	c.leases[key] = &l
+	c.mu.Unlock()
+	return l, nil
+}
+
+// Read reads len(sgl) bytes in total from offset off of the leased version into
+// the caller's registered buffers with RDMA_READ, and waits for them. It waits
+// for the transfer even if ctx ends, since the buffers are written until then.
+func (c *Client) Read(ctx context.Context, l Lease, off int, sgl []rdma.SGE) error {
+	return c.oneSided(ctx, rdma.OpRDMARead, l.Addr, l.RKey, int(l.Length), off, sgl)
+}
+
+// ReadAt reads from version key at off into sgl through the lease cache.
+func (c *Client) ReadAt(ctx context.Context, key chunk.Key, off int, sgl []rdma.SGE) (Lease, error) {
+	l, err := c.Lease(ctx, key)
+	if err != nil {
+		return Lease{}, err
+	}
+	return l, c.Read(ctx, l, off, sgl)
+}
+
+// PrepareWrite reserves staging for a new version key of length bytes.
+func (c *Client) PrepareWrite(ctx context.Context, key chunk.Key, length int) (Staging, error) {
+	if length < 0 || length > c.limits.MaxLength {
+		return Staging{}, fmt.Errorf("prepare %v: %w", key, proto.StatusTooLong.Err(proto.OpPrepareWrite))
+	}
+	sent := time.Now()
+	rep, err := c.do1(ctx, proto.Request{Op: proto.OpPrepareWrite, Chunk: key.Chunk, Version: key.Version, Length: uint32(length)})
+	if err != nil {
+		return Staging{}, fmt.Errorf("prepare %v: %w", key, err)
+	}
+	return Staging{Key: key, Addr: rep.Addr, RKey: rep.RKey, Length: rep.Length,
+		Expiry: sent.Add(time.Duration(rep.TTL) * time.Millisecond)}, nil
+}
+
+// Write writes the bytes of sgl at offset off of the staging region with
+// RDMA_WRITE and waits for them.
+func (c *Client) Write(ctx context.Context, st Staging, off int, sgl []rdma.SGE) error {
+	return c.oneSided(ctx, rdma.OpRDMAWrite, st.Addr, st.RKey, int(st.Length), off, sgl)
+}
+
+// Commit asks chunkd to verify crc (CRC32C) over the staged bytes and make the
+// version durable; it returns once the version is on disk.
+func (c *Client) Commit(ctx context.Context, key chunk.Key, crc uint32) error {
+	if _, err := c.do1(ctx, proto.Request{Op: proto.OpCommit, Chunk: key.Chunk, Version: key.Version, CRC: crc}); err != nil {
+		return fmt.Errorf("commit %v: %w", key, err)
+	}
+	return nil
+}
+
+// Abort drops a prepared write.
+func (c *Client) Abort(ctx context.Context, key chunk.Key) error {
+	if _, err := c.do1(ctx, proto.Request{Op: proto.OpAbort, Chunk: key.Chunk, Version: key.Version}); err != nil {
+		return fmt.Errorf("abort %v: %w", key, err)
+	}
+	return nil
+}
+
+// WriteVersion writes a whole new version: prepare, RDMA_WRITE of sgl, commit with
+// crc (the CRC32C of the bytes of sgl). The commit is sent right behind the
+// RDMA_WRITE without waiting for its completion: a reliable connection delivers
+// the SEND only after the written data is placed, so this saves a round trip. On
+// failure the staging is dropped.
+func (c *Client) WriteVersion(ctx context.Context, key chunk.Key, sgl []rdma.SGE, crc uint32) error {
+	n := 0
+	for _, s := range sgl {
+		n += int(s.Length)
+	}
+	st, err := c.PrepareWrite(ctx, key, n)
+	if err != nil {
+		return err
+	}
+	o, err := c.startOneSided(ctx, rdma.OpRDMAWrite, st.Addr, st.RKey, int(st.Length), 0, sgl)
+	if err != nil {
+		if c.Err() == nil {
+			c.Abort(ctx, key)
+		}
+		return fmt.Errorf("write %v: %w", key, err)
+	}
+	cerr := c.Commit(ctx, key, crc)
+	if werr := c.finishOneSided(o, rdma.OpRDMAWrite); werr != nil {
+		return fmt.Errorf("write %v: %w", key, werr)
+	}
+	return cerr
+}
+
+// Delete deletes version key.
+func (c *Client) Delete(ctx context.Context, key chunk.Key) error {
+	c.mu.Lock()
+	delete(c.leases, key)
+	c.mu.Unlock()
+	if _, err := c.do1(ctx, proto.Request{Op: proto.OpDelete, Chunk: key.Chunk, Version: key.Version}); err != nil {
+		return fmt.Errorf("delete %v: %w", key, err)
+	}
+	return nil
+}
+
+// Stat returns the length and checksum of version key.
+func (c *Client) Stat(ctx context.Context, key chunk.Key) (chunk.Info, error) {
+	rep, err := c.do1(ctx, proto.Request{Op: proto.OpStat, Chunk: key.Chunk, Version: key.Version})
+	if err != nil {
+		return chunk.Info{}, fmt.Errorf("stat %v: %w", key, err)
+	}
+	return chunk.Info{Key: key, Length: rep.Length, CRC: rep.CRC}, nil
+}
+
+// List returns the stored versions of a chunk in increasing order (as many as fit
+// in one reply; the error then has status Busy).
+func (c *Client) List(ctx context.Context, id chunk.ID) ([]chunk.Info, error) {
+	reps, err := c.Do(ctx, []proto.Request{{Op: proto.OpList, Chunk: id}})
+	if err != nil {
+		return nil, fmt.Errorf("list %016x: %w", id, err)
+	}
+	out := make([]chunk.Info, len(reps[0].Versions))
+	for i, v := range reps[0].Versions {
+		out[i] = chunk.Info{Key: chunk.Key{Chunk: id, Version: v.Version}, Length: v.Length, CRC: v.CRC}
+	}
+	return out, reps[0].Status.Err(proto.OpList)
+}
+
+// await waits for o. A transport that completes an operation inside PostSend
+// (shared memory does) has its completion in the queue already: reaping it here
+// saves two goroutine switches through the poller.
+func (c *Client) await(o *op) {
+	for i := 0; i < 2; i++ {
+		select {
+		case <-o.done:
+			return
+		default:
+		}
+		if !c.pollMu.TryLock() {
+			break
+		}
+		n := c.cq.Poll(o.wcs[:])
+		for j := range o.wcs[:n] {
+			c.complete(&o.wcs[j])
+		}
+		c.pollMu.Unlock()
+		if n == 0 {
+			break
+		}
+	}
+	<-o.done
+}
+
+// oneSided posts RDMA_READ or RDMA_WRITE work requests for sgl against the remote
+// range [addr+off, ...) of a grant of length bytes, split as the queue pair's
+// SGE limit requires, and waits for all of them.
+func (c *Client) oneSided(ctx context.Context, opcode rdma.Opcode, addr uint64, rkey uint32, length, off int, sgl []rdma.SGE) error {
+	o, err := c.startOneSided(ctx, opcode, addr, rkey, length, off, sgl)
+	if err != nil {
+		return err
+	}
+	return c.finishOneSided(o, opcode)
+}
+
+// startOneSided posts the work requests of a one-sided operation; o is nil when
+// there was nothing to transfer.
+func (c *Client) startOneSided(ctx context.Context, opcode rdma.Opcode, addr uint64, rkey uint32, length, off int, sgl []rdma.SGE) (*op, error) {
+	total := 0
+	for _, s := range sgl {
+		total += int(s.Length)
+	}
+	if off < 0 || off+total > length {
+		return nil, fmt.Errorf("chunkserver client: %v of [%d,+%d) outside the grant of %d bytes", opcode, off, total, length)
+	}
+	if total == 0 {
+		return nil, nil
+	}
+	nwr := (len(sgl) + c.maxSGE - 1) / c.maxSGE
+	id := opTag | c.next.Add(1)
+	o, _ := c.opPool.Get().(*op)
+	if o == nil {
+		o = &op{done: make(chan struct{}, 1)}
+	}
+	o.pending, o.status = nwr, rdma.WCSuccess
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		c.opPool.Put(o)
+		return nil, err
+	}
+	c.ops[id] = o
+	c.mu.Unlock()
+	wrs := o.wrs[:0]
+	remote := addr + uint64(off)
+	for i := 0; i < len(sgl); i += c.maxSGE {
+		part := sgl[i:min(i+c.maxSGE, len(sgl))]
+		wrs = append(wrs, rdma.SendWR{ID: id, Opcode: opcode, Flags: rdma.SendSignaled, SGL: part, RemoteAddr: remote, RKey: rkey})
+		for _, s := range part {
+			remote += uint64(s.Length)
+		}
+	}
+	if err := c.post(ctx, wrs); err != nil {
+		c.mu.Lock()
+		_, mine := c.ops[id]
+		delete(c.ops, id)
+		c.mu.Unlock()
+		if mine {
+			c.opPool.Put(o)
+		}
+		return nil, err
+	}
+	return o, nil
+}
+
+// finishOneSided waits for an operation started by startOneSided.
+func (c *Client) finishOneSided(o *op, opcode rdma.Opcode) error {
+	if o == nil {
+		return nil
+	}
+	c.await(o)
+	status := o.status
+	c.opPool.Put(o)
+	if status != rdma.WCSuccess {
+		return &RDMAError{Op: opcode, Status: status}
+	}
+	return nil
+}

@@ -1,0 +1,675 @@
+package chunkserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	"github.com/rdmafs/rdmafs/chunkserver/mempool"
+	"github.com/rdmafs/rdmafs/chunkserver/proto"
+	"github.com/rdmafs/rdmafs/rdma"
+)
+
+// sendTag marks the work request ids of replies (receives carry the bare slot).
+const sendTag = 1 << 32
+
+// conn is one client connection: a queue pair, a ring of receive buffers (one per
+// credit) and of reply buffers carved from the pool, a set of memory windows, and
+// the leases and staging grants the client holds. Request messages are handled by
+// one worker per credit, so a connection never holds more than Credits requests.
+type conn struct {
+	s   *Server
+	log *slog.Logger
+	qp  rdma.QueuePair
+	cq  rdma.CompletionQueue
+
+	ring      mempool.Buf // Credits receive buffers, then sendSlots reply buffers
+	sendSlots int
+	allMWs    []rdma.MemoryWindow
+	mws       chan rdma.MemoryWindow // free windows
+	work      chan received
+	sendFree  chan int
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu          sync.Mutex
+	leases      map[uint64]*lease
+	byKey       map[chunk.Key]*lease
+	staging     map[chunk.Key]*staging
+	stagedBytes int
+}
+
+type received struct {
+	slot int
+	n    int
+}
+
+// lease is a read lease: a resident version pinned and a window granting remote
+// read of it to this connection until expiry.
+type lease struct {
+	id     uint64
+	key    chunk.Key
+	res    *resident
+	mw     rdma.MemoryWindow // nil for an empty version
+	rkey   uint32
+	addr   uint64
+	expiry time.Time
+}
+
+// staging is a prepared write: a buffer and a window granting remote write of it.
+type staging struct {
+	key    chunk.Key
+	length int
+	buf    mempool.Buf
+	mw     rdma.MemoryWindow
+	rkey   uint32
+	expiry time.Time
+}
+
+// newConn allocates a connection's resources and posts its receives; the caller
+// accepts the request with c.qp.
+func (s *Server) newConn(ctx context.Context, log *slog.Logger) (_ *conn, err error) {
+	cfg := &s.cfg
+	c := &conn{
+		s: s, log: log,
+		sendSlots: cfg.Credits + 4,
+		leases:    make(map[uint64]*lease),
+		byKey:     make(map[chunk.Key]*lease),
+		staging:   make(map[chunk.Key]*staging),
+	}
+	c.ctx, c.cancel = context.WithCancel(ctx)
+	defer func() {
+		if err != nil {
+			c.destroy()
+		}
+	}()
+	if c.cq, err = cfg.Device.CreateCQ(cfg.Credits + c.sendSlots + 8); err != nil {
+		return nil, fmt.Errorf("create cq: %w", err)
+	}
+	c.qp, err = s.pd.CreateQP(rdma.QPAttr{
+		SendCQ: c.cq, RecvCQ: c.cq,
+		MaxSendWR: c.sendSlots, MaxRecvWR: cfg.Credits, MaxSGE: 1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create qp: %w", err)
+	}
+	if c.ring, err = s.cache.alloc((cfg.Credits + c.sendSlots) * cfg.MaxMsg); err != nil {
+		return nil, fmt.Errorf("message buffers: %w", err)
+	}
+	c.mws = make(chan rdma.MemoryWindow, cfg.WindowsPerConn)
+	for i := 0; i < cfg.WindowsPerConn; i++ {
+		mw, err := s.pd.AllocMW()
+		if err != nil {
+			return nil, fmt.Errorf("alloc memory window: %w", err)
+		}
+		c.allMWs = append(c.allMWs, mw)
+		c.mws <- mw
+	}
+	c.work = make(chan received, cfg.Credits)
+	c.sendFree = make(chan int, c.sendSlots)
+	for i := 0; i < c.sendSlots; i++ {
+		c.sendFree <- i
+	}
+	for i := 0; i < cfg.Credits; i++ {
+		if err := c.postRecv(i); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func (c *conn) msgBuf(slot int) rdma.SGE {
+	return c.s.pool.SGE(c.ring, slot*c.s.cfg.MaxMsg, c.s.cfg.MaxMsg)
+}
+
+func (c *conn) msgBytes(slot int) []byte {
+	b := c.s.pool.Bytes(c.ring)
+	return b[slot*c.s.cfg.MaxMsg : (slot+1)*c.s.cfg.MaxMsg]
+}
+
+func (c *conn) postRecv(slot int) error {
+	sge := [1]rdma.SGE{c.msgBuf(slot)}
+	wr := [1]rdma.RecvWR{{ID: uint64(slot), SGL: sge[:]}}
+	if err := c.qp.PostRecv(wr[:]); err != nil {
+		return fmt.Errorf("post receive: %w", err)
+	}
+	return nil
+}
+
+// run serves the connection until it disconnects or the server stops, then
+// releases everything it held.
+func (c *conn) run() {
+	c.wg.Add(2 + c.s.cfg.Credits)
+	go c.poll()
+	go c.reap()
+	for i := 0; i < c.s.cfg.Credits; i++ {
+		go c.worker()
+	}
+	select {
+	case <-c.ctx.Done():
+	case <-c.qp.Disconnected():
+	}
+	c.cancel()
+	c.qp.Close() // flushes outstanding work requests
+	c.wg.Wait()
+	c.destroy()
+}
+
+// fail ends the connection.
+func (c *conn) fail() { c.cancel() }
+
+// destroy revokes every grant and frees the connection's resources. The workers
+// have stopped.
+func (c *conn) destroy() {
+	c.cancel()
+	if c.qp != nil {
+		c.qp.Close()
+	}
+	c.mu.Lock()
+	leases := c.leases
+	stagings := c.staging
+	c.leases, c.byKey, c.staging = nil, nil, nil
+	c.mu.Unlock()
+	for _, l := range leases {
+		c.endLease(l)
+	}
+	for _, st := range stagings {
+		c.endStaging(st)
+	}
+	for _, mw := range c.allMWs {
+		mw.Close()
+	}
+	if c.cq != nil {
+		c.cq.Close()
+	}
+	if c.ring.Size != 0 {
+		c.s.pool.Free(c.ring)
+		c.ring = mempool.Buf{}
+	}
+}
+
+// poll dispatches completions: received messages to the workers, finished reply
+// sends back to the free list.
+func (c *conn) poll() {
+	defer c.wg.Done()
+	var wcs [32]rdma.WorkCompletion
+	for {
+		n := c.cq.Poll(wcs[:])
+		if n == 0 {
+			if err := c.cq.Wait(c.ctx); err != nil {
+				return
+			}
+			continue
+		}
+		for _, wc := range wcs[:n] {
+			if wc.Status != rdma.WCSuccess {
+				if wc.Status != rdma.WCWRFlushErr {
+					c.log.Warn("chunkd: connection failed", "status", wc.Status, "opcode", wc.Opcode)
+				}
+				c.fail()
+				return
+			}
+			if wc.ID&sendTag != 0 {
+				c.sendFree <- int(wc.ID &^ sendTag)
+				continue
+			}
+			c.work <- received{slot: int(wc.ID), n: int(wc.ByteLen)}
+		}
+	}
+}
+
+// reap revokes expired leases and staging grants.
+func (c *conn) reap() {
+	defer c.wg.Done()
+	t := time.NewTicker(c.s.cfg.ReapInterval)
+	defer t.Stop()
+	var leases []*lease
+	var stagings []*staging
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case now := <-t.C:
+			leases, stagings = leases[:0], stagings[:0]
+			c.mu.Lock()
+			for id, l := range c.leases {
+				if now.After(l.expiry) {
+					delete(c.leases, id)
+					delete(c.byKey, l.key)
+					leases = append(leases, l)
+				}
+			}
+			for k, st := range c.staging {
+				if now.After(st.expiry) {
+					delete(c.staging, k)
+					stagings = append(stagings, st)
+				}
+			}
+			c.mu.Unlock()
+			for _, l := range leases {
+				c.endLease(l)
+			}
+			for _, st := range stagings {
+				c.log.Info("chunkd: staging expired without commit", "chunk", st.key)
+				c.endStaging(st)
+			}
+		}
+	}
+}
+
+// endLease revokes a lease removed from the maps and unpins its version.
+func (c *conn) endLease(l *lease) {
+	if l.mw != nil {
+		c.revoke(l.mw)
+	}
+	c.s.cache.release(l.res)
+	c.s.metrics.Leases.Dec()
+}
+
+// endStaging revokes and frees a staging grant removed from the maps.
+func (c *conn) endStaging(st *staging) {
+	if st.mw != nil {
+		c.revoke(st.mw)
+	}
+	c.s.pool.Free(st.buf)
+	c.mu.Lock()
+	c.stagedBytes -= st.length
+	c.mu.Unlock()
+	c.s.unstage(st.key, c)
+	c.s.metrics.Staging.Dec()
+	c.s.metrics.StagingBytes.Sub(float64(st.length))
+}
+
+// revoke invalidates mw (waiting for remote accesses in progress) and returns it
+// to the free windows.
+func (c *conn) revoke(mw rdma.MemoryWindow) {
+	if err := c.qp.InvalidateMW(mw); err != nil {
+		c.log.Debug("chunkd: invalidate window", "err", err)
+	}
+	c.s.metrics.Revocations.Inc()
+	c.mws <- mw
+}
+
+func (s *Server) unstage(key chunk.Key, c *conn) {
+	s.mu.Lock()
+	if s.staged[key] == c {
+		delete(s.staged, key)
+	}
+	s.mu.Unlock()
+}
+
+// worker handles request messages: decode, give the receive buffer back, serve the
+// batch, send the replies.
+func (c *conn) worker() {
+	defer c.wg.Done()
+	cfg := &c.s.cfg
+	reqs := make([]proto.Request, 0, cfg.MaxBatch)
+	reps := make([]proto.Reply, 0, cfg.MaxBatch)
+	var sge [1]rdma.SGE
+	var wr [1]rdma.SendWR
+	for {
+		var rv received
+		select {
+		case <-c.ctx.Done():
+			return
+		case rv = <-c.work:
+		}
+		id, batch, err := proto.DecodeRequests(c.msgBytes(rv.slot)[:rv.n], reqs)
+		if perr := c.postRecv(rv.slot); perr != nil {
+			c.log.Warn("chunkd: repost receive", "err", perr)
+			c.fail()
+			return
+		}
+		if err != nil {
+			// A peer that does not speak the protocol gets disconnected: there
+			// is no request to answer.
+			c.s.metrics.Errors.WithLabelValues("protocol").Inc()
+			c.log.Warn("chunkd: malformed request message, disconnecting", "err", err)
+			c.fail()
+			return
+		}
+		reps = reps[:0]
+		spare := cfg.MaxMsg - proto.HeaderLen - len(batch)*proto.ReplyLen
+		for i := range batch {
+			reps = append(reps, c.serve(&batch[i], &spare))
+		}
+		var slot int
+		select {
+		case <-c.ctx.Done():
+			return
+		case slot = <-c.sendFree:
+		}
+		n, err := proto.EncodeReplies(c.msgBytes(cfg.Credits+slot), id, reps)
+		if err != nil { // cannot happen: the sizes were checked
+			c.log.Error("chunkd: encode replies", "err", err)
+			c.fail()
+			return
+		}
+		sge[0] = c.msgBuf(cfg.Credits + slot)
+		sge[0].Length = uint32(n)
+		wr[0] = rdma.SendWR{ID: sendTag | uint64(slot), Opcode: rdma.OpSend, Flags: rdma.SendSignaled, SGL: sge[:]}
+		if err := c.qp.PostSend(wr[:]); err != nil {
+			c.log.Debug("chunkd: send reply", "err", err)
+			c.fail()
+			return
+		}
+	}
+}
+
+// serve handles one request and accounts for it.
+func (c *conn) serve(req *proto.Request, spare *int) proto.Reply {
+	start := time.Now()
+	rep := c.handle(req, spare)
+	rep.Op = req.Op
+	c.s.opCount[req.Op][min(int(rep.Status), numStatus-1)].Inc()
+	c.s.opLat[req.Op].Observe(time.Since(start).Seconds())
+	return rep
+}
+
+func (c *conn) handle(req *proto.Request, spare *int) proto.Reply {
+	key := chunk.Key{Chunk: req.Chunk, Version: req.Version}
+	switch req.Op {
+	case proto.OpReadLease:
+		return c.readLease(key)
+	case proto.OpRenewLease:
+		return c.renewLease(req.LeaseID)
+	case proto.OpReleaseLease:
+		c.mu.Lock()
+		l := c.leases[req.LeaseID]
+		if l != nil {
+			delete(c.leases, l.id)
+			delete(c.byKey, l.key)
+		}
+		c.mu.Unlock()
+		if l == nil {
+			return proto.Reply{Status: proto.StatusLeaseExpired}
+		}
+		c.endLease(l)
+		return proto.Reply{}
+	case proto.OpPrepareWrite:
+		return c.prepare(key, int(req.Length))
+	case proto.OpCommit:
+		return c.commit(key, req.CRC)
+	case proto.OpAbort:
+		c.mu.Lock()
+		st := c.staging[key]
+		delete(c.staging, key)
+		c.mu.Unlock()
+		if st == nil {
+			return proto.Reply{Status: proto.StatusNoPrepare}
+		}
+		c.endStaging(st)
+		return proto.Reply{}
+	case proto.OpDelete:
+		return proto.Reply{Status: statusOf(c.s.deleteVersion(key))}
+	case proto.OpStat:
+		info, err := c.s.store.Stat(key)
+		if err != nil {
+			return proto.Reply{Status: statusOf(err)}
+		}
+		return proto.Reply{Length: info.Length, CRC: info.CRC}
+	case proto.OpList:
+		vs := c.s.store.List(req.Chunk)
+		if len(vs) == 0 {
+			return proto.Reply{Status: proto.StatusUnknownChunk}
+		}
+		n := min(len(vs), *spare/proto.ListEntryLen)
+		*spare -= n * proto.ListEntryLen
+		rep := proto.Reply{Versions: make([]proto.VersionInfo, n)}
+		for i := range rep.Versions {
+			rep.Versions[i] = proto.VersionInfo{Version: vs[i].Version, Length: vs[i].Length, CRC: vs[i].CRC}
+		}
+		if n < len(vs) { // truncated: ask again with a larger message or fewer requests
+			rep.Status = proto.StatusBusy
+		}
+		return rep
+	}
+	return proto.Reply{Status: proto.StatusInvalid}
+}
+
+func ms(d time.Duration) uint32 { return uint32(d / time.Millisecond) }
+
+func (l *lease) reply(ttl time.Duration) proto.Reply {
+	return proto.Reply{LeaseID: l.id, Addr: l.addr, RKey: l.rkey, Length: l.res.info.Length, CRC: l.res.info.CRC, TTL: ms(ttl)}
+}
+
+func (c *conn) readLease(key chunk.Key) proto.Reply {
+	ttl := c.s.cfg.LeaseTTL
+	c.mu.Lock()
+	if l := c.byKey[key]; l != nil {
+		l.expiry = time.Now().Add(ttl)
+		c.mu.Unlock()
+		return l.reply(ttl)
+	}
+	c.mu.Unlock()
+	res, err := c.s.cache.acquire(c.ctx, key)
+	if err != nil {
+		c.noteErr("lease", key, err)
+		return proto.Reply{Status: statusOf(err)}
+	}
+	l := &lease{key: key, res: res}
+	if res.info.Length > 0 {
+		var ok bool
+		select {
+		case l.mw, ok = <-c.mws:
+		default:
+		}
+		if !ok {
+			c.s.cache.release(res)
+			return proto.Reply{Status: proto.StatusBusy}
+		}
+		l.addr = c.s.pool.Addr(res.buf)
+		l.rkey, err = c.qp.BindMW(l.mw, c.s.pool.MR(), l.addr, uint64(res.info.Length), rdma.AccessRemoteRead)
+		if err != nil {
+			c.mws <- l.mw
+			c.s.cache.release(res)
+			c.noteErr("bind", key, err)
+			return proto.Reply{Status: proto.StatusBusy}
+		}
+	}
+	c.mu.Lock()
+	if c.leases == nil { // connection closing
+		c.mu.Unlock()
+		c.endLeaseQuiet(l)
+		return proto.Reply{Status: proto.StatusShuttingDown}
+	}
+	if other := c.byKey[key]; other != nil { // a concurrent request won
+		other.expiry = time.Now().Add(ttl)
+		rep := other.reply(ttl)
+		c.mu.Unlock()
+		c.endLeaseQuiet(l)
+		return rep
+	}
+	l.id = c.s.nextLease.Add(1)
+	l.expiry = time.Now().Add(ttl)
+	c.leases[l.id] = l
+	c.byKey[key] = l
+	c.mu.Unlock()
+	c.s.metrics.Leases.Inc()
+	c.s.metrics.LeaseBytes.Add(float64(res.info.Length))
+	return l.reply(ttl)
+}
+
+// endLeaseQuiet undoes a lease that was never handed out.
+func (c *conn) endLeaseQuiet(l *lease) {
+	if l.mw != nil {
+		c.revoke(l.mw)
+	}
+	c.s.cache.release(l.res)
+}
+
+func (c *conn) renewLease(id uint64) proto.Reply {
+	ttl := c.s.cfg.LeaseTTL
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.leases[id]
+	if l == nil {
+		return proto.Reply{Status: proto.StatusLeaseExpired}
+	}
+	l.expiry = time.Now().Add(ttl)
+	return proto.Reply{TTL: ms(ttl)}
+}
+
+func (c *conn) prepare(key chunk.Key, length int) proto.Reply {
+	s := c.s
+	if length > s.store.MaxLength() || length < 0 {
+		return proto.Reply{Status: proto.StatusTooLong}
+	}
+	if _, err := s.store.Stat(key); err == nil {
+		return proto.Reply{Status: proto.StatusExists}
+	}
+	s.mu.Lock()
+	if _, ok := s.staged[key]; ok {
+		s.mu.Unlock()
+		return proto.Reply{Status: proto.StatusExists}
+	}
+	s.staged[key] = c
+	s.mu.Unlock()
+	c.mu.Lock()
+	if c.staging == nil || c.stagedBytes+length > s.cfg.MaxStagingPerConn {
+		closing := c.staging == nil
+		c.mu.Unlock()
+		s.unstage(key, c)
+		if closing {
+			return proto.Reply{Status: proto.StatusShuttingDown}
+		}
+		return proto.Reply{Status: proto.StatusBusy}
+	}
+	c.stagedBytes += length
+	c.mu.Unlock()
+	st := &staging{key: key, length: length}
+	undo := func(status proto.Status) proto.Reply {
+		if st.mw != nil {
+			c.mws <- st.mw
+		}
+		if st.buf.Size != 0 {
+			s.pool.Free(st.buf)
+		}
+		c.mu.Lock()
+		c.stagedBytes -= length
+		c.mu.Unlock()
+		s.unstage(key, c)
+		return proto.Reply{Status: status}
+	}
+	var err error
+	if st.buf, err = s.cache.alloc(length); err != nil {
+		c.noteErr("staging", key, err)
+		return undo(proto.StatusBusy)
+	}
+	addr := s.pool.Addr(st.buf)
+	if length > 0 {
+		select {
+		case st.mw = <-c.mws:
+		default:
+			return undo(proto.StatusBusy)
+		}
+		if st.rkey, err = c.qp.BindMW(st.mw, s.pool.MR(), addr, uint64(length), rdma.AccessRemoteWrite); err != nil {
+			c.noteErr("bind", key, err)
+			return undo(proto.StatusBusy)
+		}
+	}
+	ttl := s.cfg.StagingTTL
+	st.expiry = time.Now().Add(ttl)
+	c.mu.Lock()
+	if c.staging == nil {
+		c.mu.Unlock()
+		if st.mw != nil {
+			c.qp.InvalidateMW(st.mw)
+		}
+		return undo(proto.StatusShuttingDown)
+	}
+	c.staging[key] = st
+	c.mu.Unlock()
+	s.metrics.Staging.Inc()
+	s.metrics.StagingBytes.Add(float64(length))
+	return proto.Reply{Addr: addr, RKey: st.rkey, Length: uint32(length), TTL: ms(ttl)}
+}
+
+func (c *conn) commit(key chunk.Key, crc uint32) proto.Reply {
+	s := c.s
+	c.mu.Lock()
+	st := c.staging[key]
+	if st != nil {
+		delete(c.staging, key)
+	}
+	c.mu.Unlock()
+	if st == nil {
+		// A retried commit whose first ack was lost finds the version stored.
+		if info, err := s.store.Stat(key); err == nil {
+			if info.CRC == crc {
+				return proto.Reply{}
+			}
+			return proto.Reply{Status: proto.StatusExists}
+		}
+		s.mu.Lock()
+		owner := s.staged[key]
+		s.mu.Unlock()
+		if owner != nil && owner != c {
+			return proto.Reply{Status: proto.StatusNotAuthorized}
+		}
+		return proto.Reply{Status: proto.StatusNoPrepare}
+	}
+	// Revoke the client's write access first: from here on the staged bytes
+	// cannot change under the checksum or the disk write.
+	if st.mw != nil {
+		c.revoke(st.mw)
+		st.mw = nil
+	}
+	data := s.pool.Bytes(st.buf)[:st.length]
+	status := proto.StatusOK
+	if got := checksum(data); got != crc {
+		s.metrics.Errors.WithLabelValues("checksum").Inc()
+		c.log.Warn("chunkd: commit checksum mismatch", "chunk", key, "got", fmt.Sprintf("%08x", got), "want", fmt.Sprintf("%08x", crc))
+		status = proto.StatusChecksumMismatch
+	} else if err := s.store.Put(key, data, crc); err != nil {
+		c.noteErr("commit", key, err)
+		status = statusOf(err)
+	}
+	if status == proto.StatusOK {
+		s.cache.insert(chunk.Info{Key: key, Length: uint32(st.length), CRC: crc}, st.buf)
+		st.buf = mempool.Buf{}
+		s.metrics.BytesWritten.Add(float64(st.length))
+		s.updateStoreGauges()
+	}
+	c.endStaging(st)
+	return proto.Reply{Status: status}
+}
+
+func (c *conn) noteErr(kind string, key chunk.Key, err error) {
+	c.s.metrics.Errors.WithLabelValues(kind).Inc()
+	level := slog.LevelDebug
+	if st := statusOf(err); st == proto.StatusIOError || st == proto.StatusNoSpace {
+		level = slog.LevelError
+	}
+	c.log.Log(context.Background(), level, "chunkd: "+kind, "chunk", key, "err", err)
+}
+
+// statusOf maps an error of the store, the cache or the context to a status.
+func statusOf(err error) proto.Status {
+	var ve *storeVersionError
+	switch {
+	case err == nil:
+		return proto.StatusOK
+	case errors.As(err, &ve):
+		return proto.StatusWrongVersion
+	case errors.Is(err, errStoreNotFound):
+		return proto.StatusUnknownChunk
+	case errors.Is(err, errStoreExists), errors.Is(err, errStoreBusy):
+		return proto.StatusExists
+	case errors.Is(err, errStoreTooLong):
+		return proto.StatusTooLong
+	case errors.Is(err, errStoreNoSpace):
+		return proto.StatusNoSpace
+	case errors.Is(err, errNoMemory):
+		return proto.StatusBusy
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, errStoreClosed):
+		return proto.StatusShuttingDown
+	}
+	return proto.StatusIOError
+}

@@ -1,0 +1,618 @@
+package chunkserver_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/rdmafs/rdmafs/chunkserver"
+	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	"github.com/rdmafs/rdmafs/chunkserver/chunktest"
+	"github.com/rdmafs/rdmafs/chunkserver/client"
+	"github.com/rdmafs/rdmafs/chunkserver/proto"
+	"github.com/rdmafs/rdmafs/chunkserver/store"
+	"github.com/rdmafs/rdmafs/rdma"
+)
+
+// fill writes the deterministic content of version key into b.
+func fill(b []byte, key chunk.Key) {
+	x := key.Chunk*0x9e3779b97f4a7c15 ^ key.Version*0xbf58476d1ce4e5b9
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
+		x ^= x >> 31
+		x *= 0x94d049bb133111eb
+		x += 0x632be59bd9b4e5d
+		binary.LittleEndian.PutUint64(b[i:], x)
+	}
+	for ; i < len(b); i++ {
+		b[i] = byte(x >> (8 * (i % 8)))
+	}
+}
+
+func content(key chunk.Key, n int) []byte {
+	b := make([]byte, n)
+	fill(b, key)
+	return b
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// put writes a version through the protocol from offset off of env's buffer.
+func put(t *testing.T, c *client.Client, env *chunktest.ClientEnv, off int, key chunk.Key, n int) []byte {
+	t.Helper()
+	buf := env.Bytes()[off : off+n]
+	fill(buf, key)
+	if err := c.WriteVersion(ctxT(t), key, []rdma.SGE{env.SGE(off, n)}, store.Checksum(buf)); err != nil {
+		t.Fatalf("write %v: %v", key, err)
+	}
+	return append([]byte(nil), buf...)
+}
+
+func TestWriteReadStatListDelete(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{})
+	c, env := s.Dial(t)
+	ctx := ctxT(t)
+	sizes := []int{0, 1, 4095, 4096, 100000, 1 << 20, 3<<20 + 17}
+	for i, n := range sizes {
+		key := chunk.Key{Chunk: 42, Version: uint64(i + 1)}
+		want := put(t, c, env, 0, key, n)
+		clear(env.Bytes()[:n+8192])
+		// Scatter the read over three SGEs of the client's buffer.
+		a, b := n/3, n/3
+		sgl := []rdma.SGE{env.SGE(8<<20, a), env.SGE(16<<20, b), env.SGE(24<<20, n-a-b)}
+		l, err := c.ReadAt(ctx, key, 0, sgl)
+		if err != nil {
+			t.Fatalf("read %v: %v", key, err)
+		}
+		got := append(append(append([]byte(nil), env.Bytes()[8<<20:8<<20+a]...), env.Bytes()[16<<20:16<<20+b]...), env.Bytes()[24<<20:24<<20+n-a-b]...)
+		if !bytes.Equal(got, want) || l.Length != uint32(n) || l.CRC != store.Checksum(want) {
+			t.Fatalf("version %v of %d bytes read back wrong (lease %+v)", key, n, l)
+		}
+		if n > 10 { // a read at an offset
+			if err := c.Read(ctx, l, n-10, []rdma.SGE{env.SGE(0, 10)}); err != nil || !bytes.Equal(env.Bytes()[:10], want[n-10:]) {
+				t.Fatalf("read at offset: %v", err)
+			}
+		}
+	}
+	info, err := c.Stat(ctx, chunk.Key{Chunk: 42, Version: 6})
+	if err != nil || info.Length != 1<<20 {
+		t.Fatalf("Stat = %+v, %v", info, err)
+	}
+	vs, err := c.List(ctx, 42)
+	if err != nil || len(vs) != len(sizes) || vs[0].Version != 1 || vs[len(vs)-1].Length != 3<<20+17 {
+		t.Fatalf("List = %+v, %v", vs, err)
+	}
+	if err := c.Delete(ctx, chunk.Key{Chunk: 42, Version: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Stat(ctx, chunk.Key{Chunk: 42, Version: 1}); !proto.IsStatus(err, proto.StatusWrongVersion) {
+		t.Fatalf("Stat of deleted version = %v", err)
+	}
+	// The store has everything durably: reopen it in a fresh server.
+	dir := s.Dir
+	s.Stop()
+	s2 := chunktest.Start(t, chunktest.Options{Dir: dir})
+	c2, env2 := s2.Dial(t)
+	if _, err := c2.ReadAt(ctx, chunk.Key{Chunk: 42, Version: 6}, 0, []rdma.SGE{env2.SGE(0, 1<<20)}); err != nil ||
+		!bytes.Equal(env2.Bytes()[:1<<20], content(chunk.Key{Chunk: 42, Version: 6}, 1<<20)) {
+		t.Fatalf("read after restart: %v", err)
+	}
+}
+
+func TestBatch(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{})
+	c, env := s.Dial(t)
+	ctx := ctxT(t)
+	var keys []chunk.Key
+	for i := 0; i < 8; i++ {
+		k := chunk.Key{Chunk: uint64(100 + i), Version: 1}
+		put(t, c, env, 0, k, 5000)
+		keys = append(keys, k)
+	}
+	keys = append(keys, chunk.Key{Chunk: 999, Version: 1})
+	leases, errs, err := c.ReadLeases(ctx, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 8; i++ {
+		if errs[i] != nil || leases[i].Length != 5000 {
+			t.Fatalf("lease %d: %+v %v", i, leases[i], errs[i])
+		}
+		if err := c.Read(ctx, leases[i], 0, []rdma.SGE{env.SGE(0, 5000)}); err != nil || !bytes.Equal(env.Bytes()[:5000], content(keys[i], 5000)) {
+			t.Fatalf("read %d: %v", i, err)
+		}
+	}
+	if !proto.IsStatus(errs[8], proto.StatusUnknownChunk) {
+		t.Fatalf("unknown chunk in a batch: %v", errs[8])
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{MaxLength: 1 << 20, Capacity: 3 * (1<<20 + store.HeaderLen)})
+	c, env := s.Dial(t)
+	other, _ := s.Dial(t)
+	ctx := ctxT(t)
+	committed := chunk.Key{Chunk: 1, Version: 1}
+	want := put(t, c, env, 0, committed, 1<<20)
+
+	// A staged write of another connection.
+	if _, err := other.PrepareWrite(ctx, chunk.Key{Chunk: 3, Version: 1}, 10); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		name string
+		do   func() error
+		want proto.Status
+	}{
+		{"unknown chunk", func() error { _, err := c.ReadLease(ctx, chunk.Key{Chunk: 2, Version: 1}); return err }, proto.StatusUnknownChunk},
+		{"wrong version", func() error { _, err := c.ReadLease(ctx, chunk.Key{Chunk: 1, Version: 7}); return err }, proto.StatusWrongVersion},
+		{"stat unknown", func() error { _, err := c.Stat(ctx, chunk.Key{Chunk: 2, Version: 1}); return err }, proto.StatusUnknownChunk},
+		{"delete unknown", func() error { return c.Delete(ctx, chunk.Key{Chunk: 2, Version: 1}) }, proto.StatusUnknownChunk},
+		{"length over the limit", func() error {
+			_, err := c.Do(ctx, []proto.Request{{Op: proto.OpPrepareWrite, Chunk: 1, Version: 2, Length: 1<<20 + 1}})
+			return errOf(t, c, ctx, proto.Request{Op: proto.OpPrepareWrite, Chunk: 1, Version: 2, Length: 1<<20 + 1}, err)
+		}, proto.StatusTooLong},
+		{"prepare existing version", func() error { _, err := c.PrepareWrite(ctx, committed, 10); return err }, proto.StatusExists},
+		{"commit without prepare", func() error { return c.Commit(ctx, chunk.Key{Chunk: 1, Version: 9}, 0) }, proto.StatusNoPrepare},
+		{"abort without prepare", func() error { return c.Abort(ctx, chunk.Key{Chunk: 1, Version: 9}) }, proto.StatusNoPrepare},
+		{"commit of another connection's staging", func() error { return c.Commit(ctx, chunk.Key{Chunk: 3, Version: 1}, 0) }, proto.StatusNotAuthorized},
+		{"prepare of a version being written", func() error { _, err := c.PrepareWrite(ctx, chunk.Key{Chunk: 3, Version: 1}, 10); return err }, proto.StatusExists},
+		{"renew unknown lease", func() error { _, err := c.RenewLease(ctx, client.Lease{ID: 12345}); return err }, proto.StatusLeaseExpired},
+		{"release unknown lease", func() error { return c.ReleaseLease(ctx, client.Lease{ID: 12345}) }, proto.StatusLeaseExpired},
+		{"checksum mismatch", func() error {
+			k := chunk.Key{Chunk: 1, Version: 2}
+			fill(env.Bytes()[:4096], k)
+			err := c.WriteVersion(ctx, k, []rdma.SGE{env.SGE(0, 4096)}, store.Checksum(env.Bytes()[:4096])^1)
+			if err == nil {
+				return nil
+			}
+			// The staging was freed: committing again finds nothing prepared.
+			if err2 := c.Commit(ctx, k, store.Checksum(env.Bytes()[:4096])); !proto.IsStatus(err2, proto.StatusNoPrepare) {
+				t.Errorf("commit after mismatch: %v", err2)
+			}
+			return err
+		}, proto.StatusChecksumMismatch},
+		{"disk full", func() error {
+			var err error
+			for v := uint64(10); v < 20 && err == nil; v++ {
+				k := chunk.Key{Chunk: 1, Version: v}
+				fill(env.Bytes()[:1<<20], k)
+				err = c.WriteVersion(ctx, k, []rdma.SGE{env.SGE(0, 1<<20)}, store.Checksum(env.Bytes()[:1<<20]))
+			}
+			return err
+		}, proto.StatusNoSpace},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.do()
+			if !proto.IsStatus(err, tc.want) {
+				t.Fatalf("got %v, want status %q", err, tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.want.String()) {
+				t.Fatalf("error %q does not say %q", err, tc.want)
+			}
+		})
+	}
+	// None of it damaged the committed version, and nothing is left staged
+	// but the other connection's grant.
+	clear(env.Bytes()[:1<<20])
+	if _, err := c.ReadAt(ctx, committed, 0, []rdma.SGE{env.SGE(0, 1<<20)}); err != nil || !bytes.Equal(env.Bytes()[:1<<20], want) {
+		t.Fatalf("committed version after bad input: %v", err)
+	}
+	if g := testutil.ToFloat64(s.Metrics().Staging); g != 1 {
+		t.Fatalf("staging grants = %v, want 1", g)
+	}
+	if _, err := c.Do(ctx, make([]proto.Request, c.Limits().MaxBatch+1)); err == nil {
+		t.Fatal("batch over the limit was sent")
+	}
+}
+
+func errOf(t *testing.T, c *client.Client, ctx context.Context, req proto.Request, err error) error {
+	if err != nil {
+		return err
+	}
+	reps, err := c.Do(ctx, []proto.Request{req})
+	if err != nil {
+		return err
+	}
+	return reps[0].Status.Err(req.Op)
+}
+
+func TestAuthentication(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{Secret: []byte("right")})
+	env := chunktest.NewClientEnv(t, 1<<20)
+	ctx := ctxT(t)
+	_, err := client.Dial(ctx, env.Dev, env.PD, s.Addr(), client.Options{Secret: []byte("wrong")})
+	if err == nil || !strings.Contains(err.Error(), "not authorized") {
+		t.Fatalf("dial with the wrong secret: %v", err)
+	}
+	c := env.Dial(t, s.Addr(), []byte("right"))
+	if _, err := c.Stat(ctx, chunk.Key{Chunk: 1, Version: 1}); !proto.IsStatus(err, proto.StatusUnknownChunk) {
+		t.Fatalf("authenticated client: %v", err)
+	}
+	// A client that checks chunkd's answer refuses a chunkd with another secret.
+	if _, err := client.Dial(ctx, env.Dev, env.PD, s.Addr(), client.Options{Secret: []byte("")}); err == nil {
+		t.Fatal("dial with an empty secret succeeded")
+	}
+}
+
+func isRevoked(err error) bool {
+	var re *client.RDMAError
+	return errors.As(err, &re) && re.Status == rdma.WCRemAccessErr
+}
+
+func TestLeaseExpiryRevokes(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{LeaseTTL: 300 * time.Millisecond, ReapInterval: 10 * time.Millisecond}})
+	w, wenv := s.Dial(t)
+	key := chunk.Key{Chunk: 5, Version: 1}
+	put(t, w, wenv, 0, key, 64<<10)
+	ctx := ctxT(t)
+
+	c, env := s.Dial(t)
+	l, err := c.ReadLease(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Read(ctx, l, 0, []rdma.SGE{env.SGE(0, 64<<10)}); err != nil {
+		t.Fatalf("read under lease: %v", err)
+	}
+	// Renewal keeps it alive past the first expiry.
+	time.Sleep(200 * time.Millisecond)
+	if l, err = c.RenewLease(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := c.Read(ctx, l, 0, []rdma.SGE{env.SGE(0, 64<<10)}); err != nil {
+		t.Fatalf("read under renewed lease: %v", err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if err := c.Read(ctx, l, 0, []rdma.SGE{env.SGE(0, 64<<10)}); !isRevoked(err) {
+		t.Fatalf("read after expiry: %v, want REM_ACCESS_ERR", err)
+	}
+	if testutil.ToFloat64(s.Metrics().Leases) != 0 {
+		t.Fatal("expired lease still counted")
+	}
+
+	// An rkey is valid only on its own connection.
+	c2, env2 := s.Dial(t)
+	l2, err := c2.ReadLease(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c3, env3 := s.Dial(t)
+	if err := c3.Read(ctx, l2, 0, []rdma.SGE{env3.SGE(0, 4096)}); !isRevoked(err) {
+		t.Fatalf("read with another connection's rkey: %v, want REM_ACCESS_ERR", err)
+	}
+	// Explicit release revokes at once.
+	if err := c2.ReleaseLease(ctx, l2); err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.Read(ctx, l2, 0, []rdma.SGE{env2.SGE(0, 4096)}); !isRevoked(err) {
+		t.Fatalf("read after release: %v, want REM_ACCESS_ERR", err)
+	}
+}
+
+func TestStagingRevoked(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{StagingTTL: 300 * time.Millisecond, ReapInterval: 10 * time.Millisecond}})
+	ctx := ctxT(t)
+	// After commit the staging rkey is dead: the committed bytes cannot change.
+	c, env := s.Dial(t)
+	key := chunk.Key{Chunk: 6, Version: 1}
+	fill(env.Bytes()[:8192], key)
+	st, err := c.PrepareWrite(ctx, key, 8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Write(ctx, st, 0, []rdma.SGE{env.SGE(0, 8192)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Commit(ctx, key, store.Checksum(env.Bytes()[:8192])); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Write(ctx, st, 0, []rdma.SGE{env.SGE(8192, 8192)}); !isRevoked(err) {
+		t.Fatalf("write after commit: %v, want REM_ACCESS_ERR", err)
+	}
+	// An unused staging grant expires, is freed and its rkey revoked.
+	c2, env2 := s.Dial(t)
+	st2, err := c2.PrepareWrite(ctx, chunk.Key{Chunk: 6, Version: 2}, 8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if err := c2.Commit(ctx, chunk.Key{Chunk: 6, Version: 2}, 0); !proto.IsStatus(err, proto.StatusNoPrepare) {
+		t.Fatalf("commit after staging expiry: %v", err)
+	}
+	if err := c2.Write(ctx, st2, 0, []rdma.SGE{env2.SGE(0, 8192)}); !isRevoked(err) {
+		t.Fatalf("write after staging expiry: %v, want REM_ACCESS_ERR", err)
+	}
+	c3, env3 := s.Dial(t)
+	if _, err := c3.ReadAt(ctx, key, 0, []rdma.SGE{env3.SGE(0, 8192)}); err != nil || !bytes.Equal(env3.Bytes()[:8192], content(key, 8192)) {
+		t.Fatalf("committed version: %v", err)
+	}
+}
+
+// TestClientVanishesMidWrite: a client that disconnects between its RDMA_WRITE
+// and its commit leaves nothing staged and no version damaged.
+func TestClientVanishesMidWrite(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{Mem: 16 << 20})
+	ctx := ctxT(t)
+	c, env := s.Dial(t)
+	key := chunk.Key{Chunk: 7, Version: 1}
+	want := put(t, c, env, 0, key, 1<<20)
+
+	env2 := chunktest.NewClientEnv(t, 4<<20)
+	c2, err := client.Dial(ctx, env2.Dev, env2.PD, s.Addr(), client.Options{Secret: s.Secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := chunk.Key{Chunk: 7, Version: 2}
+	st, err := c2.PrepareWrite(ctx, next, 4<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.Write(ctx, st, 0, []rdma.SGE{env2.SGE(0, 2<<20)}); err != nil {
+		t.Fatal(err)
+	}
+	c2.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for testutil.ToFloat64(s.Metrics().Staging) != 0 || testutil.ToFloat64(s.Metrics().Connections) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("staging not freed after the client vanished: %v grants", testutil.ToFloat64(s.Metrics().Staging))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The version can be written again by someone else, the old one is intact.
+	put(t, c, env, 0, next, 4<<20)
+	clear(env.Bytes()[:1<<20])
+	if _, err := c.ReadAt(ctx, key, 0, []rdma.SGE{env.SGE(0, 1<<20)}); err != nil || !bytes.Equal(env.Bytes()[:1<<20], want) {
+		t.Fatalf("committed version: %v", err)
+	}
+}
+
+// TestConcurrentReadersDuringCommits: readers lease the newest version they know
+// while a writer commits newer ones and deletes old ones; every read returns
+// exactly the leased version.
+func TestConcurrentReadersDuringCommits(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{Mem: 24 << 20})
+	ctx := ctxT(t)
+	const size = 256 << 10
+	w, wenv := s.Dial(t)
+	var newest atomic.Uint64
+	put(t, w, wenv, 0, chunk.Key{Chunk: 9, Version: 1}, size)
+	newest.Store(1)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var reads atomic.Int64
+	for r := 0; r < 4; r++ {
+		c, env := s.Dial(t)
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			off := 0
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := chunk.Key{Chunk: 9, Version: newest.Load()}
+				l, err := c.ReadLease(ctx, key)
+				if proto.IsStatus(err, proto.StatusWrongVersion) {
+					continue // deleted meanwhile
+				}
+				if err != nil {
+					t.Errorf("reader %d: lease %v: %v", r, key, err)
+					return
+				}
+				// Read it twice, slowly, while commits and deletes go on.
+				for i := 0; i < 2; i++ {
+					if err := c.Read(ctx, l, 0, []rdma.SGE{env.SGE(off, size/2), env.SGE(off+size, size/2)}); err != nil {
+						t.Errorf("reader %d: read %v: %v", r, key, err)
+						return
+					}
+					got := append(append([]byte(nil), env.Bytes()[off:off+size/2]...), env.Bytes()[off+size:off+size+size/2]...)
+					if store.Checksum(got) != l.CRC || !bytes.Equal(got, content(key, size)) {
+						t.Errorf("reader %d: torn or mixed read of %v", r, key)
+						return
+					}
+					reads.Add(1)
+				}
+				c.ReleaseLease(ctx, l)
+			}
+		}(r)
+	}
+	for v := uint64(2); v <= 40; v++ {
+		put(t, w, wenv, 0, chunk.Key{Chunk: 9, Version: v}, size)
+		newest.Store(v)
+		if v > 2 {
+			if err := w.Delete(ctx, chunk.Key{Chunk: 9, Version: v - 2}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if reads.Load() == 0 {
+		t.Fatal("no reads happened")
+	}
+	t.Logf("%d verified reads during 39 commits", reads.Load())
+}
+
+// TestEvictionSparesLeased: with memory for a few versions only, reading many
+// evicts the unleased ones but never a leased one.
+func TestEvictionSparesLeased(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{Mem: 8 << 20})
+	ctx := ctxT(t)
+	c, env := s.Dial(t)
+	const size = 1 << 20
+	for v := uint64(1); v <= 12; v++ {
+		put(t, c, env, 0, chunk.Key{Chunk: 11, Version: v}, size)
+	}
+	held, err := c.ReadLease(ctx, chunk.Key{Chunk: 11, Version: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := 0; round < 2; round++ {
+		for v := uint64(2); v <= 12; v++ {
+			k := chunk.Key{Chunk: 11, Version: v}
+			l, err := c.ReadLease(ctx, k)
+			if err != nil {
+				t.Fatalf("lease %v: %v", k, err)
+			}
+			if err := c.Read(ctx, l, 0, []rdma.SGE{env.SGE(0, size)}); err != nil || !bytes.Equal(env.Bytes()[:size], content(k, size)) {
+				t.Fatalf("read %v: %v", k, err)
+			}
+			if err := c.ReleaseLease(ctx, l); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if testutil.ToFloat64(s.Metrics().Evictions) == 0 {
+		t.Fatal("no evictions with 12 MiB of versions in 8 MiB")
+	}
+	if err := c.Read(ctx, held, 0, []rdma.SGE{env.SGE(0, size)}); err != nil || !bytes.Equal(env.Bytes()[:size], content(held.Key, size)) {
+		t.Fatalf("leased version after evictions: %v", err)
+	}
+	// With everything leased, a new lease gets "busy", not someone's memory.
+	var leases []client.Lease
+	var busy error
+	for v := uint64(2); v <= 12 && busy == nil; v++ {
+		l, err := c.ReadLease(ctx, chunk.Key{Chunk: 11, Version: v})
+		if err != nil {
+			busy = err
+			break
+		}
+		leases = append(leases, l)
+	}
+	if !proto.IsStatus(busy, proto.StatusBusy) {
+		t.Fatalf("leasing more than memory: %v, want busy", busy)
+	}
+	for _, l := range append(leases, held) {
+		if err := c.Read(ctx, l, 0, []rdma.SGE{env.SGE(0, size)}); err != nil || !bytes.Equal(env.Bytes()[:size], content(l.Key, size)) {
+			t.Fatalf("leased %v: %v", l.Key, err)
+		}
+	}
+}
+
+// TestFlowControl: many goroutines on one connection and many connections never
+// exceed the credits; every request is answered.
+func TestFlowControl(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{Credits: 4}})
+	ctx := ctxT(t)
+	c, env := s.Dial(t)
+	if c.Limits().Credits != 4 {
+		t.Fatalf("credits advertised: %d", c.Limits().Credits)
+	}
+	key := chunk.Key{Chunk: 12, Version: 1}
+	put(t, c, env, 0, key, 4096)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	clients := []*client.Client{c}
+	for i := 0; i < 7; i++ {
+		ci, _ := s.Dial(t)
+		clients = append(clients, ci)
+	}
+	for _, ci := range clients {
+		for g := 0; g < 16; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < 50; i++ {
+					if _, err := ci.Stat(ctx, key); err != nil {
+						failed.Add(1)
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if failed.Load() != 0 {
+		t.Fatalf("%d requests failed", failed.Load())
+	}
+}
+
+func TestMembership(t *testing.T) {
+	m := &fakeMembership{garbage: []chunk.Key{{Chunk: 20, Version: 1}}}
+	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{Membership: m, HeartbeatInterval: 20 * time.Millisecond, Zone: "z1"}})
+	c, env := s.Dial(t)
+	put(t, c, env, 0, chunk.Key{Chunk: 20, Version: 1}, 100)
+	put(t, c, env, 0, chunk.Key{Chunk: 20, Version: 2}, 100)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := c.Stat(ctxT(t), chunk.Key{Chunk: 20, Version: 1})
+		if proto.IsStatus(err, proto.StatusWrongVersion) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("garbage not deleted: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := c.Stat(ctxT(t), chunk.Key{Chunk: 20, Version: 2}); err != nil {
+		t.Fatal(err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.info.ID != s.ID() || m.info.Zone != "z1" || m.info.Addr != s.Addr() || m.beats == 0 {
+		t.Fatalf("registration %+v, %d heartbeats", m.info, m.beats)
+	}
+}
+
+type fakeMembership struct {
+	mu      sync.Mutex
+	info    chunkserver.Info
+	beats   int
+	garbage []chunk.Key
+}
+
+func (m *fakeMembership) Register(ctx context.Context, info chunkserver.Info) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.info = info
+	return nil
+}
+
+func (m *fakeMembership) Heartbeat(ctx context.Context, st chunkserver.Stats) ([]chunk.Key, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.beats++
+	return m.garbage, nil // deleting what is not (yet) there is harmless
+}
+
+// TestReadPathAllocations: a read through a cached lease is a pure one-sided
+// operation and allocates (almost) nothing.
+func TestReadPathAllocations(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{})
+	c, env := s.Dial(t)
+	key := chunk.Key{Chunk: 30, Version: 1}
+	put(t, c, env, 0, key, 64<<10)
+	ctx := context.Background()
+	sgl := []rdma.SGE{env.SGE(0, 64<<10)}
+	if _, err := c.ReadAt(ctx, key, 0, sgl); err != nil {
+		t.Fatal(err)
+	}
+	allocs := testing.AllocsPerRun(200, func() {
+		if _, err := c.ReadAt(ctx, key, 0, sgl); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Logf("%.1f allocations per cached read", allocs)
+	if allocs > 2 {
+		t.Fatalf("%.1f allocations per cached read", allocs)
+	}
+}

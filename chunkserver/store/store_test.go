@@ -1,0 +1,284 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+)
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func open(t *testing.T, dir string, opts Options) *Store {
+	t.Helper()
+	opts.Logger = quiet()
+	s, err := Open(dir, opts)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func randBytes(seed uint64, n int) []byte {
+	r := rand.New(rand.NewPCG(seed, 1))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+func TestPutReadListDelete(t *testing.T) {
+	s := open(t, t.TempDir(), Options{})
+	k1 := chunk.Key{Chunk: 7, Version: 1}
+	k2 := chunk.Key{Chunk: 7, Version: 2}
+	d1, d2 := randBytes(1, 4096), randBytes(2, 1<<20)
+	for _, c := range []struct {
+		k chunk.Key
+		d []byte
+	}{{k1, d1}, {k2, d2}} {
+		if err := s.Put(c.k, c.d, Checksum(c.d)); err != nil {
+			t.Fatalf("Put %v: %v", c.k, err)
+		}
+	}
+	buf := make([]byte, 1<<20)
+	info, err := s.ReadInto(k1, buf)
+	if err != nil || !bytes.Equal(buf[:info.Length], d1) {
+		t.Fatalf("ReadInto k1: %v %+v", err, info)
+	}
+	if l := s.List(7); len(l) != 2 || l[0].Version != 1 || l[1].Version != 2 || l[1].Length != 1<<20 {
+		t.Fatalf("List = %+v", l)
+	}
+	if used, n := s.Usage(); n != 2 || used != 2*HeaderLen+4096+1<<20 {
+		t.Fatalf("Usage = %d, %d", used, n)
+	}
+	if err := s.Delete(k1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ReadInto(k1, buf); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("read deleted: %v", err)
+	}
+	var ve *VersionError
+	if _, err := s.Stat(k1); !errors.As(err, &ve) {
+		t.Fatalf("Stat of missing version of existing chunk: %v, want VersionError", err)
+	}
+	if _, err := s.Stat(chunk.Key{Chunk: 99, Version: 1}); !errors.Is(err, ErrNotFound) || errors.As(err, &ve) {
+		t.Fatalf("Stat of unknown chunk: %v", err)
+	}
+	if err := s.Delete(k1); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("double delete: %v", err)
+	}
+}
+
+func TestPutErrors(t *testing.T) {
+	s := open(t, t.TempDir(), Options{MaxLength: 8192, Capacity: 3 * (8192 + HeaderLen)})
+	k := chunk.Key{Chunk: 1, Version: 1}
+	d := randBytes(3, 8192)
+	if err := s.Put(k, d, Checksum(d)); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		key  chunk.Key
+		n    int
+		want error
+	}{
+		{"exists", k, 100, ErrExists},
+		{"too long", chunk.Key{Chunk: 1, Version: 2}, 8193, ErrTooLong},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b := make([]byte, tc.n)
+			if err := s.Put(tc.key, b, Checksum(b)); !errors.Is(err, tc.want) {
+				t.Fatalf("Put = %v, want %v", err, tc.want)
+			}
+		})
+	}
+	for v := uint64(2); v <= 3; v++ {
+		if err := s.Put(chunk.Key{Chunk: 1, Version: v}, d, Checksum(d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := s.Put(chunk.Key{Chunk: 1, Version: 4}, d, Checksum(d))
+	if !errors.Is(err, ErrNoSpace) || !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("Put over capacity = %v, want ENOSPC", err)
+	}
+	// Nothing of the failed put remains and the committed versions are intact.
+	if _, n := s.Usage(); n != 3 {
+		t.Fatalf("versions = %d", n)
+	}
+	buf := make([]byte, 8192)
+	if _, err := s.ReadInto(k, buf); err != nil || !bytes.Equal(buf, d) {
+		t.Fatalf("committed version damaged: %v", err)
+	}
+}
+
+func TestRecovery(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, Options{})
+	id := s.ID()
+	keep := map[chunk.Key][]byte{}
+	for i := uint64(0); i < 20; i++ {
+		k := chunk.Key{Chunk: i * 37, Version: i%3 + 1}
+		d := randBytes(i, int(i*1000+1))
+		if err := s.Put(k, d, Checksum(d)); err != nil {
+			t.Fatal(err)
+		}
+		keep[k] = d
+	}
+	s.Close()
+
+	// Simulate a crash mid-write (a temporary file), a torn file under a final
+	// name (cannot happen with rename, but a disk can do it) and a stray file.
+	sub := filepath.Join(dir, chunksDir, "05")
+	os.WriteFile(filepath.Join(sub, tmpPrefix+"0000000000000005.0000000000000009.abc"), []byte("half"), 0o644)
+	torn := chunk.Key{Chunk: 5, Version: 10}
+	os.WriteFile(filepath.Join(sub, fileName(torn)), []byte("RDCK garbage"), 0o644)
+
+	// Flip a data byte of one good version: the header is fine, so it is listed,
+	// but loading it must fail the checksum.
+	var bad chunk.Key
+	for k := range keep {
+		if len(keep[k]) > 100 {
+			bad = k
+			break
+		}
+	}
+	f, _ := os.OpenFile(filepath.Join(dir, chunksDir, filepath.Base(filepath.Dir(fileNamePath(bad))), fileName(bad)), os.O_RDWR, 0)
+	f.WriteAt([]byte{^keep[bad][50]}, HeaderLen+50)
+	f.Close()
+
+	// A complete version whose completion mark (the mode) was lost is kept; a
+	// pending one that is short or damaged is removed.
+	lost := chunk.Key{Chunk: 5, Version: 20}
+	lostData := randBytes(20, 5000)
+	writeRaw(t, dir, lost, lostData, pendingMode, len(lostData))
+	keep[lost] = lostData
+	short := chunk.Key{Chunk: 5, Version: 21}
+	writeRaw(t, dir, short, randBytes(21, 5000), pendingMode, 3000)
+	badcrc := chunk.Key{Chunk: 5, Version: 22}
+	writeRaw(t, dir, badcrc, randBytes(22, 5000), pendingMode, -1)
+
+	s2 := open(t, dir, Options{})
+	for _, k := range []chunk.Key{short, badcrc} {
+		if _, err := s2.Stat(k); err == nil {
+			t.Fatalf("half-written %v was kept", k)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(sub, fileName(lost))); err != nil || fi.Mode().Perm() != doneMode {
+		t.Fatalf("kept version not marked complete: %v %v", fi.Mode(), err)
+	}
+	if s2.ID() != id {
+		t.Fatalf("id changed: %s -> %s", id, s2.ID())
+	}
+	if _, n := s2.Usage(); n != len(keep) {
+		t.Fatalf("recovered %d versions, want %d", n, len(keep))
+	}
+	if _, err := s2.Stat(torn); err == nil {
+		t.Fatal("torn file was loaded")
+	}
+	if ents, _ := os.ReadDir(sub); len(ents) != countIn(keep, 5) {
+		t.Fatalf("leftovers in %s: %v", sub, ents)
+	}
+	buf := make([]byte, 1<<20)
+	for k, d := range keep {
+		info, err := s2.ReadInto(k, buf)
+		if k == bad {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("corrupt data read without error: %v", err)
+			}
+			continue
+		}
+		if err != nil || !bytes.Equal(buf[:info.Length], d) {
+			t.Fatalf("version %v: %v", k, err)
+		}
+	}
+}
+
+// writeRaw writes a version file by hand: cut >= 0 truncates it to cut data bytes,
+// cut < 0 damages the data's checksum.
+func writeRaw(t *testing.T, dir string, k chunk.Key, data []byte, mode os.FileMode, cut int) {
+	t.Helper()
+	hdr := make([]byte, HeaderLen)
+	crc := Checksum(data)
+	if cut < 0 {
+		crc ^= 1
+		cut = len(data)
+	}
+	encodeHeader(hdr, chunk.Info{Key: k, Length: uint32(len(data)), CRC: crc})
+	path := filepath.Join(dir, fileNamePath(k))
+	if err := os.WriteFile(path, append(hdr, data[:cut]...), mode); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(path, mode)
+}
+
+func fileNamePath(k chunk.Key) string {
+	return filepath.Join(chunksDir, filepathHex(k.Chunk%fanout), fileName(k))
+}
+
+func filepathHex(b uint64) string {
+	return string("0123456789abcdef"[b>>4]) + string("0123456789abcdef"[b&15])
+}
+
+func countIn(m map[chunk.Key][]byte, slot uint64) int {
+	n := 0
+	for k := range m {
+		if k.Chunk%fanout == slot {
+			n++
+		}
+	}
+	return n
+}
+
+func TestLock(t *testing.T) {
+	dir := t.TempDir()
+	open(t, dir, Options{})
+	if _, err := Open(dir, Options{Logger: quiet()}); !errors.Is(err, ErrDirLocked) {
+		t.Fatalf("second Open = %v, want ErrDirLocked", err)
+	}
+}
+
+// TestRealENOSPC fills a tiny tmpfs: the error must say ENOSPC and leave no file.
+func TestRealENOSPC(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a tmpfs")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("mount tmpfs: %v %s", err, out)
+	}
+	defer exec.Command("umount", dir).Run()
+	s, err := Open(dir, Options{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	d := randBytes(9, 1<<20)
+	var got error
+	for v := uint64(1); v < 10 && got == nil; v++ {
+		got = s.Put(chunk.Key{Chunk: 1, Version: v}, d, Checksum(d))
+	}
+	if !errors.Is(got, ErrNoSpace) || !errors.Is(got, syscall.ENOSPC) {
+		t.Fatalf("filling the disk: %v, want ENOSPC", got)
+	}
+	ents, _ := os.ReadDir(filepath.Join(dir, chunksDir, "01"))
+	for _, e := range ents {
+		if e.Name()[0] == '.' {
+			t.Fatalf("temporary file left: %s", e.Name())
+		}
+	}
+	buf := make([]byte, 1<<20)
+	if _, err := s.ReadInto(chunk.Key{Chunk: 1, Version: 1}, buf); err != nil || !bytes.Equal(buf, d) {
+		t.Fatalf("committed version after ENOSPC: %v", err)
+	}
+}

@@ -1,0 +1,202 @@
+// Command chunkd is the rdmafs storage daemon: it keeps chunk versions durable in
+// its data directory and serves them to clients over an rdma transport. This file
+// only parses flags, wires the chunkserver library together and handles signals.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmafs/rdmafs/chunkserver"
+	"github.com/rdmafs/rdmafs/chunkserver/store"
+	"github.com/rdmafs/rdmafs/rdma/transport"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newCommand().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "chunkd:", err)
+		os.Exit(1)
+	}
+}
+
+type flags struct {
+	data, listen, advertise, meta, mem, transport, zone, metrics string
+	secretFile, readyFile, logLevel, maxLength, capacity         string
+	credits                                                      int
+	leaseTTL, stagingTTL, heartbeat                              time.Duration
+}
+
+func newCommand() *cobra.Command {
+	var f flags
+	cmd := &cobra.Command{
+		Use:           "chunkd",
+		Short:         "chunkd: the rdmafs storage daemon",
+		Long:          "chunkd keeps chunk versions durable in --data and serves them from registered memory over an rdma transport.",
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE:          func(cmd *cobra.Command, _ []string) error { return run(cmd.Context(), &f) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.data, "data", "", "data directory (required)")
+	fl.StringVar(&f.listen, "listen", "127.0.0.1:7400", "address to serve the chunk protocol on")
+	fl.StringVar(&f.advertise, "advertise", "", "address registered with the metadata service (default: the listen address)")
+	fl.StringVar(&f.meta, "meta", "", "metadata service address (empty: standalone)")
+	fl.StringVar(&f.mem, "mem", "", "registered memory for resident chunks and staging, e.g. 512MiB (default min(RAM/8, 4GiB))")
+	fl.StringVar(&f.transport, "transport", "auto", "rdma transport: "+strings.Join(transport.Names(), ", "))
+	fl.StringVar(&f.zone, "zone", "", "failure-domain label")
+	fl.StringVar(&f.metrics, "metrics", "", "address of the Prometheus /metrics endpoint (empty: off)")
+	fl.StringVar(&f.secretFile, "secret-file", "", "file holding the cluster secret clients must present")
+	fl.StringVar(&f.readyFile, "ready-file", "", "file to write the listen address to once serving")
+	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.StringVar(&f.maxLength, "max-length", "16MiB", "largest chunk version accepted")
+	fl.StringVar(&f.capacity, "capacity", "0", "bytes of disk chunkd may use (0: the file system's size)")
+	fl.IntVar(&f.credits, "credits", 32, "request messages a connection may have outstanding")
+	fl.DurationVar(&f.leaseTTL, "lease-ttl", 10*time.Second, "read lease time")
+	fl.DurationVar(&f.stagingTTL, "staging-ttl", 60*time.Second, "time a prepared write may wait for its commit")
+	fl.DurationVar(&f.heartbeat, "heartbeat", 5*time.Second, "heartbeat interval to the metadata service")
+	cmd.MarkFlagRequired("data")
+	return cmd
+}
+
+func run(ctx context.Context, f *flags) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	slog.SetDefault(log)
+
+	memBytes, err := defaultMem()
+	if err != nil {
+		return err
+	}
+	if f.mem != "" {
+		if memBytes, err = parseSize(f.mem); err != nil {
+			return fmt.Errorf("--mem: %w", err)
+		}
+	}
+	maxLength, err := parseSize(f.maxLength)
+	if err != nil {
+		return fmt.Errorf("--max-length: %w", err)
+	}
+	capacity, err := parseSize(f.capacity)
+	if err != nil {
+		return fmt.Errorf("--capacity: %w", err)
+	}
+	var secret []byte
+	if f.secretFile != "" {
+		b, err := os.ReadFile(f.secretFile)
+		if err != nil {
+			return fmt.Errorf("--secret-file: %w", err)
+		}
+		if secret = []byte(strings.TrimSpace(string(b))); len(secret) == 0 {
+			return fmt.Errorf("--secret-file %s is empty", f.secretFile)
+		}
+	}
+	dev, err := transport.Open(f.transport, log)
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	if f.meta != "" {
+		// The metadata service's client is wired in by cmd/rdmafs's integration;
+		// until then chunkd serves standalone.
+		log.Warn("chunkd: --meta is not wired to a metadata client in this build; running standalone", "meta", f.meta)
+	}
+
+	st, err := store.Open(f.data, store.Options{MaxLength: int(maxLength), Capacity: capacity, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv, err := chunkserver.New(ctx, chunkserver.Config{
+		Device: dev, Store: st, Addr: f.listen, AdvertiseAddr: f.advertise,
+		MemBytes: int(memBytes), Secret: secret, Credits: f.credits,
+		LeaseTTL: f.leaseTTL, StagingTTL: f.stagingTTL, HeartbeatInterval: f.heartbeat,
+		Zone: f.zone, Logger: log, Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+	if f.metrics != "" {
+		ln, err := net.Listen("tcp", f.metrics)
+		if err != nil {
+			srv.Close()
+			return fmt.Errorf("--metrics: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go hs.Serve(ln)
+		defer hs.Close()
+		log.Info("chunkd: metrics", "addr", ln.Addr().String())
+	}
+	if f.readyFile != "" {
+		tmp := f.readyFile + ".tmp"
+		if err := os.WriteFile(tmp, []byte(srv.Addr()+"\n"), 0o644); err == nil {
+			err = os.Rename(tmp, f.readyFile)
+		}
+		if err != nil {
+			srv.Close()
+			return fmt.Errorf("--ready-file: %w", err)
+		}
+	}
+	err = srv.Serve(ctx)
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// defaultMem returns min(RAM/8, 4 GiB), at least 64 MiB.
+func defaultMem() (int64, error) {
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		return 0, fmt.Errorf("sysinfo: %w", err)
+	}
+	ram := int64(si.Totalram) * int64(si.Unit)
+	return max(min(ram/8, 4<<30), 64<<20), nil
+}
+
+// parseSize parses a byte count with an optional K/M/G/T suffix (KiB, MB, ... all
+// binary).
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	num := strings.TrimRightFunc(s, func(r rune) bool { return r < '0' || r > '9' })
+	unit := strings.ToLower(strings.TrimSpace(s[len(num):]))
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err == nil && n < 0 {
+		err = strconv.ErrRange
+	}
+	if err != nil {
+		return 0, fmt.Errorf("size %q: %w", s, err)
+	}
+	mult := map[string]int64{"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+		"g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}[unit]
+	if mult == 0 {
+		return 0, fmt.Errorf("size %q: unknown unit %q", s, unit)
+	}
+	return n * mult, nil
+}
