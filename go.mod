@@ -11,7 +11,11 @@ require (
 	google.golang.org/protobuf v1.36.12
 )
 
-require github.com/kylelemons/godebug v1.1.0 // indirect
+require (
+	github.com/klauspost/cpuid/v2 v2.3.0 // indirect
+	github.com/klauspost/reedsolomon v1.14.2 // indirect
+	github.com/kylelemons/godebug v1.1.0 // indirect
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect

@@ -34,9 +34,14 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	if err != nil {
 		return nil, 0, errno(err)
 	}
-	if flags&syscall.O_TRUNC != 0 && n.fsys.opts.Data != nil {
-		if err := n.fsys.opts.Data.Truncate(ctx, n.ino, 0); err != nil {
+	if d := n.fsys.opts.Data; d != nil {
+		if err := d.Open(ctx, n.ino); err != nil {
 			return nil, 0, errno(err)
+		}
+		if flags&syscall.O_TRUNC != 0 {
+			if err := d.Truncate(ctx, n.ino, 0); err != nil {
+				return nil, 0, errno(err)
+			}
 		}
 	}
 	return &fileHandle{fsys: n.fsys, ino: n.ino, flags: flags}, 0, 0

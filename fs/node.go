@@ -19,6 +19,10 @@ const RootIno = 1
 // Data is the file I/O engine: it moves file bytes between the kernel and the
 // chunkservers and commits them to the metadata service.
 type Data interface {
+	// Open is called when ino is opened: what the engine caches of the file's
+	// committed state must be reread, so that the open sees every change
+	// committed before it (close-to-open consistency).
+	Open(ctx context.Context, ino uint64) error
 	// Read reads into p from offset off of inode ino; a short count means end
 	// of file.
 	Read(ctx context.Context, ino uint64, p []byte, off int64) (int, error)
@@ -210,6 +214,11 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		return nil, nil, 0, errno(err)
 	}
 	ino := n.entry(ctx, r.Attr, out)
+	if d := n.fsys.opts.Data; d != nil {
+		if err := d.Open(ctx, r.Attr.Ino); err != nil {
+			return nil, nil, 0, errno(err)
+		}
+	}
 	return ino, &fileHandle{fsys: n.fsys, ino: r.Attr.Ino, flags: flags}, 0, 0
 }
 
