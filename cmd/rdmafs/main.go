@@ -35,6 +35,9 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(newMetaCommand())
 	root.AddCommand(newFormatCommand())
 	root.AddCommand(newStatusCommand())
+	root.AddCommand(newMountCommand())
+	root.AddCommand(newUmountCommand())
+	root.AddCommand(newDevCommand())
 	root.AddCommand(newBenchCommand())
 	return root
 }

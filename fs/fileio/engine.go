@@ -488,6 +488,27 @@ func (e *Engine) Flush(ctx context.Context, ino uint64) error {
 	return e.flush(ctx, f)
 }
 
+// FlushAll flushes every file with dirty data (before an unmount); it returns
+// the first error and goes on with the other files.
+func (e *Engine) FlushAll(ctx context.Context) error {
+	e.mu.Lock()
+	files := make([]*file, 0, len(e.files))
+	for _, f := range e.files {
+		files = append(files, f)
+	}
+	e.mu.Unlock()
+	var first error
+	for _, f := range files {
+		f.mu.Lock()
+		err := e.flush(ctx, f)
+		f.mu.Unlock()
+		if err != nil && first == nil {
+			first = fmt.Errorf("fileio: flush inode %d: %w", f.ino, err)
+		}
+	}
+	return first
+}
+
 // Truncate implements fs.Data: dirty data past size is dropped.
 func (e *Engine) Truncate(ctx context.Context, ino uint64, size uint64) error {
 	f := e.file(ino)
