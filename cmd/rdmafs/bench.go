@@ -10,5 +10,6 @@ func newBenchCommand() *cobra.Command {
 	}
 	c.AddCommand(newBenchRDMACommand())
 	c.AddCommand(newBenchMetaCommand())
+	c.AddCommand(newBenchFSCommand())
 	return c
 }
