@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -34,6 +35,7 @@ type mountFlags struct {
 	secretFile, transport, memory, metrics, logLevel, logFile string
 	attrTimeout, entryTimeout                                 time.Duration
 	background, debug                                         bool
+	cpuProfile                                                string
 }
 
 func newMountCommand() *cobra.Command {
@@ -60,6 +62,8 @@ unmounts; --background returns once the file system is mounted.`,
 	fl.StringVar(&f.logFile, "log-file", "", "log to this file (default stderr; --background: MOUNTPOINT's name in /tmp)")
 	fl.BoolVar(&f.background, "background", false, "return once mounted, serving in a background process")
 	fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
+	fl.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the mount's lifetime to this file")
+	fl.MarkHidden("cpuprofile")
 	return c
 }
 
@@ -69,6 +73,14 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 	}
 	if f.secretFile == "" {
 		return errors.New("mount: --secret-file (or $RDMAFS_SECRET_FILE) is required: the metadata service refuses requests without the cluster secret")
+	}
+	if f.cpuProfile != "" {
+		pf, err := os.Create(f.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("mount: --cpuprofile: %w", err)
+		}
+		pprof.StartCPUProfile(pf)
+		defer pprof.StopCPUProfile()
 	}
 	memBytes, err := parseSize(f.memory)
 	if err != nil {

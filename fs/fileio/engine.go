@@ -23,7 +23,6 @@ package fileio
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/crc32"
 	"log/slog"
@@ -31,6 +30,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/klauspost/reedsolomon"
 
@@ -141,16 +141,35 @@ func (e *Engine) codec(k, m int) (reedsolomon.Encoder, error) {
 	return enc, nil
 }
 
-// file is the engine's state of one inode.
+// layout is a file's erasure-coding layout; it never changes for a file.
+type layout struct {
+	k, m int
+	unit int64
+}
+
+// stripeSize returns the bytes of file data a stripe holds.
+func (l layout) stripeSize() int64 { return int64(l.k) * l.unit }
+
+// shardLen returns the length of every shard of a stripe holding length bytes.
+func (l layout) shardLen(length int64) int64 {
+	n := min(length, l.unit)
+	return (n + 4095) / 4096 * 4096
+}
+
+// file is the engine's state of one inode. Stripes being written move from
+// dirty to flushing while their shards and commit are in flight; cond is
+// signalled whenever a flush ends.
 type file struct {
-	mu      sync.Mutex
-	ino     uint64
-	k, m    int
-	unit    int64
-	size    int64                         // committed size as last seen, grown by local writes
-	stripes map[uint64]*metapb.StripeInfo // committed stripes as last seen; nil value: none
-	dirty   map[uint64]*dirtyStripe
-	dirtyN  int // bytes of buffers held by dirty stripes
+	mu       sync.Mutex
+	cond     *sync.Cond
+	ino      uint64
+	lay      layout
+	size     int64                         // committed size as last seen, grown by local writes; -1 unknown
+	stripes  map[uint64]*metapb.StripeInfo // committed stripes as last seen; nil value: none
+	dirty    map[uint64]*dirtyStripe
+	flushing map[uint64]*dirtyStripe
+	bufBytes int   // buffer bytes held by dirty and flushing stripes
+	err      error // a background flush's failure, reported by the next Flush
 }
 
 // dirtyStripe is a stripe being rewritten: data shards then parity in one
@@ -159,7 +178,27 @@ type dirtyStripe struct {
 	buf     *buffer
 	base    uint64
 	length  int64      // bytes of file data in the stripe
-	extents [][2]int64 // ranges written, for reapplying after a conflict
+	extents [][2]int64 // ranges written, sorted and merged, for reapplying after a conflict
+}
+
+// addExtent records [lo, hi) as written, keeping the list sorted and merged.
+func (d *dirtyStripe) addExtent(lo, hi int64) {
+	x := append(d.extents, [2]int64{lo, hi})
+	slices.SortFunc(x, func(a, b [2]int64) int { return int(a[0] - b[0]) })
+	out := x[:1]
+	for _, e := range x[1:] {
+		if last := &out[len(out)-1]; e[0] <= last[1] {
+			last[1] = max(last[1], e[1])
+		} else {
+			out = append(out, e)
+		}
+	}
+	d.extents = out
+}
+
+// covers reports whether the writes cover [0, n).
+func (d *dirtyStripe) covers(n int64) bool {
+	return len(d.extents) == 1 && d.extents[0][0] == 0 && d.extents[0][1] >= n
 }
 
 func (e *Engine) file(ino uint64) *file {
@@ -167,7 +206,9 @@ func (e *Engine) file(ino uint64) *file {
 	defer e.mu.Unlock()
 	f := e.files[ino]
 	if f == nil {
-		f = &file{ino: ino, stripes: map[uint64]*metapb.StripeInfo{}, dirty: map[uint64]*dirtyStripe{}, size: -1}
+		f = &file{ino: ino, stripes: map[uint64]*metapb.StripeInfo{}, dirty: map[uint64]*dirtyStripe{},
+			flushing: map[uint64]*dirtyStripe{}, size: -1}
+		f.cond = sync.NewCond(&f.mu)
 		e.files[ino] = f
 	}
 	return f
@@ -180,19 +221,16 @@ func (e *Engine) Open(ctx context.Context, ino uint64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	clear(f.stripes)
-	if len(f.dirty) == 0 {
+	if len(f.dirty) == 0 && len(f.flushing) == 0 {
 		f.size = -1
 	}
 	return nil
 }
 
-// stripeSize returns the bytes of file data a stripe holds.
-func (f *file) stripeSize() int64 { return int64(f.k) * f.unit }
-
 // fetch loads the layout, size and the committed state of stripes
 // [first, first+count) that are not cached.
 func (e *Engine) fetch(ctx context.Context, f *file, first, count uint64) error {
-	if f.size >= 0 && f.k > 0 {
+	if f.size >= 0 && f.lay.k > 0 {
 		missing := false
 		for s := first; s < first+count; s++ {
 			if _, ok := f.stripes[s]; !ok {
@@ -208,15 +246,17 @@ func (e *Engine) fetch(ctx context.Context, f *file, first, count uint64) error 
 	if err != nil {
 		return err
 	}
-	if l := r.Layout; l != nil && l.K > 0 {
-		f.k, f.m, f.unit = int(l.K), int(l.M), int64(l.Unit)
+	if l := r.Layout; l != nil && l.K > 0 && f.lay.k == 0 {
+		f.lay = layout{k: int(l.K), m: int(l.M), unit: int64(l.Unit)}
 	}
-	if f.k == 0 || f.unit == 0 {
+	if f.lay.k == 0 || f.lay.unit == 0 {
 		return fmt.Errorf("fileio: inode %d has no layout: %w", f.ino, syscall.EIO)
 	}
 	size := int64(r.Size)
-	for s, d := range f.dirty {
-		size = max(size, int64(s)*f.stripeSize()+d.length)
+	for _, m := range []map[uint64]*dirtyStripe{f.dirty, f.flushing} {
+		for s, d := range m {
+			size = max(size, int64(s)*f.lay.stripeSize()+d.length)
+		}
 	}
 	f.size = max(size, 0)
 	for s := first; s < first+count; s++ {
@@ -228,36 +268,55 @@ func (e *Engine) fetch(ctx context.Context, f *file, first, count uint64) error 
 	return nil
 }
 
-// Read implements fs.Data.
+// Read implements fs.Data. The file's lock is held only to look up what to
+// read: the RDMA reads run without it, so the kernel's parallel readahead
+// requests proceed in parallel.
 func (e *Engine) Read(ctx context.Context, ino uint64, p []byte, off int64) (int, error) {
-	f := e.file(ino)
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	if len(p) == 0 {
 		return 0, nil
 	}
+	f := e.file(ino)
+	f.mu.Lock()
 	if err := e.fetch(ctx, f, 0, 0); err != nil {
+		f.mu.Unlock()
 		return 0, err
 	}
-	ss := f.stripeSize()
+	lay := f.lay
+	ss := lay.stripeSize()
 	end := min(off+int64(len(p)), f.size)
 	if off >= end {
+		f.mu.Unlock()
 		return 0, nil
 	}
 	first, last := uint64(off/ss), uint64((end-1)/ss)
 	if err := e.fetch(ctx, f, first, last-first+1); err != nil {
+		f.mu.Unlock()
 		return 0, err
 	}
 	end = min(end, f.size)
-	for s := first; s <= last; s++ {
+	type piece struct {
+		si  *metapb.StripeInfo
+		so  int64
+		dst []byte
+	}
+	var pieces []piece
+	for s := first; s <= last && int64(s)*ss < end; s++ {
 		lo, hi := max(off, int64(s)*ss), min(end, int64(s+1)*ss)
 		dst := p[lo-off : hi-off]
 		so := lo - int64(s)*ss
-		if d := f.dirty[s]; d != nil {
+		d := f.dirty[s]
+		if d == nil {
+			d = f.flushing[s]
+		}
+		if d != nil {
 			copy(dst, d.buf.b[so:so+int64(len(dst))])
 			continue
 		}
-		if err := e.readCommitted(ctx, f, f.stripes[s], so, dst); err != nil {
+		pieces = append(pieces, piece{f.stripes[s], so, dst})
+	}
+	f.mu.Unlock()
+	for _, pc := range pieces {
+		if err := e.readCommitted(ctx, ino, lay, pc.si, pc.so, pc.dst); err != nil {
 			return 0, err
 		}
 	}
@@ -266,7 +325,7 @@ func (e *Engine) Read(ctx context.Context, ino uint64, p []byte, off int64) (int
 
 // readCommitted reads [so, so+len(dst)) of a committed stripe into dst; bytes
 // past its length, and stripes never written, read as zeros.
-func (e *Engine) readCommitted(ctx context.Context, f *file, si *metapb.StripeInfo, so int64, dst []byte) error {
+func (e *Engine) readCommitted(ctx context.Context, ino uint64, lay layout, si *metapb.StripeInfo, so int64, dst []byte) error {
 	clear(dst)
 	if si == nil || so >= int64(si.Length) {
 		return nil
@@ -281,10 +340,10 @@ func (e *Engine) readCommitted(ctx context.Context, f *file, si *metapb.StripeIn
 	var failed bool
 	for done := int64(0); done < n; {
 		x := so + done
-		shard, soff := int(x/f.unit), x%f.unit
-		l := min(n-done, f.unit-soff)
+		shard, soff := int(x/lay.unit), x%lay.unit
+		l := min(n-done, lay.unit-soff)
 		if shard >= len(si.Shards) {
-			return fmt.Errorf("fileio: stripe %d of inode %d has %d shards: %w", si.Stripe, f.ino, len(si.Shards), syscall.EIO)
+			return fmt.Errorf("fileio: stripe %d of inode %d has %d shards: %w", si.Stripe, ino, len(si.Shards), syscall.EIO)
 		}
 		sh := si.Shards[shard]
 		c, err := e.conns.get(ctx, sh.Address)
@@ -292,7 +351,7 @@ func (e *Engine) readCommitted(ctx context.Context, f *file, si *metapb.StripeIn
 			_, err = c.ReadAt(ctx, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, int(soff), []rdma.SGE{tmp.sge(int(done), int(l))})
 		}
 		if err != nil {
-			e.log.Warn("fileio: shard read failed, reconstructing", "ino", f.ino, "stripe", si.Stripe, "shard", shard, "server", sh.Address, "err", err)
+			e.log.Warn("fileio: shard read failed, reconstructing", "ino", ino, "stripe", si.Stripe, "shard", shard, "server", sh.Address, "err", err)
 			failed = true
 			break
 		}
@@ -302,7 +361,7 @@ func (e *Engine) readCommitted(ctx context.Context, f *file, si *metapb.StripeIn
 		copy(dst, tmp.b[:n])
 		return nil
 	}
-	data, release, err := e.readStripeDegraded(ctx, f, si)
+	data, release, err := e.readStripeDegraded(ctx, ino, lay, si)
 	if err != nil {
 		return err
 	}
@@ -311,22 +370,17 @@ func (e *Engine) readCommitted(ctx context.Context, f *file, si *metapb.StripeIn
 	return nil
 }
 
-// shardLen returns the length of every shard of a stripe holding length bytes.
-func (f *file) shardLen(length int64) int64 {
-	l := min(length, f.unit)
-	return (l + 4095) / 4096 * 4096
-}
-
 // readStripeDegraded reads every shard it can reach of a committed stripe and
 // rebuilds the data from any k of them. It returns the stripe's data bytes
 // (k*unit laid out shard after shard) and a function releasing the buffer.
-func (e *Engine) readStripeDegraded(ctx context.Context, f *file, si *metapb.StripeInfo) ([]byte, func(), error) {
-	n := f.k + f.m
+func (e *Engine) readStripeDegraded(ctx context.Context, ino uint64, lay layout, si *metapb.StripeInfo) ([]byte, func(), error) {
+	n := lay.k + lay.m
 	if len(si.Shards) != n {
-		return nil, nil, fmt.Errorf("fileio: stripe %d has %d shards, layout %d+%d: %w", si.Stripe, len(si.Shards), f.k, f.m, syscall.EIO)
+		return nil, nil, fmt.Errorf("fileio: stripe %d has %d shards, layout %d+%d: %w", si.Stripe, len(si.Shards), lay.k, lay.m, syscall.EIO)
 	}
-	sl := f.shardLen(int64(si.Length))
-	buf, err := e.pool.get(ctx, n*int(f.unit))
+	sl := lay.shardLen(int64(si.Length))
+	unit := int(lay.unit)
+	buf, err := e.pool.get(ctx, n*unit)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -341,7 +395,7 @@ func (e *Engine) readStripeDegraded(ctx context.Context, f *file, si *metapb.Str
 		go func() {
 			c, err := e.conns.get(ctx, sh.Address)
 			if err == nil {
-				_, err = c.ReadAt(ctx, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, 0, []rdma.SGE{buf.sge(i*int(f.unit), int(sl))})
+				_, err = c.ReadAt(ctx, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, 0, []rdma.SGE{buf.sge(i*unit, int(sl))})
 			}
 			results <- result{i, err}
 		}()
@@ -354,17 +408,17 @@ func (e *Engine) readStripeDegraded(ctx context.Context, f *file, si *metapb.Str
 			lastErr = r.err
 			continue
 		}
-		shards[r.i] = buf.b[r.i*int(f.unit) : r.i*int(f.unit)+int(sl)]
+		shards[r.i] = buf.b[r.i*unit : r.i*unit+int(sl)]
 		ok++
 	}
-	if ok < f.k {
+	if ok < lay.k {
 		release()
 		return nil, nil, fmt.Errorf("fileio: stripe %d of inode %d: %d of %d shards readable, %d needed (last error: %v): %w",
-			si.Stripe, f.ino, ok, n, f.k, lastErr, syscall.EIO)
+			si.Stripe, ino, ok, n, lay.k, lastErr, syscall.EIO)
 	}
 	if ok < n {
 		e.stats.DegradedReads.Add(1)
-		if f.k == 1 {
+		if lay.k == 1 {
 			for _, s := range shards {
 				if s != nil {
 					copy(buf.b[:sl], s)
@@ -372,120 +426,222 @@ func (e *Engine) readStripeDegraded(ctx context.Context, f *file, si *metapb.Str
 				}
 			}
 		} else {
-			enc, err := e.codec(f.k, f.m)
+			enc, err := e.codec(lay.k, lay.m)
 			if err != nil {
 				release()
 				return nil, nil, err
 			}
 			// Missing data shards are rebuilt in place: give them their slot
 			// with zero length and the capacity of the shard.
-			for i := 0; i < f.k; i++ {
+			for i := 0; i < lay.k; i++ {
 				if shards[i] == nil {
-					shards[i] = buf.b[i*int(f.unit) : i*int(f.unit) : i*int(f.unit)+int(sl)]
+					shards[i] = buf.b[i*unit : i*unit : i*unit+int(sl)]
 				}
 			}
 			if err := enc.ReconstructData(shards); err != nil {
 				release()
-				return nil, nil, fmt.Errorf("fileio: reconstruct stripe %d of inode %d: %w", si.Stripe, f.ino, err)
+				return nil, nil, fmt.Errorf("fileio: reconstruct stripe %d of inode %d: %w", si.Stripe, ino, err)
 			}
 		}
 	}
 	// Data shards hold sl bytes each at their unit offset; zero the rest so the
 	// stripe reads as laid out in the file.
-	for i := 0; i < f.k; i++ {
-		clear(buf.b[i*int(f.unit)+int(sl) : (i+1)*int(f.unit)])
+	for i := 0; i < lay.k; i++ {
+		clear(buf.b[i*unit+int(sl) : (i+1)*unit])
 	}
-	return buf.b[:f.k*int(f.unit)], release, nil
+	return buf.b[:lay.k*unit], release, nil
 }
 
-// errConflict marks a stripe committed by someone else meanwhile.
-var errConflict = errors.New("stripe changed under the writer")
+// flushTimeout bounds one background flush: its writes and commits outlive
+// the request that started them.
+const flushTimeout = 2 * time.Minute
 
-// Write implements fs.Data.
+// Write implements fs.Data. A stripe whose bytes have all been written starts
+// flushing at once in the background while the writer goes on (write-behind).
 func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (int, error) {
-	f := e.file(ino)
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	if len(p) == 0 {
 		return 0, nil
 	}
+	f := e.file(ino)
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if err := e.fetch(ctx, f, 0, 0); err != nil {
 		return 0, err
 	}
-	ss := f.stripeSize()
+	ss := f.lay.stripeSize()
 	end := off + int64(len(p))
 	for s := uint64(off / ss); int64(s)*ss < end; s++ {
 		lo, hi := max(off, int64(s)*ss), min(end, int64(s+1)*ss)
-		d, err := e.dirtyStripe(ctx, f, s, lo-int64(s)*ss, hi-int64(s)*ss)
+		so, sh := lo-int64(s)*ss, hi-int64(s)*ss
+		d, err := e.dirtyStripe(ctx, f, s, so, sh)
 		if err != nil {
 			return int(max(lo-off, 0)), err
 		}
-		so := lo - int64(s)*ss
 		copy(d.buf.b[so:], p[lo-off:hi-off])
-		d.length = max(d.length, hi-int64(s)*ss)
-		d.extents = append(d.extents, [2]int64{so, hi - int64(s)*ss})
+		d.length = max(d.length, sh)
+		d.addExtent(so, sh)
+		if d.covers(ss) {
+			e.startFlush(f, []uint64{s})
+		}
 	}
 	f.size = max(f.size, end)
-	if f.dirtyN > e.cfg.FileDirtyLimit {
-		if err := e.flush(ctx, f); err != nil {
-			return len(p), err
+	for f.bufBytes > e.cfg.FileDirtyLimit {
+		if len(f.dirty) > 0 {
+			e.startFlush(f, keys(f.dirty))
 		}
+		f.cond.Wait()
 	}
 	return len(p), nil
 }
 
+func keys(m map[uint64]*dirtyStripe) []uint64 {
+	ks := make([]uint64, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
 // dirtyStripe returns the dirty buffer of stripe s, creating it — with the
 // committed data read in unless [lo, hi) covers all of it — when there is none.
+// It waits for a flush of s in progress. The caller holds f.mu.
 func (e *Engine) dirtyStripe(ctx context.Context, f *file, s uint64, lo, hi int64) (*dirtyStripe, error) {
-	if d := f.dirty[s]; d != nil {
-		return d, nil
-	}
-	if err := e.fetch(ctx, f, s, 1); err != nil {
-		return nil, err
-	}
-	size := (f.k + f.m) * int(f.unit)
-	buf, err := e.getBuffer(ctx, f, size)
-	if err != nil {
-		return nil, err
-	}
-	d := &dirtyStripe{buf: buf}
-	clear(buf.b[:f.k*int(f.unit)])
-	if si := f.stripes[s]; si != nil {
-		d.base, d.length = si.Version, int64(si.Length)
-		if lo > 0 || hi < int64(si.Length) {
-			if err := e.readCommitted(ctx, f, si, 0, buf.b[:si.Length]); err != nil {
-				e.pool.put(buf)
-				return nil, err
-			}
+	for {
+		for f.flushing[s] != nil {
+			f.cond.Wait()
 		}
-	}
-	f.dirty[s] = d
-	f.dirtyN += size
-	return d, nil
-}
-
-// getBuffer takes buffer memory; when the pool is short it first flushes the
-// file's own dirty stripes, so a writer never waits while holding memory.
-func (e *Engine) getBuffer(ctx context.Context, f *file, n int) (*buffer, error) {
-	short, cancel := context.WithCancel(ctx)
-	cancel() // a cancelled context: get returns at once when it would wait
-	if b, err := e.pool.get(short, n); err == nil {
-		return b, nil
-	}
-	if len(f.dirty) > 0 {
-		if err := e.flush(ctx, f); err != nil {
+		if d := f.dirty[s]; d != nil {
+			return d, nil
+		}
+		if err := e.fetch(ctx, f, s, 1); err != nil {
 			return nil, err
 		}
+		size := (f.lay.k + f.lay.m) * int(f.lay.unit)
+		buf, err := e.getBuffer(ctx, f, size)
+		if err != nil {
+			return nil, err
+		}
+		if f.dirty[s] != nil || f.flushing[s] != nil {
+			e.pool.put(buf) // someone else made it while we waited for memory
+			continue
+		}
+		d := &dirtyStripe{buf: buf}
+		clear(buf.b[:f.lay.k*int(f.lay.unit)])
+		if si := f.stripes[s]; si != nil {
+			d.base, d.length = si.Version, int64(si.Length)
+			if lo > 0 || hi < int64(si.Length) {
+				if err := e.readCommitted(ctx, f.ino, f.lay, si, 0, buf.b[:si.Length]); err != nil {
+					e.pool.put(buf)
+					return nil, err
+				}
+			}
+		}
+		f.dirty[s] = d
+		f.bufBytes += len(buf.b)
+		return d, nil
 	}
-	return e.pool.get(ctx, n)
 }
 
-// Flush implements fs.Data.
+// getBuffer takes buffer memory. When the pool is short it flushes the file's
+// own stripes and waits for them, and only then waits for other files' flushes
+// with f.mu released, so no writer ever waits for memory it holds itself.
+// The caller holds f.mu.
+func (e *Engine) getBuffer(ctx context.Context, f *file, n int) (*buffer, error) {
+	now, cancel := context.WithCancel(ctx)
+	cancel() // a cancelled context: get returns at once instead of waiting
+	for {
+		if b, err := e.pool.get(now, n); err == nil {
+			return b, nil
+		}
+		switch {
+		case len(f.dirty) > 0:
+			e.startFlush(f, keys(f.dirty))
+			f.cond.Wait()
+		case len(f.flushing) > 0:
+			f.cond.Wait()
+		default:
+			f.mu.Unlock()
+			b, err := e.pool.get(ctx, n)
+			f.mu.Lock()
+			return b, err
+		}
+	}
+}
+
+// startFlush moves stripes from dirty to flushing and writes and commits them
+// in the background. The caller holds f.mu.
+func (e *Engine) startFlush(f *file, stripes []uint64) {
+	batch := make([]*dirtyStripe, 0, len(stripes))
+	for _, s := range stripes {
+		d := f.dirty[s]
+		delete(f.dirty, s)
+		f.flushing[s] = d
+		batch = append(batch, d)
+	}
+	lay := f.lay
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		defer cancel()
+		infos, err := e.writeStripes(ctx, f.ino, lay, stripes, batch)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		defer f.cond.Broadcast()
+		for i, s := range stripes {
+			delete(f.flushing, s)
+			if err == nil {
+				f.stripes[s] = infos[i]
+				f.bufBytes -= len(batch[i].buf.b)
+				e.pool.put(batch[i].buf)
+			} else {
+				f.dirty[s] = batch[i] // kept for the next attempt
+			}
+		}
+		if err == nil {
+			return
+		}
+		if conflicts := metaclient.ConflictStripes(err); len(conflicts) > 0 {
+			if rerr := e.rebase(ctx, f, conflicts); rerr != nil {
+				f.err = rerr
+				return
+			}
+			e.startFlush(f, conflicts)
+			return
+		}
+		f.err = err
+	}()
+}
+
+// Flush implements fs.Data: it flushes every dirty stripe of ino, waits for all
+// flushes in progress, and reports the first failure since the last Flush. A
+// failed flush keeps its data and is tried again.
 func (e *Engine) Flush(ctx context.Context, ino uint64) error {
 	f := e.file(ino)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return e.flush(ctx, f)
+	return e.flushLocked(f)
+}
+
+func (e *Engine) flushLocked(f *file) error {
+	for attempt := 0; ; attempt++ {
+		if len(f.dirty) > 0 {
+			e.startFlush(f, keys(f.dirty))
+		}
+		for len(f.flushing) > 0 {
+			f.cond.Wait()
+		}
+		err := f.err
+		f.err = nil
+		if err == nil && len(f.dirty) == 0 {
+			return nil
+		}
+		if attempt == 2 {
+			if err == nil {
+				err = fmt.Errorf("fileio: inode %d: stripes kept changing under the writer: %w", f.ino, syscall.EIO)
+			}
+			return err
+		}
+	}
 }
 
 // FlushAll flushes every file with dirty data (before an unmount); it returns
@@ -500,7 +656,7 @@ func (e *Engine) FlushAll(ctx context.Context) error {
 	var first error
 	for _, f := range files {
 		f.mu.Lock()
-		err := e.flush(ctx, f)
+		err := e.flushLocked(f)
 		f.mu.Unlock()
 		if err != nil && first == nil {
 			first = fmt.Errorf("fileio: flush inode %d: %w", f.ino, err)
@@ -509,29 +665,32 @@ func (e *Engine) FlushAll(ctx context.Context) error {
 	return first
 }
 
-// Truncate implements fs.Data: dirty data past size is dropped.
+// Truncate implements fs.Data: flushes in progress finish, and dirty data past
+// size is dropped.
 func (e *Engine) Truncate(ctx context.Context, ino uint64, size uint64) error {
 	f := e.file(ino)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.k == 0 {
+	for len(f.flushing) > 0 {
+		f.cond.Wait()
+	}
+	if f.lay.k == 0 {
 		clear(f.stripes)
 		f.size = -1
 		return nil
 	}
-	ss := f.stripeSize()
+	ss := f.lay.stripeSize()
 	for s, d := range f.dirty {
 		start := int64(s) * ss
 		switch {
 		case start >= int64(size):
 			e.pool.put(d.buf)
-			f.dirtyN -= len(d.buf.b)
+			f.bufBytes -= len(d.buf.b)
 			delete(f.dirty, s)
 		case start+d.length > int64(size):
 			cut := int64(size) - start
 			clear(d.buf.b[cut:d.length])
 			d.length = cut
-			d.extents = append(d.extents, [2]int64{cut, cut}) // the cut is a change too
 		}
 	}
 	clear(f.stripes)
@@ -539,82 +698,60 @@ func (e *Engine) Truncate(ctx context.Context, ino uint64, size uint64) error {
 	return nil
 }
 
-// flush writes every dirty stripe of f and commits them together.
-func (e *Engine) flush(ctx context.Context, f *file) error {
-	for attempt := 0; len(f.dirty) > 0; attempt++ {
-		if attempt == 8 {
-			return fmt.Errorf("fileio: inode %d: stripes kept changing under the writer: %w", f.ino, syscall.EIO)
-		}
-		err := e.writeStripes(ctx, f)
-		if err == nil {
-			return nil
-		}
-		conflicts := metaclient.ConflictStripes(err)
-		if len(conflicts) == 0 {
-			return err
-		}
-		if err := e.rebase(ctx, f, conflicts); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// writeStripes encodes, writes and commits all dirty stripes of f.
-func (e *Engine) writeStripes(ctx context.Context, f *file) error {
-	stripes := make([]uint64, 0, len(f.dirty))
-	for s := range f.dirty {
-		stripes = append(stripes, s)
-	}
-	slices.Sort(stripes)
-	enc, err := e.codec(f.k, f.m)
+// writeStripes encodes the stripes, writes their k+m shards to the granted
+// chunkservers in parallel, and commits them with one compare-and-set. It runs
+// without the file's lock: the buffers belong to the flush.
+func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay layout, stripes []uint64, batch []*dirtyStripe) ([]*metapb.StripeInfo, error) {
+	enc, err := e.codec(lay.k, lay.m)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	unit := int(f.unit)
-	for _, s := range stripes {
-		d := f.dirty[s]
-		sl := int(f.shardLen(d.length))
-		shards := make([][]byte, f.k+f.m)
-		for i := range shards {
-			shards[i] = d.buf.b[i*unit : i*unit+sl]
+	unit := int(lay.unit)
+	var size int64
+	for i, d := range batch {
+		size = max(size, int64(stripes[i])*lay.stripeSize()+d.length)
+		sl := int(lay.shardLen(d.length))
+		shards := make([][]byte, lay.k+lay.m)
+		for j := range shards {
+			shards[j] = d.buf.b[j*unit : j*unit+sl]
 		}
-		if f.m > 0 {
-			if f.k == 1 {
-				for i := 1; i < len(shards); i++ {
-					copy(shards[i], shards[0])
+		if lay.m > 0 {
+			if lay.k == 1 {
+				for j := 1; j < len(shards); j++ {
+					copy(shards[j], shards[0])
 				}
 			} else if err := enc.Encode(shards); err != nil {
-				return fmt.Errorf("fileio: encode stripe %d: %w", s, err)
+				return nil, fmt.Errorf("fileio: encode stripe %d: %w", stripes[i], err)
 			}
 		}
 	}
-	g, err := e.cfg.Meta.GrantWrite(ctx, &metapb.GrantWriteRequest{Ino: f.ino, Stripes: stripes})
+	t0 := time.Now()
+	g, err := e.cfg.Meta.GrantWrite(ctx, &metapb.GrantWriteRequest{Ino: ino, Stripes: stripes})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(g.Grants) != len(stripes) {
-		return fmt.Errorf("fileio: %d grants for %d stripes: %w", len(g.Grants), len(stripes), syscall.EIO)
+		return nil, fmt.Errorf("fileio: %d grants for %d stripes: %w", len(g.Grants), len(stripes), syscall.EIO)
 	}
-	// Every shard of every stripe in parallel.
-	errs := make(chan error, len(stripes)*(f.k+f.m))
+	t1 := time.Now()
+	errs := make(chan error, len(stripes)*(lay.k+lay.m))
 	pending := 0
-	for _, gr := range g.Grants {
-		d := f.dirty[gr.Stripe]
-		if d == nil || len(gr.Shards) != f.k+f.m {
-			return fmt.Errorf("fileio: grant for stripe %d does not match the layout: %w", gr.Stripe, syscall.EIO)
+	for i, gr := range g.Grants {
+		d := batch[i]
+		if gr.Stripe != stripes[i] || len(gr.Shards) != lay.k+lay.m {
+			return nil, fmt.Errorf("fileio: grant for stripe %d does not match the request: %w", gr.Stripe, syscall.EIO)
 		}
-		sl := int(f.shardLen(d.length))
-		for i, sh := range gr.Shards {
+		sl := int(lay.shardLen(d.length))
+		for j, sh := range gr.Shards {
 			pending++
 			go func() {
 				c, err := e.conns.get(ctx, sh.Address)
 				if err == nil {
-					b := d.buf.b[i*unit : i*unit+sl]
-					err = c.WriteVersion(ctx, chunk.Key{Chunk: sh.ChunkId, Version: gr.Version}, []rdma.SGE{d.buf.sge(i*unit, sl)}, crc32.Checksum(b, crcTable))
+					b := d.buf.b[j*unit : j*unit+sl]
+					err = c.WriteVersion(ctx, chunk.Key{Chunk: sh.ChunkId, Version: gr.Version}, []rdma.SGE{d.buf.sge(j*unit, sl)}, crc32.Checksum(b, crcTable))
 				}
 				if err != nil {
-					err = fmt.Errorf("fileio: write shard %d of stripe %d to %s: %w", i, gr.Stripe, sh.Address, err)
+					err = fmt.Errorf("fileio: write shard %d of stripe %d to %s: %w", j, gr.Stripe, sh.Address, err)
 				}
 				errs <- err
 			}()
@@ -627,29 +764,25 @@ func (e *Engine) writeStripes(ctx context.Context, f *file) error {
 		}
 	}
 	if firstErr != nil {
-		return firstErr
+		return nil, firstErr
 	}
+	t2 := time.Now()
 	commits := make([]*metapb.StripeCommit, len(g.Grants))
+	infos := make([]*metapb.StripeInfo, len(g.Grants))
 	for i, gr := range g.Grants {
-		d := f.dirty[gr.Stripe]
+		d := batch[i]
 		commits[i] = &metapb.StripeCommit{Stripe: gr.Stripe, Version: gr.Version, ExpectedVersion: d.base, Length: uint64(d.length)}
+		infos[i] = &metapb.StripeInfo{Stripe: gr.Stripe, Version: gr.Version, Length: uint64(d.length), Layout: gr.Layout, Shards: gr.Shards}
 	}
-	size := f.size
-	if _, err := e.cfg.Meta.CommitStripes(ctx, &metapb.CommitStripesRequest{Ino: f.ino, Stripes: commits, Size: uint64(max(size, 0))}); err != nil {
-		return err
+	if _, err := e.cfg.Meta.CommitStripes(ctx, &metapb.CommitStripesRequest{Ino: ino, Stripes: commits, Size: uint64(size)}); err != nil {
+		return nil, err
 	}
-	for _, gr := range g.Grants {
-		d := f.dirty[gr.Stripe]
-		f.stripes[gr.Stripe] = &metapb.StripeInfo{Stripe: gr.Stripe, Version: gr.Version, Length: uint64(d.length), Layout: gr.Layout, Shards: gr.Shards}
-		f.dirtyN -= len(d.buf.b)
-		e.pool.put(d.buf)
-		delete(f.dirty, gr.Stripe)
-	}
-	return nil
+	e.log.Debug("fileio: flushed", "ino", ino, "stripes", len(stripes), "grant", t1.Sub(t0), "shards", t2.Sub(t1), "commit", time.Since(t2))
+	return infos, nil
 }
 
-// rebase rebuilds the conflicting stripes on their newest committed versions
-// and applies this writer's ranges again.
+// rebase rebuilds conflicting dirty stripes on their newest committed versions
+// and applies this writer's ranges again. The caller holds f.mu.
 func (e *Engine) rebase(ctx context.Context, f *file, conflicts []uint64) error {
 	for _, s := range conflicts {
 		old := f.dirty[s]
@@ -658,7 +791,7 @@ func (e *Engine) rebase(ctx context.Context, f *file, conflicts []uint64) error 
 		}
 		delete(f.stripes, s)
 		delete(f.dirty, s)
-		f.dirtyN -= len(old.buf.b)
+		f.bufBytes -= len(old.buf.b)
 		d, err := e.dirtyStripe(ctx, f, s, 0, 0)
 		if err != nil {
 			e.pool.put(old.buf)
@@ -668,6 +801,7 @@ func (e *Engine) rebase(ctx context.Context, f *file, conflicts []uint64) error 
 			copy(d.buf.b[x[0]:x[1]], old.buf.b[x[0]:x[1]])
 			d.length = max(d.length, x[1])
 		}
+		d.length = max(d.length, old.length)
 		d.extents = old.extents
 		e.pool.put(old.buf)
 	}
