@@ -57,6 +57,7 @@ type Store struct {
 	finished chan struct{}
 	path     string
 	hwm      int64        // bytes of the file bbolt uses (committer only)
+	filesz   int64        // file size when last checked; the file never shrinks (committer only)
 	inflight atomic.Int64 // Update calls not yet returned
 	peak     atomic.Int64 // highest inflight since the committer last reset it
 }
@@ -259,7 +260,7 @@ func (s *Store) committer() {
 // calls it, so no bbolt write runs at the same time; bbolt does not touch
 // the file past its own size.
 func (s *Store) ensureSlack() error {
-	if s.opts.Slack <= 0 {
+	if s.opts.Slack <= 0 || s.filesz-s.hwm >= s.opts.Slack/2 {
 		return nil
 	}
 	f, err := os.OpenFile(s.path, os.O_WRONLY, 0)
@@ -271,7 +272,10 @@ func (s *Store) ensureSlack() error {
 	if err != nil {
 		return fmt.Errorf("bolt: stat: %w", err)
 	}
+	// Zeros are only ever written past the real end of the file, which
+	// bbolt keeps beyond every page it uses.
 	size := fi.Size()
+	s.filesz = size
 	if size-s.hwm >= s.opts.Slack/2 {
 		return nil
 	}
@@ -289,6 +293,7 @@ func (s *Store) ensureSlack() error {
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("bolt: sync preallocation: %w", err)
 	}
+	s.filesz = target
 	return nil
 }
 
