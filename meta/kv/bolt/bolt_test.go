@@ -141,7 +141,7 @@ func TestPreallocation(t *testing.T) {
 	}
 	var used int64
 	s.db.View(func(tx *bbolt.Tx) error { used = tx.Size(); return nil })
-	if got := size(); got-used < 1<<19 || used < 8<<20 {
+	if got := size(); got-used < 1<<19 || used < 4<<20 {
 		t.Fatalf("file %d bytes, %d used: slack not kept", got, used)
 	}
 }
