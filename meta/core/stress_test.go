@@ -60,7 +60,14 @@ func TestRandomOperationsKeepInvariants(t *testing.T) {
 					case 3:
 						_, err = e.s.Unlink(e.ctx, &metapb.UnlinkRequest{Parent: pickDir(r), Name: name(r)})
 					case 4:
-						_, err = e.s.Rmdir(e.ctx, &metapb.RmdirRequest{Parent: pickDir(r), Name: name(r)})
+						// Empty directories under their own names, so that
+						// rmdir succeeds as often as it fails.
+						p, n := pickDir(r), fmt.Sprintf("e%d", r.IntN(3))
+						if _, merr := e.s.Mkdir(e.ctx, &metapb.MkdirRequest{Parent: p, Name: n, Mode: 0o777}); merr != nil && metaerr.Errno(merr) != syscall.EEXIST {
+							err = merr
+							break
+						}
+						_, err = e.s.Rmdir(e.ctx, &metapb.RmdirRequest{Parent: pickDir(r), Name: n})
 					case 5, 6:
 						flags := []uint32{0, 0, uint32(metapb.RenameFlag_RENAME_NOREPLACE), uint32(metapb.RenameFlag_RENAME_EXCHANGE)}[r.IntN(4)]
 						_, err = e.s.Rename(e.ctx, &metapb.RenameRequest{Parent: pickDir(r), Name: name(r), NewParent: pickDir(r), NewName: name(r), Flags: flags})
