@@ -501,6 +501,16 @@ func TestMembershipStatusAndStatFS(t *testing.T) {
 		if !st.Chunkservers[0].Up || st.DegradedStripes != 0 {
 			t.Fatalf("after return: %v", st)
 		}
+		// Full chunkservers: enough are alive but too few have room.
+		for j := 0; j < 6; j++ {
+			if _, err := e.s.Heartbeat(e.ctx, &metapb.HeartbeatRequest{Id: csID(j), Free: uint64(j) * 1000}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, err = e.s.GrantWrite(e.ctx, &metapb.GrantWriteRequest{Ino: f, Stripes: []uint64{1}})
+		if metaerr.Errno(err) != syscall.ENOSPC || status(err) != codes.ResourceExhausted {
+			t.Fatalf("grant on full chunkservers: %v", err)
+		}
 		r, err := e.s.Heartbeat(e.ctx, &metapb.HeartbeatRequest{Id: "stranger"})
 		if err != nil || !r.Reregister {
 			t.Fatalf("unknown heartbeat: %v %v", r, err)
