@@ -229,6 +229,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 			return nil
 		})
 	})
+	if errors.Is(err, ErrNotFormatted) {
+		return nil, err
+	}
 	if err != nil {
 		return nil, fmt.Errorf("core: load state: %w", err)
 	}
