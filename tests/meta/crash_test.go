@@ -65,7 +65,11 @@ func TestKill9KeepsAcknowledgedChanges(t *testing.T) {
 			}(w)
 		}
 		// Let the workers run, then kill -9 in the middle of their traffic.
-		time.Sleep(time.Duration(300+rand.IntN(500)) * time.Millisecond)
+		deadline := time.Now().Add(60 * time.Second)
+		for ops.Load() < 200 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(time.Duration(rand.IntN(300)) * time.Millisecond)
 		pid := p.PID()
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatalf("kill -9 %d: %v", pid, err)
