@@ -53,7 +53,7 @@ func newBenchMetaCommand() *cobra.Command {
 					defer os.RemoveAll(dir)
 				}
 				sf := server.DefaultSecretFile(dir)
-				if _, err := server.Format(ctx, dir, sf, core.DefaultLayout); err != nil {
+				if _, err := server.Format(ctx, dir, sf, core.StandardLayout()); err != nil {
 					return err
 				}
 				secret, err := auth.ReadSecretFile(sf)

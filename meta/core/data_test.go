@@ -501,6 +501,16 @@ func TestMembershipStatusAndStatFS(t *testing.T) {
 		if !st.Chunkservers[0].Up || st.DegradedStripes != 0 {
 			t.Fatalf("after return: %v", st)
 		}
+		// Full chunkservers: enough are alive but too few have room.
+		for j := 0; j < 6; j++ {
+			if _, err := e.s.Heartbeat(e.ctx, &metapb.HeartbeatRequest{Id: csID(j), Free: uint64(j) * 1000}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, err = e.s.GrantWrite(e.ctx, &metapb.GrantWriteRequest{Ino: f, Stripes: []uint64{1}})
+		if metaerr.Errno(err) != syscall.ENOSPC || status(err) != codes.ResourceExhausted {
+			t.Fatalf("grant on full chunkservers: %v", err)
+		}
 		r, err := e.s.Heartbeat(e.ctx, &metapb.HeartbeatRequest{Id: "stranger"})
 		if err != nil || !r.Reregister {
 			t.Fatalf("unknown heartbeat: %v %v", r, err)
@@ -510,6 +520,60 @@ func TestMembershipStatusAndStatFS(t *testing.T) {
 		st, _ = e.s.Status(e.ctx, &metapb.StatusRequest{})
 		if len(st.Chunkservers) != 6 || st.Chunkservers[0].Up {
 			t.Fatalf("after restart: %v", st)
+		}
+	})
+}
+
+func TestDataPathErrors(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		e.chunkservers(6)
+		f := e.create(root, RootIno, "f", 0o644)
+		sl, err := e.s.Symlink(e.ctx, &metapb.SymlinkRequest{Parent: RootIno, Name: "sl", Target: "f"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fifo, err := e.s.Mknod(e.ctx, &metapb.MknodRequest{Parent: RootIno, Name: "p", Mode: syscall.S_IFIFO | 0o644})
+		if err != nil {
+			t.Fatal(err)
+		}
+		many := make([]uint64, MaxStripesPerCall+1)
+		for i := range many {
+			many[i] = uint64(i)
+		}
+		errOf := func(_ any, err error) error { return err }
+		tests := []struct {
+			name string
+			err  error
+			want syscall.Errno
+		}{
+			{"grant on a directory", errOf(e.s.GrantWrite(e.ctx, &metapb.GrantWriteRequest{Ino: RootIno, Stripes: []uint64{0}})), syscall.EISDIR},
+			{"grant on a fifo", errOf(e.s.GrantWrite(e.ctx, &metapb.GrantWriteRequest{Ino: fifo.Attr.Ino, Stripes: []uint64{0}})), syscall.EINVAL},
+			{"grant on a missing inode", errOf(e.s.GrantWrite(e.ctx, &metapb.GrantWriteRequest{Ino: 4444, Stripes: []uint64{0}})), syscall.ENOENT},
+			{"grant of no stripes", errOf(e.s.GrantWrite(e.ctx, &metapb.GrantWriteRequest{Ino: f})), syscall.EINVAL},
+			{"grant of too many stripes", errOf(e.s.GrantWrite(e.ctx, &metapb.GrantWriteRequest{Ino: f, Stripes: many})), syscall.EINVAL},
+			{"grant of many stripes", errOf(e.s.GrantWrite(e.ctx, &metapb.GrantWriteRequest{Ino: f, Stripes: many[:64]})), 0},
+			{"stripes of a directory", errOf(e.s.GetStripes(e.ctx, &metapb.GetStripesRequest{Ino: RootIno})), syscall.EISDIR},
+			{"stripes of a symlink", errOf(e.s.GetStripes(e.ctx, &metapb.GetStripesRequest{Ino: sl.Attr.Ino})), syscall.EINVAL},
+			{"stripes of a missing inode", errOf(e.s.GetStripes(e.ctx, &metapb.GetStripesRequest{Ino: 4444})), syscall.ENOENT},
+			{"stripes of an unwritten file", errOf(e.s.GetStripes(e.ctx, &metapb.GetStripesRequest{Ino: f, First: 1 << 62, Count: 1 << 62})), 0},
+			{"layout of a symlink", errOf(e.s.GetLayout(e.ctx, &metapb.GetLayoutRequest{Ino: sl.Attr.Ino})), syscall.EINVAL},
+			{"layout of a missing inode", errOf(e.s.GetLayout(e.ctx, &metapb.GetLayoutRequest{Ino: 4444})), syscall.ENOENT},
+			{"readlink of a missing inode", errOf(e.s.Readlink(e.ctx, &metapb.ReadlinkRequest{Ino: 4444})), syscall.ENOENT},
+			{"heartbeat with too many deletions", errOf(e.s.Heartbeat(e.ctx, &metapb.HeartbeatRequest{Id: csID(0), Deleted: make([]*metapb.ChunkRef, 4*MaxDeletesPerHeartbeat+1)})), syscall.EINVAL},
+			{"keepalive of an unknown session", errOf(e.s.KeepAlive(e.ctx, &metapb.KeepAliveRequest{SessionId: 77})), syscall.ESTALE},
+			{"close of an unknown session", errOf(e.s.CloseSession(e.ctx, &metapb.CloseSessionRequest{SessionId: 77})), syscall.ESTALE},
+			{"create opened in an unknown session", errOf(e.s.Create(e.ctx, &metapb.CreateRequest{Parent: RootIno, Name: "g", SessionId: 77})), syscall.ESTALE},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) { wantErrno(t, tt.err, tt.want) })
+		}
+		// The many uncommitted grants are collected when they expire.
+		e.clock.Advance(2 * time.Minute)
+		if err := e.s.expireGrants(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := countRefs(e.allGC()); n != 64*6 {
+			t.Fatalf("%d chunks of 64 expired grants to collect, want %d", n, 64*6)
 		}
 	})
 }

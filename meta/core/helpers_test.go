@@ -178,3 +178,14 @@ func (e *env) chunkservers(n int, zones ...string) {
 }
 
 func csID(i int) string { return "cs" + string(rune('0'+i)) }
+
+type kvTxn = kv.Txn
+
+// removeEntryRaw deletes an entry without touching link counts.
+func removeEntryRaw(t kv.Txn, parent uint64, name string) error {
+	d, ok, err := getDentry(t, parent, name)
+	if err != nil || !ok {
+		return err
+	}
+	return removeEntry(t, parent, name, d)
+}

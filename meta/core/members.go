@@ -58,16 +58,26 @@ func (m *members) sweep(now time.Time, timeout time.Duration, log *slog.Logger) 
 	}
 }
 
-// place chooses n live chunkservers for the shards of a stripe.
-func (m *members) place(n int) ([]placement.Candidate, error) {
+// place chooses n live chunkservers with at least minFree bytes free for
+// the shards of a stripe. Too few live chunkservers is ErrTooFew (a cluster
+// problem); enough live ones but too few with space is ENOSPC.
+func (m *members) place(n int, minFree uint64) ([]placement.Candidate, error) {
 	m.mu.Lock()
 	cands := make([]placement.Candidate, 0, len(m.byID))
+	live := 0
 	for id, mb := range m.byID {
-		if mb.up {
+		if !mb.up {
+			continue
+		}
+		live++
+		if mb.free >= minFree {
 			cands = append(cands, placement.Candidate{ID: id, Zone: mb.rec.Zone, Free: mb.free})
 		}
 	}
 	m.mu.Unlock()
+	if live >= n && len(cands) < n {
+		return nil, metaerr.New(syscall.ENOSPC, "only %d of %d live chunkservers have %d bytes free for a shard; %d needed", len(cands), live, minFree, n)
+	}
 	sort.Slice(cands, func(i, j int) bool { return cands[i].ID < cands[j].ID })
 	return placement.Choose(cands, n, nil)
 }

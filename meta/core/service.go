@@ -41,8 +41,9 @@ const (
 	XattrValueMax = 65536
 )
 
-// DefaultLayout is the layout used when format is given none: 4+2, 1 MiB.
-var DefaultLayout = Layout{K: 4, M: 2, Unit: 1 << 20}
+// StandardLayout returns the layout format uses when given none: 4+2 with
+// 1 MiB units.
+func StandardLayout() Layout { return Layout{K: 4, M: 2, Unit: 1 << 20} }
 
 // Layout is an erasure-coding layout (k data + m parity shards of at most
 // Unit bytes).
@@ -228,6 +229,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 			return nil
 		})
 	})
+	if errors.Is(err, ErrNotFormatted) {
+		return nil, err
+	}
 	if err != nil {
 		return nil, fmt.Errorf("core: load state: %w", err)
 	}

@@ -118,7 +118,7 @@ func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest)
 			if err := putMsg(t, keys.Stripe(req.Ino, idx), st); err != nil {
 				return err
 			}
-			chosen, err := s.members.place(n)
+			chosen, err := s.members.place(n, l.Unit)
 			if err != nil {
 				if errors.Is(err, placement.ErrTooFew) {
 					return metaerr.Unavailable("cannot place a %d+%d stripe: %v", l.K, l.M, err)

@@ -91,20 +91,49 @@ func codeFor(e syscall.Errno) codes.Code {
 }
 
 func errnoName(e syscall.Errno) string {
-	if n, ok := names[e]; ok {
-		return n
+	switch e {
+	case syscall.ENOENT:
+		return "ENOENT"
+	case syscall.EEXIST:
+		return "EEXIST"
+	case syscall.ENOTEMPTY:
+		return "ENOTEMPTY"
+	case syscall.ENOTDIR:
+		return "ENOTDIR"
+	case syscall.EISDIR:
+		return "EISDIR"
+	case syscall.EACCES:
+		return "EACCES"
+	case syscall.EPERM:
+		return "EPERM"
+	case syscall.EINVAL:
+		return "EINVAL"
+	case syscall.ENAMETOOLONG:
+		return "ENAMETOOLONG"
+	case syscall.ENODATA:
+		return "ENODATA"
+	case syscall.ERANGE:
+		return "ERANGE"
+	case syscall.ENOSPC:
+		return "ENOSPC"
+	case syscall.EBUSY:
+		return "EBUSY"
+	case syscall.EMLINK:
+		return "EMLINK"
+	case syscall.E2BIG:
+		return "E2BIG"
+	case syscall.EAGAIN:
+		return "EAGAIN"
+	case syscall.EOPNOTSUPP:
+		return "EOPNOTSUPP"
+	case syscall.EIO:
+		return "EIO"
+	case syscall.EBADF:
+		return "EBADF"
+	case syscall.ESTALE:
+		return "ESTALE"
 	}
 	return fmt.Sprintf("errno %d", int(e))
-}
-
-var names = map[syscall.Errno]string{
-	syscall.ENOENT: "ENOENT", syscall.EEXIST: "EEXIST", syscall.ENOTEMPTY: "ENOTEMPTY",
-	syscall.ENOTDIR: "ENOTDIR", syscall.EISDIR: "EISDIR", syscall.EACCES: "EACCES",
-	syscall.EPERM: "EPERM", syscall.EINVAL: "EINVAL", syscall.ENAMETOOLONG: "ENAMETOOLONG",
-	syscall.ENODATA: "ENODATA", syscall.ERANGE: "ERANGE", syscall.ENOSPC: "ENOSPC",
-	syscall.EBUSY: "EBUSY", syscall.EMLINK: "EMLINK", syscall.E2BIG: "E2BIG",
-	syscall.EAGAIN: "EAGAIN", syscall.EOPNOTSUPP: "EOPNOTSUPP", syscall.EIO: "EIO",
-	syscall.EXDEV: "EXDEV", syscall.EFBIG: "EFBIG", syscall.ESTALE: "ESTALE",
 }
 
 // Errno returns the POSIX errno an error stands for: the errno of an *Error

@@ -314,6 +314,7 @@ func (p *Process) Restart(t testing.TB) {
 
 type testWriter struct{ t testing.TB }
 
+// Write logs one line to the test.
 func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(b), "\n"))
 	return len(b), nil

@@ -6,6 +6,8 @@ package meta_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/core"
+	"github.com/rdmafs/rdmafs/meta/kv/bolt"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/meta/metatest"
 )
@@ -62,7 +65,11 @@ func TestKill9KeepsAcknowledgedChanges(t *testing.T) {
 			}(w)
 		}
 		// Let the workers run, then kill -9 in the middle of their traffic.
-		time.Sleep(time.Duration(300+rand.IntN(500)) * time.Millisecond)
+		deadline := time.Now().Add(60 * time.Second)
+		for ops.Load() < 200 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(time.Duration(rand.IntN(300)) * time.Millisecond)
 		pid := p.PID()
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatalf("kill -9 %d: %v", pid, err)
@@ -73,6 +80,7 @@ func TestKill9KeepsAcknowledgedChanges(t *testing.T) {
 		if ops.Load() < 50 {
 			t.Fatalf("only %d operations acknowledged before the kill", ops.Load())
 		}
+		checkOffline(t, p.DataDir)
 		p.Restart(t)
 		c, err = client.Dial(p.Addr, p.Secret)
 		if err != nil {
@@ -82,6 +90,28 @@ func TestKill9KeepsAcknowledgedChanges(t *testing.T) {
 			verify(t, ctx, c, a)
 		}
 		c.Close()
+	}
+}
+
+// checkOffline opens the killed server's store directly and verifies the
+// namespace invariants.
+func checkOffline(t *testing.T, dir string) {
+	t.Helper()
+	st, err := bolt.Open(dir, bolt.Options{})
+	if err != nil {
+		t.Fatalf("open the store after kill -9: %v", err)
+	}
+	defer st.Close()
+	svc, err := core.New(context.Background(), core.Config{Store: st, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	problems, err := svc.Check(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(problems) > 0 {
+		t.Fatalf("store inconsistent after kill -9: %v", problems)
 	}
 }
 

@@ -24,7 +24,8 @@ import (
 // FileName is the name of the database file inside the data directory.
 const FileName = "meta.db"
 
-var bucketName = []byte("rdmafs")
+// bucketName is the one bucket that holds every key.
+const bucketName = "rdmafs"
 
 // Options tunes a Store.
 type Options struct {
@@ -57,6 +58,7 @@ type Store struct {
 	finished chan struct{}
 	path     string
 	hwm      int64        // bytes of the file bbolt uses (committer only)
+	filesz   int64        // file size when last checked; the file never shrinks (committer only)
 	inflight atomic.Int64 // Update calls not yet returned
 	peak     atomic.Int64 // highest inflight since the committer last reset it
 }
@@ -80,7 +82,7 @@ func Open(dir string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("bolt: open %s: %w", path, err)
 	}
 	if err := db.Update(func(tx *bbolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(bucketName)
+		_, err := tx.CreateBucketIfNotExists([]byte(bucketName))
 		return err
 	}); err != nil {
 		db.Close()
@@ -117,7 +119,7 @@ func (s *Store) View(ctx context.Context, fn func(kv.Reader) error) error {
 		return err
 	}
 	return s.db.View(func(tx *bbolt.Tx) error {
-		return fn(&reader{b: tx.Bucket(bucketName)})
+		return fn(&reader{b: tx.Bucket([]byte(bucketName))})
 	})
 }
 
@@ -216,7 +218,7 @@ func (s *Store) committer() {
 		}
 		start := time.Now()
 		err := s.db.Update(func(tx *bbolt.Tx) error {
-			b := tx.Bucket(bucketName)
+			b := tx.Bucket([]byte(bucketName))
 			for i, r := range batch {
 				if err := r.ctx.Err(); err != nil {
 					results[i] = err
@@ -259,7 +261,7 @@ func (s *Store) committer() {
 // calls it, so no bbolt write runs at the same time; bbolt does not touch
 // the file past its own size.
 func (s *Store) ensureSlack() error {
-	if s.opts.Slack <= 0 {
+	if s.opts.Slack <= 0 || s.filesz-s.hwm >= s.opts.Slack/2 {
 		return nil
 	}
 	f, err := os.OpenFile(s.path, os.O_WRONLY, 0)
@@ -271,7 +273,10 @@ func (s *Store) ensureSlack() error {
 	if err != nil {
 		return fmt.Errorf("bolt: stat: %w", err)
 	}
+	// Zeros are only ever written past the real end of the file, which
+	// bbolt keeps beyond every page it uses.
 	size := fi.Size()
+	s.filesz = size
 	if size-s.hwm >= s.opts.Slack/2 {
 		return nil
 	}
@@ -289,6 +294,7 @@ func (s *Store) ensureSlack() error {
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("bolt: sync preallocation: %w", err)
 	}
+	s.filesz = target
 	return nil
 }
 
@@ -306,6 +312,7 @@ type reader struct {
 	b *bbolt.Bucket
 }
 
+// Get implements kv.Reader.
 func (r *reader) Get(key []byte) ([]byte, bool, error) {
 	v := r.b.Get(key)
 	if v == nil {
@@ -314,6 +321,7 @@ func (r *reader) Get(key []byte) ([]byte, bool, error) {
 	return append([]byte{}, v...), true, nil
 }
 
+// Scan implements kv.Reader.
 func (r *reader) Scan(start, end []byte, limit int, fn func(k, v []byte) error) error {
 	c := r.b.Cursor()
 	n := 0
@@ -342,8 +350,7 @@ type txn struct {
 	writes map[string][]byte // nil value: deleted
 }
 
-var tombstone = []byte(nil)
-
+// Get implements kv.Reader, seeing the transaction's own writes.
 func (t *txn) Get(key []byte) ([]byte, bool, error) {
 	if v, ok := t.writes[string(key)]; ok {
 		if v == nil {
@@ -354,6 +361,7 @@ func (t *txn) Get(key []byte) ([]byte, bool, error) {
 	return t.reader.Get(key)
 }
 
+// Put implements kv.Txn.
 func (t *txn) Put(key, value []byte) error {
 	if len(key) == 0 {
 		return errors.New("bolt: empty key")
@@ -365,8 +373,9 @@ func (t *txn) Put(key, value []byte) error {
 	return nil
 }
 
+// Delete implements kv.Txn.
 func (t *txn) Delete(key []byte) error {
-	t.writes[string(key)] = tombstone
+	t.writes[string(key)] = nil // tombstone
 	return nil
 }
 
