@@ -428,3 +428,45 @@ func TestCodecAllocations(t *testing.T) {
 		t.Fatal("Reconstruct into mmap buffers: wrong data")
 	}
 }
+
+func TestCodecConcurrentUse(t *testing.T) {
+	// One Codec, many goroutines, each with its own stripe and shards slice;
+	// with Goroutines > 1 reedsolomon also splits big shards internally.
+	for _, opts := range []CodecOptions{{}, {Goroutines: 2}} {
+		l := Layout{K: 4, M: 2, Unit: 256 << 10}
+		c, err := NewCodec(l, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		errs := make(chan error, 4)
+		for g := range 4 {
+			go func() {
+				n := l.StripeSize() - int64(g)*100_000
+				s := newStripe(t, l, n, uint64(g))
+				if err := c.Encode(s.shards); err != nil {
+					errs <- err
+					return
+				}
+				got := append([][]byte(nil), s.shards...)
+				got[g%4] = make([]byte, 0, l.Unit)
+				got[4+g%2] = make([]byte, 0, l.Unit)
+				if err := c.Reconstruct(got, n); err != nil {
+					errs <- err
+					return
+				}
+				for i := range got {
+					if !bytes.Equal(got[i], s.shards[i]) {
+						errs <- fmt.Errorf("goroutine %d, opts %+v: shard %d differs", g, opts, i)
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for range 4 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
