@@ -30,7 +30,10 @@
 // [Codec] feeds it from a read-only zero buffer, so the caller's (registered,
 // off-heap) buffers are used as they are, with no copy and no scratch stripe.
 // Data shards of full stripes are Unit bytes, so the convention only matters for
-// the last stripe of a file.
+// the last stripe of a file. A data shard's stored length is always
+// DataShardLen of the stripe's current n: when a write makes the stripe grow,
+// the shards before the new end grow too (with zeros, over a hole), and
+// [WritePlan.Rewrite] lists them.
 //
 // # Replication
 //

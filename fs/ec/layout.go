@@ -29,6 +29,9 @@ var ErrRange = errors.New("byte range out of bounds")
 
 // Layout is the erasure-coding layout of a file: K data shards and M parity
 // shards per stripe, each at most Unit bytes. K=1 means replication (M+1 copies).
+// The geometry helpers (StripeSize, StripeOf, ShardLen, ...) assume a valid
+// layout; the methods that take a byte range (Iter, Extents, StripeSpan,
+// PlanWrite) validate it and the range.
 type Layout struct {
 	K, M int   // data and parity shards per stripe
 	Unit int64 // bytes of file data per data shard; the stripe unit
