@@ -126,3 +126,38 @@ func checkRange(off, n int64) error {
 	}
 	return nil
 }
+
+// StripeShards slices buf, a stripe buffer laid out as the stripe's data in file
+// order (K×Unit bytes) followed by its M parity shards (Unit bytes each), into
+// the K+M shard slices of a stripe holding n bytes (0 < n <= StripeSize),
+// following the shard-length convention: data shard i is
+// buf[i×Unit:][:DataShardLen(n, i)] (nil when that is 0) and parity shard j is
+// L = ShardLen(n) bytes at K×Unit + j×Unit. Each slice's capacity ends at its
+// unit, so one shard's reconstruction (shards[i][:0] marks it missing) can never
+// spill into the next. The slices are appended to dst, which is returned; with
+// capacity for K+M entries nothing is allocated.
+func (l Layout) StripeShards(dst [][]byte, buf []byte, n int64) ([][]byte, error) {
+	if err := l.Validate(); err != nil {
+		return dst, err
+	}
+	if n <= 0 || n > l.StripeSize() {
+		return dst, fmt.Errorf("ec: stripe shards %v: %d bytes of data, want 1..%d: %w", l, n, l.StripeSize(), ErrRange)
+	}
+	if need := int64(l.Shards()) * l.Unit; int64(len(buf)) < need {
+		return dst, fmt.Errorf("ec: stripe shards %v: buffer of %d bytes, want %d: %w", l, len(buf), need, ErrRange)
+	}
+	u := int(l.Unit)
+	for i := range l.K {
+		d := l.DataShardLen(n, i)
+		if d == 0 {
+			dst = append(dst, nil)
+			continue
+		}
+		dst = append(dst, buf[i*u:i*u+d:(i+1)*u])
+	}
+	L := l.ShardLen(n)
+	for j := l.K; j < l.Shards(); j++ {
+		dst = append(dst, buf[j*u:j*u+L:(j+1)*u])
+	}
+	return dst, nil
+}

@@ -109,3 +109,48 @@ func TestLayoutGeometry(t *testing.T) {
 		t.Error("StripeOf/StripeStart wrong")
 	}
 }
+
+func TestStripeShards(t *testing.T) {
+	l := Layout{K: 4, M: 2, Unit: 4096}
+	buf := make([]byte, 6*4096)
+	c, _ := NewCodec(l)
+	for _, n := range []int64{1, 4096, 4097, 3*4096 + 9, 4 * 4096} {
+		shards, err := l.StripeShards(make([][]byte, 0, 6), buf, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(shards) != 6 {
+			t.Fatalf("n=%d: %d shards", n, len(shards))
+		}
+		for i, s := range shards {
+			want := l.ShardLen(n)
+			if i < 4 {
+				want = l.DataShardLen(n, i)
+			}
+			if len(s) != want || (want > 0 && cap(s) != 4096) || (want == 0 && s != nil) {
+				t.Fatalf("n=%d shard %d: len %d cap %d, want len %d cap 4096", n, i, len(s), cap(s), want)
+			}
+			if want > 0 && &s[0] != &buf[i*4096] {
+				t.Fatalf("n=%d shard %d: not at its unit in buf", n, i)
+			}
+		}
+		if err := c.Encode(shards); err != nil {
+			t.Fatalf("n=%d: Encode of StripeShards: %v", n, err)
+		}
+	}
+	for _, tc := range []struct {
+		buf []byte
+		n   int64
+	}{{buf, 0}, {buf, 4*4096 + 1}, {buf[:6*4096-1], 10}} {
+		if _, err := l.StripeShards(nil, tc.buf, tc.n); !errors.Is(err, ErrRange) {
+			t.Errorf("StripeShards(len %d, n %d): err = %v, want ErrRange", len(tc.buf), tc.n, err)
+		}
+	}
+	if _, err := (Layout{}).StripeShards(nil, buf, 1); !errors.Is(err, ErrInvalidLayout) {
+		t.Errorf("invalid layout: err = %v", err)
+	}
+	dst := make([][]byte, 0, 6)
+	if a := testing.AllocsPerRun(50, func() { dst, _ = l.StripeShards(dst[:0], buf, 5000) }); a != 0 {
+		t.Errorf("StripeShards with capacity: %v allocations", a)
+	}
+}
