@@ -470,3 +470,35 @@ func TestCodecConcurrentUse(t *testing.T) {
 		}
 	}
 }
+
+func TestSmallZeroBuffer(t *testing.T) {
+	// Where the zero buffer cannot be a mapping of the zero page it is shorter
+	// than a unit, and padding is coded in pieces. Emulate that here.
+	l := Layout{K: 4, M: 2, Unit: 5 * 4096}
+	c, _ := NewCodec(l)
+	c.zero = c.zero[:4096]
+	for _, n := range []int64{1, 4096*5 + 3, 3*4096*5 + 1, l.StripeSize()} {
+		s := newStripe(t, l, n, 9)
+		want := refParity(t, s)
+		if err := c.Encode(s.shards); err != nil {
+			t.Fatal(err)
+		}
+		for j, p := range want {
+			if !bytes.Equal(s.shards[l.K+j], p) {
+				t.Fatalf("n=%d: parity %d wrong with a small zero buffer", n, j)
+			}
+		}
+		if ok, err := c.Verify(s.shards); !ok || err != nil {
+			t.Fatalf("n=%d: Verify = %v, %v", n, ok, err)
+		}
+		L := l.ShardLen(n)
+		got := append([][]byte(nil), s.shards...)
+		got[0], got[5] = make([]byte, 0, L), make([]byte, 0, L)
+		if err := c.Reconstruct(got, n); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got[0], s.shards[0]) || !bytes.Equal(got[5], s.shards[5]) {
+			t.Fatalf("n=%d: reconstruction wrong with a small zero buffer", n)
+		}
+	}
+}
