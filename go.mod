@@ -3,6 +3,7 @@ module github.com/rdmafs/rdmafs
 go 1.26.8
 
 require (
+	github.com/klauspost/reedsolomon v1.14.2
 	github.com/prometheus/client_golang v1.25.0
 	github.com/spf13/cobra v1.10.2
 	go.etcd.io/bbolt v1.5.0
@@ -13,7 +14,6 @@ require (
 
 require (
 	github.com/klauspost/cpuid/v2 v2.3.0 // indirect
-	github.com/klauspost/reedsolomon v1.14.2 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect
 )
 
