@@ -30,9 +30,22 @@ var (
 // Open implements gofs.NodeOpener: the service checks the access mode and
 // records the open in the session.
 func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	_, err := n.fsys.meta.Open(ctx, &metapb.OpenRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, SessionId: n.fsys.opts.Session, Flags: flags})
+	r, err := n.fsys.meta.Open(ctx, &metapb.OpenRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, SessionId: n.fsys.opts.Session, Flags: flags})
 	if err != nil {
 		return nil, 0, errno(err)
+	}
+	// Close-to-open: a file unchanged since its last open here keeps the kernel's
+	// page cache; otherwise the kernel drops its pages (no KEEP_CACHE) and its
+	// cached attributes, so reads see the size and bytes committed elsewhere.
+	n.mu.Lock()
+	unchanged := n.opened && r.Attr.MtimeNs == n.openMtime && r.Attr.Size == n.openSize
+	n.opened, n.openMtime, n.openSize = true, r.Attr.MtimeNs, r.Attr.Size
+	n.mu.Unlock()
+	var fuseFlags uint32
+	if unchanged {
+		fuseFlags = fuse.FOPEN_KEEP_CACHE
+	} else {
+		n.NotifyContent(-1, 0) // attributes only: takes no page locks
 	}
 	if d := n.fsys.opts.Data; d != nil {
 		if err := d.Open(ctx, n.ino); err != nil {
@@ -44,7 +57,7 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			}
 		}
 	}
-	return &fileHandle{fsys: n.fsys, ino: n.ino, flags: flags}, 0, 0
+	return &fileHandle{fsys: n.fsys, ino: n.ino, flags: flags}, fuseFlags, 0
 }
 
 func (f *fileHandle) data() (Data, syscall.Errno) {

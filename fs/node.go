@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"syscall"
 	"time"
 
@@ -78,6 +79,11 @@ type Node struct {
 	gofs.Inode
 	fsys *FS
 	ino  uint64
+
+	mu        sync.Mutex
+	opened    bool  // opened before in this mount
+	openMtime int64 // mtime and size at the last open
+	openSize  uint64
 }
 
 var (

@@ -6,7 +6,10 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/fs/fstest"
 )
@@ -124,4 +127,94 @@ func TestDegradedRead(t *testing.T) {
 	if n := c.Engine.Stats().DegradedReads.Load(); n == 0 {
 		t.Fatal("no stripe was rebuilt: the reads did not reach the chunkservers")
 	}
+}
+
+// TestTwoMounts checks close-to-open consistency between two mounts: what one
+// wrote and closed, the other sees at its next open, size and bytes.
+func TestTwoMounts(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{})
+	other, _ := c.Mount(t)
+	a, b := filepath.Join(c.Dir, "shared"), filepath.Join(other, "shared")
+	v1 := random(100_000, 11)
+	if err := os.WriteFile(a, v1, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(b); err != nil || !bytes.Equal(got, v1) {
+		t.Fatalf("second mount after the first closed: %v, %d bytes", err, len(got))
+	}
+	// Grow and change it on the second mount; the first, which has the old size
+	// and pages cached, must see the new ones at its next open.
+	v2 := random(1_300_000, 12)
+	if err := os.WriteFile(b, v2, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(a); err != nil || !bytes.Equal(got, v2) {
+		t.Fatalf("first mount after the second closed: %v, %d bytes (want %d)", err, len(got), len(v2))
+	}
+	// Shrink it on the first.
+	if err := os.WriteFile(a, v1[:10], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(b); err != nil || !bytes.Equal(got, v1[:10]) {
+		t.Fatalf("second mount after a shrink: %v, %d bytes", err, len(got))
+	}
+}
+
+// TestAppendAndMmap checks O_APPEND writes and writes and reads through mmap.
+func TestAppendAndMmap(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{})
+	p := filepath.Join(c.Dir, "log")
+	var want []byte
+	for i := 0; i < 50; i++ {
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		line := random(1000+i*37, uint64(i))
+		if _, err := f.Write(line); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, line...)
+		f.Close()
+	}
+	if got, err := os.ReadFile(p); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("after 50 appends: %v, %d bytes want %d", err, len(got), len(want))
+	}
+	// mmap: write through a shared mapping, msync, read back with read(2).
+	m := filepath.Join(c.Dir, "mapped")
+	size := 3 << 20
+	if err := os.WriteFile(m, make([]byte, size), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(m, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := syscall.Mmap(int(f.Fd()), 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := random(size, 99)
+	copy(mem, data)
+	if err := unix.Msync(mem, unix.MS_SYNC); err != nil {
+		t.Fatal(err)
+	}
+	syscall.Munmap(mem)
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(m); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("after writing through mmap: %v", err)
+	}
+	// And read through a mapping.
+	f, _ = os.Open(m)
+	ro, err := syscall.Mmap(int(f.Fd()), 0, size, syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(ro, data) {
+		t.Fatal("reading through mmap returned different bytes")
+	}
+	syscall.Munmap(ro)
+	f.Close()
 }

@@ -34,6 +34,8 @@ type Cluster struct {
 	Engine *fileio.Engine
 	// Dir is the mount point.
 	Dir string
+
+	opts Options
 }
 
 // Start brings up a cluster and mounts it. It skips the test where mounting is
@@ -55,7 +57,6 @@ func Start(t *testing.T, opts Options) *Cluster {
 	if opts.MemBytes == 0 {
 		opts.MemBytes = 64 << 20
 	}
-	ctx := context.Background()
 	c := &Cluster{Meta: metatest.Start(t, metatest.Options{Layout: opts.Layout, HeartbeatTimeout: 2 * time.Second})}
 	mc := c.Meta.Client(t)
 	secret := []byte(c.Meta.Secret)
@@ -66,11 +67,21 @@ func Start(t *testing.T, opts Options) *Cluster {
 		}))
 	}
 	c.WaitUp(t, opts.Chunkservers)
-	eng, err := fileio.New(fileio.Config{Meta: mc, Device: chunktest.NewDevice(t), Secret: secret, MemBytes: opts.MemBytes})
+	c.opts = opts
+	c.Dir, c.Engine = c.Mount(t)
+	return c
+}
+
+// Mount mounts the cluster's file system once more, as another client would,
+// and returns the mount point and its engine; both go away with the test.
+func (c *Cluster) Mount(t *testing.T) (string, *fileio.Engine) {
+	t.Helper()
+	ctx := context.Background()
+	mc := c.Meta.Client(t)
+	eng, err := fileio.New(fileio.Config{Meta: mc, Device: chunktest.NewDevice(t), Secret: []byte(c.Meta.Secret), MemBytes: c.opts.MemBytes})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.Engine = eng
 	sess, err := mc.StartSession(ctx, "fstest", 0)
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +96,6 @@ func Start(t *testing.T, opts Options) *Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.Dir = dir
 	t.Cleanup(func() {
 		for i := 0; ; i++ {
 			if err := srv.Unmount(); err == nil || i == 100 {
@@ -97,7 +107,7 @@ func Start(t *testing.T, opts Options) *Cluster {
 		sess.Close(ctx)
 		eng.Close()
 	})
-	return c
+	return dir, eng
 }
 
 // WaitUp waits until n chunkservers are registered and up.
