@@ -140,7 +140,7 @@ func TestBatch(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
-	s := chunktest.Start(t, chunktest.Options{MaxLength: 1 << 20, Capacity: 3 * (1<<20 + store.HeaderLen)})
+	s := chunktest.Start(t, chunktest.Options{MaxLength: 1 << 20, Capacity: 3 * store.FileSize(1<<20)})
 	c, env := s.Dial(t)
 	other, _ := s.Dial(t)
 	ctx := ctxT(t)

@@ -34,7 +34,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -64,8 +66,22 @@ var (
 	ErrDirLocked = errors.New("store: data directory is in use by another process")
 )
 
-// HeaderLen is the size of the header in front of every version file's data.
+// HeaderLen is the size of the encoded header at the start of a version file.
 const HeaderLen = 40
+
+// DataOffset is where a version's data starts in its file: the header has a block
+// of its own, so that the data can be written with direct I/O straight from
+// page-aligned registered memory.
+const DataOffset = blockSize
+
+// blockSize is the alignment of direct I/O.
+const blockSize = 4096
+
+// FileSize returns the size of the file of a version of length bytes: the header
+// block and the data padded to whole blocks.
+func FileSize(length int) int64 { return DataOffset + int64(roundUp(length)) }
+
+func roundUp(n int) int { return (n + blockSize - 1) / blockSize * blockSize }
 
 const (
 	magic      = "RDCK"
@@ -90,6 +106,9 @@ type Options struct {
 	Capacity int64
 	// Logger receives recovery notes (default slog.Default()).
 	Logger *slog.Logger
+	// NoDirectIO writes through the page cache even when the data is aligned
+	// for direct I/O.
+	NoDirectIO bool
 }
 
 // DefaultMaxLength is the default MaxLength.
@@ -104,6 +123,11 @@ type Store struct {
 	id   string
 	lock *os.File
 	dirs [fanout]*os.File // chunks/XX, kept open for fsync
+
+	hdrPages chan []byte // block-aligned header buffers for direct I/O
+	hdrMem   []byte
+	zeros    []byte // padding source for buffered writes
+	direct   atomic.Bool
 
 	mu      sync.Mutex
 	closed  bool
@@ -140,6 +164,19 @@ func Open(dir string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("store: lock %s: %w", dir, ErrDirLocked)
 	}
 	s.lock = lock
+	const pages = 64
+	mem, err := unix.Mmap(-1, 0, pages*blockSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("store: header buffers: %w", err)
+	}
+	s.hdrMem = mem
+	s.hdrPages = make(chan []byte, pages)
+	for i := 0; i < pages; i++ {
+		s.hdrPages <- mem[i*blockSize : (i+1)*blockSize : (i+1)*blockSize]
+	}
+	s.zeros = make([]byte, blockSize)
+	s.direct.Store(!opts.NoDirectIO)
 	if err := s.open(); err != nil {
 		s.Close()
 		return nil, err
@@ -201,7 +238,7 @@ func (s *Store) recoverDir(sub string) error {
 		}
 		pending := fi.Mode().Perm()&0o044 == 0
 		info, size, err := readHeaderFile(path)
-		if err == nil && (info.Key != key || size != HeaderLen+int64(info.Length)) {
+		if err == nil && (info.Key != key || size != FileSize(int(info.Length))) {
 			err = fmt.Errorf("%w: header names %v length %d, file is %v of %d bytes", ErrCorrupt, info.Key, info.Length, key, size)
 		}
 		if pending {
@@ -248,7 +285,7 @@ func (s *Store) add(info chunk.Info) {
 		s.chunks[info.Chunk] = vs
 	}
 	vs[info.Version] = info
-	s.used += HeaderLen + int64(info.Length)
+	s.used += FileSize(int(info.Length))
 	s.count++
 }
 
@@ -334,7 +371,9 @@ func (s *Store) All(fn func(chunk.Info) bool) {
 }
 
 // Put stores data as version key durably: when it returns nil the version survives a
-// crash or power cut. crc must be the CRC32C of data (the caller has verified it). It
+// crash or power cut. When data starts on a 4 KiB boundary and its capacity
+// reaches the next one past its end, it is written with direct I/O, and Put
+// zeroes data[len(data):] up to that boundary. crc must be the CRC32C of data (the caller has verified it). It
 // fails with ErrExists if the version is stored, ErrBusy if another Put of it is in
 // progress, ErrTooLong over the length limit and an error wrapping ErrNoSpace (and
 // syscall.ENOSPC) when the disk or the capacity is full. A failed Put leaves nothing
@@ -343,7 +382,7 @@ func (s *Store) Put(key chunk.Key, data []byte, crc uint32) (err error) {
 	if len(data) > s.opts.MaxLength {
 		return fmt.Errorf("put %v: %d bytes: %w", key, len(data), ErrTooLong)
 	}
-	need := HeaderLen + int64(len(data))
+	need := FileSize(len(data))
 	s.mu.Lock()
 	switch {
 	case s.closed:
@@ -402,7 +441,34 @@ func (s *Store) write(info chunk.Info, data []byte) error {
 	sub := filepath.Join(s.dir, chunksDir, fmt.Sprintf("%02x", slot))
 	final := filepath.Join(sub, fileName(info.Key))
 
-	fd, err := unix.Open(final, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, pendingMode)
+	hdr := <-s.hdrPages
+	defer func() { s.hdrPages <- hdr }()
+	clear(hdr)
+	encodeHeader(hdr, info)
+	padded := roundUp(len(data))
+	// Direct I/O when the data is block aligned with room for its padding, as
+	// staging buffers in registered memory are: no copy into the page cache.
+	direct := s.direct.Load() && len(data) > 0 && cap(data) >= padded &&
+		uintptr(unsafe.Pointer(unsafe.SliceData(data)))%blockSize == 0
+	iov := [3][]byte{hdr, data}
+	if direct {
+		clear(data[len(data):padded])
+		iov[1] = data[:padded]
+	} else {
+		iov[2] = s.zeros[:padded-len(data)]
+	}
+	flags := unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL | unix.O_CLOEXEC
+	if direct {
+		flags |= unix.O_DIRECT
+	}
+	fd, err := unix.Open(final, flags, pendingMode)
+	if err == unix.EINVAL && direct { // the file system has no direct I/O
+		s.direct.Store(false)
+		s.log.Info("store: direct I/O not supported, using buffered writes", "dir", s.dir)
+		direct = false
+		iov[1], iov[2] = data, s.zeros[:padded-len(data)]
+		fd, err = unix.Open(final, flags&^unix.O_DIRECT, pendingMode)
+	}
 	if err != nil {
 		return fmt.Errorf("create %s: %w", final, err)
 	}
@@ -415,23 +481,16 @@ func (s *Store) write(info chunk.Info, data []byte) error {
 			os.Remove(final)
 		}
 	}()
-	var hdr [HeaderLen]byte
-	encodeHeader(hdr[:], info)
-	want := HeaderLen + len(data)
-	n, err := unix.Pwritev(fd, [][]byte{hdr[:], data}, 0)
-	for err == nil && n < want { // short write: continue where it stopped
-		var m int
-		if n < HeaderLen {
-			m, err = unix.Pwritev(fd, [][]byte{hdr[n:], data}, int64(n))
-		} else {
-			m, err = unix.Pwrite(fd, data[n-HeaderLen:], int64(n))
+	if err := pwriteAll(fd, iov[:]); err != nil {
+		if err == unix.EINVAL && direct { // alignment the device does not take
+			s.direct.Store(false)
+			s.log.Info("store: direct I/O refused, using buffered writes", "dir", s.dir, "err", err)
+			unix.Close(fd)
+			fd = -1
+			os.Remove(final)
+			ok = true // removed already; the retry owns the name now
+			return s.write(info, data)
 		}
-		if m == 0 && err == nil {
-			err = syscall.EIO
-		}
-		n += m
-	}
-	if err != nil {
 		return fmt.Errorf("write %s: %w", final, err)
 	}
 	if err := unix.Fdatasync(fd); err != nil {
@@ -482,7 +541,7 @@ func (s *Store) ReadInto(key chunk.Key, dst []byte) (chunk.Info, error) {
 		return chunk.Info{}, fmt.Errorf("read %v: %w: header %+v, expected %+v (%v)", key, ErrCorrupt, got, info, err)
 	}
 	data := dst[:info.Length]
-	if _, err := f.ReadAt(data, HeaderLen); err != nil {
+	if _, err := f.ReadAt(data, DataOffset); err != nil {
 		return chunk.Info{}, fmt.Errorf("read %v data: %w: %v", key, ErrCorrupt, err)
 	}
 	if c := Checksum(data); c != info.CRC {
@@ -505,7 +564,7 @@ func (s *Store) Delete(key chunk.Key) error {
 	if len(s.chunks[key.Chunk]) == 0 {
 		delete(s.chunks, key.Chunk)
 	}
-	s.used -= HeaderLen + int64(info.Length)
+	s.used -= FileSize(int(info.Length))
 	s.count--
 	s.mu.Unlock()
 	if err := os.Remove(s.path(key)); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -519,7 +578,12 @@ func (s *Store) Delete(key chunk.Key) error {
 func (s *Store) Close() error {
 	s.mu.Lock()
 	s.closed = true
+	idle := len(s.writing) == 0
 	s.mu.Unlock()
+	if idle && s.hdrMem != nil { // a Put still running keeps its buffer mapped
+		unix.Munmap(s.hdrMem)
+		s.hdrMem = nil
+	}
 	for i, d := range s.dirs {
 		if d != nil {
 			d.Close()
@@ -584,6 +648,38 @@ func decodeHeader(b []byte) (chunk.Info, error) {
 	}, nil
 }
 
+// pwriteAll writes the buffers at offset 0 on, continuing after short writes
+// (which keep block alignment for direct I/O, or do not happen at all).
+func pwriteAll(fd int, iov [][]byte) error {
+	var off int64
+	for len(iov) > 0 {
+		for len(iov) > 0 && len(iov[0]) == 0 {
+			iov = iov[1:]
+		}
+		if len(iov) == 0 {
+			break
+		}
+		n, err := unix.Pwritev(fd, iov, off)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return syscall.EIO
+		}
+		off += int64(n)
+		for n > 0 {
+			if n >= len(iov[0]) {
+				n -= len(iov[0])
+				iov = iov[1:]
+			} else {
+				iov[0] = iov[0][n:]
+				n = 0
+			}
+		}
+	}
+	return nil
+}
+
 var errHalfWritten = errors.New("store: version was not completely written")
 
 // verifyFile checks the data of a version file against its header's checksum.
@@ -594,7 +690,7 @@ func verifyFile(path string, info chunk.Info) error {
 	}
 	defer f.Close()
 	data := make([]byte, info.Length)
-	if _, err := f.ReadAt(data, HeaderLen); err != nil {
+	if _, err := f.ReadAt(data, DataOffset); err != nil {
 		return fmt.Errorf("%w: %v", errHalfWritten, err)
 	}
 	if c := Checksum(data); c != info.CRC {
