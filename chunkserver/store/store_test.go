@@ -308,7 +308,7 @@ func TestDirectAndBufferedWrites(t *testing.T) {
 			for i, n := range []int{1, 4095, 4096, 4097, 1<<20 + 3} {
 				key := chunk.Key{Chunk: 77, Version: uint64(i + 1)}
 				want := randBytes(uint64(n), n)
-				buf := mem[:n:4<<20] // aligned, room for padding
+				buf := mem[: n : 4<<20] // aligned, room for padding
 				copy(buf, want)
 				for j := n; j < roundUp(n); j++ {
 					mem[j] = 0xAA // garbage past the end must not reach the disk
