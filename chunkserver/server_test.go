@@ -616,3 +616,49 @@ func TestReadPathAllocations(t *testing.T) {
 		t.Fatalf("%.1f allocations per cached read", allocs)
 	}
 }
+
+// TestPoolRedials: the pool hands out one connection per address and replaces it
+// after it failed (here: an access to a revoked lease kills the queue pair).
+func TestPoolRedials(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{})
+	env := chunktest.NewClientEnv(t, 1<<20)
+	pool := client.NewPool(env.Dev, env.PD, client.Options{Secret: s.Secret})
+	defer pool.Close()
+	ctx := ctxT(t)
+	c1, err := pool.Get(ctx, s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := chunk.Key{Chunk: 50, Version: 1}
+	put(t, c1, env, 0, key, 4096)
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if c, err := pool.Get(ctx, s.Addr()); err != nil || c != c1 {
+				t.Errorf("Get = %p, %v; want the live connection %p", c, err, c1)
+			}
+		}()
+	}
+	wg.Wait()
+	l, err := c1.ReadLease(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1.ReleaseLease(ctx, l)
+	if err := c1.Read(ctx, l, 0, []rdma.SGE{env.SGE(0, 4096)}); !isRevoked(err) {
+		t.Fatalf("read of a released lease: %v", err)
+	}
+	<-c1.Done()
+	c2, err := pool.Get(ctx, s.Addr())
+	if err != nil || c2 == c1 {
+		t.Fatalf("after failure: %p, %v", c2, err)
+	}
+	if _, err := c2.ReadAt(ctx, key, 0, []rdma.SGE{env.SGE(0, 4096)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Get(ctx, "127.0.0.1:1"); err == nil {
+		t.Fatal("dial of a closed port succeeded")
+	}
+}
