@@ -1,9 +1,3 @@
-// Package chunkserver is chunkd, the storage daemon of rdmafs, as a library: it
-// keeps chunk versions durable in a store (package store), holds resident copies
-// and write staging in one registered memory pool (package mempool) and serves the
-// chunk protocol (package proto) to clients over rdma queue pairs, granting each
-// client revocable remote access through memory windows bound on its own queue
-// pair. The client side of the protocol is package client.
 package chunkserver
 
 import (
