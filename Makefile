@@ -23,6 +23,8 @@ vet:
 ## test: the whole suite with the race detector (the README's test command)
 test: deps vet
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+	$(GO) vet -tags verbs ./rdma/...
+	$(GO) test -tags verbs -count=1 ./rdma/verbs
 
 ## fuzz: run every fuzz target for FUZZTIME each
 fuzz:
