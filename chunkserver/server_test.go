@@ -662,3 +662,33 @@ func TestPoolRedials(t *testing.T) {
 		t.Fatal("dial of a closed port succeeded")
 	}
 }
+
+// TestLeaseCacheBounded: a client reading many versions keeps a bounded number
+// of leases cached and releases the rest, so chunkd's pins stay bounded too.
+func TestLeaseCacheBounded(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{})
+	env := chunktest.NewClientEnv(t, 1<<20)
+	c, err := client.Dial(ctxT(t), env.Dev, env.PD, s.Addr(), client.Options{Secret: s.Secret, MaxCachedLeases: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := ctxT(t)
+	for v := uint64(1); v <= 20; v++ {
+		k := chunk.Key{Chunk: 60, Version: v}
+		put(t, c, env, 0, k, 4096)
+		if _, err := c.ReadAt(ctx, k, 0, []rdma.SGE{env.SGE(4096, 4096)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := c.CachedLeases(); n != 4 {
+		t.Fatalf("%d leases cached, want 4", n)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for testutil.ToFloat64(s.Metrics().Leases) != 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("chunkd holds %v leases, want 4", testutil.ToFloat64(s.Metrics().Leases))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
