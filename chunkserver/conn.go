@@ -367,6 +367,7 @@ func (c *conn) serve(req *proto.Request, spare *int) proto.Reply {
 	start := time.Now()
 	rep := c.handle(req, spare)
 	rep.Op = req.Op
+	c.s.requests.Add(1)
 	c.s.opCount[req.Op][min(int(rep.Status), numStatus-1)].Inc()
 	c.s.opLat[req.Op].Observe(time.Since(start).Seconds())
 	return rep

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -547,51 +548,72 @@ func TestFlowControl(t *testing.T) {
 }
 
 func TestMembership(t *testing.T) {
-	m := &fakeMembership{garbage: []chunk.Key{{Chunk: 20, Version: 1}}}
-	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{Membership: m, HeartbeatInterval: 20 * time.Millisecond, Zone: "z1"}})
+	m := &fakeMembership{garbage: []chunk.Key{{Chunk: 20, Version: 1}, {Chunk: 21, Version: 9}}}
+	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{Membership: m, HeartbeatInterval: time.Hour, Zone: "z1"}})
 	c, env := s.Dial(t)
 	put(t, c, env, 0, chunk.Key{Chunk: 20, Version: 1}, 100)
 	put(t, c, env, 0, chunk.Key{Chunk: 20, Version: 2}, 100)
-	deadline := time.Now().Add(5 * time.Second)
+	m.mu.Lock()
+	m.ready = true // from now on heartbeats name the garbage
+	m.mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
 	for {
-		_, err := c.Stat(ctxT(t), chunk.Key{Chunk: 20, Version: 1})
-		if proto.IsStatus(err, proto.StatusWrongVersion) {
+		m.mu.Lock()
+		reported := m.reported
+		m.mu.Unlock()
+		if len(reported) == 2 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("garbage not deleted: %v", err)
+			t.Fatalf("deletions not reported: %v", reported)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := c.Stat(ctxT(t), chunk.Key{Chunk: 20, Version: 1}); !proto.IsStatus(err, proto.StatusWrongVersion) {
+		t.Fatalf("garbage not deleted: %v", err)
 	}
 	if _, err := c.Stat(ctxT(t), chunk.Key{Chunk: 20, Version: 2}); err != nil {
 		t.Fatal(err)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.info.ID != s.ID() || m.info.Zone != "z1" || m.info.Addr != s.Addr() || m.beats == 0 {
-		t.Fatalf("registration %+v, %d heartbeats", m.info, m.beats)
+	if m.info.ID != s.ID() || m.info.Zone != "z1" || m.info.Addr != s.Addr() || m.registrations < 2 {
+		t.Fatalf("registration %+v, %d registrations (want a re-registration)", m.info, m.registrations)
 	}
 }
 
+// fakeMembership is a metadata service: it asks for one re-registration, then
+// hands out garbage until the chunkserver reports it deleted.
 type fakeMembership struct {
-	mu      sync.Mutex
-	info    chunkserver.Info
-	beats   int
-	garbage []chunk.Key
+	mu            sync.Mutex
+	info          chunkserver.Info
+	registrations int
+	beats         int
+	ready         bool
+	garbage       []chunk.Key
+	reported      []chunk.Key
 }
 
-func (m *fakeMembership) Register(ctx context.Context, info chunkserver.Info) error {
+func (m *fakeMembership) Register(ctx context.Context, info chunkserver.Info) (chunkserver.Registration, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.info = info
-	return nil
+	m.registrations++
+	return chunkserver.Registration{HeartbeatInterval: 10 * time.Millisecond}, nil
 }
 
 func (m *fakeMembership) Heartbeat(ctx context.Context, st chunkserver.Stats) ([]chunk.Key, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.beats++
-	return m.garbage, nil // deleting what is not (yet) there is harmless
+	if m.beats == 2 {
+		return nil, fmt.Errorf("meta forgot us: %w", chunkserver.ErrNotRegistered)
+	}
+	m.reported = append(m.reported, st.Deleted...)
+	if !m.ready || len(m.reported) > 0 {
+		return nil, nil
+	}
+	return m.garbage, nil
 }
 
 // TestReadPathAllocations: a read through a cached lease is a pure one-sided
