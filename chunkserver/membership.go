@@ -2,7 +2,6 @@ package chunkserver
 
 import (
 	"context"
-	"time"
 
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 )
@@ -15,7 +14,7 @@ import (
 type Membership interface {
 	// Register announces the chunkserver; chunkd calls it at start and again
 	// whenever a heartbeat fails with ErrNotRegistered.
-	Register(ctx context.Context, info Info) (Registration, error)
+	Register(ctx context.Context, info Info) error
 	// Heartbeat reports the chunkserver's state, including the versions deleted
 	// since the last successful heartbeat, and returns the versions metadata no
 	// longer references (garbage) for chunkd to delete. It returns an error
@@ -25,30 +24,23 @@ type Membership interface {
 
 // Info describes a chunkserver to the metadata service.
 type Info struct {
-	ID         string   // stable id kept in the data dir
-	Addr       string   // address clients connect to
-	Transports []string // rdma transports it serves ("tcp", "auto", ...)
-	Zone       string   // failure-domain label
-	Capacity   int64    // bytes of disk for chunks
-	Used       int64    // bytes held by stored versions
-	MaxLength  int      // largest chunk version accepted
-}
-
-// Registration is the metadata service's answer to Register.
-type Registration struct {
-	// HeartbeatInterval is the interval the service asks for; zero keeps
-	// Config.HeartbeatInterval.
-	HeartbeatInterval time.Duration
+	ID        string // stable id kept in the data dir
+	Addr      string // address clients connect to
+	Transport string // rdma transport it serves ("tcp", "auto", ...)
+	Zone      string // failure-domain label
+	Capacity  int64  // bytes of disk for chunks
+	Used      int64  // bytes held by stored versions
+	MaxLength int    // largest chunk version accepted
 }
 
 // Stats is what a heartbeat reports.
 type Stats struct {
 	ID            string
-	Capacity      int64 // bytes
-	Free          int64 // bytes
-	Used          int64 // bytes held by stored versions
-	Versions      int   // stored versions
-	Load          float64
+	Capacity      int64   // bytes
+	Free          int64   // bytes
+	Used          int64   // bytes held by stored versions
+	Versions      int     // stored versions
+	Load          float64 // requests per second since the last heartbeat
 	Connections   int
 	ResidentBytes int64
 	Leases        int

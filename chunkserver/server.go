@@ -414,16 +414,12 @@ func (s *Server) membershipLoop(ctx context.Context) {
 		if !registered {
 			capacity, _ := s.store.Capacity()
 			used, _ := s.store.Usage()
-			info := Info{ID: s.ID(), Addr: addr, Transports: []string{s.cfg.Device.Name()}, Zone: s.cfg.Zone,
+			info := Info{ID: s.ID(), Addr: addr, Transport: s.cfg.Device.Name(), Zone: s.cfg.Zone,
 				Capacity: capacity, Used: used, MaxLength: s.store.MaxLength()}
-			reg, err := m.Register(ctx, info)
-			if err != nil {
+			if err := m.Register(ctx, info); err != nil {
 				s.log.Warn("chunkd: register with metadata service", "err", err)
 			} else {
 				registered = true
-				if reg.HeartbeatInterval > 0 {
-					interval = reg.HeartbeatInterval
-				}
 				s.log.Info("chunkd: registered", "id", info.ID, "addr", info.Addr, "zone", info.Zone, "heartbeat", interval)
 			}
 		} else {

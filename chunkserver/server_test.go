@@ -549,7 +549,7 @@ func TestFlowControl(t *testing.T) {
 
 func TestMembership(t *testing.T) {
 	m := &fakeMembership{garbage: []chunk.Key{{Chunk: 20, Version: 1}, {Chunk: 21, Version: 9}}}
-	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{Membership: m, HeartbeatInterval: time.Hour, Zone: "z1"}})
+	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{Membership: m, HeartbeatInterval: 10 * time.Millisecond, Zone: "z1"}})
 	c, env := s.Dial(t)
 	put(t, c, env, 0, chunk.Key{Chunk: 20, Version: 1}, 100)
 	put(t, c, env, 0, chunk.Key{Chunk: 20, Version: 2}, 100)
@@ -594,12 +594,12 @@ type fakeMembership struct {
 	reported      []chunk.Key
 }
 
-func (m *fakeMembership) Register(ctx context.Context, info chunkserver.Info) (chunkserver.Registration, error) {
+func (m *fakeMembership) Register(ctx context.Context, info chunkserver.Info) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.info = info
 	m.registrations++
-	return chunkserver.Registration{HeartbeatInterval: 10 * time.Millisecond}, nil
+	return nil
 }
 
 func (m *fakeMembership) Heartbeat(ctx context.Context, st chunkserver.Stats) ([]chunk.Key, error) {
