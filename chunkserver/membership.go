@@ -42,7 +42,8 @@ type Stats struct {
 	Versions      int     // stored versions
 	Load          float64 // requests per second since the last heartbeat
 	Connections   int
-	ResidentBytes int64
+	ResidentBytes int64 // registered memory held by resident versions
+	MemInUse      int64 // registered memory in use: resident, staging, message buffers
 	Leases        int
 	// Deleted lists the garbage versions deleted (or found absent) since the
 	// last successful heartbeat.

@@ -365,7 +365,8 @@ func (s *Server) checkNonce(n [8]byte) bool {
 func (s *Server) Stats() Stats {
 	used, n := s.store.Usage()
 	capacity, free := s.store.Capacity()
-	st := Stats{ID: s.ID(), Capacity: capacity, Free: free, Used: used, Versions: n, ResidentBytes: s.cache.residentBytes()}
+	st := Stats{ID: s.ID(), Capacity: capacity, Free: free, Used: used, Versions: n,
+		ResidentBytes: s.cache.residentBytes(), MemInUse: int64(s.pool.InUse())}
 	s.mu.Lock()
 	st.Connections = len(s.conns)
 	for c := range s.conns {

@@ -100,8 +100,12 @@ type Client struct {
 	sq    chan struct{} // room in the send queue
 	next  atomic.Uint64
 
-	opPool sync.Pool  // *op, reused so that reads and writes do not allocate
-	pollMu sync.Mutex // serializes polling the completion queue
+	opPool sync.Pool // *op, reused so that reads and writes do not allocate
+	// qpMu guards posting against Close: posts hold it shared and check
+	// qpClosed, Close holds it exclusively while it destroys the queue pair.
+	qpMu     sync.RWMutex
+	qpClosed bool
+	pollMu   sync.Mutex // serializes polling the completion queue
 
 	mu     sync.Mutex
 	calls  map[uint64]*call
@@ -230,7 +234,10 @@ func (c *Client) Err() error {
 // Close disconnects. Outstanding calls fail with ErrClosed.
 func (c *Client) Close() error {
 	c.failAll(ErrClosed)
+	c.qpMu.Lock()
+	c.qpClosed = true
 	c.qp.Close()
+	c.qpMu.Unlock()
 	c.closeOnce2.Do(func() { close(c.closing) })
 	<-c.pollDone
 	c.release()
@@ -284,6 +291,11 @@ func (c *Client) recvIndex(slot int) int { return cap(c.slots) + slot }
 func (c *Client) postRecv(slot int) error {
 	sge := [1]rdma.SGE{c.msgSGE(c.recvIndex(slot))}
 	wr := [1]rdma.RecvWR{{ID: recvTag | uint64(slot), SGL: sge[:]}}
+	c.qpMu.RLock()
+	defer c.qpMu.RUnlock()
+	if c.qpClosed {
+		return ErrClosed
+	}
 	if err := c.qp.PostRecv(wr[:]); err != nil {
 		return fmt.Errorf("chunkserver client: post receive: %w", err)
 	}
@@ -454,16 +466,28 @@ func (c *Client) Do(ctx context.Context, reqs []proto.Request) ([]proto.Reply, e
 
 // post posts send work requests once the send queue has room for them.
 func (c *Client) post(ctx context.Context, wrs []rdma.SendWR) error {
-	for range wrs {
+	for i := range wrs {
+		var err error
 		select {
 		case c.sq <- struct{}{}:
+			continue
 		case <-c.done:
-			return c.Err()
+			err = c.Err()
 		case <-ctx.Done():
-			return ctx.Err()
+			err = ctx.Err()
 		}
+		for range i { // give back the room taken so far
+			<-c.sq
+		}
+		return err
 	}
-	if err := c.qp.PostSend(wrs); err != nil {
+	c.qpMu.RLock()
+	err := ErrClosed
+	if !c.qpClosed {
+		err = c.qp.PostSend(wrs)
+	}
+	c.qpMu.RUnlock()
+	if err != nil {
 		for range wrs {
 			<-c.sq
 		}
