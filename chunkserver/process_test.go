@@ -61,7 +61,22 @@ func TestCrashRecovery(t *testing.T) {
 				}
 			}(w)
 		}
-		time.Sleep(time.Duration(300+200*round) * time.Millisecond)
+		// Let the load run (at least a few acknowledged writes, however slow the
+		// machine), then kill at some point in the middle of it.
+		mu.Lock()
+		before := len(acked)
+		mu.Unlock()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			mu.Lock()
+			n := len(acked)
+			mu.Unlock()
+			if n >= before+2*writers || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(time.Duration(50+150*round) * time.Millisecond)
 		p.Kill() // SIGKILL by PID, mid-write
 		cancel()
 		wg.Wait()
