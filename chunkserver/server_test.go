@@ -256,7 +256,8 @@ func isRevoked(err error) bool {
 }
 
 func TestLeaseExpiryRevokes(t *testing.T) {
-	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{LeaseTTL: 300 * time.Millisecond, ReapInterval: 10 * time.Millisecond}})
+	const ttl = time.Second
+	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{LeaseTTL: ttl, ReapInterval: 10 * time.Millisecond}})
 	w, wenv := s.Dial(t)
 	key := chunk.Key{Chunk: 5, Version: 1}
 	put(t, w, wenv, 0, key, 64<<10)
@@ -271,15 +272,15 @@ func TestLeaseExpiryRevokes(t *testing.T) {
 		t.Fatalf("read under lease: %v", err)
 	}
 	// Renewal keeps it alive past the first expiry.
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(ttl / 2)
 	if l, err = c.RenewLease(ctx, l); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(ttl * 6 / 10)
 	if err := c.Read(ctx, l, 0, []rdma.SGE{env.SGE(0, 64<<10)}); err != nil {
 		t.Fatalf("read under renewed lease: %v", err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(ttl * 3 / 2)
 	if err := c.Read(ctx, l, 0, []rdma.SGE{env.SGE(0, 64<<10)}); !isRevoked(err) {
 		t.Fatalf("read after expiry: %v, want REM_ACCESS_ERR", err)
 	}
@@ -307,7 +308,7 @@ func TestLeaseExpiryRevokes(t *testing.T) {
 }
 
 func TestStagingRevoked(t *testing.T) {
-	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{StagingTTL: 300 * time.Millisecond, ReapInterval: 10 * time.Millisecond}})
+	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{StagingTTL: time.Second, ReapInterval: 10 * time.Millisecond}})
 	ctx := ctxT(t)
 	// After commit the staging rkey is dead: the committed bytes cannot change.
 	c, env := s.Dial(t)
@@ -332,7 +333,7 @@ func TestStagingRevoked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond)
 	if err := c2.Commit(ctx, chunk.Key{Chunk: 6, Version: 2}, 0); !proto.IsStatus(err, proto.StatusNoPrepare) {
 		t.Fatalf("commit after staging expiry: %v", err)
 	}
