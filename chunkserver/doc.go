@@ -30,12 +30,13 @@
 //     binds a window with remote write access: {addr, rkey, ttl}. The client
 //     RDMA_WRITEs the data and sends Commit(chunk, version, crc32c): chunkd
 //     revokes the window, verifies the checksum over the staged bytes, writes the
-//     version durably (fdatasync + directory fsync) and only then answers; the
-//     staged buffer becomes the version's resident copy. Abort drops a staging;
+//     version durably (into a slot file whose name is already durable, then
+//     fdatasync) and only then answers; the staged buffer becomes the version's
+//     resident copy. Abort drops a staging;
 //     an unused one expires.
 //   - Delete, Stat and List work on stored versions.
 //
-// A version is never overwritten: a new version is a new file, so a reader of
+// A version is never overwritten: a new version goes to a free slot, so a reader of
 // version v (whose lease pins v's resident copy) always reads exactly v, even
 // while v+1 is committed or v is deleted. Errors are per request, as a status
 // (unknown chunk, wrong version, length over the limit, commit without prepare,
