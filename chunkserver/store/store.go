@@ -108,9 +108,10 @@ const (
 	doneMode    = 0o644
 	// spareSlots is how many empty slots are kept created ahead of time.
 	spareSlots = 16
-	// maxFreeSlots bounds the files of deleted versions kept for reuse; more
-	// are unlinked.
+	// maxFreeSlots and maxFreeBytes bound the files of deleted versions kept for
+	// reuse; more are unlinked, so that deletes give space back.
 	maxFreeSlots = 256
+	maxFreeBytes = 256 << 20
 )
 
 // Options configure a Store.
@@ -343,7 +344,7 @@ func slotDir(sub string) uint64 {
 
 // addFree records a durably free slot (mode 0600 on disk).
 func (s *Store) addFree(n uint64, size int64) {
-	if size > 0 && s.freeCount >= maxFreeSlots {
+	if size > 0 && (s.freeCount >= maxFreeSlots || s.freeBytes+size > maxFreeBytes) {
 		os.Remove(s.slotPath(n))
 		return
 	}
@@ -795,7 +796,11 @@ func (s *Store) Delete(key chunk.Key) error {
 	size := FileSize(int(info.Length))
 	s.used -= size
 	s.count--
-	keep := !s.closed && s.freeCount+len(s.dirty) < maxFreeSlots
+	dirtyBytes := int64(0)
+	for _, d := range s.dirty {
+		dirtyBytes += d.size
+	}
+	keep := !s.closed && s.freeCount+len(s.dirty) < maxFreeSlots && s.freeBytes+dirtyBytes+size <= maxFreeBytes
 	s.mu.Unlock()
 	path := s.slotPath(sl.n)
 	if keep && s.markFree(path) == nil {
