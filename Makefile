@@ -1,10 +1,11 @@
-# rdmafs build, test and benchmark entry points.
+# rdmafs build, test, demo and benchmark entry points.
 GO      ?= go
 BIN     ?= bin
 PKGS    ?= ./...
 FUZZTIME ?= 20s
+CLUSTER ?= /tmp/rdmafs-cluster
 
-.PHONY: all build test test-unit vet fuzz bench bench-rdma deps clean
+.PHONY: all build deps vet test fuzz demo cluster-up cluster-down bench bench-rdma bench-meta bench-fs clean
 
 all: build
 
@@ -12,29 +13,48 @@ all: build
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-## deps: install the system packages the tests and the demo need (Debian, as root)
+## deps: install the Debian packages the tests, demo and benchmarks need (as root)
 deps:
 	./scripts/install-deps.sh
 
-## vet: static checks
+## vet: static checks, including the cgo verbs transport
 vet:
 	$(GO) vet $(PKGS)
+	$(GO) vet -tags verbs ./rdma/...
 
 ## test: the whole suite with the race detector (the README's test command)
 test: deps vet
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
-	$(GO) vet -tags verbs ./rdma/...
 	$(GO) test -tags verbs -count=1 ./rdma/verbs
 
 ## fuzz: run every fuzz target for FUZZTIME each
 fuzz:
 	./scripts/fuzz-all.sh $(FUZZTIME)
 
-## bench: transport benchmark (rdma verbs over tcp vs plain TCP, same run)
-bench: build bench-rdma
+## demo: local cluster (meta + 6 chunkd, EC 4+2), mount, fio job set, tear down
+demo:
+	./scripts/demo.sh
+
+## cluster-up / cluster-down: a local cluster left mounted at $(CLUSTER)/mnt
+cluster-up: deps build
+	$(BIN)/rdmafs dev up $(CLUSTER)
+
+cluster-down:
+	$(BIN)/rdmafs dev down $(CLUSTER)
+
+## bench: transport, metadata and file system benchmarks, each against a
+## baseline measured in the same run
+bench: deps build bench-rdma bench-meta bench-fs
 
 bench-rdma:
-	$(BIN)/rdmafs bench rdma --loopback --baseline tcp
+	$(BIN)/rdmafs bench rdma --loopback --baseline tcp --sizes 4K,64K,1M,8M
+	$(BIN)/rdmafs bench rdma --loopback --transport shm --baseline memcpy --sizes 4K,64K,1M,8M --depth 1
+
+bench-meta:
+	$(BIN)/rdmafs bench meta
+
+bench-fs:
+	$(BIN)/rdmafs bench fs
 
 clean:
 	rm -rf $(BIN)

@@ -24,7 +24,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/chunkserver"
+	"github.com/rdmafs/rdmafs/chunkserver/metamember"
 	"github.com/rdmafs/rdmafs/chunkserver/store"
+	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/rdma/transport"
 )
 
@@ -117,10 +119,19 @@ func run(ctx context.Context, f *flags) error {
 		return err
 	}
 	defer dev.Close()
+	var member chunkserver.Membership
 	if f.meta != "" {
-		// The metadata service's client is wired in by cmd/rdmafs's integration;
-		// until then chunkd serves standalone.
-		log.Warn("chunkd: --meta is not wired to a metadata client in this build; running standalone", "meta", f.meta)
+		if len(secret) == 0 {
+			return fmt.Errorf("--meta needs --secret-file: the metadata service refuses requests without the cluster secret")
+		}
+		mc, err := client.Dial(f.meta, string(secret))
+		if err != nil {
+			return err
+		}
+		defer mc.Close()
+		member = metamember.New(mc)
+	} else {
+		log.Warn("chunkd: no --meta: serving standalone, not registered with a metadata service")
 	}
 
 	st, err := store.Open(f.data, store.Options{MaxLength: int(maxLength), Capacity: capacity, Logger: log})
@@ -135,7 +146,7 @@ func run(ctx context.Context, f *flags) error {
 		Device: dev, Store: st, Addr: f.listen, AdvertiseAddr: f.advertise,
 		MemBytes: int(memBytes), Secret: secret, Credits: f.credits,
 		LeaseTTL: f.leaseTTL, StagingTTL: f.stagingTTL, HeartbeatInterval: f.heartbeat,
-		Zone: f.zone, Logger: log, Registerer: reg,
+		Zone: f.zone, Logger: log, Registerer: reg, Membership: member,
 	})
 	if err != nil {
 		return err

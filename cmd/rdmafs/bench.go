@@ -9,5 +9,7 @@ func newBenchCommand() *cobra.Command {
 		Short: "Measure rdmafs components against baselines measured in the same run",
 	}
 	c.AddCommand(newBenchRDMACommand())
+	c.AddCommand(newBenchMetaCommand())
+	c.AddCommand(newBenchFSCommand())
 	return c
 }

@@ -32,6 +32,12 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.AddCommand(newMetaCommand())
+	root.AddCommand(newFormatCommand())
+	root.AddCommand(newStatusCommand())
+	root.AddCommand(newMountCommand())
+	root.AddCommand(newUmountCommand())
+	root.AddCommand(newDevCommand())
 	root.AddCommand(newBenchCommand())
 	return root
 }

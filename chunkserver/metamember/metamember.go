@@ -1,0 +1,65 @@
+// Package metamember connects chunkd to the metadata service: it implements
+// chunkserver.Membership with the meta client's Register and Heartbeat calls.
+package metamember
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/rdmafs/rdmafs/chunkserver"
+	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// Member registers a chunkserver and reports its heartbeats. The versions a
+// heartbeat reply names are deleted by chunkd before the next heartbeat, which
+// reports them back so that the service forgets them.
+type Member struct {
+	meta metapb.MetaClient
+
+	mu      sync.Mutex
+	deleted []*metapb.ChunkRef // named in the last reply: deleted since
+}
+
+// New returns a Member that talks to the metadata service through meta.
+func New(meta metapb.MetaClient) *Member { return &Member{meta: meta} }
+
+var _ chunkserver.Membership = (*Member)(nil)
+
+// Register implements chunkserver.Membership.
+func (m *Member) Register(ctx context.Context, info chunkserver.Info) error {
+	_, err := m.meta.Register(ctx, &metapb.RegisterRequest{
+		Id: info.ID, Address: info.Addr, Transports: []string{info.Transport}, Zone: info.Zone,
+		Capacity: uint64(max(info.Capacity, 0)),
+	})
+	if err != nil {
+		return fmt.Errorf("register chunkserver %s: %w", info.ID, err)
+	}
+	return nil
+}
+
+// Heartbeat implements chunkserver.Membership.
+func (m *Member) Heartbeat(ctx context.Context, st chunkserver.Stats) ([]chunk.Key, error) {
+	m.mu.Lock()
+	deleted := m.deleted
+	m.mu.Unlock()
+	r, err := m.meta.Heartbeat(ctx, &metapb.HeartbeatRequest{
+		Id: st.ID, Free: uint64(max(st.Free, 0)), Used: uint64(max(st.Used, 0)),
+		ChunkCount: uint64(max(st.Versions, 0)), Load: float64(st.Connections), Deleted: deleted,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("heartbeat of chunkserver %s: %w", st.ID, err)
+	}
+	if r.Reregister {
+		return nil, chunkserver.ErrNotRegistered
+	}
+	keys := make([]chunk.Key, len(r.Delete))
+	for i, ref := range r.Delete {
+		keys[i] = chunk.Key{Chunk: ref.ChunkId, Version: ref.Version}
+	}
+	m.mu.Lock()
+	m.deleted = r.Delete
+	m.mu.Unlock()
+	return keys, nil
+}

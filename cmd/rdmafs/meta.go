@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rdmafs/rdmafs/meta/auth"
+	"github.com/rdmafs/rdmafs/meta/server"
+)
+
+// newMetaCommand is `rdmafs meta`: the metadata server.
+func newMetaCommand() *cobra.Command {
+	var (
+		dataDir, listen, secretFile, metricsListen, logLevel string
+		hbTimeout, sessionTTL, grantTTL                      time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "meta",
+		Short: "Run the metadata server",
+		Long: "Run the metadata server on a data directory prepared by `rdmafs format`. It serves the\n" +
+			"namespace, layouts, the stripe table and chunkserver membership over gRPC, refuses\n" +
+			"requests without the cluster secret, and stops cleanly on SIGTERM.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			logger, err := newLogger(logLevel)
+			if err != nil {
+				return err
+			}
+			if secretFile == "" {
+				secretFile = server.DefaultSecretFile(dataDir)
+			}
+			secret, err := auth.ReadSecretFile(secretFile)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			srv, err := server.Start(ctx, server.Config{DataDir: dataDir, Listen: listen, Secret: secret,
+				MetricsListen: metricsListen, HeartbeatTimeout: hbTimeout, SessionTTL: sessionTTL,
+				GrantTTL: grantTTL, Logger: logger})
+			if err != nil {
+				return err
+			}
+			<-ctx.Done()
+			logger.Info("shutting down")
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			return srv.Stop(sctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dataDir, "data", "", "metadata data directory (formatted by rdmafs format)")
+	f.StringVar(&listen, "listen", "127.0.0.1:7400", "gRPC listen address")
+	f.StringVar(&secretFile, "secret-file", "", "cluster secret file (default DATA/secret)")
+	f.StringVar(&metricsListen, "metrics", "", "Prometheus metrics listen address, e.g. 127.0.0.1:7401 (off when empty)")
+	f.DurationVar(&hbTimeout, "heartbeat-timeout", 10*time.Second, "mark a chunkserver down after this long without a heartbeat")
+	f.DurationVar(&sessionTTL, "session-ttl", 30*time.Second, "default client session lifetime without keepalive")
+	f.DurationVar(&grantTTL, "grant-ttl", 10*time.Minute, "collect the chunks of write grants not committed within this time")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	cmd.MarkFlagRequired("data")
+	return cmd
+}
+
+func newLogger(level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("invalid --log-level %q: %w", level, err)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}

@@ -1,0 +1,254 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/rdmafs/rdmafs/fs"
+	"github.com/rdmafs/rdmafs/fs/fileio"
+	"github.com/rdmafs/rdmafs/meta/auth"
+	"github.com/rdmafs/rdmafs/meta/client"
+	"github.com/rdmafs/rdmafs/rdma/transport"
+)
+
+// mountReadyFD is the descriptor a --background child reports readiness on.
+const mountReadyFD = 3
+
+const mountChildEnv = "RDMAFS_MOUNT_CHILD"
+
+type mountFlags struct {
+	secretFile, transport, memory, metrics, logLevel, logFile string
+	attrTimeout, entryTimeout                                 time.Duration
+	background, debug                                         bool
+	cpuProfile                                                string
+}
+
+func newMountCommand() *cobra.Command {
+	f := &mountFlags{}
+	c := &cobra.Command{
+		Use:   "mount META MOUNTPOINT",
+		Short: "Mount an rdmafs file system (FUSE)",
+		Long: `Mounts the file system whose metadata service is at META (host:port) on
+MOUNTPOINT. File data moves between this host's registered buffers and the
+chunkservers with one-sided RDMA over the chosen transport. Runs in the
+foreground until unmounted or sent SIGTERM/SIGINT, which flushes dirty data and
+unmounts; --background returns once the file system is mounted.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error { return runMount(cmd, f, args[0], args[1]) },
+	}
+	fl := c.Flags()
+	fl.StringVar(&f.secretFile, "secret-file", os.Getenv("RDMAFS_SECRET_FILE"), "file holding the cluster secret (default $RDMAFS_SECRET_FILE)")
+	fl.StringVar(&f.transport, "transport", "auto", "rdma transport to the chunkservers: auto, tcp, shm or verbs")
+	fl.StringVar(&f.memory, "mem", "256MiB", "registered buffer memory for file data (bounds dirty data)")
+	fl.DurationVar(&f.attrTimeout, "attr-timeout", time.Second, "how long the kernel caches attributes")
+	fl.DurationVar(&f.entryTimeout, "entry-timeout", time.Second, "how long the kernel caches names")
+	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (empty: off)")
+	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.StringVar(&f.logFile, "log-file", "", "log to this file (default stderr; --background: MOUNTPOINT's name in /tmp)")
+	fl.BoolVar(&f.background, "background", false, "return once mounted, serving in a background process")
+	fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
+	fl.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the mount's lifetime to this file")
+	fl.MarkHidden("cpuprofile")
+	return c
+}
+
+func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) error {
+	if f.background && os.Getenv(mountChildEnv) == "" {
+		return mountInBackground(cmd, f)
+	}
+	if f.secretFile == "" {
+		return errors.New("mount: --secret-file (or $RDMAFS_SECRET_FILE) is required: the metadata service refuses requests without the cluster secret")
+	}
+	if f.cpuProfile != "" {
+		pf, err := os.Create(f.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("mount: --cpuprofile: %w", err)
+		}
+		pprof.StartCPUProfile(pf)
+		defer pprof.StopCPUProfile()
+	}
+	memBytes, err := parseSize(f.memory)
+	if err != nil {
+		return fmt.Errorf("mount: --mem: %w", err)
+	}
+	logger, err := mountLogger(f)
+	if err != nil {
+		return err
+	}
+	secret, err := auth.ReadSecretFile(f.secretFile)
+	if err != nil {
+		return fmt.Errorf("mount: %w", err)
+	}
+	ctx := cmd.Context()
+	mc, err := client.Dial(metaAddr, secret)
+	if err != nil {
+		return fmt.Errorf("mount: %w", err)
+	}
+	defer mc.Close()
+	host, _ := os.Hostname()
+	sess, err := mc.StartSession(ctx, fmt.Sprintf("%s pid %d", host, os.Getpid()), 0)
+	if err != nil {
+		return fmt.Errorf("mount: metadata service at %s: %w", metaAddr, err)
+	}
+	defer sess.Close(context.Background())
+	dev, err := transport.Open(f.transport, logger)
+	if err != nil {
+		return fmt.Errorf("mount: %w", err)
+	}
+	defer dev.Close()
+	eng, err := fileio.New(fileio.Config{Meta: mc, Device: dev, Secret: []byte(secret), MemBytes: int(memBytes), Logger: logger})
+	if err != nil {
+		return fmt.Errorf("mount: %w", err)
+	}
+	defer eng.Close()
+	_, root := fs.New(fs.Options{Meta: mc, Session: sess.ID(), Data: eng, AttrTimeout: f.attrTimeout, EntryTimeout: f.entryTimeout, Logger: logger})
+	srv, err := fs.Mount(mountpoint, root, fs.MountOptions{Debug: f.debug})
+	if err != nil {
+		return err
+	}
+	logger.Info("mounted", "meta", metaAddr, "mountpoint", mountpoint, "transport", dev.Name())
+	if f.metrics != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_degraded_stripe_reads_total", Help: "Stripes read with shards missing, rebuilt from survivors."},
+				func() float64 { return float64(eng.Stats().DegradedReads.Load()) }))
+		hs := &http.Server{Addr: f.metrics, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})}
+		go hs.ListenAndServe()
+		defer hs.Close()
+	}
+	if os.Getenv(mountChildEnv) != "" {
+		ready := os.NewFile(mountReadyFD, "ready")
+		ready.Write([]byte{1})
+		ready.Close()
+	}
+	served := make(chan struct{})
+	go func() { srv.Wait(); close(served) }()
+	select {
+	case <-served:
+		logger.Info("unmounted", "mountpoint", mountpoint)
+	case <-ctx.Done():
+		logger.Info("signal: flushing and unmounting", "mountpoint", mountpoint)
+		fctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		if err := eng.FlushAll(fctx); err != nil {
+			logger.Error("flush before unmount", "err", err)
+		}
+		cancel()
+		for i := 0; ; i++ {
+			err := srv.Unmount()
+			if err == nil {
+				break
+			}
+			if i == 50 {
+				logger.Error("unmount failed; detaching", "err", err)
+				syscall.Unmount(mountpoint, syscall.MNT_DETACH)
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		<-served
+	}
+	return nil
+}
+
+func mountLogger(f *mountFlags) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return nil, fmt.Errorf("mount: --log-level %q: %w", f.logLevel, err)
+	}
+	out := os.Stderr
+	if f.logFile != "" {
+		lf, err := os.OpenFile(f.logFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("mount: --log-file: %w", err)
+		}
+		out = lf
+	}
+	return slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level})), nil
+}
+
+// mountInBackground starts this command again as a detached child and returns
+// once the child reports the file system mounted, or with the child's log.
+func mountInBackground(cmd *cobra.Command, f *mountFlags) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("mount --background: %w", err)
+	}
+	logFile := f.logFile
+	args := os.Args[1:]
+	if logFile == "" {
+		mp := cmd.Flags().Arg(1)
+		logFile = filepath.Join(os.TempDir(), "rdmafs-mount-"+strings.Trim(strings.ReplaceAll(mp, "/", "-"), "-")+".log")
+		args = append(args, "--log-file", logFile)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("mount --background: %w", err)
+	}
+	child := exec.Command(exe, args...)
+	child.Env = append(os.Environ(), mountChildEnv+"=1")
+	child.ExtraFiles = []*os.File{w} // descriptor 3
+	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := child.Start(); err != nil {
+		return fmt.Errorf("mount --background: %w", err)
+	}
+	w.Close()
+	done := make(chan error, 1)
+	go func() {
+		var b [1]byte
+		_, err := r.Read(b[:])
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			fmt.Fprintf(cmd.OutOrStdout(), "mounted (pid %d, log %s)\n", child.Process.Pid, logFile)
+			child.Process.Release()
+			return nil
+		}
+		child.Wait()
+		log, _ := os.ReadFile(logFile)
+		return fmt.Errorf("mount --background: the mount process exited before mounting; its log:\n%s", log)
+	case <-time.After(30 * time.Second):
+		child.Process.Kill()
+		return errors.New("mount --background: not mounted after 30s")
+	}
+}
+
+func newUmountCommand() *cobra.Command {
+	var lazy bool
+	c := &cobra.Command{
+		Use:   "umount MOUNTPOINT",
+		Short: "Unmount an rdmafs file system (the mount process flushes and exits)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			flags := 0
+			if lazy {
+				flags = syscall.MNT_DETACH
+			}
+			if err := syscall.Unmount(args[0], flags); err != nil {
+				if errors.Is(err, syscall.EBUSY) {
+					return fmt.Errorf("umount %s: busy: files are open or a process has its directory there (--lazy detaches now and unmounts when they close)", args[0])
+				}
+				return fmt.Errorf("umount %s: %w", args[0], err)
+			}
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&lazy, "lazy", false, "detach now, finish when no longer busy")
+	return c
+}

@@ -1,0 +1,108 @@
+package fs
+
+import (
+	"context"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// fileHandle is an open regular file. Its bytes move through the Data engine;
+// the open is recorded in the client's session so that an unlinked file stays
+// readable until released.
+type fileHandle struct {
+	fsys  *FS
+	ino   uint64
+	flags uint32
+}
+
+var (
+	_ gofs.FileReader   = (*fileHandle)(nil)
+	_ gofs.FileWriter   = (*fileHandle)(nil)
+	_ gofs.FileFlusher  = (*fileHandle)(nil)
+	_ gofs.FileFsyncer  = (*fileHandle)(nil)
+	_ gofs.FileReleaser = (*fileHandle)(nil)
+)
+
+// Open implements gofs.NodeOpener: the service checks the access mode and
+// records the open in the session.
+func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	_, err := n.fsys.meta.Open(ctx, &metapb.OpenRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, SessionId: n.fsys.opts.Session, Flags: flags})
+	if err != nil {
+		return nil, 0, errno(err)
+	}
+	if d := n.fsys.opts.Data; d != nil {
+		if err := d.Open(ctx, n.ino); err != nil {
+			return nil, 0, errno(err)
+		}
+		if flags&syscall.O_TRUNC != 0 {
+			if err := d.Truncate(ctx, n.ino, 0); err != nil {
+				return nil, 0, errno(err)
+			}
+		}
+	}
+	return &fileHandle{fsys: n.fsys, ino: n.ino, flags: flags}, 0, 0
+}
+
+func (f *fileHandle) data() (Data, syscall.Errno) {
+	if f.fsys.opts.Data == nil {
+		return nil, syscall.EIO
+	}
+	return f.fsys.opts.Data, 0
+}
+
+// Read implements gofs.FileReader.
+func (f *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	d, e := f.data()
+	if e != 0 {
+		return nil, e
+	}
+	n, err := d.Read(ctx, f.ino, dest, off)
+	if err != nil {
+		return nil, errno(err)
+	}
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+// Write implements gofs.FileWriter.
+func (f *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	d, e := f.data()
+	if e != 0 {
+		return 0, e
+	}
+	n, err := d.Write(ctx, f.ino, data, off)
+	if err != nil {
+		return uint32(n), errno(err)
+	}
+	return uint32(n), 0
+}
+
+// Flush implements gofs.FileFlusher: close(2) commits what was written, so that
+// the next open anywhere sees it (close-to-open consistency).
+func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
+	if f.flags&syscall.O_ACCMODE == syscall.O_RDONLY || f.fsys.opts.Data == nil {
+		return 0
+	}
+	return errno(f.fsys.opts.Data.Flush(ctx, f.ino))
+}
+
+// Fsync implements gofs.FileFsyncer: every shard durable and the version
+// committed before it returns.
+func (f *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	if f.fsys.opts.Data == nil {
+		return 0
+	}
+	return errno(f.fsys.opts.Data.Flush(ctx, f.ino))
+}
+
+// Release implements gofs.FileReleaser.
+func (f *fileHandle) Release(ctx context.Context) syscall.Errno {
+	_, err := f.fsys.meta.Release(ctx, &metapb.ReleaseRequest{Ino: f.ino, SessionId: f.fsys.opts.Session})
+	if err != nil {
+		f.fsys.log.Warn("release", "ino", f.ino, "err", err)
+	}
+	return 0
+}

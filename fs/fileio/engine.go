@@ -1,0 +1,809 @@
+// Package fileio is the FUSE client's file I/O engine: it implements fs.Data
+// over the metadata service (stripe maps, write grants, commits) and the
+// chunkservers (one-sided RDMA reads and writes of shards).
+//
+// Writes land in stripe buffers carved from one registered memory region; a
+// partly overwritten stripe that holds committed data is read in first. Flush
+// (close, fsync, or a file's dirty data passing its limit) Reed-Solomon encodes
+// each dirty stripe in place, writes its k+m shards to the granted chunkservers
+// in parallel straight from the buffer (prepare, RDMA_WRITE, commit: durable on
+// return), then commits all the file's stripes with their new versions, the size
+// and mtime in one compare-and-set transaction. A stripe someone else committed
+// meanwhile is re-read and the writes are applied again on top.
+//
+// Reads use the stripe map cached since the file was opened (close-to-open
+// consistency) and RDMA_READ the data shards they need; a shard that cannot be
+// read is rebuilt from any k shards of the stripe, so up to m lost chunkservers
+// stay invisible to applications.
+//
+// Shard length convention: all k+m shards of a stripe have the same length,
+// that of data shard 0 rounded up to 4 KiB; data shards with fewer bytes are
+// zero-padded. A small file therefore costs k+m small chunks, not full units.
+package fileio
+
+import (
+	"context"
+	"fmt"
+	"hash/crc32"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/klauspost/reedsolomon"
+
+	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	metaclient "github.com/rdmafs/rdmafs/meta/client"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+	"github.com/rdmafs/rdmafs/rdma"
+)
+
+// Config configures an Engine.
+type Config struct {
+	Meta   metapb.MetaClient
+	Device rdma.Device // transport to the chunkservers
+	Secret []byte      // cluster secret, presented to chunkservers
+	// MemBytes is the registered buffer memory (default 256 MiB). It bounds
+	// dirty data: writers flush their own files when it runs short.
+	MemBytes int
+	// FileDirtyLimit bounds one file's dirty data before it is flushed
+	// (default a quarter of MemBytes).
+	FileDirtyLimit int
+	Logger         *slog.Logger
+}
+
+// Engine is the file I/O engine of one mount.
+type Engine struct {
+	cfg   Config
+	pd    rdma.ProtectionDomain
+	mem   *rdma.Memory
+	mr    rdma.MemoryRegion
+	pool  *pool
+	conns *conns
+	log   *slog.Logger
+
+	mu    sync.Mutex
+	files map[uint64]*file
+	codes map[[2]int]reedsolomon.Encoder
+
+	stats Stats
+}
+
+// Stats count what the engine did.
+type Stats struct {
+	// DegradedReads counts stripes read with shards missing, rebuilt from the
+	// survivors.
+	DegradedReads atomic.Int64
+}
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() *Stats { return &e.stats }
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// New allocates and registers the engine's buffer memory, once.
+func New(cfg Config) (*Engine, error) {
+	if cfg.MemBytes <= 0 {
+		cfg.MemBytes = 256 << 20
+	}
+	if cfg.FileDirtyLimit <= 0 {
+		cfg.FileDirtyLimit = cfg.MemBytes / 4
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	pd, err := cfg.Device.AllocPD()
+	if err != nil {
+		return nil, fmt.Errorf("fileio: %w", err)
+	}
+	mem, err := rdma.AllocMemory("fileio", cfg.MemBytes)
+	if err != nil {
+		pd.Close()
+		return nil, fmt.Errorf("fileio: %w", err)
+	}
+	mr, err := pd.RegisterMemory(mem, rdma.AccessLocalWrite)
+	if err != nil {
+		mem.Free()
+		pd.Close()
+		return nil, fmt.Errorf("fileio: %w", err)
+	}
+	e := &Engine{cfg: cfg, pd: pd, mem: mem, mr: mr, pool: newPool(mr), log: cfg.Logger,
+		files: map[uint64]*file{}, codes: map[[2]int]reedsolomon.Encoder{}}
+	e.conns = &conns{dev: cfg.Device, pd: pd, secret: cfg.Secret, m: map[string]*peer{}}
+	return e, nil
+}
+
+// Close drops every connection and frees the buffer memory. Dirty data not
+// flushed is lost: flush files first.
+func (e *Engine) Close() error {
+	e.conns.closeAll()
+	e.mr.Deregister()
+	e.mem.Free()
+	return e.pd.Close()
+}
+
+func (e *Engine) codec(k, m int) (reedsolomon.Encoder, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if enc, ok := e.codes[[2]int{k, m}]; ok {
+		return enc, nil
+	}
+	if m == 0 {
+		return nil, nil
+	}
+	enc, err := reedsolomon.New(k, m)
+	if err != nil {
+		return nil, fmt.Errorf("fileio: %d+%d code: %w", k, m, err)
+	}
+	e.codes[[2]int{k, m}] = enc
+	return enc, nil
+}
+
+// layout is a file's erasure-coding layout; it never changes for a file.
+type layout struct {
+	k, m int
+	unit int64
+}
+
+// stripeSize returns the bytes of file data a stripe holds.
+func (l layout) stripeSize() int64 { return int64(l.k) * l.unit }
+
+// shardLen returns the length of every shard of a stripe holding length bytes.
+func (l layout) shardLen(length int64) int64 {
+	n := min(length, l.unit)
+	return (n + 4095) / 4096 * 4096
+}
+
+// file is the engine's state of one inode. Stripes being written move from
+// dirty to flushing while their shards and commit are in flight; cond is
+// signalled whenever a flush ends.
+type file struct {
+	mu       sync.Mutex
+	cond     *sync.Cond
+	ino      uint64
+	lay      layout
+	size     int64                         // committed size as last seen, grown by local writes; -1 unknown
+	stripes  map[uint64]*metapb.StripeInfo // committed stripes as last seen; nil value: none
+	dirty    map[uint64]*dirtyStripe
+	flushing map[uint64]*dirtyStripe
+	bufBytes int   // buffer bytes held by dirty and flushing stripes
+	err      error // a background flush's failure, reported by the next Flush
+}
+
+// dirtyStripe is a stripe being rewritten: data shards then parity in one
+// registered buffer, built on base (the committed version, 0 for none).
+type dirtyStripe struct {
+	buf     *buffer
+	base    uint64
+	length  int64      // bytes of file data in the stripe
+	extents [][2]int64 // ranges written, sorted and merged, for reapplying after a conflict
+}
+
+// addExtent records [lo, hi) as written, keeping the list sorted and merged.
+func (d *dirtyStripe) addExtent(lo, hi int64) {
+	x := append(d.extents, [2]int64{lo, hi})
+	slices.SortFunc(x, func(a, b [2]int64) int { return int(a[0] - b[0]) })
+	out := x[:1]
+	for _, e := range x[1:] {
+		if last := &out[len(out)-1]; e[0] <= last[1] {
+			last[1] = max(last[1], e[1])
+		} else {
+			out = append(out, e)
+		}
+	}
+	d.extents = out
+}
+
+// covers reports whether the writes cover [0, n).
+func (d *dirtyStripe) covers(n int64) bool {
+	return len(d.extents) == 1 && d.extents[0][0] == 0 && d.extents[0][1] >= n
+}
+
+func (e *Engine) file(ino uint64) *file {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	f := e.files[ino]
+	if f == nil {
+		f = &file{ino: ino, stripes: map[uint64]*metapb.StripeInfo{}, dirty: map[uint64]*dirtyStripe{},
+			flushing: map[uint64]*dirtyStripe{}, size: -1}
+		f.cond = sync.NewCond(&f.mu)
+		e.files[ino] = f
+	}
+	return f
+}
+
+// Open forgets what is cached of ino's committed state, so that this open sees
+// everything committed before it (close-to-open consistency).
+func (e *Engine) Open(ctx context.Context, ino uint64) error {
+	f := e.file(ino)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	clear(f.stripes)
+	if len(f.dirty) == 0 && len(f.flushing) == 0 {
+		f.size = -1
+	}
+	return nil
+}
+
+// fetch loads the layout, size and the committed state of stripes
+// [first, first+count) that are not cached.
+func (e *Engine) fetch(ctx context.Context, f *file, first, count uint64) error {
+	if f.size >= 0 && f.lay.k > 0 {
+		missing := false
+		for s := first; s < first+count; s++ {
+			if _, ok := f.stripes[s]; !ok {
+				missing = true
+				break
+			}
+		}
+		if !missing {
+			return nil
+		}
+	}
+	r, err := e.cfg.Meta.GetStripes(ctx, &metapb.GetStripesRequest{Ino: f.ino, First: first, Count: count})
+	if err != nil {
+		return err
+	}
+	if l := r.Layout; l != nil && l.K > 0 && f.lay.k == 0 {
+		f.lay = layout{k: int(l.K), m: int(l.M), unit: int64(l.Unit)}
+	}
+	if f.lay.k == 0 || f.lay.unit == 0 {
+		return fmt.Errorf("fileio: inode %d has no layout: %w", f.ino, syscall.EIO)
+	}
+	size := int64(r.Size)
+	for _, m := range []map[uint64]*dirtyStripe{f.dirty, f.flushing} {
+		for s, d := range m {
+			size = max(size, int64(s)*f.lay.stripeSize()+d.length)
+		}
+	}
+	f.size = max(size, 0)
+	for s := first; s < first+count; s++ {
+		f.stripes[s] = nil
+	}
+	for _, si := range r.Stripes {
+		f.stripes[si.Stripe] = si
+	}
+	return nil
+}
+
+// Read implements fs.Data. The file's lock is held only to look up what to
+// read: the RDMA reads run without it, so the kernel's parallel readahead
+// requests proceed in parallel.
+func (e *Engine) Read(ctx context.Context, ino uint64, p []byte, off int64) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	f := e.file(ino)
+	f.mu.Lock()
+	if err := e.fetch(ctx, f, 0, 0); err != nil {
+		f.mu.Unlock()
+		return 0, err
+	}
+	lay := f.lay
+	ss := lay.stripeSize()
+	end := min(off+int64(len(p)), f.size)
+	if off >= end {
+		f.mu.Unlock()
+		return 0, nil
+	}
+	first, last := uint64(off/ss), uint64((end-1)/ss)
+	if err := e.fetch(ctx, f, first, last-first+1); err != nil {
+		f.mu.Unlock()
+		return 0, err
+	}
+	end = min(end, f.size)
+	type piece struct {
+		si  *metapb.StripeInfo
+		so  int64
+		dst []byte
+	}
+	var pieces []piece
+	for s := first; s <= last && int64(s)*ss < end; s++ {
+		lo, hi := max(off, int64(s)*ss), min(end, int64(s+1)*ss)
+		dst := p[lo-off : hi-off]
+		so := lo - int64(s)*ss
+		d := f.dirty[s]
+		if d == nil {
+			d = f.flushing[s]
+		}
+		if d != nil {
+			copy(dst, d.buf.b[so:so+int64(len(dst))])
+			continue
+		}
+		pieces = append(pieces, piece{f.stripes[s], so, dst})
+	}
+	f.mu.Unlock()
+	for _, pc := range pieces {
+		if err := e.readCommitted(ctx, ino, lay, pc.si, pc.so, pc.dst); err != nil {
+			return 0, err
+		}
+	}
+	return int(end - off), nil
+}
+
+// readCommitted reads [so, so+len(dst)) of a committed stripe into dst; bytes
+// past its length, and stripes never written, read as zeros.
+func (e *Engine) readCommitted(ctx context.Context, ino uint64, lay layout, si *metapb.StripeInfo, so int64, dst []byte) error {
+	clear(dst)
+	if si == nil || so >= int64(si.Length) {
+		return nil
+	}
+	n := min(int64(len(dst)), int64(si.Length)-so)
+	tmp, err := e.pool.get(ctx, int(n))
+	if err != nil {
+		return err
+	}
+	defer e.pool.put(tmp)
+	// The data shards the range covers, each read with RDMA_READ into tmp.
+	var failed bool
+	for done := int64(0); done < n; {
+		x := so + done
+		shard, soff := int(x/lay.unit), x%lay.unit
+		l := min(n-done, lay.unit-soff)
+		if shard >= len(si.Shards) {
+			return fmt.Errorf("fileio: stripe %d of inode %d has %d shards: %w", si.Stripe, ino, len(si.Shards), syscall.EIO)
+		}
+		sh := si.Shards[shard]
+		c, err := e.conns.get(ctx, sh.Address)
+		if err == nil {
+			_, err = c.ReadAt(ctx, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, int(soff), []rdma.SGE{tmp.sge(int(done), int(l))})
+		}
+		if err != nil {
+			e.log.Warn("fileio: shard read failed, reconstructing", "ino", ino, "stripe", si.Stripe, "shard", shard, "server", sh.Address, "err", err)
+			failed = true
+			break
+		}
+		done += l
+	}
+	if !failed {
+		copy(dst, tmp.b[:n])
+		return nil
+	}
+	data, release, err := e.readStripeDegraded(ctx, ino, lay, si)
+	if err != nil {
+		return err
+	}
+	defer release()
+	copy(dst, data[so:so+n])
+	return nil
+}
+
+// readStripeDegraded reads every shard it can reach of a committed stripe and
+// rebuilds the data from any k of them. It returns the stripe's data bytes
+// (k*unit laid out shard after shard) and a function releasing the buffer.
+func (e *Engine) readStripeDegraded(ctx context.Context, ino uint64, lay layout, si *metapb.StripeInfo) ([]byte, func(), error) {
+	n := lay.k + lay.m
+	if len(si.Shards) != n {
+		return nil, nil, fmt.Errorf("fileio: stripe %d has %d shards, layout %d+%d: %w", si.Stripe, len(si.Shards), lay.k, lay.m, syscall.EIO)
+	}
+	sl := lay.shardLen(int64(si.Length))
+	unit := int(lay.unit)
+	buf, err := e.pool.get(ctx, n*unit)
+	if err != nil {
+		return nil, nil, err
+	}
+	release := func() { e.pool.put(buf) }
+	shards := make([][]byte, n)
+	type result struct {
+		i   int
+		err error
+	}
+	results := make(chan result, n)
+	for i, sh := range si.Shards {
+		go func() {
+			c, err := e.conns.get(ctx, sh.Address)
+			if err == nil {
+				_, err = c.ReadAt(ctx, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, 0, []rdma.SGE{buf.sge(i*unit, int(sl))})
+			}
+			results <- result{i, err}
+		}()
+	}
+	ok := 0
+	var lastErr error
+	for range n {
+		r := <-results
+		if r.err != nil {
+			lastErr = r.err
+			continue
+		}
+		shards[r.i] = buf.b[r.i*unit : r.i*unit+int(sl)]
+		ok++
+	}
+	if ok < lay.k {
+		release()
+		return nil, nil, fmt.Errorf("fileio: stripe %d of inode %d: %d of %d shards readable, %d needed (last error: %v): %w",
+			si.Stripe, ino, ok, n, lay.k, lastErr, syscall.EIO)
+	}
+	if ok < n {
+		e.stats.DegradedReads.Add(1)
+		if lay.k == 1 {
+			for _, s := range shards {
+				if s != nil {
+					copy(buf.b[:sl], s)
+					break
+				}
+			}
+		} else {
+			enc, err := e.codec(lay.k, lay.m)
+			if err != nil {
+				release()
+				return nil, nil, err
+			}
+			// Missing data shards are rebuilt in place: give them their slot
+			// with zero length and the capacity of the shard.
+			for i := 0; i < lay.k; i++ {
+				if shards[i] == nil {
+					shards[i] = buf.b[i*unit : i*unit : i*unit+int(sl)]
+				}
+			}
+			if err := enc.ReconstructData(shards); err != nil {
+				release()
+				return nil, nil, fmt.Errorf("fileio: reconstruct stripe %d of inode %d: %w", si.Stripe, ino, err)
+			}
+		}
+	}
+	// Data shards hold sl bytes each at their unit offset; zero the rest so the
+	// stripe reads as laid out in the file.
+	for i := 0; i < lay.k; i++ {
+		clear(buf.b[i*unit+int(sl) : (i+1)*unit])
+	}
+	return buf.b[:lay.k*unit], release, nil
+}
+
+// flushTimeout bounds one background flush: its writes and commits outlive
+// the request that started them.
+const flushTimeout = 2 * time.Minute
+
+// Write implements fs.Data. A stripe whose bytes have all been written starts
+// flushing at once in the background while the writer goes on (write-behind).
+func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	f := e.file(ino)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := e.fetch(ctx, f, 0, 0); err != nil {
+		return 0, err
+	}
+	ss := f.lay.stripeSize()
+	end := off + int64(len(p))
+	for s := uint64(off / ss); int64(s)*ss < end; s++ {
+		lo, hi := max(off, int64(s)*ss), min(end, int64(s+1)*ss)
+		so, sh := lo-int64(s)*ss, hi-int64(s)*ss
+		d, err := e.dirtyStripe(ctx, f, s, so, sh)
+		if err != nil {
+			return int(max(lo-off, 0)), err
+		}
+		copy(d.buf.b[so:], p[lo-off:hi-off])
+		d.length = max(d.length, sh)
+		d.addExtent(so, sh)
+		if d.covers(ss) {
+			e.startFlush(f, []uint64{s})
+		}
+	}
+	f.size = max(f.size, end)
+	for f.bufBytes > e.cfg.FileDirtyLimit {
+		if len(f.dirty) > 0 {
+			e.startFlush(f, keys(f.dirty))
+		}
+		f.cond.Wait()
+	}
+	return len(p), nil
+}
+
+func keys(m map[uint64]*dirtyStripe) []uint64 {
+	ks := make([]uint64, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+// dirtyStripe returns the dirty buffer of stripe s, creating it — with the
+// committed data read in unless [lo, hi) covers all of it — when there is none.
+// It waits for a flush of s in progress. The caller holds f.mu.
+func (e *Engine) dirtyStripe(ctx context.Context, f *file, s uint64, lo, hi int64) (*dirtyStripe, error) {
+	for {
+		for f.flushing[s] != nil {
+			f.cond.Wait()
+		}
+		if d := f.dirty[s]; d != nil {
+			return d, nil
+		}
+		if err := e.fetch(ctx, f, s, 1); err != nil {
+			return nil, err
+		}
+		size := (f.lay.k + f.lay.m) * int(f.lay.unit)
+		buf, err := e.getBuffer(ctx, f, size)
+		if err != nil {
+			return nil, err
+		}
+		if f.dirty[s] != nil || f.flushing[s] != nil {
+			e.pool.put(buf) // someone else made it while we waited for memory
+			continue
+		}
+		d := &dirtyStripe{buf: buf}
+		clear(buf.b[:f.lay.k*int(f.lay.unit)])
+		if si := f.stripes[s]; si != nil {
+			d.base, d.length = si.Version, int64(si.Length)
+			if lo > 0 || hi < int64(si.Length) {
+				if err := e.readCommitted(ctx, f.ino, f.lay, si, 0, buf.b[:si.Length]); err != nil {
+					e.pool.put(buf)
+					return nil, err
+				}
+			}
+		}
+		f.dirty[s] = d
+		f.bufBytes += len(buf.b)
+		return d, nil
+	}
+}
+
+// getBuffer takes buffer memory. When the pool is short it flushes the file's
+// own stripes and waits for them, and only then waits for other files' flushes
+// with f.mu released, so no writer ever waits for memory it holds itself.
+// The caller holds f.mu.
+func (e *Engine) getBuffer(ctx context.Context, f *file, n int) (*buffer, error) {
+	now, cancel := context.WithCancel(ctx)
+	cancel() // a cancelled context: get returns at once instead of waiting
+	for {
+		if b, err := e.pool.get(now, n); err == nil {
+			return b, nil
+		}
+		switch {
+		case len(f.dirty) > 0:
+			e.startFlush(f, keys(f.dirty))
+			f.cond.Wait()
+		case len(f.flushing) > 0:
+			f.cond.Wait()
+		default:
+			f.mu.Unlock()
+			b, err := e.pool.get(ctx, n)
+			f.mu.Lock()
+			return b, err
+		}
+	}
+}
+
+// startFlush moves stripes from dirty to flushing and writes and commits them
+// in the background. The caller holds f.mu.
+func (e *Engine) startFlush(f *file, stripes []uint64) {
+	batch := make([]*dirtyStripe, 0, len(stripes))
+	for _, s := range stripes {
+		d := f.dirty[s]
+		delete(f.dirty, s)
+		f.flushing[s] = d
+		batch = append(batch, d)
+	}
+	lay := f.lay
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		defer cancel()
+		infos, err := e.writeStripes(ctx, f.ino, lay, stripes, batch)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		defer f.cond.Broadcast()
+		for i, s := range stripes {
+			delete(f.flushing, s)
+			if err == nil {
+				f.stripes[s] = infos[i]
+				f.bufBytes -= len(batch[i].buf.b)
+				e.pool.put(batch[i].buf)
+			} else {
+				f.dirty[s] = batch[i] // kept for the next attempt
+			}
+		}
+		if err == nil {
+			return
+		}
+		if conflicts := metaclient.ConflictStripes(err); len(conflicts) > 0 {
+			if rerr := e.rebase(ctx, f, conflicts); rerr != nil {
+				f.err = rerr
+				return
+			}
+			e.startFlush(f, conflicts)
+			return
+		}
+		f.err = err
+	}()
+}
+
+// Flush implements fs.Data: it flushes every dirty stripe of ino, waits for all
+// flushes in progress, and reports the first failure since the last Flush. A
+// failed flush keeps its data and is tried again.
+func (e *Engine) Flush(ctx context.Context, ino uint64) error {
+	f := e.file(ino)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return e.flushLocked(f)
+}
+
+func (e *Engine) flushLocked(f *file) error {
+	for attempt := 0; ; attempt++ {
+		if len(f.dirty) > 0 {
+			e.startFlush(f, keys(f.dirty))
+		}
+		for len(f.flushing) > 0 {
+			f.cond.Wait()
+		}
+		err := f.err
+		f.err = nil
+		if err == nil && len(f.dirty) == 0 {
+			return nil
+		}
+		if attempt == 2 {
+			if err == nil {
+				err = fmt.Errorf("fileio: inode %d: stripes kept changing under the writer: %w", f.ino, syscall.EIO)
+			}
+			return err
+		}
+	}
+}
+
+// FlushAll flushes every file with dirty data (before an unmount); it returns
+// the first error and goes on with the other files.
+func (e *Engine) FlushAll(ctx context.Context) error {
+	e.mu.Lock()
+	files := make([]*file, 0, len(e.files))
+	for _, f := range e.files {
+		files = append(files, f)
+	}
+	e.mu.Unlock()
+	var first error
+	for _, f := range files {
+		f.mu.Lock()
+		err := e.flushLocked(f)
+		f.mu.Unlock()
+		if err != nil && first == nil {
+			first = fmt.Errorf("fileio: flush inode %d: %w", f.ino, err)
+		}
+	}
+	return first
+}
+
+// Truncate implements fs.Data: flushes in progress finish, and dirty data past
+// size is dropped.
+func (e *Engine) Truncate(ctx context.Context, ino uint64, size uint64) error {
+	f := e.file(ino)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for len(f.flushing) > 0 {
+		f.cond.Wait()
+	}
+	if f.lay.k == 0 {
+		clear(f.stripes)
+		f.size = -1
+		return nil
+	}
+	ss := f.lay.stripeSize()
+	for s, d := range f.dirty {
+		start := int64(s) * ss
+		switch {
+		case start >= int64(size):
+			e.pool.put(d.buf)
+			f.bufBytes -= len(d.buf.b)
+			delete(f.dirty, s)
+		case start+d.length > int64(size):
+			cut := int64(size) - start
+			clear(d.buf.b[cut:d.length])
+			d.length = cut
+		}
+	}
+	clear(f.stripes)
+	f.size = -1
+	return nil
+}
+
+// writeStripes encodes the stripes, writes their k+m shards to the granted
+// chunkservers in parallel, and commits them with one compare-and-set. It runs
+// without the file's lock: the buffers belong to the flush.
+func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay layout, stripes []uint64, batch []*dirtyStripe) ([]*metapb.StripeInfo, error) {
+	enc, err := e.codec(lay.k, lay.m)
+	if err != nil {
+		return nil, err
+	}
+	unit := int(lay.unit)
+	var size int64
+	for i, d := range batch {
+		size = max(size, int64(stripes[i])*lay.stripeSize()+d.length)
+		sl := int(lay.shardLen(d.length))
+		shards := make([][]byte, lay.k+lay.m)
+		for j := range shards {
+			shards[j] = d.buf.b[j*unit : j*unit+sl]
+		}
+		if lay.m > 0 {
+			if lay.k == 1 {
+				for j := 1; j < len(shards); j++ {
+					copy(shards[j], shards[0])
+				}
+			} else if err := enc.Encode(shards); err != nil {
+				return nil, fmt.Errorf("fileio: encode stripe %d: %w", stripes[i], err)
+			}
+		}
+	}
+	t0 := time.Now()
+	g, err := e.cfg.Meta.GrantWrite(ctx, &metapb.GrantWriteRequest{Ino: ino, Stripes: stripes})
+	if err != nil {
+		return nil, err
+	}
+	if len(g.Grants) != len(stripes) {
+		return nil, fmt.Errorf("fileio: %d grants for %d stripes: %w", len(g.Grants), len(stripes), syscall.EIO)
+	}
+	t1 := time.Now()
+	errs := make(chan error, len(stripes)*(lay.k+lay.m))
+	pending := 0
+	for i, gr := range g.Grants {
+		d := batch[i]
+		if gr.Stripe != stripes[i] || len(gr.Shards) != lay.k+lay.m {
+			return nil, fmt.Errorf("fileio: grant for stripe %d does not match the request: %w", gr.Stripe, syscall.EIO)
+		}
+		sl := int(lay.shardLen(d.length))
+		for j, sh := range gr.Shards {
+			pending++
+			go func() {
+				c, err := e.conns.get(ctx, sh.Address)
+				if err == nil {
+					b := d.buf.b[j*unit : j*unit+sl]
+					err = c.WriteVersion(ctx, chunk.Key{Chunk: sh.ChunkId, Version: gr.Version}, []rdma.SGE{d.buf.sge(j*unit, sl)}, crc32.Checksum(b, crcTable))
+				}
+				if err != nil {
+					err = fmt.Errorf("fileio: write shard %d of stripe %d to %s: %w", j, gr.Stripe, sh.Address, err)
+				}
+				errs <- err
+			}()
+		}
+	}
+	var firstErr error
+	for range pending {
+		if err := <-errs; err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	t2 := time.Now()
+	commits := make([]*metapb.StripeCommit, len(g.Grants))
+	infos := make([]*metapb.StripeInfo, len(g.Grants))
+	for i, gr := range g.Grants {
+		d := batch[i]
+		commits[i] = &metapb.StripeCommit{Stripe: gr.Stripe, Version: gr.Version, ExpectedVersion: d.base, Length: uint64(d.length)}
+		infos[i] = &metapb.StripeInfo{Stripe: gr.Stripe, Version: gr.Version, Length: uint64(d.length), Layout: gr.Layout, Shards: gr.Shards}
+	}
+	if _, err := e.cfg.Meta.CommitStripes(ctx, &metapb.CommitStripesRequest{Ino: ino, Stripes: commits, Size: uint64(size)}); err != nil {
+		return nil, err
+	}
+	e.log.Debug("fileio: flushed", "ino", ino, "stripes", len(stripes), "grant", t1.Sub(t0), "shards", t2.Sub(t1), "commit", time.Since(t2))
+	return infos, nil
+}
+
+// rebase rebuilds conflicting dirty stripes on their newest committed versions
+// and applies this writer's ranges again. The caller holds f.mu.
+func (e *Engine) rebase(ctx context.Context, f *file, conflicts []uint64) error {
+	for _, s := range conflicts {
+		old := f.dirty[s]
+		if old == nil {
+			continue
+		}
+		delete(f.stripes, s)
+		delete(f.dirty, s)
+		f.bufBytes -= len(old.buf.b)
+		d, err := e.dirtyStripe(ctx, f, s, 0, 0)
+		if err != nil {
+			e.pool.put(old.buf)
+			return err
+		}
+		for _, x := range old.extents {
+			copy(d.buf.b[x[0]:x[1]], old.buf.b[x[0]:x[1]])
+			d.length = max(d.length, x[1])
+		}
+		d.length = max(d.length, old.length)
+		d.extents = old.extents
+		e.pool.put(old.buf)
+	}
+	return nil
+}

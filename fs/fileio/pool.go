@@ -1,0 +1,95 @@
+package fileio
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/rdmafs/rdmafs/rdma"
+)
+
+// pool hands out pieces of one registered memory region: stripe buffers for
+// dirty data and buffers for reads. Allocation is first fit over a sorted free
+// list; a caller that finds no room waits until something is freed, so a full
+// pool is backpressure, not a sleeping loop.
+type pool struct {
+	mr    rdma.MemoryRegion
+	mu    sync.Mutex
+	free  []extent // sorted by offset, coalesced
+	freed chan struct{}
+}
+
+type extent struct{ off, n int }
+
+// buffer is a piece of registered memory.
+type buffer struct {
+	p   *pool
+	off int
+	b   []byte
+}
+
+const poolAlign = 4096
+
+func newPool(mr rdma.MemoryRegion) *pool {
+	return &pool{mr: mr, free: []extent{{0, mr.Len()}}, freed: make(chan struct{})}
+}
+
+// get returns n bytes (rounded up to 4 KiB), waiting for room until ctx ends.
+func (p *pool) get(ctx context.Context, n int) (*buffer, error) {
+	n = (n + poolAlign - 1) / poolAlign * poolAlign
+	if n > p.mr.Len() {
+		return nil, fmt.Errorf("buffer of %d bytes exceeds the %d-byte memory pool", n, p.mr.Len())
+	}
+	for {
+		p.mu.Lock()
+		for i, e := range p.free {
+			if e.n >= n {
+				if e.n == n {
+					p.free = append(p.free[:i], p.free[i+1:]...)
+				} else {
+					p.free[i] = extent{e.off + n, e.n - n}
+				}
+				p.mu.Unlock()
+				return &buffer{p: p, off: e.off, b: p.mr.Bytes()[e.off : e.off+n : e.off+n]}, nil
+			}
+		}
+		wait := p.freed
+		p.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for %d bytes of buffer memory: %w", n, ctx.Err())
+		}
+	}
+}
+
+// put returns b to the pool and wakes the waiters.
+func (p *pool) put(b *buffer) {
+	if b == nil {
+		return
+	}
+	p.mu.Lock()
+	e := extent{b.off, len(b.b)}
+	i := sort.Search(len(p.free), func(i int) bool { return p.free[i].off > e.off })
+	p.free = append(p.free, extent{})
+	copy(p.free[i+1:], p.free[i:])
+	p.free[i] = e
+	// Coalesce with the neighbours.
+	if i+1 < len(p.free) && p.free[i].off+p.free[i].n == p.free[i+1].off {
+		p.free[i].n += p.free[i+1].n
+		p.free = append(p.free[:i+1], p.free[i+2:]...)
+	}
+	if i > 0 && p.free[i-1].off+p.free[i-1].n == p.free[i].off {
+		p.free[i-1].n += p.free[i].n
+		p.free = append(p.free[:i], p.free[i+1:]...)
+	}
+	close(p.freed)
+	p.freed = make(chan struct{})
+	p.mu.Unlock()
+}
+
+// sge returns the SGE for [off, off+n) of the buffer.
+func (b *buffer) sge(off, n int) rdma.SGE {
+	return rdma.SGE{Addr: b.p.mr.Addr() + uint64(b.off+off), Length: uint32(n), LKey: b.p.mr.LKey()}
+}

@@ -1,0 +1,126 @@
+// Package fstest starts a whole rdmafs for tests: a metadata server, chunkservers
+// registered with it, the file I/O engine and a real FUSE mount, all on 127.0.0.1
+// and all torn down (unmounted first) when the test ends.
+package fstest
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/rdmafs/rdmafs/chunkserver"
+	"github.com/rdmafs/rdmafs/chunkserver/chunktest"
+	"github.com/rdmafs/rdmafs/chunkserver/metamember"
+	"github.com/rdmafs/rdmafs/fs"
+	"github.com/rdmafs/rdmafs/fs/fileio"
+	"github.com/rdmafs/rdmafs/meta/core"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+	"github.com/rdmafs/rdmafs/meta/metatest"
+)
+
+// Options configure a test cluster. Zero values: six chunkservers, EC 4+2 with
+// 64 KiB units, 64 MiB of client buffer memory.
+type Options struct {
+	Chunkservers int
+	Layout       core.Layout
+	MemBytes     int
+}
+
+// Cluster is a running test file system.
+type Cluster struct {
+	Meta   *metatest.Meta
+	Chunk  []*chunktest.Server
+	Engine *fileio.Engine
+	// Dir is the mount point.
+	Dir string
+}
+
+// Start brings up a cluster and mounts it. It skips the test where mounting is
+// impossible (not root, no /dev/fuse).
+func Start(t *testing.T, opts Options) *Cluster {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse")
+	}
+	if opts.Chunkservers == 0 {
+		opts.Chunkservers = 6
+	}
+	if opts.Layout == (core.Layout{}) {
+		opts.Layout = core.Layout{K: 4, M: 2, Unit: 64 << 10}
+	}
+	if opts.MemBytes == 0 {
+		opts.MemBytes = 64 << 20
+	}
+	ctx := context.Background()
+	c := &Cluster{Meta: metatest.Start(t, metatest.Options{Layout: opts.Layout, HeartbeatTimeout: 2 * time.Second})}
+	mc := c.Meta.Client(t)
+	secret := []byte(c.Meta.Secret)
+	for i := 0; i < opts.Chunkservers; i++ {
+		c.Chunk = append(c.Chunk, chunktest.Start(t, chunktest.Options{
+			Secret: secret,
+			Config: chunkserver.Config{Membership: metamember.New(mc), HeartbeatInterval: 200 * time.Millisecond},
+		}))
+	}
+	c.WaitUp(t, opts.Chunkservers)
+	eng, err := fileio.New(fileio.Config{Meta: mc, Device: chunktest.NewDevice(t), Secret: secret, MemBytes: opts.MemBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Engine = eng
+	sess, err := mc.StartSession(ctx, "fstest", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, root := fs.New(fs.Options{Meta: mc, Session: sess.ID(), Data: eng})
+	dir, err := os.MkdirTemp("", "rdmafs-mnt-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(dir, 0o755)
+	srv, err := fs.Mount(dir, root, fs.MountOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Dir = dir
+	t.Cleanup(func() {
+		for i := 0; ; i++ {
+			if err := srv.Unmount(); err == nil || i == 100 {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		os.Remove(dir)
+		sess.Close(ctx)
+		eng.Close()
+	})
+	return c
+}
+
+// WaitUp waits until n chunkservers are registered and up.
+func (c *Cluster) WaitUp(t *testing.T, n int) {
+	t.Helper()
+	mc := c.Meta.Client(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := mc.Status(context.Background(), &metapb.StatusRequest{})
+		if err == nil {
+			up := 0
+			for _, cs := range st.Chunkservers {
+				if cs.Up {
+					up++
+				}
+			}
+			if up >= n {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fstest: fewer than %d chunkservers up after 10s (%v)", n, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

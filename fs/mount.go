@@ -1,0 +1,59 @@
+package fs
+
+import (
+	"fmt"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// MountOptions tune the kernel side of the mount.
+type MountOptions struct {
+	// MaxReadAhead is the kernel's readahead window (default 1 MiB).
+	MaxReadAhead int
+	// MaxBackground bounds requests the kernel has in flight (default 64).
+	MaxBackground int
+	// Debug logs every FUSE request.
+	Debug bool
+}
+
+// Mount mounts the file system at mountpoint and returns the server, which
+// serves until unmounted (Server.Unmount, or umount). Options chosen for
+// throughput: 1 MiB writes and readahead, many background requests, parallel
+// reads; default_permissions so the kernel checks permissions; mode 0000 kept.
+func Mount(mountpoint string, root *Node, opts MountOptions) (*fuse.Server, error) {
+	if opts.MaxReadAhead == 0 {
+		opts.MaxReadAhead = 1 << 20
+	}
+	if opts.MaxBackground == 0 {
+		opts.MaxBackground = 64
+	}
+	timeout := root.fsys.opts.EntryTimeout
+	attrTimeout := root.fsys.opts.AttrTimeout
+	negative := time.Duration(0)
+	server, err := gofs.Mount(mountpoint, root, &gofs.Options{
+		MountOptions: fuse.MountOptions{
+			FsName:                   "rdmafs",
+			Name:                     "rdmafs",
+			MaxWrite:                 1 << 20,
+			MaxReadAhead:             opts.MaxReadAhead,
+			MaxBackground:            opts.MaxBackground,
+			AllowOther:               true,
+			DirectMount:              true,
+			EnableLocks:              false,
+			DisableXAttrs:            false,
+			Options:                  []string{"default_permissions"},
+			Debug:                    opts.Debug,
+			ExplicitDataCacheControl: false,
+		},
+		EntryTimeout:    &timeout,
+		AttrTimeout:     &attrTimeout,
+		NegativeTimeout: &negative,
+		NullPermissions: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
+	}
+	return server, nil
+}

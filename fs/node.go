@@ -1,0 +1,354 @@
+package fs
+
+import (
+	"context"
+	"log/slog"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/rdmafs/rdmafs/meta/client"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// RootIno is the inode number of the root directory.
+const RootIno = 1
+
+// Data is the file I/O engine: it moves file bytes between the kernel and the
+// chunkservers and commits them to the metadata service.
+type Data interface {
+	// Open is called when ino is opened: what the engine caches of the file's
+	// committed state must be reread, so that the open sees every change
+	// committed before it (close-to-open consistency).
+	Open(ctx context.Context, ino uint64) error
+	// Read reads into p from offset off of inode ino; a short count means end
+	// of file.
+	Read(ctx context.Context, ino uint64, p []byte, off int64) (int, error)
+	// Write writes p at offset off of inode ino (buffered until Flush).
+	Write(ctx context.Context, ino uint64, p []byte, off int64) (int, error)
+	// Flush makes what was written to ino durable and committed, with the new
+	// size and mtime, as close and fsync require.
+	Flush(ctx context.Context, ino uint64) error
+	// Truncate drops buffered data of ino past size before the size changes.
+	Truncate(ctx context.Context, ino uint64, size uint64) error
+}
+
+// Options configure the file system.
+type Options struct {
+	// Meta is the metadata service.
+	Meta metapb.MetaClient
+	// Session is the client session opens are recorded in.
+	Session uint64
+	// Data moves file bytes.
+	Data Data
+	// AttrTimeout and EntryTimeout are how long the kernel caches attributes
+	// and names (default 1s each).
+	AttrTimeout, EntryTimeout time.Duration
+	// Logger receives errors that do not reach an application (default: none).
+	Logger *slog.Logger
+}
+
+// FS is a mounted rdmafs.
+type FS struct {
+	opts    Options
+	meta    metapb.MetaClient
+	callers *callers
+	log     *slog.Logger
+}
+
+// New returns the file system and its root node.
+func New(opts Options) (*FS, *Node) {
+	if opts.AttrTimeout == 0 {
+		opts.AttrTimeout = time.Second
+	}
+	if opts.EntryTimeout == 0 {
+		opts.EntryTimeout = time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	f := &FS{opts: opts, meta: opts.Meta, callers: newCallers(), log: opts.Logger}
+	return f, &Node{fsys: f, ino: RootIno}
+}
+
+// Node is an inode of the file system.
+type Node struct {
+	gofs.Inode
+	fsys *FS
+	ino  uint64
+}
+
+var (
+	_ gofs.NodeLookuper       = (*Node)(nil)
+	_ gofs.NodeGetattrer      = (*Node)(nil)
+	_ gofs.NodeSetattrer      = (*Node)(nil)
+	_ gofs.NodeCreater        = (*Node)(nil)
+	_ gofs.NodeMknoder        = (*Node)(nil)
+	_ gofs.NodeMkdirer        = (*Node)(nil)
+	_ gofs.NodeSymlinker      = (*Node)(nil)
+	_ gofs.NodeReadlinker     = (*Node)(nil)
+	_ gofs.NodeLinker         = (*Node)(nil)
+	_ gofs.NodeUnlinker       = (*Node)(nil)
+	_ gofs.NodeRmdirer        = (*Node)(nil)
+	_ gofs.NodeRenamer        = (*Node)(nil)
+	_ gofs.NodeOpendirHandler = (*Node)(nil)
+	_ gofs.NodeGetxattrer     = (*Node)(nil)
+	_ gofs.NodeSetxattrer     = (*Node)(nil)
+	_ gofs.NodeListxattrer    = (*Node)(nil)
+	_ gofs.NodeRemovexattrer  = (*Node)(nil)
+	_ gofs.NodeStatfser       = (*Node)(nil)
+	_ gofs.NodeOpener         = (*Node)(nil)
+)
+
+// errno converts a metadata service error into the errno for the kernel.
+func errno(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	return client.Errno(err)
+}
+
+// fillAttr converts the service's attributes into the kernel's.
+func fillAttr(a *metapb.Attr, out *fuse.Attr) {
+	out.Ino = a.Ino
+	out.Size = a.Size
+	out.Blocks = (a.Size + 511) / 512
+	out.Mode = a.Mode
+	out.Nlink = a.Nlink
+	out.Uid, out.Gid = a.Uid, a.Gid
+	out.Rdev = a.Rdev
+	out.Blksize = 4096
+	if l := a.Layout; l != nil && l.Unit > 0 && l.Unit <= 1<<30 {
+		out.Blksize = uint32(l.Unit)
+	}
+	out.Atime, out.Atimensec = uint64(a.AtimeNs/1e9), uint32(a.AtimeNs%1e9)
+	out.Mtime, out.Mtimensec = uint64(a.MtimeNs/1e9), uint32(a.MtimeNs%1e9)
+	out.Ctime, out.Ctimensec = uint64(a.CtimeNs/1e9), uint32(a.CtimeNs%1e9)
+}
+
+// entry fills out for a new or found entry and returns its inode, reusing the
+// kernel's inode for a number it already knows.
+func (n *Node) entry(ctx context.Context, a *metapb.Attr, out *fuse.EntryOut) *gofs.Inode {
+	fillAttr(a, &out.Attr)
+	out.SetEntryTimeout(n.fsys.opts.EntryTimeout)
+	out.SetAttrTimeout(n.fsys.opts.AttrTimeout)
+	child := &Node{fsys: n.fsys, ino: a.Ino}
+	return n.NewInode(ctx, child, gofs.StableAttr{Mode: a.Mode & syscall.S_IFMT, Ino: a.Ino, Gen: a.Generation})
+}
+
+// Lookup implements gofs.NodeLookuper.
+func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	r, err := n.fsys.meta.Lookup(ctx, &metapb.LookupRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
+	if err != nil {
+		return nil, errno(err)
+	}
+	return n.entry(ctx, r.Attr, out), 0
+}
+
+// Getattr implements gofs.NodeGetattrer.
+func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	r, err := n.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: n.ino})
+	if err != nil {
+		return errno(err)
+	}
+	fillAttr(r.Attr, &out.Attr)
+	out.SetTimeout(n.fsys.opts.AttrTimeout)
+	return 0
+}
+
+// Setattr implements gofs.NodeSetattrer.
+func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	req := &metapb.SetAttrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino}
+	if m, ok := in.GetMode(); ok {
+		req.SetMode, req.Mode = true, m&0o7777
+	}
+	if u, ok := in.GetUID(); ok {
+		req.SetUid, req.Uid = true, u
+	}
+	if g, ok := in.GetGID(); ok {
+		req.SetGid, req.Gid = true, g
+	}
+	if in.Valid&fuse.FATTR_ATIME_NOW != 0 {
+		req.SetAtime, req.AtimeNow = true, true
+	} else if t, ok := in.GetATime(); ok {
+		req.SetAtime, req.AtimeNs = true, t.UnixNano()
+	}
+	if in.Valid&fuse.FATTR_MTIME_NOW != 0 {
+		req.SetMtime, req.MtimeNow = true, true
+	} else if t, ok := in.GetMTime(); ok {
+		req.SetMtime, req.MtimeNs = true, t.UnixNano()
+	}
+	if t, ok := in.GetCTime(); ok {
+		req.SetCtime, req.CtimeNs = true, t.UnixNano()
+	}
+	if size, ok := in.GetSize(); ok {
+		req.SetSize, req.Size = true, size
+		if _, open := fh.(*fileHandle); open {
+			req.SessionId = n.fsys.opts.Session // ftruncate: the open descriptor grants it
+		}
+		if d := n.fsys.opts.Data; d != nil {
+			if err := d.Truncate(ctx, n.ino, size); err != nil {
+				return errno(err)
+			}
+		}
+	}
+	r, err := n.fsys.meta.SetAttr(ctx, req)
+	if err != nil {
+		return errno(err)
+	}
+	fillAttr(r.Attr, &out.Attr)
+	out.SetTimeout(n.fsys.opts.AttrTimeout)
+	return 0
+}
+
+// Create implements gofs.NodeCreater: the file is created and opened in one
+// transaction. The kernel has applied the umask to mode already.
+func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	r, err := n.fsys.meta.Create(ctx, &metapb.CreateRequest{
+		Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Mode: mode & 0o7777,
+		Exclusive: flags&syscall.O_EXCL != 0, SessionId: n.fsys.opts.Session, OpenFlags: flags,
+	})
+	if err != nil {
+		return nil, nil, 0, errno(err)
+	}
+	ino := n.entry(ctx, r.Attr, out)
+	if d := n.fsys.opts.Data; d != nil {
+		if err := d.Open(ctx, r.Attr.Ino); err != nil {
+			return nil, nil, 0, errno(err)
+		}
+	}
+	return ino, &fileHandle{fsys: n.fsys, ino: r.Attr.Ino, flags: flags}, 0, 0
+}
+
+// Mknod implements gofs.NodeMknoder.
+func (n *Node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	r, err := n.fsys.meta.Mknod(ctx, &metapb.MknodRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Mode: mode, Rdev: dev})
+	if err != nil {
+		return nil, errno(err)
+	}
+	return n.entry(ctx, r.Attr, out), 0
+}
+
+// Mkdir implements gofs.NodeMkdirer.
+func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	r, err := n.fsys.meta.Mkdir(ctx, &metapb.MkdirRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Mode: mode & 0o7777})
+	if err != nil {
+		return nil, errno(err)
+	}
+	return n.entry(ctx, r.Attr, out), 0
+}
+
+// Symlink implements gofs.NodeSymlinker.
+func (n *Node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	r, err := n.fsys.meta.Symlink(ctx, &metapb.SymlinkRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Target: target})
+	if err != nil {
+		return nil, errno(err)
+	}
+	return n.entry(ctx, r.Attr, out), 0
+}
+
+// Readlink implements gofs.NodeReadlinker.
+func (n *Node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	r, err := n.fsys.meta.Readlink(ctx, &metapb.ReadlinkRequest{Ino: n.ino})
+	if err != nil {
+		return nil, errno(err)
+	}
+	return []byte(r.Target), 0
+}
+
+// Link implements gofs.NodeLinker.
+func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	t, ok := target.(*Node)
+	if !ok {
+		return nil, syscall.EXDEV
+	}
+	r, err := n.fsys.meta.Link(ctx, &metapb.LinkRequest{Caller: n.fsys.callers.of(ctx), Ino: t.ino, NewParent: n.ino, NewName: name})
+	if err != nil {
+		return nil, errno(err)
+	}
+	return n.entry(ctx, r.Attr, out), 0
+}
+
+// Unlink implements gofs.NodeUnlinker.
+func (n *Node) Unlink(ctx context.Context, name string) syscall.Errno {
+	_, err := n.fsys.meta.Unlink(ctx, &metapb.UnlinkRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
+	return errno(err)
+}
+
+// Rmdir implements gofs.NodeRmdirer.
+func (n *Node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	_, err := n.fsys.meta.Rmdir(ctx, &metapb.RmdirRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
+	return errno(err)
+}
+
+// Rename implements gofs.NodeRenamer, with renameat2 flags.
+func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	p, ok := newParent.(*Node)
+	if !ok {
+		return syscall.EXDEV
+	}
+	_, err := n.fsys.meta.Rename(ctx, &metapb.RenameRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, NewParent: p.ino, NewName: newName, Flags: flags})
+	return errno(err)
+}
+
+// Getxattr implements gofs.NodeGetxattrer.
+func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	r, err := n.fsys.meta.GetXattr(ctx, &metapb.GetXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr})
+	if err != nil {
+		return 0, errno(err)
+	}
+	if len(dest) < len(r.Value) {
+		return uint32(len(r.Value)), syscall.ERANGE
+	}
+	return uint32(copy(dest, r.Value)), 0
+}
+
+// Setxattr implements gofs.NodeSetxattrer.
+func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	_, err := n.fsys.meta.SetXattr(ctx, &metapb.SetXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr, Value: data, Flags: flags})
+	return errno(err)
+}
+
+// Listxattr implements gofs.NodeListxattrer.
+func (n *Node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	r, err := n.fsys.meta.ListXattr(ctx, &metapb.ListXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino})
+	if err != nil {
+		return 0, errno(err)
+	}
+	size := 0
+	for _, name := range r.Names {
+		size += len(name) + 1
+	}
+	if len(dest) < size {
+		return uint32(size), syscall.ERANGE
+	}
+	off := 0
+	for _, name := range r.Names {
+		off += copy(dest[off:], name)
+		dest[off] = 0
+		off++
+	}
+	return uint32(size), 0
+}
+
+// Removexattr implements gofs.NodeRemovexattrer.
+func (n *Node) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	_, err := n.fsys.meta.RemoveXattr(ctx, &metapb.RemoveXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr})
+	return errno(err)
+}
+
+// Statfs implements gofs.NodeStatfser.
+func (n *Node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	r, err := n.fsys.meta.StatFS(ctx, &metapb.StatFSRequest{})
+	if err != nil {
+		return errno(err)
+	}
+	out.Bsize = uint32(r.BlockSize)
+	out.Frsize = uint32(r.BlockSize)
+	out.Blocks, out.Bfree, out.Bavail = r.Blocks, r.BlocksFree, r.BlocksAvail
+	out.Files, out.Ffree = r.Files, r.FilesFree
+	out.NameLen = r.NameMax
+	return 0
+}

@@ -1,0 +1,134 @@
+// Package client is the Go client of the metadata service, used by the FUSE
+// client and by chunkd: a gRPC connection that presents the cluster secret,
+// session management with keepalives, and errno conversion.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/rdmafs/rdmafs/meta/auth"
+	"github.com/rdmafs/rdmafs/meta/metaerr"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// Client is a connection to the metadata service. All metapb.MetaClient
+// methods are available on it directly.
+type Client struct {
+	metapb.MetaClient
+	conn *grpc.ClientConn
+}
+
+// Dial connects to the metadata server at addr (host:port) with the cluster
+// secret. The connection is established lazily; extra grpc options are
+// appended.
+func Dial(addr, secret string, opts ...grpc.DialOption) (*Client, error) {
+	if secret == "" {
+		return nil, errors.New("client: empty cluster secret")
+	}
+	all := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(auth.Credentials{Secret: secret}),
+	}, opts...)
+	conn, err := grpc.NewClient(addr, all...)
+	if err != nil {
+		return nil, fmt.Errorf("client: dial meta at %s: %w", addr, err)
+	}
+	return &Client{MetaClient: metapb.NewMetaClient(conn), conn: conn}, nil
+}
+
+// DialSecretFile is Dial with the secret read from a file.
+func DialSecretFile(addr, secretFile string, opts ...grpc.DialOption) (*Client, error) {
+	secret, err := auth.ReadSecretFile(secretFile)
+	if err != nil {
+		return nil, err
+	}
+	return Dial(addr, secret, opts...)
+}
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// Errno returns the POSIX errno an error from any RPC stands for (0 for nil,
+// EIO for errors without a POSIX meaning).
+func Errno(err error) syscall.Errno { return metaerr.Errno(err) }
+
+// ConflictStripes returns the stripes that lost the version compare-and-set
+// in a failed CommitStripes call (nil for any other error). The writer gets
+// new grants for them and writes again.
+func ConflictStripes(err error) []uint64 { return metaerr.ConflictStripes(err) }
+
+// Session is a client session kept alive in the background. Files opened in
+// it stay readable after an unlink until released or the session ends.
+type Session struct {
+	c      *Client
+	id     uint64
+	cancel context.CancelFunc
+	done   chan struct{}
+	mu     sync.Mutex
+	err    error
+}
+
+// StartSession opens a session named client with the given TTL (0: server
+// default) and renews it every third of the TTL until Close.
+func (c *Client) StartSession(ctx context.Context, client string, ttl time.Duration) (*Session, error) {
+	r, err := c.OpenSession(ctx, &metapb.OpenSessionRequest{Client: client, TtlMs: ttl.Milliseconds()})
+	if err != nil {
+		return nil, fmt.Errorf("client: open session: %w", err)
+	}
+	kctx, cancel := context.WithCancel(context.Background())
+	s := &Session{c: c, id: r.SessionId, cancel: cancel, done: make(chan struct{})}
+	go s.keepalive(kctx, time.Duration(r.TtlMs)*time.Millisecond/3)
+	return s, nil
+}
+
+// ID returns the session id to pass in Create, Open, Release and SetAttr.
+func (s *Session) ID() uint64 { return s.id }
+
+// Err returns the error that ended the keepalives (the session expired), or nil.
+func (s *Session) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+func (s *Session) keepalive(ctx context.Context, every time.Duration) {
+	defer close(s.done)
+	t := time.NewTicker(max(every, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		cctx, cancel := context.WithTimeout(ctx, every)
+		_, err := s.c.KeepAlive(cctx, &metapb.KeepAliveRequest{SessionId: s.id})
+		cancel()
+		if err != nil && Errno(err) == syscall.ESTALE {
+			s.mu.Lock()
+			s.err = fmt.Errorf("client: session %d lost: %w", s.id, err)
+			s.mu.Unlock()
+			return
+		}
+		// Other errors (meta restarting) are retried at the next tick.
+	}
+}
+
+// Close stops the keepalives and closes the session on the server, which
+// releases its open files.
+func (s *Session) Close(ctx context.Context) error {
+	s.cancel()
+	<-s.done
+	if _, err := s.c.CloseSession(ctx, &metapb.CloseSessionRequest{SessionId: s.id}); err != nil {
+		return fmt.Errorf("client: close session %d: %w", s.id, err)
+	}
+	return nil
+}

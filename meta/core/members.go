@@ -1,0 +1,290 @@
+package core
+
+import (
+	"context"
+	"log/slog"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rdmafs/rdmafs/meta/keys"
+	"github.com/rdmafs/rdmafs/meta/kv"
+	"github.com/rdmafs/rdmafs/meta/metaerr"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+	"github.com/rdmafs/rdmafs/meta/placement"
+)
+
+// MaxDeletesPerHeartbeat bounds the chunk deletions sent in one heartbeat reply.
+const MaxDeletesPerHeartbeat = 4096
+
+// member is the live state of a chunkserver.
+type member struct {
+	rec    *metapb.ChunkserverRecord
+	lastHB time.Time // zero: no heartbeat since this process started
+	up     bool
+	free   uint64
+	used   uint64
+	load   float64
+	chunks uint64
+}
+
+// members is the registry of chunkservers: registrations are stored, the
+// up/down state and statistics live in memory and come from heartbeats.
+type members struct {
+	mu   sync.Mutex
+	byID map[string]*member
+}
+
+func (m *members) init() { m.byID = map[string]*member{} }
+
+func (m *members) load(rec *metapb.ChunkserverRecord) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.byID[rec.Id] = &member{rec: rec, used: rec.Used, free: rec.Capacity - min(rec.Used, rec.Capacity)}
+}
+
+// sweep marks down the chunkservers whose heartbeats stopped.
+func (m *members) sweep(now time.Time, timeout time.Duration, log *slog.Logger) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, mb := range m.byID {
+		if mb.up && now.Sub(mb.lastHB) > timeout {
+			mb.up = false
+			log.Warn("chunkserver down: heartbeat timeout", "id", id, "address", mb.rec.Address, "last_heartbeat", mb.lastHB)
+		}
+	}
+}
+
+// place chooses n live chunkservers with at least minFree bytes free for
+// the shards of a stripe. Too few live chunkservers is ErrTooFew (a cluster
+// problem); enough live ones but too few with space is ENOSPC.
+func (m *members) place(n int, minFree uint64) ([]placement.Candidate, error) {
+	m.mu.Lock()
+	cands := make([]placement.Candidate, 0, len(m.byID))
+	live := 0
+	for id, mb := range m.byID {
+		if !mb.up {
+			continue
+		}
+		live++
+		if mb.free >= minFree {
+			cands = append(cands, placement.Candidate{ID: id, Zone: mb.rec.Zone, Free: mb.free})
+		}
+	}
+	m.mu.Unlock()
+	if live >= n && len(cands) < n {
+		return nil, metaerr.New(syscall.ENOSPC, "only %d of %d live chunkservers have %d bytes free for a shard; %d needed", len(cands), live, minFree, n)
+	}
+	sort.Slice(cands, func(i, j int) bool { return cands[i].ID < cands[j].ID })
+	return placement.Choose(cands, n, nil)
+}
+
+// withAddresses returns copies of shards with the chunkservers' addresses.
+func (m *members) withAddresses(shards []*metapb.Shard) []*metapb.Shard {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]*metapb.Shard, len(shards))
+	for i, sh := range shards {
+		c := &metapb.Shard{ChunkId: sh.ChunkId, ServerId: sh.ServerId}
+		if mb, ok := m.byID[sh.ServerId]; ok {
+			c.Address = mb.rec.Address
+			c.Transports = mb.rec.Transports
+		}
+		out[i] = c
+	}
+	return out
+}
+
+func (m *members) isUp(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mb, ok := m.byID[id]
+	return ok && mb.up
+}
+
+func validServerID(id string) bool {
+	if id == "" || len(id) > 255 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] <= ' ' || id[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// Register implements metapb.MetaServer. A chunkserver registers with a
+// stable id; registering again updates its address, zone and capacity.
+func (s *Service) Register(ctx context.Context, req *metapb.RegisterRequest) (*metapb.RegisterReply, error) {
+	if !validServerID(req.Id) {
+		return nil, metaerr.New(syscall.EINVAL, "register: chunkserver id %q must be 1..255 printable bytes without spaces", req.Id)
+	}
+	if req.Address == "" {
+		return nil, metaerr.New(syscall.EINVAL, "register: chunkserver %s has no address", req.Id)
+	}
+	now := s.now()
+	rec := &metapb.ChunkserverRecord{Id: req.Id, Address: req.Address, Transports: req.Transports, Zone: req.Zone,
+		Capacity: req.Capacity, Used: req.Used, RegisteredNs: now.UnixNano()}
+	if err := s.update(ctx, func(t kv.Txn) error { return putMsg(t, keys.Chunkserver(req.Id), rec) }); err != nil {
+		return nil, err
+	}
+	s.members.mu.Lock()
+	mb, ok := s.members.byID[req.Id]
+	if !ok {
+		mb = &member{}
+		s.members.byID[req.Id] = mb
+	}
+	mb.rec, mb.lastHB, mb.up = rec, now, true
+	mb.used, mb.free = req.Used, req.Capacity-min(req.Used, req.Capacity)
+	s.members.mu.Unlock()
+	s.log.Info("chunkserver registered", "id", req.Id, "address", req.Address, "zone", req.Zone, "capacity", req.Capacity, "transports", req.Transports)
+	return &metapb.RegisterReply{HeartbeatIntervalMs: max(s.cfg.HeartbeatTimeout/4, 10*time.Millisecond).Milliseconds(), ClusterId: s.cluster.ClusterId}, nil
+}
+
+// Heartbeat implements metapb.MetaServer: it records liveness and statistics,
+// forgets the chunk deletions the chunkserver reports done, and returns the
+// chunks it should delete next.
+func (s *Service) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (*metapb.HeartbeatReply, error) {
+	now := s.now()
+	s.members.mu.Lock()
+	mb, ok := s.members.byID[req.Id]
+	if ok {
+		if !mb.up {
+			s.log.Info("chunkserver up", "id", req.Id, "address", mb.rec.Address)
+		}
+		mb.lastHB, mb.up = now, true
+		mb.free, mb.used, mb.load, mb.chunks = req.Free, req.Used, req.Load, req.ChunkCount
+	}
+	s.members.mu.Unlock()
+	if !ok {
+		return &metapb.HeartbeatReply{Reregister: true}, nil
+	}
+	if len(req.Deleted) > 0 {
+		if len(req.Deleted) > 4*MaxDeletesPerHeartbeat {
+			return nil, metaerr.New(syscall.EINVAL, "heartbeat reports %d deletions (at most %d)", len(req.Deleted), 4*MaxDeletesPerHeartbeat)
+		}
+		if err := s.update(ctx, func(t kv.Txn) error {
+			for _, d := range req.Deleted {
+				if err := t.Delete(keys.GC(req.Id, d.ChunkId, d.Version)); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+	}
+	out := &metapb.HeartbeatReply{}
+	prefix := keys.GCPrefix(req.Id)
+	err := s.view(ctx, func(r kv.Reader) error {
+		out.Delete = out.Delete[:0]
+		return r.Scan(prefix, kv.PrefixEnd(prefix), MaxDeletesPerHeartbeat, func(k, v []byte) error {
+			_, chunk, version, err := keys.ParseGC(k)
+			if err != nil {
+				return err
+			}
+			out.Delete = append(out.Delete, &metapb.ChunkRef{ChunkId: chunk, Version: version})
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// StatFS implements metapb.MetaServer: capacity is the live chunkservers'
+// capacity scaled by the default layout's data fraction k/(k+m).
+func (s *Service) StatFS(ctx context.Context, req *metapb.StatFSRequest) (*metapb.StatFSReply, error) {
+	const bsize = 4096
+	var capacity, free uint64
+	s.members.mu.Lock()
+	for _, mb := range s.members.byID {
+		if mb.up {
+			capacity += mb.rec.Capacity
+			free += min(mb.free, mb.rec.Capacity)
+		}
+	}
+	s.members.mu.Unlock()
+	k, n := uint64(s.def.K), uint64(s.def.K+s.def.M)
+	scale := func(b uint64) uint64 { return b / n * k / bsize }
+	files := uint64(max(s.inodes.Load(), 0))
+	const filesMax = 1 << 40
+	return &metapb.StatFSReply{BlockSize: bsize, Blocks: scale(capacity), BlocksFree: scale(free), BlocksAvail: scale(free),
+		Files: filesMax, FilesFree: filesMax - min(files, filesMax), NameMax: NameMax}, nil
+}
+
+// Status implements metapb.MetaServer: membership, counts and degraded stripes.
+func (s *Service) Status(ctx context.Context, req *metapb.StatusRequest) (*metapb.StatusReply, error) {
+	out := &metapb.StatusReply{ClusterId: s.cluster.ClusterId, DefaultLayout: s.def.pb(), Sessions: uint64(s.Sessions())}
+	s.members.mu.Lock()
+	for id, mb := range s.members.byID {
+		var last int64
+		if !mb.lastHB.IsZero() {
+			last = mb.lastHB.UnixNano()
+		}
+		out.Chunkservers = append(out.Chunkservers, &metapb.ChunkserverStatus{Id: id, Address: mb.rec.Address,
+			Transports: mb.rec.Transports, Zone: mb.rec.Zone, Up: mb.up, Capacity: mb.rec.Capacity, Used: mb.used,
+			Free: mb.free, Load: mb.load, ChunkCount: mb.chunks, LastHeartbeatNs: last})
+	}
+	s.members.mu.Unlock()
+	sort.Slice(out.Chunkservers, func(i, j int) bool { return out.Chunkservers[i].Id < out.Chunkservers[j].Id })
+	pending := map[string]uint64{}
+	err := s.view(ctx, func(r kv.Reader) error {
+		out.Files, out.Directories, out.Stripes, out.DegradedStripes, out.PendingDeletes = 0, 0, 0, 0, 0
+		clear(pending)
+		if err := r.Scan(keys.InodePrefix(), []byte{keys.PrefixInode + 1}, 0, func(k, v []byte) error {
+			rec := &metapb.InodeRecord{}
+			if err := proto.Unmarshal(v, rec); err != nil {
+				return err
+			}
+			if isDir(rec.Attr) {
+				out.Directories++
+			} else {
+				out.Files++
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if err := r.Scan([]byte{keys.PrefixStripe}, []byte{keys.PrefixStripe + 1}, 0, func(k, v []byte) error {
+			st := &metapb.StripeRecord{}
+			if err := proto.Unmarshal(v, st); err != nil {
+				return err
+			}
+			if st.Version == 0 {
+				return nil
+			}
+			out.Stripes++
+			for _, sh := range st.Shards {
+				if !s.members.isUp(sh.ServerId) {
+					out.DegradedStripes++
+					break
+				}
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		return r.Scan([]byte{keys.PrefixGC}, []byte{keys.PrefixGC + 1}, 0, func(k, v []byte) error {
+			id, _, _, err := keys.ParseGC(k)
+			if err != nil {
+				return err
+			}
+			pending[id]++
+			out.PendingDeletes++
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, cs := range out.Chunkservers {
+		cs.PendingDeletes = pending[cs.Id]
+	}
+	return out, nil
+}

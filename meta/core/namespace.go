@@ -1,0 +1,707 @@
+package core
+
+import (
+	"context"
+	"syscall"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rdmafs/rdmafs/meta/keys"
+	"github.com/rdmafs/rdmafs/meta/kv"
+	"github.com/rdmafs/rdmafs/meta/metaerr"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// Lookup implements metapb.MetaServer: it needs search permission on parent.
+func (s *Service) Lookup(ctx context.Context, req *metapb.LookupRequest) (*metapb.EntryReply, error) {
+	if err := checkName(req.Name); err != nil {
+		return nil, err
+	}
+	c := caller(req.Caller)
+	var out *metapb.EntryReply
+	err := s.view(ctx, func(r kv.Reader) error {
+		p, err := getDir(r, req.Parent)
+		if err != nil {
+			return err
+		}
+		if err := checkAccess(c, p.Attr, mayExec); err != nil {
+			return err
+		}
+		d, ok, err := getDentry(r, req.Parent, req.Name)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return metaerr.New(syscall.ENOENT, "%q not found in directory %d", req.Name, req.Parent)
+		}
+		child, err := getInode(r, d.Ino)
+		if err != nil {
+			return err
+		}
+		out = &metapb.EntryReply{Attr: child.Attr, Cookie: d.Cookie}
+		return nil
+	})
+	return out, err
+}
+
+// GetAttr implements metapb.MetaServer.
+func (s *Service) GetAttr(ctx context.Context, req *metapb.GetAttrRequest) (*metapb.AttrReply, error) {
+	var out *metapb.AttrReply
+	err := s.view(ctx, func(r kv.Reader) error {
+		rec, err := getInode(r, req.Ino)
+		if err != nil {
+			return err
+		}
+		out = &metapb.AttrReply{Attr: rec.Attr}
+		return nil
+	})
+	return out, err
+}
+
+// Readlink implements metapb.MetaServer.
+func (s *Service) Readlink(ctx context.Context, req *metapb.ReadlinkRequest) (*metapb.ReadlinkReply, error) {
+	var out *metapb.ReadlinkReply
+	err := s.view(ctx, func(r kv.Reader) error {
+		rec, err := getInode(r, req.Ino)
+		if err != nil {
+			return err
+		}
+		if fileType(rec.Attr.Mode) != syscall.S_IFLNK {
+			return metaerr.New(syscall.EINVAL, "inode %d is not a symbolic link", req.Ino)
+		}
+		out = &metapb.ReadlinkReply{Target: rec.Symlink}
+		return nil
+	})
+	return out, err
+}
+
+// newNode describes an inode to create.
+type newNode struct {
+	mode      uint32 // type and permission bits
+	rdev      uint32
+	symlink   string
+	exclusive bool   // regular files: fail if the name exists
+	session   uint64 // regular files: open in this session
+	openFlags uint32
+}
+
+// create makes a new entry name in parent. For a non-exclusive create of a
+// regular file whose name exists, it opens and returns the existing file.
+func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, name string, n newNode) (*metapb.EntryReply, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	var out *metapb.EntryReply
+	created := false
+	err := s.update(ctx, func(t kv.Txn) error {
+		created = false
+		now := s.now().UnixNano()
+		p, err := getDir(t, parent)
+		if err != nil {
+			return err
+		}
+		if p.Attr.Nlink == 0 {
+			return metaerr.New(syscall.ENOENT, "directory %d has been removed", parent)
+		}
+		if err := checkAccess(c, p.Attr, mayExec); err != nil {
+			return err
+		}
+		if d, ok, err := getDentry(t, parent, name); err != nil {
+			return err
+		} else if ok {
+			if n.exclusive || fileType(n.mode) != syscall.S_IFREG {
+				return metaerr.New(syscall.EEXIST, "%q exists in directory %d", name, parent)
+			}
+			existing, err := getInode(t, d.Ino)
+			if err != nil {
+				return err
+			}
+			if isDir(existing.Attr) {
+				return metaerr.New(syscall.EISDIR, "%q is a directory", name)
+			}
+			if n.session != 0 {
+				if err := s.openInTxn(t, c, existing, n.session, n.openFlags); err != nil {
+					return err
+				}
+			}
+			out = &metapb.EntryReply{Attr: existing.Attr, Cookie: d.Cookie}
+			return nil
+		}
+		if err := checkAccess(c, p.Attr, mayWrite); err != nil {
+			return err
+		}
+		if n.session != 0 {
+			if err := s.checkSession(n.session); err != nil {
+				return err
+			}
+		}
+		ino, err := nextID(t, counterIno, 1)
+		if err != nil {
+			return err
+		}
+		a := &metapb.Attr{Ino: ino, Mode: n.mode, Uid: c.Uid, Gid: c.Gid, Nlink: 1,
+			AtimeNs: now, MtimeNs: now, CtimeNs: now, Rdev: n.rdev, Generation: 1}
+		rec := &metapb.InodeRecord{Attr: a, Symlink: n.symlink}
+		if p.Attr.Mode&syscall.S_ISGID != 0 {
+			// setgid directory: new entries take its group, new
+			// subdirectories inherit the bit.
+			a.Gid = p.Attr.Gid
+			if isDir(a) {
+				a.Mode |= syscall.S_ISGID
+			}
+		}
+		if !isDir(a) && a.Mode&syscall.S_ISGID != 0 && a.Mode&syscall.S_IXGRP != 0 && !isRoot(c) && !inGroup(c, a.Gid) {
+			a.Mode &^= syscall.S_ISGID
+		}
+		switch fileType(n.mode) {
+		case syscall.S_IFDIR:
+			a.Nlink = 2
+			rec.Parent = parent
+			rec.NextCookie = FirstCookie
+			rec.DirLayout = p.DirLayout
+			if p.Attr.Nlink >= LinkMax {
+				return metaerr.New(syscall.EMLINK, "directory %d has too many subdirectories", parent)
+			}
+			p.Attr.Nlink++
+		case syscall.S_IFREG:
+			l := s.def.pb()
+			if p.DirLayout != nil {
+				l = p.DirLayout
+			}
+			a.Layout = l
+		case syscall.S_IFLNK:
+			a.Size = uint64(len(n.symlink))
+		}
+		cookie := p.NextCookie
+		if cookie < FirstCookie {
+			cookie = FirstCookie
+		}
+		p.NextCookie = cookie + 1
+		if err := putMsg(t, keys.Dentry(parent, name), &metapb.DentryRecord{Ino: ino, Type: fileType(a.Mode), Cookie: cookie}); err != nil {
+			return err
+		}
+		if err := putMsg(t, keys.Cookie(parent, cookie), &metapb.CookieRecord{Name: name, Ino: ino, Type: fileType(a.Mode)}); err != nil {
+			return err
+		}
+		p.Attr.MtimeNs, p.Attr.CtimeNs = now, now
+		if err := putInode(t, p); err != nil {
+			return err
+		}
+		if err := putInode(t, rec); err != nil {
+			return err
+		}
+		if n.session != 0 {
+			if err := addOpen(t, ino, n.session); err != nil {
+				return err
+			}
+		}
+		created = true
+		out = &metapb.EntryReply{Attr: a, Cookie: cookie}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		s.inodes.Add(1)
+	}
+	return out, nil
+}
+
+// Create implements metapb.MetaServer.
+func (s *Service) Create(ctx context.Context, req *metapb.CreateRequest) (*metapb.EntryReply, error) {
+	return s.create(ctx, caller(req.Caller), req.Parent, req.Name, newNode{
+		mode: syscall.S_IFREG | req.Mode&0o7777, exclusive: req.Exclusive,
+		session: req.SessionId, openFlags: req.OpenFlags,
+	})
+}
+
+// Mknod implements metapb.MetaServer.
+func (s *Service) Mknod(ctx context.Context, req *metapb.MknodRequest) (*metapb.EntryReply, error) {
+	c := caller(req.Caller)
+	typ := fileType(req.Mode)
+	switch typ {
+	case 0:
+		typ = syscall.S_IFREG
+	case syscall.S_IFREG, syscall.S_IFIFO, syscall.S_IFSOCK:
+	case syscall.S_IFCHR, syscall.S_IFBLK:
+		if !isRoot(c) {
+			return nil, metaerr.New(syscall.EPERM, "creating device nodes needs root")
+		}
+	default:
+		return nil, metaerr.New(syscall.EINVAL, "mknod: invalid file type %o", typ)
+	}
+	rdev := uint32(0)
+	if typ == syscall.S_IFCHR || typ == syscall.S_IFBLK {
+		rdev = req.Rdev
+	}
+	return s.create(ctx, c, req.Parent, req.Name, newNode{mode: typ | req.Mode&0o7777, rdev: rdev, exclusive: true})
+}
+
+// Mkdir implements metapb.MetaServer.
+func (s *Service) Mkdir(ctx context.Context, req *metapb.MkdirRequest) (*metapb.EntryReply, error) {
+	return s.create(ctx, caller(req.Caller), req.Parent, req.Name, newNode{mode: syscall.S_IFDIR | req.Mode&0o7777, exclusive: true})
+}
+
+// Symlink implements metapb.MetaServer.
+func (s *Service) Symlink(ctx context.Context, req *metapb.SymlinkRequest) (*metapb.EntryReply, error) {
+	switch {
+	case req.Target == "":
+		return nil, metaerr.New(syscall.ENOENT, "symlink: empty target")
+	case len(req.Target) > SymlinkMax:
+		return nil, metaerr.New(syscall.ENAMETOOLONG, "symlink target of %d bytes exceeds %d", len(req.Target), SymlinkMax)
+	}
+	return s.create(ctx, caller(req.Caller), req.Parent, req.Name, newNode{mode: syscall.S_IFLNK | 0o777, symlink: req.Target, exclusive: true})
+}
+
+// Link implements metapb.MetaServer.
+func (s *Service) Link(ctx context.Context, req *metapb.LinkRequest) (*metapb.EntryReply, error) {
+	if err := checkName(req.NewName); err != nil {
+		return nil, err
+	}
+	c := caller(req.Caller)
+	var out *metapb.EntryReply
+	err := s.update(ctx, func(t kv.Txn) error {
+		now := s.now().UnixNano()
+		src, err := getInode(t, req.Ino)
+		if err != nil {
+			return err
+		}
+		if isDir(src.Attr) {
+			return metaerr.New(syscall.EPERM, "hard links to directories are not allowed")
+		}
+		if src.Attr.Nlink == 0 {
+			return metaerr.New(syscall.ENOENT, "inode %d has been unlinked", req.Ino)
+		}
+		if src.Attr.Nlink >= LinkMax {
+			return metaerr.New(syscall.EMLINK, "inode %d has %d links", req.Ino, src.Attr.Nlink)
+		}
+		p, err := getDir(t, req.NewParent)
+		if err != nil {
+			return err
+		}
+		if p.Attr.Nlink == 0 {
+			return metaerr.New(syscall.ENOENT, "directory %d has been removed", req.NewParent)
+		}
+		if err := checkAccess(c, p.Attr, mayWrite|mayExec); err != nil {
+			return err
+		}
+		if _, ok, err := getDentry(t, req.NewParent, req.NewName); err != nil {
+			return err
+		} else if ok {
+			return metaerr.New(syscall.EEXIST, "%q exists in directory %d", req.NewName, req.NewParent)
+		}
+		cookie := max(p.NextCookie, FirstCookie)
+		p.NextCookie = cookie + 1
+		typ := fileType(src.Attr.Mode)
+		if err := putMsg(t, keys.Dentry(req.NewParent, req.NewName), &metapb.DentryRecord{Ino: req.Ino, Type: typ, Cookie: cookie}); err != nil {
+			return err
+		}
+		if err := putMsg(t, keys.Cookie(req.NewParent, cookie), &metapb.CookieRecord{Name: req.NewName, Ino: req.Ino, Type: typ}); err != nil {
+			return err
+		}
+		src.Attr.Nlink++
+		src.Attr.CtimeNs = now
+		p.Attr.MtimeNs, p.Attr.CtimeNs = now, now
+		if err := putInode(t, src); err != nil {
+			return err
+		}
+		if err := putInode(t, p); err != nil {
+			return err
+		}
+		out = &metapb.EntryReply{Attr: src.Attr, Cookie: cookie}
+		return nil
+	})
+	return out, err
+}
+
+// removeEntry deletes a dentry and its readdir index record.
+func removeEntry(t kv.Txn, parent uint64, name string, d *metapb.DentryRecord) error {
+	if err := t.Delete(keys.Dentry(parent, name)); err != nil {
+		return err
+	}
+	return t.Delete(keys.Cookie(parent, d.Cookie))
+}
+
+// Unlink implements metapb.MetaServer.
+func (s *Service) Unlink(ctx context.Context, req *metapb.UnlinkRequest) (*metapb.Empty, error) {
+	return &metapb.Empty{}, s.remove(ctx, caller(req.Caller), req.Parent, req.Name, false)
+}
+
+// Rmdir implements metapb.MetaServer.
+func (s *Service) Rmdir(ctx context.Context, req *metapb.RmdirRequest) (*metapb.Empty, error) {
+	return &metapb.Empty{}, s.remove(ctx, caller(req.Caller), req.Parent, req.Name, true)
+}
+
+func (s *Service) remove(ctx context.Context, c *metapb.Caller, parent uint64, name string, dir bool) error {
+	if dir && (name == "." || name == "..") {
+		if name == "." {
+			return metaerr.New(syscall.EINVAL, "rmdir of '.'")
+		}
+		return metaerr.New(syscall.ENOTEMPTY, "rmdir of '..'")
+	}
+	if err := checkName(name); err != nil {
+		return err
+	}
+	var purged int64
+	err := s.update(ctx, func(t kv.Txn) error {
+		purged = 0
+		now := s.now().UnixNano()
+		p, err := getDir(t, parent)
+		if err != nil {
+			return err
+		}
+		if err := checkAccess(c, p.Attr, mayWrite|mayExec); err != nil {
+			return err
+		}
+		d, ok, err := getDentry(t, parent, name)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return metaerr.New(syscall.ENOENT, "%q not found in directory %d", name, parent)
+		}
+		child, err := getInode(t, d.Ino)
+		if err != nil {
+			return err
+		}
+		if dir {
+			if !isDir(child.Attr) {
+				return metaerr.New(syscall.ENOTDIR, "%q is not a directory", name)
+			}
+			if empty, err := dirEmpty(t, child.Attr.Ino); err != nil {
+				return err
+			} else if !empty {
+				return metaerr.New(syscall.ENOTEMPTY, "directory %q is not empty", name)
+			}
+		} else if isDir(child.Attr) {
+			return metaerr.New(syscall.EISDIR, "%q is a directory", name)
+		}
+		if err := checkSticky(c, p.Attr, child.Attr); err != nil {
+			return err
+		}
+		if err := removeEntry(t, parent, name, d); err != nil {
+			return err
+		}
+		if dir {
+			p.Attr.Nlink--
+		}
+		p.Attr.MtimeNs, p.Attr.CtimeNs = now, now
+		if err := putInode(t, p); err != nil {
+			return err
+		}
+		n, err := s.dropLink(t, child, now)
+		purged = n
+		return err
+	})
+	if err == nil {
+		s.inodes.Add(-purged)
+	}
+	return err
+}
+
+// dropLink removes one link of child (a directory loses all of them) and
+// deletes the inode once no link and no open remains. It returns the number
+// of inodes deleted (0 or 1).
+func (s *Service) dropLink(t kv.Txn, child *metapb.InodeRecord, now int64) (int64, error) {
+	if isDir(child.Attr) {
+		child.Attr.Nlink = 0
+	} else if child.Attr.Nlink > 0 {
+		child.Attr.Nlink--
+	}
+	child.Attr.CtimeNs = now
+	if child.Attr.Nlink > 0 {
+		return 0, putInode(t, child)
+	}
+	open, err := isOpen(t, child.Attr.Ino)
+	if err != nil {
+		return 0, err
+	}
+	if open {
+		if err := putInode(t, child); err != nil {
+			return 0, err
+		}
+		return 0, t.Put(keys.Orphan(child.Attr.Ino), nil)
+	}
+	return 1, purgeInode(t, child)
+}
+
+func dirEmpty(r kv.Reader, ino uint64) (bool, error) {
+	empty := true
+	prefix := keys.DentryPrefix(ino)
+	err := r.Scan(prefix, kv.PrefixEnd(prefix), 1, func(k, v []byte) error {
+		empty = false
+		return kv.ErrStop
+	})
+	return empty, err
+}
+
+// Rename implements metapb.MetaServer with the semantics of renameat2(2).
+func (s *Service) Rename(ctx context.Context, req *metapb.RenameRequest) (*metapb.Empty, error) {
+	const known = uint32(metapb.RenameFlag_RENAME_NOREPLACE | metapb.RenameFlag_RENAME_EXCHANGE)
+	noReplace := req.Flags&uint32(metapb.RenameFlag_RENAME_NOREPLACE) != 0
+	exchange := req.Flags&uint32(metapb.RenameFlag_RENAME_EXCHANGE) != 0
+	if req.Flags&^known != 0 || (noReplace && exchange) {
+		return nil, metaerr.New(syscall.EINVAL, "rename: unsupported flags %#x", req.Flags)
+	}
+	if err := checkName(req.Name); err != nil {
+		return nil, err
+	}
+	if err := checkName(req.NewName); err != nil {
+		return nil, err
+	}
+	c := caller(req.Caller)
+	var purged int64
+	err := s.update(ctx, func(t kv.Txn) error {
+		purged = 0
+		now := s.now().UnixNano()
+		sp, err := getDir(t, req.Parent)
+		if err != nil {
+			return err
+		}
+		dp := sp
+		if req.NewParent != req.Parent {
+			if dp, err = getDir(t, req.NewParent); err != nil {
+				return err
+			}
+		}
+		if err := checkAccess(c, sp.Attr, mayWrite|mayExec); err != nil {
+			return err
+		}
+		if err := checkAccess(c, dp.Attr, mayWrite|mayExec); err != nil {
+			return err
+		}
+		if dp.Attr.Nlink == 0 {
+			return metaerr.New(syscall.ENOENT, "directory %d has been removed", req.NewParent)
+		}
+		sd, ok, err := getDentry(t, req.Parent, req.Name)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return metaerr.New(syscall.ENOENT, "%q not found in directory %d", req.Name, req.Parent)
+		}
+		src, err := getInode(t, sd.Ino)
+		if err != nil {
+			return err
+		}
+		dd, exists, err := getDentry(t, req.NewParent, req.NewName)
+		if err != nil {
+			return err
+		}
+		var dst *metapb.InodeRecord
+		if exists {
+			if noReplace {
+				return metaerr.New(syscall.EEXIST, "%q exists in directory %d", req.NewName, req.NewParent)
+			}
+			if dd.Ino == sd.Ino {
+				return nil // both names link the same inode: nothing to do
+			}
+			if dst, err = getInode(t, dd.Ino); err != nil {
+				return err
+			}
+		} else if exchange {
+			return metaerr.New(syscall.ENOENT, "%q not found in directory %d", req.NewName, req.NewParent)
+		}
+		if err := checkSticky(c, sp.Attr, src.Attr); err != nil {
+			return err
+		}
+		if dst != nil {
+			if err := checkSticky(c, dp.Attr, dst.Attr); err != nil {
+				return err
+			}
+		}
+		srcDir := isDir(src.Attr)
+		dstDir := dst != nil && isDir(dst.Attr)
+		crossDir := req.Parent != req.NewParent
+		if dst != nil && !exchange {
+			switch {
+			case srcDir && !dstDir:
+				return metaerr.New(syscall.ENOTDIR, "cannot replace non-directory %q with a directory", req.NewName)
+			case !srcDir && dstDir:
+				return metaerr.New(syscall.EISDIR, "cannot replace directory %q with a non-directory", req.NewName)
+			case dstDir:
+				if empty, err := dirEmpty(t, dst.Attr.Ino); err != nil {
+					return err
+				} else if !empty {
+					return metaerr.New(syscall.ENOTEMPTY, "directory %q is not empty", req.NewName)
+				}
+			}
+		}
+		if crossDir {
+			// A directory that changes parent rewrites its "..": it needs
+			// write permission on itself and must not move under itself.
+			if srcDir {
+				if err := checkAccess(c, src.Attr, mayWrite); err != nil {
+					return err
+				}
+				if err := checkNotUnder(t, req.NewParent, src.Attr.Ino); err != nil {
+					return err
+				}
+			}
+			if exchange && dstDir {
+				if err := checkAccess(c, dst.Attr, mayWrite); err != nil {
+					return err
+				}
+				if err := checkNotUnder(t, req.Parent, dst.Attr.Ino); err != nil {
+					return err
+				}
+			}
+		}
+		if exchange {
+			if err := putMsg(t, keys.Dentry(req.Parent, req.Name), &metapb.DentryRecord{Ino: dst.Attr.Ino, Type: dd.Type, Cookie: sd.Cookie}); err != nil {
+				return err
+			}
+			if err := putMsg(t, keys.Cookie(req.Parent, sd.Cookie), &metapb.CookieRecord{Name: req.Name, Ino: dst.Attr.Ino, Type: dd.Type}); err != nil {
+				return err
+			}
+			if err := putMsg(t, keys.Dentry(req.NewParent, req.NewName), &metapb.DentryRecord{Ino: src.Attr.Ino, Type: sd.Type, Cookie: dd.Cookie}); err != nil {
+				return err
+			}
+			if err := putMsg(t, keys.Cookie(req.NewParent, dd.Cookie), &metapb.CookieRecord{Name: req.NewName, Ino: src.Attr.Ino, Type: sd.Type}); err != nil {
+				return err
+			}
+			if crossDir {
+				if srcDir {
+					src.Parent = req.NewParent
+					sp.Attr.Nlink--
+					dp.Attr.Nlink++
+				}
+				if dstDir {
+					dst.Parent = req.Parent
+					dp.Attr.Nlink--
+					sp.Attr.Nlink++
+				}
+			}
+			dst.Attr.CtimeNs = now
+			if err := putInode(t, dst); err != nil {
+				return err
+			}
+		} else {
+			if err := removeEntry(t, req.Parent, req.Name, sd); err != nil {
+				return err
+			}
+			if dst != nil {
+				if err := t.Delete(keys.Cookie(req.NewParent, dd.Cookie)); err != nil {
+					return err
+				}
+				if dstDir {
+					dp.Attr.Nlink--
+				}
+				n, err := s.dropLink(t, dst, now)
+				if err != nil {
+					return err
+				}
+				purged = n
+			}
+			cookie := max(dp.NextCookie, FirstCookie)
+			dp.NextCookie = cookie + 1
+			if err := putMsg(t, keys.Dentry(req.NewParent, req.NewName), &metapb.DentryRecord{Ino: src.Attr.Ino, Type: sd.Type, Cookie: cookie}); err != nil {
+				return err
+			}
+			if err := putMsg(t, keys.Cookie(req.NewParent, cookie), &metapb.CookieRecord{Name: req.NewName, Ino: src.Attr.Ino, Type: sd.Type}); err != nil {
+				return err
+			}
+			if srcDir && crossDir {
+				src.Parent = req.NewParent
+				sp.Attr.Nlink--
+				dp.Attr.Nlink++
+			}
+		}
+		src.Attr.CtimeNs = now
+		sp.Attr.MtimeNs, sp.Attr.CtimeNs = now, now
+		dp.Attr.MtimeNs, dp.Attr.CtimeNs = now, now
+		if err := putInode(t, src); err != nil {
+			return err
+		}
+		if err := putInode(t, sp); err != nil {
+			return err
+		}
+		if crossDir {
+			return putInode(t, dp)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.inodes.Add(-purged)
+	return &metapb.Empty{}, nil
+}
+
+// checkNotUnder fails with EINVAL if dir is ino or one of its descendants.
+func checkNotUnder(r kv.Reader, dir, ino uint64) error {
+	for cur, depth := dir, 0; ; depth++ {
+		if cur == ino {
+			return metaerr.New(syscall.EINVAL, "cannot move directory %d under itself", ino)
+		}
+		if cur == RootIno || depth > 1<<20 {
+			return nil
+		}
+		rec, err := getInode(r, cur)
+		if err != nil {
+			return err
+		}
+		cur = rec.Parent
+	}
+}
+
+// ReadDir implements metapb.MetaServer.
+func (s *Service) ReadDir(ctx context.Context, req *metapb.ReadDirRequest) (*metapb.ReadDirReply, error) {
+	c := caller(req.Caller)
+	limit := int(req.Limit)
+	if limit <= 0 || limit > 4096 {
+		limit = 4096
+	}
+	out := &metapb.ReadDirReply{}
+	err := s.view(ctx, func(r kv.Reader) error {
+		out.Entries = out.Entries[:0]
+		d, err := getDir(r, req.Ino)
+		if err != nil {
+			return err
+		}
+		if err := checkAccess(c, d.Attr, mayRead); err != nil {
+			return err
+		}
+		start := keys.Cookie(req.Ino, req.Cookie+1)
+		if req.Cookie == ^uint64(0) {
+			out.Eof = true
+			return nil
+		}
+		n := 0
+		err = r.Scan(start, kv.PrefixEnd(keys.CookiePrefix(req.Ino)), limit+1, func(k, v []byte) error {
+			n++
+			if n > limit {
+				return kv.ErrStop
+			}
+			_, cookie, err := keys.ParseCookie(k)
+			if err != nil {
+				return err
+			}
+			cr := &metapb.CookieRecord{}
+			if err := proto.Unmarshal(v, cr); err != nil {
+				return err
+			}
+			out.Entries = append(out.Entries, &metapb.DirEntry{Name: cr.Name, Ino: cr.Ino, Type: cr.Type, Cookie: cookie})
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		out.Eof = n <= limit
+		if req.Plus {
+			for _, e := range out.Entries {
+				rec, err := getInode(r, e.Ino)
+				if err != nil {
+					return err
+				}
+				e.Attr = rec.Attr
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}

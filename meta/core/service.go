@@ -1,0 +1,404 @@
+// Package core is the metadata service proper: the namespace with Linux
+// semantics, layouts, the stripe table with write grants and compare-and-set
+// commits, client sessions and open-unlinked files, chunkserver membership,
+// placement and garbage collection. Service implements metapb.MetaServer on
+// top of a kv.Store; every namespace operation is one KV transaction.
+package core
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rdmafs/rdmafs/meta/keys"
+	"github.com/rdmafs/rdmafs/meta/kv"
+	"github.com/rdmafs/rdmafs/meta/metaerr"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// RootIno is the inode number of the root directory.
+const RootIno = 1
+
+// FirstCookie is the readdir cookie of the first entry created in a
+// directory; cookies 1 and 2 are left to the client for "." and "..".
+const FirstCookie = 3
+
+// Limits of the namespace.
+const (
+	NameMax       = 255
+	SymlinkMax    = 4095
+	LinkMax       = 65000
+	XattrNameMax  = 255
+	XattrValueMax = 65536
+)
+
+// StandardLayout returns the layout format uses when given none: 4+2 with
+// 1 MiB units.
+func StandardLayout() Layout { return Layout{K: 4, M: 2, Unit: 1 << 20} }
+
+// Layout is an erasure-coding layout (k data + m parity shards of at most
+// Unit bytes).
+type Layout struct {
+	K, M uint32
+	Unit uint64
+}
+
+// Validate reports whether the layout is usable.
+func (l Layout) Validate() error {
+	switch {
+	case l.K < 1 || l.K > 64:
+		return fmt.Errorf("layout: k=%d out of range 1..64", l.K)
+	case l.M > 64 || l.K+l.M > 128:
+		return fmt.Errorf("layout: m=%d out of range (k+m at most 128)", l.M)
+	case l.Unit < 4096 || l.Unit > 1<<30 || l.Unit%4096 != 0:
+		return fmt.Errorf("layout: unit %d must be a multiple of 4096 between 4 KiB and 1 GiB", l.Unit)
+	}
+	return nil
+}
+
+// String formats the layout as "k+m/unit".
+func (l Layout) String() string { return fmt.Sprintf("%d+%d/%d", l.K, l.M, l.Unit) }
+
+func (l Layout) pb() *metapb.Layout { return &metapb.Layout{K: l.K, M: l.M, Unit: l.Unit} }
+
+func layoutFrom(p *metapb.Layout) Layout {
+	if p == nil {
+		return Layout{}
+	}
+	return Layout{K: p.K, M: p.M, Unit: p.Unit}
+}
+
+// Config configures a Service.
+type Config struct {
+	// Store holds the state; the Service does not close it.
+	Store kv.Store
+	// Logger receives structured logs (default: slog.Default()).
+	Logger *slog.Logger
+	// Now returns the current time (default: time.Now).
+	Now func() time.Time
+	// HeartbeatTimeout marks a chunkserver down when it has not sent a
+	// heartbeat for this long (default 10s).
+	HeartbeatTimeout time.Duration
+	// SessionTTL is the default client session lifetime without keepalive
+	// (default 30s).
+	SessionTTL time.Duration
+	// GrantTTL is how long an uncommitted write grant is kept before its
+	// chunks are collected (default 10m).
+	GrantTTL time.Duration
+	// OnRetry, when set, is called whenever a transaction is run again after
+	// a conflict (for metrics).
+	OnRetry func()
+}
+
+// Service implements metapb.MetaServer.
+type Service struct {
+	metapb.UnimplementedMetaServer
+
+	store   kv.Store
+	log     *slog.Logger
+	now     func() time.Time
+	cfg     Config
+	cluster *metapb.ClusterRecord
+	def     Layout
+
+	inodes atomic.Int64 // number of inodes, for statfs
+
+	members members
+
+	sessMu   sync.Mutex
+	sessions map[uint64]time.Time // session -> last keepalive
+	sessTTL  map[uint64]time.Duration
+}
+
+// ErrNotFormatted is returned by New for a store that was never formatted.
+var ErrNotFormatted = errors.New("core: the metadata store is not formatted (run rdmafs format)")
+
+// ErrFormatted is returned by Format for a store that is already formatted.
+var ErrFormatted = errors.New("core: the metadata store is already formatted")
+
+// Format initializes an empty store: the cluster record with the default
+// layout and the root directory. It returns the new cluster id.
+func Format(ctx context.Context, store kv.Store, layout Layout, now time.Time) (string, error) {
+	if err := layout.Validate(); err != nil {
+		return "", err
+	}
+	var idb [16]byte
+	if _, err := rand.Read(idb[:]); err != nil {
+		return "", fmt.Errorf("core: cluster id: %w", err)
+	}
+	id := hex.EncodeToString(idb[:])
+	err := store.Update(ctx, func(t kv.Txn) error {
+		if _, ok, err := t.Get(keys.Cluster()); err != nil {
+			return err
+		} else if ok {
+			return ErrFormatted
+		}
+		cl := &metapb.ClusterRecord{ClusterId: id, DefaultLayout: layout.pb(), CreatedNs: now.UnixNano()}
+		if err := putMsg(t, keys.Cluster(), cl); err != nil {
+			return err
+		}
+		ns := now.UnixNano()
+		root := &metapb.InodeRecord{
+			Attr: &metapb.Attr{Ino: RootIno, Mode: syscall.S_IFDIR | 0o755, Nlink: 2,
+				AtimeNs: ns, MtimeNs: ns, CtimeNs: ns, Generation: 1},
+			Parent: RootIno, NextCookie: FirstCookie,
+		}
+		if err := putMsg(t, keys.Inode(RootIno), root); err != nil {
+			return err
+		}
+		return t.Put(keys.Counter(counterIno), keys.EncodeUint64(RootIno+1))
+	})
+	if err != nil {
+		return "", fmt.Errorf("core: format: %w", err)
+	}
+	return id, nil
+}
+
+// New opens the service on a formatted store.
+func New(ctx context.Context, cfg Config) (*Service, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("core: no store")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.HeartbeatTimeout <= 0 {
+		cfg.HeartbeatTimeout = 10 * time.Second
+	}
+	if cfg.SessionTTL <= 0 {
+		cfg.SessionTTL = 30 * time.Second
+	}
+	if cfg.GrantTTL <= 0 {
+		cfg.GrantTTL = 10 * time.Minute
+	}
+	s := &Service{store: cfg.Store, log: cfg.Logger, now: cfg.Now, cfg: cfg,
+		sessions: map[uint64]time.Time{}, sessTTL: map[uint64]time.Duration{}}
+	s.members.init()
+	start := s.now()
+	var inodes int64
+	err := s.store.View(ctx, func(r kv.Reader) error {
+		cl := &metapb.ClusterRecord{}
+		if ok, err := getMsg(r, keys.Cluster(), cl); err != nil {
+			return err
+		} else if !ok {
+			return ErrNotFormatted
+		}
+		s.cluster = cl
+		s.def = layoutFrom(cl.DefaultLayout)
+		if err := r.Scan([]byte{keys.PrefixChunkserver}, []byte{keys.PrefixChunkserver + 1}, 0, func(k, v []byte) error {
+			rec := &metapb.ChunkserverRecord{}
+			if err := proto.Unmarshal(v, rec); err != nil {
+				return fmt.Errorf("chunkserver record %q: %w", k, err)
+			}
+			s.members.load(rec)
+			return nil
+		}); err != nil {
+			return err
+		}
+		if err := r.Scan([]byte{keys.PrefixSession}, []byte{keys.PrefixSession + 1}, 0, func(k, v []byte) error {
+			id, err := keys.ParseSession(k)
+			if err != nil {
+				return err
+			}
+			rec := &metapb.SessionRecord{}
+			if err := proto.Unmarshal(v, rec); err != nil {
+				return fmt.Errorf("session record %d: %w", id, err)
+			}
+			// Sessions survive a restart: their clients get a full TTL to
+			// reconnect and renew them.
+			s.sessions[id] = start
+			s.sessTTL[id] = time.Duration(rec.TtlMs) * time.Millisecond
+			return nil
+		}); err != nil {
+			return err
+		}
+		return r.Scan(keys.InodePrefix(), []byte{keys.PrefixInode + 1}, 0, func(k, v []byte) error {
+			inodes++
+			return nil
+		})
+	})
+	if errors.Is(err, ErrNotFormatted) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("core: load state: %w", err)
+	}
+	s.inodes.Store(inodes)
+	return s, nil
+}
+
+// ClusterID returns the id generated at format time.
+func (s *Service) ClusterID() string { return s.cluster.ClusterId }
+
+// DefaultLayout returns the format-time layout.
+func (s *Service) DefaultLayout() Layout { return s.def }
+
+// Run performs the background work until ctx ends: expiring sessions and
+// write grants, and tracking chunkservers that stop sending heartbeats.
+func (s *Service) Run(ctx context.Context) error {
+	tick := min(s.cfg.HeartbeatTimeout, s.cfg.SessionTTL) / 4
+	tick = max(tick, 10*time.Millisecond)
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	lastGrantScan := time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		s.members.sweep(s.now(), s.cfg.HeartbeatTimeout, s.log)
+		if err := s.expireSessions(ctx); err != nil && ctx.Err() == nil {
+			s.log.Error("expire sessions", "err", err)
+		}
+		if time.Since(lastGrantScan) > min(s.cfg.GrantTTL/4, time.Minute) {
+			lastGrantScan = time.Now()
+			if err := s.expireGrants(ctx); err != nil && ctx.Err() == nil {
+				s.log.Error("expire grants", "err", err)
+			}
+		}
+	}
+}
+
+// update runs fn in a read-write transaction, converting storage failures
+// into EIO errors and counting retries.
+func (s *Service) update(ctx context.Context, fn func(t kv.Txn) error) error {
+	attempts := 0
+	err := s.store.Update(ctx, func(t kv.Txn) error {
+		attempts++
+		if attempts > 1 && s.cfg.OnRetry != nil {
+			s.cfg.OnRetry()
+		}
+		return fn(t)
+	})
+	return wrapErr(err)
+}
+
+// view runs fn in a read-only transaction.
+func (s *Service) view(ctx context.Context, fn func(r kv.Reader) error) error {
+	return wrapErr(s.store.View(ctx, fn))
+}
+
+func wrapErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	var me *metaerr.Error
+	if errors.As(err, &me) {
+		return me
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return metaerr.New(syscall.EIO, "metadata store: %v", err)
+}
+
+func getMsg(r kv.Reader, key []byte, m proto.Message) (bool, error) {
+	v, ok, err := r.Get(key)
+	if err != nil || !ok {
+		return ok, err
+	}
+	if err := proto.Unmarshal(v, m); err != nil {
+		return false, fmt.Errorf("decode %x: %w", key, err)
+	}
+	return true, nil
+}
+
+func putMsg(t kv.Txn, key []byte, m proto.Message) error {
+	v, err := proto.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("encode %x: %w", key, err)
+	}
+	return t.Put(key, v)
+}
+
+const (
+	counterIno     = "ino"
+	counterChunk   = "chunk"
+	counterSession = "session"
+)
+
+// nextID allocates n consecutive ids from a counter and returns the first.
+// Counters start at 1 and never go back, so ids are never reused.
+func nextID(t kv.Txn, name string, n uint64) (uint64, error) {
+	v, ok, err := t.Get(keys.Counter(name))
+	if err != nil {
+		return 0, err
+	}
+	id := uint64(1)
+	if ok {
+		if id, err = keys.DecodeUint64(v); err != nil {
+			return 0, fmt.Errorf("counter %s: %w", name, err)
+		}
+	}
+	return id, t.Put(keys.Counter(name), keys.EncodeUint64(id+n))
+}
+
+// getInode loads an inode or fails with ENOENT.
+func getInode(r kv.Reader, ino uint64) (*metapb.InodeRecord, error) {
+	rec := &metapb.InodeRecord{}
+	ok, err := getMsg(r, keys.Inode(ino), rec)
+	if err != nil {
+		return nil, err
+	}
+	if !ok || rec.Attr == nil {
+		return nil, metaerr.New(syscall.ENOENT, "inode %d does not exist", ino)
+	}
+	return rec, nil
+}
+
+func putInode(t kv.Txn, rec *metapb.InodeRecord) error {
+	return putMsg(t, keys.Inode(rec.Attr.Ino), rec)
+}
+
+// getDir loads an inode that must be a directory.
+func getDir(r kv.Reader, ino uint64) (*metapb.InodeRecord, error) {
+	rec, err := getInode(r, ino)
+	if err != nil {
+		return nil, err
+	}
+	if !isDir(rec.Attr) {
+		return nil, metaerr.New(syscall.ENOTDIR, "inode %d is not a directory", ino)
+	}
+	return rec, nil
+}
+
+func getDentry(r kv.Reader, parent uint64, name string) (*metapb.DentryRecord, bool, error) {
+	d := &metapb.DentryRecord{}
+	ok, err := getMsg(r, keys.Dentry(parent, name), d)
+	return d, ok, err
+}
+
+func fileType(mode uint32) uint32 { return mode & syscall.S_IFMT }
+func isDir(a *metapb.Attr) bool   { return fileType(a.Mode) == syscall.S_IFDIR }
+func isReg(a *metapb.Attr) bool   { return fileType(a.Mode) == syscall.S_IFREG }
+
+func cloneAttr(a *metapb.Attr) *metapb.Attr { return proto.Clone(a).(*metapb.Attr) }
+
+// checkName validates a single path component.
+func checkName(name string) error {
+	switch {
+	case name == "" || name == "." || name == "..":
+		return metaerr.New(syscall.EINVAL, "invalid name %q", name)
+	case len(name) > NameMax:
+		return metaerr.New(syscall.ENAMETOOLONG, "name of %d bytes exceeds %d", len(name), NameMax)
+	}
+	for i := 0; i < len(name); i++ {
+		if name[i] == '/' || name[i] == 0 {
+			return metaerr.New(syscall.EINVAL, "name %q contains '/' or NUL", name)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,495 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rdmafs/rdmafs/meta/keys"
+	"github.com/rdmafs/rdmafs/meta/kv"
+	"github.com/rdmafs/rdmafs/meta/metaerr"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+	"github.com/rdmafs/rdmafs/meta/placement"
+)
+
+// MaxStripesPerCall bounds the stripes of one GrantWrite, CommitStripes or
+// GetStripes call.
+const MaxStripesPerCall = 1024
+
+// SetLayout implements metapb.MetaServer: it sets the layout that new files
+// created in a directory (and in directories created under it) receive.
+func (s *Service) SetLayout(ctx context.Context, req *metapb.SetLayoutRequest) (*metapb.Empty, error) {
+	l := layoutFrom(req.Layout)
+	if err := l.Validate(); err != nil {
+		return nil, metaerr.New(syscall.EINVAL, "%v", err)
+	}
+	c := caller(req.Caller)
+	return &metapb.Empty{}, s.update(ctx, func(t kv.Txn) error {
+		rec, err := getDir(t, req.Ino)
+		if err != nil {
+			return err
+		}
+		if !isOwner(c, rec.Attr) {
+			return metaerr.New(syscall.EPERM, "setlayout: uid %d does not own directory %d", c.Uid, req.Ino)
+		}
+		rec.DirLayout = l.pb()
+		rec.Attr.CtimeNs = s.now().UnixNano()
+		return putInode(t, rec)
+	})
+}
+
+// GetLayout implements metapb.MetaServer: a file's recorded layout, or the
+// layout a directory gives new files.
+func (s *Service) GetLayout(ctx context.Context, req *metapb.GetLayoutRequest) (*metapb.LayoutReply, error) {
+	var out *metapb.LayoutReply
+	err := s.view(ctx, func(r kv.Reader) error {
+		rec, err := getInode(r, req.Ino)
+		if err != nil {
+			return err
+		}
+		switch {
+		case isReg(rec.Attr):
+			out = &metapb.LayoutReply{Layout: rec.Attr.Layout}
+		case isDir(rec.Attr):
+			l := rec.DirLayout
+			if l == nil {
+				l = s.def.pb()
+			}
+			out = &metapb.LayoutReply{Layout: l}
+		default:
+			return metaerr.New(syscall.EINVAL, "inode %d has no layout", req.Ino)
+		}
+		return nil
+	})
+	return out, err
+}
+
+func stripeBytes(l *metapb.Layout) uint64 { return uint64(l.K) * l.Unit }
+
+// getFile loads an inode that must be a regular file.
+func getFile(r kv.Reader, ino uint64) (*metapb.InodeRecord, error) {
+	rec, err := getInode(r, ino)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case isDir(rec.Attr):
+		return nil, metaerr.New(syscall.EISDIR, "inode %d is a directory", ino)
+	case !isReg(rec.Attr) || rec.Attr.Layout == nil:
+		return nil, metaerr.New(syscall.EINVAL, "inode %d is not a regular file", ino)
+	}
+	return rec, nil
+}
+
+func checkStripeList(n int) error {
+	if n == 0 || n > MaxStripesPerCall {
+		return metaerr.New(syscall.EINVAL, "%d stripes in one call (1..%d allowed)", n, MaxStripesPerCall)
+	}
+	return nil
+}
+
+// GrantWrite implements metapb.MetaServer: for each stripe it reserves the
+// next version (a per-stripe counter, so concurrent grants never collide),
+// allocates fresh chunk ids and places the k+m shards on live chunkservers.
+func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest) (*metapb.GrantWriteReply, error) {
+	if err := checkStripeList(len(req.Stripes)); err != nil {
+		return nil, err
+	}
+	out := &metapb.GrantWriteReply{}
+	err := s.update(ctx, func(t kv.Txn) error {
+		out.Grants = out.Grants[:0]
+		rec, err := getFile(t, req.Ino)
+		if err != nil {
+			return err
+		}
+		l := rec.Attr.Layout
+		n := int(l.K + l.M)
+		expires := s.now().Add(s.cfg.GrantTTL).UnixNano()
+		for _, idx := range req.Stripes {
+			st := &metapb.StripeRecord{}
+			if _, err := getMsg(t, keys.Stripe(req.Ino, idx), st); err != nil {
+				return err
+			}
+			v := max(st.NextVersion, st.Version+1, 1)
+			st.NextVersion = v + 1
+			if err := putMsg(t, keys.Stripe(req.Ino, idx), st); err != nil {
+				return err
+			}
+			chosen, err := s.members.place(n, l.Unit)
+			if err != nil {
+				if errors.Is(err, placement.ErrTooFew) {
+					return metaerr.Unavailable("cannot place a %d+%d stripe: %v", l.K, l.M, err)
+				}
+				return err
+			}
+			first, err := nextID(t, counterChunk, uint64(n))
+			if err != nil {
+				return err
+			}
+			shards := make([]*metapb.Shard, n)
+			for i, c := range chosen {
+				shards[i] = &metapb.Shard{ChunkId: first + uint64(i), ServerId: c.ID}
+			}
+			if err := putMsg(t, keys.Grant(req.Ino, idx, v), &metapb.GrantRecord{Shards: shards, ExpiresNs: expires, Layout: l}); err != nil {
+				return err
+			}
+			out.Grants = append(out.Grants, &metapb.StripeGrant{Stripe: idx, Version: v, CommittedVersion: st.Version,
+				Layout: l, Shards: s.members.withAddresses(shards)})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// CommitStripes implements metapb.MetaServer: in one transaction it checks
+// every stripe's committed version against the writer's expectation and, if
+// all match, makes the granted versions committed, grows the file to size
+// and sets mtime. Superseded chunks are queued for garbage collection.
+func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRequest) (*metapb.CommitStripesReply, error) {
+	if err := checkStripeList(len(req.Stripes)); err != nil {
+		return nil, err
+	}
+	var out *metapb.CommitStripesReply
+	var conflicts []uint64
+	err := s.update(ctx, func(t kv.Txn) error {
+		conflicts = conflicts[:0]
+		now := s.now().UnixNano()
+		rec, err := getFile(t, req.Ino)
+		if err != nil {
+			return err
+		}
+		type pending struct {
+			sc    *metapb.StripeCommit
+			st    *metapb.StripeRecord
+			grant *metapb.GrantRecord
+		}
+		var todo []pending
+		seen := map[uint64]bool{}
+		for _, sc := range req.Stripes {
+			if seen[sc.Stripe] {
+				return metaerr.New(syscall.EINVAL, "stripe %d committed twice in one call", sc.Stripe)
+			}
+			seen[sc.Stripe] = true
+			st := &metapb.StripeRecord{}
+			if _, err := getMsg(t, keys.Stripe(req.Ino, sc.Stripe), st); err != nil {
+				return err
+			}
+			if st.Version == sc.Version && sc.Version != 0 {
+				continue // a retried commit that already succeeded
+			}
+			g := &metapb.GrantRecord{}
+			ok, err := getMsg(t, keys.Grant(req.Ino, sc.Stripe, sc.Version), g)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return metaerr.New(syscall.EINVAL, "no outstanding grant for inode %d stripe %d version %d (expired or never granted)", req.Ino, sc.Stripe, sc.Version)
+			}
+			if len(sc.Shards) > 0 && !sameShards(sc.Shards, g.Shards) {
+				return metaerr.New(syscall.EINVAL, "stripe %d: committed placement differs from the grant", sc.Stripe)
+			}
+			if sc.Length > stripeBytes(g.Layout) {
+				return metaerr.New(syscall.EINVAL, "stripe %d: length %d exceeds the stripe size %d", sc.Stripe, sc.Length, stripeBytes(g.Layout))
+			}
+			if st.Version != sc.ExpectedVersion || sc.Version <= st.Version {
+				conflicts = append(conflicts, sc.Stripe)
+				continue
+			}
+			todo = append(todo, pending{sc, st, g})
+		}
+		if len(conflicts) > 0 {
+			// The losing grants are dead: their chunks become garbage and
+			// the writer must ask for new grants. Nothing else changes.
+			for _, sc := range req.Stripes {
+				if !containsU64(conflicts, sc.Stripe) {
+					continue
+				}
+				if err := dropGrants(t, req.Ino, func(stripe, version uint64) bool {
+					return stripe == sc.Stripe && version == sc.Version
+				}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		for _, p := range todo {
+			if p.st.Version > 0 {
+				if err := queueGC(t, p.st.Shards, p.st.Version); err != nil {
+					return err
+				}
+			}
+			p.st.Version = p.sc.Version
+			p.st.Length = p.sc.Length
+			p.st.Layout = p.grant.Layout
+			p.st.Shards = p.grant.Shards
+			if err := putMsg(t, keys.Stripe(req.Ino, p.sc.Stripe), p.st); err != nil {
+				return err
+			}
+			if err := t.Delete(keys.Grant(req.Ino, p.sc.Stripe, p.sc.Version)); err != nil {
+				return err
+			}
+		}
+		a := rec.Attr
+		a.Size = max(a.Size, req.Size)
+		a.MtimeNs = req.MtimeNs
+		if a.MtimeNs == 0 {
+			a.MtimeNs = now
+		}
+		a.CtimeNs = now
+		// A write clears set-user-ID and set-group-ID (with group execute).
+		a.Mode &^= syscall.S_ISUID
+		if a.Mode&syscall.S_IXGRP != 0 {
+			a.Mode &^= syscall.S_ISGID
+		}
+		if err := putInode(t, rec); err != nil {
+			return err
+		}
+		out = &metapb.CommitStripesReply{Attr: a}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(conflicts) > 0 {
+		return nil, metaerr.Conflict(append([]uint64(nil), conflicts...),
+			"commit of inode %d lost the version compare-and-set on stripes %v: get a new grant and retry", req.Ino, conflicts)
+	}
+	return out, nil
+}
+
+func containsU64(xs []uint64, x uint64) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+func sameShards(a, b []*metapb.Shard) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].ChunkId != b[i].ChunkId || a[i].ServerId != b[i].ServerId {
+			return false
+		}
+	}
+	return true
+}
+
+// GetStripes implements metapb.MetaServer: the committed stripes in
+// [first, first+count) with their placement and chunkserver addresses.
+func (s *Service) GetStripes(ctx context.Context, req *metapb.GetStripesRequest) (*metapb.GetStripesReply, error) {
+	count := req.Count
+	if count == 0 || count > MaxStripesPerCall {
+		count = MaxStripesPerCall
+	}
+	out := &metapb.GetStripesReply{}
+	err := s.view(ctx, func(r kv.Reader) error {
+		out.Stripes = out.Stripes[:0]
+		rec, err := getFile(r, req.Ino)
+		if err != nil {
+			return err
+		}
+		out.Size = rec.Attr.Size
+		out.Layout = rec.Attr.Layout
+		end := keys.Stripe(req.Ino, req.First+count)
+		if req.First+count < req.First {
+			end = kv.PrefixEnd(keys.StripePrefix(req.Ino))
+		}
+		return r.Scan(keys.Stripe(req.Ino, req.First), end, 0, func(k, v []byte) error {
+			_, idx, err := keys.ParseStripe(k)
+			if err != nil {
+				return err
+			}
+			st := &metapb.StripeRecord{}
+			if err := proto.Unmarshal(v, st); err != nil {
+				return fmt.Errorf("stripe %d of inode %d: %w", idx, req.Ino, err)
+			}
+			if st.Version == 0 {
+				return nil // granted but never committed
+			}
+			out.Stripes = append(out.Stripes, &metapb.StripeInfo{Stripe: idx, Version: st.Version, Length: st.Length,
+				Layout: st.Layout, Shards: s.members.withAddresses(st.Shards)})
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// truncateStripes drops the stripes wholly past size (queuing their chunks
+// for collection) and shortens the stripe that size cuts, so that its bytes
+// past size read as zeros even if the file grows again. Unless purge is set
+// (the inode is being deleted) the version counters of dropped stripes are
+// kept so that versions are never granted twice.
+func truncateStripes(t kv.Txn, rec *metapb.InodeRecord, size uint64, purge bool) error {
+	l := rec.Attr.Layout
+	if l == nil || stripeBytes(l) == 0 {
+		return nil
+	}
+	sb := stripeBytes(l)
+	first := size / sb
+	prefix := keys.StripePrefix(rec.Attr.Ino)
+	type item struct {
+		idx uint64
+		st  *metapb.StripeRecord
+	}
+	var items []item
+	if err := t.Scan(keys.Stripe(rec.Attr.Ino, first), kv.PrefixEnd(prefix), 0, func(k, v []byte) error {
+		_, idx, err := keys.ParseStripe(k)
+		if err != nil {
+			return err
+		}
+		st := &metapb.StripeRecord{}
+		if err := proto.Unmarshal(v, st); err != nil {
+			return err
+		}
+		items = append(items, item{idx, st})
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, it := range items {
+		start := it.idx * sb
+		if start < size {
+			if keep := size - start; it.st.Length > keep {
+				it.st.Length = keep
+				if err := putMsg(t, keys.Stripe(rec.Attr.Ino, it.idx), it.st); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if it.st.Version > 0 {
+			if err := queueGC(t, it.st.Shards, it.st.Version); err != nil {
+				return err
+			}
+		}
+		if it.st.NextVersion > 1 && !purge {
+			// Keep the version counter so that versions of this stripe are
+			// never reused while the file lives (grants may be in flight).
+			if err := putMsg(t, keys.Stripe(rec.Attr.Ino, it.idx), &metapb.StripeRecord{NextVersion: it.st.NextVersion}); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := t.Delete(keys.Stripe(rec.Attr.Ino, it.idx)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dropGrants deletes the outstanding grants of ino selected by match and
+// queues their chunks for collection.
+func dropGrants(t kv.Txn, ino uint64, match func(stripe, version uint64) bool) error {
+	type item struct {
+		key []byte
+		g   *metapb.GrantRecord
+		ver uint64
+	}
+	var items []item
+	prefix := keys.GrantPrefix(ino)
+	if err := t.Scan(prefix, kv.PrefixEnd(prefix), 0, func(k, v []byte) error {
+		_, stripe, version, err := keys.ParseGrant(k)
+		if err != nil {
+			return err
+		}
+		if !match(stripe, version) {
+			return nil
+		}
+		g := &metapb.GrantRecord{}
+		if err := proto.Unmarshal(v, g); err != nil {
+			return err
+		}
+		items = append(items, item{append([]byte{}, k...), g, version})
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, it := range items {
+		if err := queueGC(t, it.g.Shards, it.ver); err != nil {
+			return err
+		}
+		if err := t.Delete(it.key); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// queueGC records that the chunkservers holding shards must delete version
+// of their chunks; they learn it from their heartbeat replies.
+func queueGC(t kv.Txn, shards []*metapb.Shard, version uint64) error {
+	for _, sh := range shards {
+		if err := t.Put(keys.GC(sh.ServerId, sh.ChunkId, version), nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// expireGrants collects the chunks of grants that were never committed.
+func (s *Service) expireGrants(ctx context.Context) error {
+	now := s.now().UnixNano()
+	expired := false
+	if err := s.view(ctx, func(r kv.Reader) error {
+		expired = false
+		return r.Scan([]byte{keys.PrefixGrant}, []byte{keys.PrefixGrant + 1}, 0, func(k, v []byte) error {
+			g := &metapb.GrantRecord{}
+			if err := proto.Unmarshal(v, g); err != nil {
+				return fmt.Errorf("grant %x: %w", k, err)
+			}
+			if g.ExpiresNs < now {
+				expired = true
+				return kv.ErrStop
+			}
+			return nil
+		})
+	}); err != nil || !expired {
+		return err
+	}
+	return s.update(ctx, func(t kv.Txn) error {
+		type item struct {
+			key []byte
+			g   *metapb.GrantRecord
+			ver uint64
+		}
+		var items []item
+		if err := t.Scan([]byte{keys.PrefixGrant}, []byte{keys.PrefixGrant + 1}, 0, func(k, v []byte) error {
+			_, _, version, err := keys.ParseGrant(k)
+			if err != nil {
+				return err
+			}
+			g := &metapb.GrantRecord{}
+			if err := proto.Unmarshal(v, g); err != nil {
+				return err
+			}
+			if g.ExpiresNs < now {
+				items = append(items, item{append([]byte{}, k...), g, version})
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, it := range items {
+			if err := queueGC(t, it.g.Shards, it.ver); err != nil {
+				return err
+			}
+			if err := t.Delete(it.key); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}

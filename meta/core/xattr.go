@@ -1,0 +1,182 @@
+package core
+
+import (
+	"context"
+	"strings"
+	"syscall"
+
+	"github.com/rdmafs/rdmafs/meta/keys"
+	"github.com/rdmafs/rdmafs/meta/kv"
+	"github.com/rdmafs/rdmafs/meta/metaerr"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// xattrNamespace validates an attribute name and returns its namespace.
+func xattrNamespace(name string) (string, error) {
+	if name == "" || len(name) > XattrNameMax {
+		return "", metaerr.New(syscall.ERANGE, "xattr name of %d bytes (1..%d allowed)", len(name), XattrNameMax)
+	}
+	for _, ns := range []string{"user.", "trusted.", "security."} {
+		if strings.HasPrefix(name, ns) && len(name) > len(ns) {
+			return ns, nil
+		}
+	}
+	return "", metaerr.New(syscall.EOPNOTSUPP, "xattr namespace of %q is not supported", name)
+}
+
+// checkXattr applies the namespace rules of xattr(7) to an access.
+func checkXattr(c *metapb.Caller, a *metapb.Attr, ns string, write bool) error {
+	switch ns {
+	case "trusted.":
+		if !isRoot(c) {
+			return metaerr.New(syscall.EPERM, "trusted xattrs need root")
+		}
+	case "security.":
+		if write && !isRoot(c) {
+			return metaerr.New(syscall.EPERM, "security xattrs are set by root only")
+		}
+	case "user.":
+		if !isReg(a) && !isDir(a) {
+			if write {
+				return metaerr.New(syscall.EPERM, "user xattrs only on regular files and directories")
+			}
+			return metaerr.New(syscall.ENODATA, "no user xattrs on this file type")
+		}
+		if write {
+			if isDir(a) && a.Mode&syscall.S_ISVTX != 0 && !isOwner(c, a) {
+				return metaerr.New(syscall.EPERM, "user xattrs of a sticky directory are its owner's")
+			}
+			return checkAccess(c, a, mayWrite)
+		}
+		return checkAccess(c, a, mayRead)
+	}
+	return nil
+}
+
+// GetXattr implements metapb.MetaServer. The client compares the value's
+// length with its buffer and reports ERANGE itself.
+func (s *Service) GetXattr(ctx context.Context, req *metapb.GetXattrRequest) (*metapb.GetXattrReply, error) {
+	ns, err := xattrNamespace(req.Name)
+	if err != nil {
+		return nil, err
+	}
+	c := caller(req.Caller)
+	var out *metapb.GetXattrReply
+	err = s.view(ctx, func(r kv.Reader) error {
+		rec, err := getInode(r, req.Ino)
+		if err != nil {
+			return err
+		}
+		if err := checkXattr(c, rec.Attr, ns, false); err != nil {
+			return err
+		}
+		v, ok, err := r.Get(keys.Xattr(req.Ino, req.Name))
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return metaerr.New(syscall.ENODATA, "no xattr %q on inode %d", req.Name, req.Ino)
+		}
+		out = &metapb.GetXattrReply{Value: v}
+		return nil
+	})
+	return out, err
+}
+
+// SetXattr implements metapb.MetaServer (XATTR_CREATE / XATTR_REPLACE).
+func (s *Service) SetXattr(ctx context.Context, req *metapb.SetXattrRequest) (*metapb.Empty, error) {
+	ns, err := xattrNamespace(req.Name)
+	if err != nil {
+		return nil, err
+	}
+	if len(req.Value) > XattrValueMax {
+		return nil, metaerr.New(syscall.E2BIG, "xattr value of %d bytes exceeds %d", len(req.Value), XattrValueMax)
+	}
+	create := req.Flags&uint32(metapb.XattrFlag_XATTR_CREATE) != 0
+	replace := req.Flags&uint32(metapb.XattrFlag_XATTR_REPLACE) != 0
+	if req.Flags&^uint32(3) != 0 || (create && replace) {
+		return nil, metaerr.New(syscall.EINVAL, "setxattr: invalid flags %#x", req.Flags)
+	}
+	c := caller(req.Caller)
+	return &metapb.Empty{}, s.update(ctx, func(t kv.Txn) error {
+		rec, err := getInode(t, req.Ino)
+		if err != nil {
+			return err
+		}
+		if err := checkXattr(c, rec.Attr, ns, true); err != nil {
+			return err
+		}
+		_, exists, err := t.Get(keys.Xattr(req.Ino, req.Name))
+		if err != nil {
+			return err
+		}
+		if exists && create {
+			return metaerr.New(syscall.EEXIST, "xattr %q exists", req.Name)
+		}
+		if !exists && replace {
+			return metaerr.New(syscall.ENODATA, "no xattr %q to replace", req.Name)
+		}
+		if err := t.Put(keys.Xattr(req.Ino, req.Name), req.Value); err != nil {
+			return err
+		}
+		rec.Attr.CtimeNs = s.now().UnixNano()
+		return putInode(t, rec)
+	})
+}
+
+// ListXattr implements metapb.MetaServer; trusted attributes are listed for
+// root only.
+func (s *Service) ListXattr(ctx context.Context, req *metapb.ListXattrRequest) (*metapb.ListXattrReply, error) {
+	c := caller(req.Caller)
+	out := &metapb.ListXattrReply{}
+	err := s.view(ctx, func(r kv.Reader) error {
+		out.Names = out.Names[:0]
+		if _, err := getInode(r, req.Ino); err != nil {
+			return err
+		}
+		prefix := keys.XattrPrefix(req.Ino)
+		return r.Scan(prefix, kv.PrefixEnd(prefix), 0, func(k, v []byte) error {
+			_, name, err := keys.ParseXattr(k)
+			if err != nil {
+				return err
+			}
+			if strings.HasPrefix(name, "trusted.") && !isRoot(c) {
+				return nil
+			}
+			out.Names = append(out.Names, name)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// RemoveXattr implements metapb.MetaServer.
+func (s *Service) RemoveXattr(ctx context.Context, req *metapb.RemoveXattrRequest) (*metapb.Empty, error) {
+	ns, err := xattrNamespace(req.Name)
+	if err != nil {
+		return nil, err
+	}
+	c := caller(req.Caller)
+	return &metapb.Empty{}, s.update(ctx, func(t kv.Txn) error {
+		rec, err := getInode(t, req.Ino)
+		if err != nil {
+			return err
+		}
+		if err := checkXattr(c, rec.Attr, ns, true); err != nil {
+			return err
+		}
+		if _, ok, err := t.Get(keys.Xattr(req.Ino, req.Name)); err != nil {
+			return err
+		} else if !ok {
+			return metaerr.New(syscall.ENODATA, "no xattr %q on inode %d", req.Name, req.Ino)
+		}
+		if err := t.Delete(keys.Xattr(req.Ino, req.Name)); err != nil {
+			return err
+		}
+		rec.Attr.CtimeNs = s.now().UnixNano()
+		return putInode(t, rec)
+	})
+}

@@ -1,0 +1,238 @@
+// Package server runs the metadata service: it opens the bbolt store in the
+// data directory, serves core.Service over gRPC behind the cluster secret,
+// records Prometheus metrics and shuts down cleanly.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
+	"github.com/rdmafs/rdmafs/meta/auth"
+	"github.com/rdmafs/rdmafs/meta/core"
+	"github.com/rdmafs/rdmafs/meta/kv/bolt"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// SecretFileName is the default name of the secret file in the data directory.
+const SecretFileName = "secret"
+
+// DefaultSecretFile returns the default secret file of a data directory.
+func DefaultSecretFile(dataDir string) string { return filepath.Join(dataDir, SecretFileName) }
+
+// Format initializes a new metadata data directory with the default layout
+// and generates the cluster secret into secretFile (default: in dataDir).
+// It returns the cluster id.
+func Format(ctx context.Context, dataDir, secretFile string, layout core.Layout) (string, error) {
+	if secretFile == "" {
+		secretFile = DefaultSecretFile(dataDir)
+	}
+	store, err := bolt.Open(dataDir, bolt.Options{})
+	if err != nil {
+		return "", err
+	}
+	id, err := core.Format(ctx, store, layout, time.Now())
+	if cerr := store.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", err
+	}
+	if _, err := auth.GenerateSecretFile(secretFile); err != nil {
+		return "", fmt.Errorf("formatted %s but: %w", dataDir, err)
+	}
+	return id, nil
+}
+
+// Config configures a Server.
+type Config struct {
+	// DataDir holds the bbolt database.
+	DataDir string
+	// Listen is the gRPC address, e.g. "127.0.0.1:7400" (":0" picks a port).
+	Listen string
+	// Secret is the cluster secret clients must present.
+	Secret string
+	// MetricsListen, when set, serves Prometheus metrics at /metrics.
+	MetricsListen string
+	// HeartbeatTimeout, SessionTTL and GrantTTL are passed to core.Config.
+	HeartbeatTimeout time.Duration
+	SessionTTL       time.Duration
+	GrantTTL         time.Duration
+	// Logger receives logs (default slog.Default()).
+	Logger *slog.Logger
+	// Registry receives the metrics (default: a new registry).
+	Registry *prometheus.Registry
+}
+
+// Server is a running metadata server.
+type Server struct {
+	cfg     Config
+	store   *bolt.Store
+	svc     *core.Service
+	grpc    *grpc.Server
+	lis     net.Listener
+	metrics *http.Server
+	mlis    net.Listener
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	once    sync.Once
+}
+
+// Start opens the store and starts serving. The server runs until Stop.
+func Start(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.Secret == "" {
+		return nil, errors.New("server: no cluster secret")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	m := newMetrics(cfg.Registry)
+	store, err := bolt.Open(cfg.DataDir, bolt.Options{Logger: cfg.Logger, OnCommit: func(n int, d time.Duration) {
+		m.groupCommit.Observe(float64(n))
+		m.commitSeconds.Observe(d.Seconds())
+	}})
+	if err != nil {
+		return nil, err
+	}
+	svc, err := core.New(ctx, core.Config{Store: store, Logger: cfg.Logger, HeartbeatTimeout: cfg.HeartbeatTimeout,
+		SessionTTL: cfg.SessionTTL, GrantTTL: cfg.GrantTTL, OnRetry: m.retries.Inc})
+	if err != nil {
+		store.Close()
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("server: listen on %s: %w", cfg.Listen, err)
+	}
+	s := &Server{cfg: cfg, store: store, svc: svc, lis: lis}
+	s.grpc = grpc.NewServer(
+		grpc.ChainUnaryInterceptor(auth.UnaryServerInterceptor(cfg.Secret), m.unaryInterceptor),
+		grpc.ChainStreamInterceptor(auth.StreamServerInterceptor(cfg.Secret)),
+	)
+	metapb.RegisterMetaServer(s.grpc, svc)
+	if cfg.MetricsListen != "" {
+		mlis, err := net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			lis.Close()
+			store.Close()
+			return nil, fmt.Errorf("server: metrics listen on %s: %w", cfg.MetricsListen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
+		s.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		s.mlis = mlis
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := s.metrics.Serve(mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				cfg.Logger.Error("metrics server", "err", err)
+			}
+		}()
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		svc.Run(runCtx)
+	}()
+	go func() {
+		defer s.wg.Done()
+		if err := s.grpc.Serve(lis); err != nil {
+			cfg.Logger.Error("grpc server", "err", err)
+		}
+	}()
+	cfg.Logger.Info("meta server started", "listen", lis.Addr().String(), "data", cfg.DataDir,
+		"cluster", svc.ClusterID(), "layout", svc.DefaultLayout().String())
+	return s, nil
+}
+
+// Addr returns the gRPC listen address.
+func (s *Server) Addr() string { return s.lis.Addr().String() }
+
+// MetricsAddr returns the metrics listen address, or "" without metrics.
+func (s *Server) MetricsAddr() string {
+	if s.mlis == nil {
+		return ""
+	}
+	return s.mlis.Addr().String()
+}
+
+// Service returns the service the server runs.
+func (s *Server) Service() *core.Service { return s.svc }
+
+// Stop stops accepting calls, waits for running calls up to ctx's deadline
+// (then cancels them), stops background work and closes the store.
+func (s *Server) Stop(ctx context.Context) error {
+	var err error
+	s.once.Do(func() {
+		done := make(chan struct{})
+		go func() {
+			s.grpc.GracefulStop()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			s.grpc.Stop()
+			<-done
+		}
+		if s.metrics != nil {
+			s.metrics.Shutdown(ctx)
+		}
+		s.cancel()
+		s.wg.Wait()
+		err = s.store.Close()
+		s.cfg.Logger.Info("meta server stopped")
+	})
+	return err
+}
+
+type metrics struct {
+	ops           *prometheus.CounterVec
+	latency       *prometheus.HistogramVec
+	retries       prometheus.Counter
+	groupCommit   prometheus.Histogram
+	commitSeconds prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		ops: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "rdmafs", Subsystem: "meta", Name: "ops_total",
+			Help: "Metadata RPCs by method and gRPC code."}, []string{"method", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "rdmafs", Subsystem: "meta", Name: "op_seconds",
+			Help: "Metadata RPC latency by method.", Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16)}, []string{"method"}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "rdmafs", Subsystem: "meta", Name: "txn_retries_total",
+			Help: "Transactions run again after a conflict."}),
+		groupCommit: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "rdmafs", Subsystem: "meta", Name: "group_commit_txns",
+			Help: "Transactions per durable group commit.", Buckets: prometheus.ExponentialBuckets(1, 2, 11)}),
+		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "rdmafs", Subsystem: "meta", Name: "commit_seconds",
+			Help: "Duration of a group commit including fsync.", Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16)}),
+	}
+	reg.MustRegister(m.ops, m.latency, m.retries, m.groupCommit, m.commitSeconds)
+	return m
+}
+
+func (m *metrics) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	resp, err := h(ctx, req)
+	method := filepath.Base(info.FullMethod)
+	m.latency.WithLabelValues(method).Observe(time.Since(start).Seconds())
+	m.ops.WithLabelValues(method, status.Code(err).String()).Inc()
+	return resp, err
+}

@@ -1,0 +1,319 @@
+// Package e2e tests rdmafs as users run it: real rdmafs meta, chunkd and rdmafs
+// mount processes on 127.0.0.1, a real FUSE mount, and real programs (fio, cp,
+// diff, sqlite3) on it.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rdmafs/rdmafs/internal/devcluster"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Println("e2e: skipped, mounting needs root")
+		os.Exit(0)
+	}
+	dir, err := os.MkdirTemp("", "rdmafs-e2e-bin-")
+	if err != nil {
+		panic(err)
+	}
+	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/...")
+	build.Dir = "../.."
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Printf("e2e: build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// up starts a cluster of real processes, mounted, torn down after the test.
+func up(t *testing.T) *devcluster.Cluster {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "rdmafs-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := devcluster.Up(ctx, devcluster.Config{Dir: dir, Bin: binDir, Mount: true, ChunkdMem: "64MiB", ClientMem: "128MiB",
+		HeartbeatTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Down(context.Background()); err != nil {
+			t.Errorf("cluster down: %v", err)
+		}
+		if t.Failed() {
+			for _, name := range []string{"mount.log", "meta.log", "chunk0.log"} {
+				b, _ := os.ReadFile(filepath.Join(dir, name))
+				t.Logf("%s:\n%s", name, tail(b))
+			}
+		}
+		os.RemoveAll(dir)
+	})
+	return c
+}
+
+func tail(b []byte) string {
+	if len(b) > 3000 {
+		b = b[len(b)-3000:]
+	}
+	return string(b)
+}
+
+func need(t *testing.T, prog string) {
+	if _, err := exec.LookPath(prog); err != nil {
+		t.Skipf("%s not installed (make deps installs it)", prog)
+	}
+}
+
+func run(t *testing.T, dir, prog string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(prog, args...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", prog, strings.Join(args, " "), err, tail(out))
+	}
+	return string(out)
+}
+
+func pattern(n int, seed uint64) []byte {
+	r := rand.New(rand.NewPCG(seed, ^seed))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+// TestFioVerify runs fio jobs that verify every block they wrote (crc32c).
+func TestFioVerify(t *testing.T) {
+	need(t, "fio")
+	c := up(t)
+	out := run(t, c.MountPoint, "fio", "--name=seq", "--rw=write", "--bs=1M", "--size=96M", "--end_fsync=1",
+		"--verify=crc32c", "--verify_fatal=1", "--do_verify=1",
+		"--name=rand", "--rw=randwrite", "--bs=4k", "--size=16M", "--verify=crc32c", "--verify_fatal=1", "--do_verify=1")
+	if strings.Contains(out, "verify: bad") || !strings.Contains(out, "err= 0") {
+		t.Fatalf("fio verify failed:\n%s", tail([]byte(out)))
+	}
+}
+
+// TestCopyTree copies a tree in with cp -a and compares it with diff -r: file
+// contents, symlinks, modes.
+func TestCopyTree(t *testing.T) {
+	c := up(t)
+	src := t.TempDir()
+	for i := 0; i < 40; i++ {
+		d := filepath.Join(src, fmt.Sprintf("dir%d", i%7), fmt.Sprintf("sub%d", i%3))
+		os.MkdirAll(d, 0o755)
+		os.WriteFile(filepath.Join(d, fmt.Sprintf("f%d", i)), pattern(i*7919, uint64(i)), os.FileMode(0o600|(i%2)*0o44))
+	}
+	os.Symlink("dir1/sub1", filepath.Join(src, "link"))
+	os.WriteFile(filepath.Join(src, "empty"), nil, 0o644)
+	// The repository's own sources make a realistic tree too.
+	run(t, "", "cp", "-a", "../../rdma", filepath.Join(src, "rdma-src"))
+	dst := filepath.Join(c.MountPoint, "copy")
+	run(t, "", "cp", "-a", src, dst)
+	run(t, "", "diff", "-r", "--no-dereference", src, dst)
+	// Modes survive too.
+	var modes []string
+	filepath.Walk(src, func(p string, fi os.FileInfo, err error) error {
+		if err == nil {
+			rel, _ := filepath.Rel(src, p)
+			if st, err := os.Lstat(filepath.Join(dst, rel)); err != nil || st.Mode() != fi.Mode() {
+				modes = append(modes, rel)
+			}
+		}
+		return nil
+	})
+	if len(modes) > 0 {
+		t.Fatalf("modes differ after cp -a: %v", modes)
+	}
+}
+
+// TestSQLite runs a database on the mount and checks its integrity.
+func TestSQLite(t *testing.T) {
+	need(t, "sqlite3")
+	c := up(t)
+	db := filepath.Join(c.MountPoint, "test.db")
+	var sql strings.Builder
+	sql.WriteString("PRAGMA journal_mode=WAL; CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);\n")
+	for tx := 0; tx < 20; tx++ {
+		sql.WriteString("BEGIN;\n")
+		for i := 0; i < 500; i++ {
+			fmt.Fprintf(&sql, "INSERT INTO t(v) VALUES('%s');\n", strings.Repeat(string(rune('a'+(tx+i)%26)), 50+i%200))
+		}
+		sql.WriteString("COMMIT;\n")
+	}
+	sql.WriteString("DELETE FROM t WHERE id % 3 = 0; VACUUM;\n")
+	cmd := exec.Command("sqlite3", db)
+	cmd.Stdin = strings.NewReader(sql.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("sqlite3: %v\n%s", err, out)
+	}
+	out := run(t, "", "sqlite3", db, "PRAGMA integrity_check; SELECT count(*) FROM t;")
+	if got := strings.Fields(out); len(got) != 2 || got[0] != "ok" || got[1] != "6667" {
+		t.Fatalf("integrity_check and count: %q, want ok and 6667", out)
+	}
+}
+
+// TestChunkdKilledDuringReads kills one and then a second chunkd with SIGKILL
+// while readers loop over a file: every read returns the right bytes.
+func TestChunkdKilledDuringReads(t *testing.T) {
+	c := up(t)
+	data := pattern(24<<20, 42)
+	want := sha256.Sum256(data)
+	p := filepath.Join(c.MountPoint, "big")
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var reads, bad atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for r := 0; r < 2; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				got, err := os.ReadFile(p)
+				if err != nil || sha256.Sum256(got) != want {
+					bad.Add(1)
+					t.Errorf("read during failures: %v (%d bytes)", err, len(got))
+					return
+				}
+				reads.Add(1)
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := c.KillChunkd(1); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if err := c.KillChunkd(4); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+	if reads.Load() < 4 || bad.Load() > 0 {
+		t.Fatalf("%d good reads, %d bad", reads.Load(), bad.Load())
+	}
+}
+
+// TestClientKilledDuringWrites kills the mount process with SIGKILL while a
+// writer rewrites a file block by block with fsync after each: after a new
+// mount, every block holds its old or its new content, and every block whose
+// fsync returned holds the new.
+func TestClientKilledDuringWrites(t *testing.T) {
+	c := up(t)
+	const block, blocks = 1 << 20, 48
+	p := filepath.Join(c.MountPoint, "victim")
+	old := pattern(block*blocks, 1)
+	if err := os.WriteFile(p, old, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh := pattern(block*blocks, 2)
+	var synced atomic.Int64 // blocks [0, synced) are durable with new content
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < blocks; i++ {
+			if _, err := f.WriteAt(fresh[i*block:(i+1)*block], int64(i*block)); err != nil {
+				return
+			}
+			if err := f.Sync(); err != nil {
+				return
+			}
+			synced.Store(int64(i + 1))
+		}
+	}()
+	for synced.Load() < 6 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := syscall.Kill(c.Mount.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	f.Close()
+	durable := synced.Load()
+	syscall.Unmount(c.MountPoint, syscall.MNT_DETACH)
+	c.Mount = nil
+	if err := c.MountFS(context.Background(), c.MountPoint, "128MiB"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(old) {
+		t.Fatalf("file is %d bytes after the crash, want %d", len(got), len(old))
+	}
+	for i := 0; i < blocks; i++ {
+		g := got[i*block : (i+1)*block]
+		isNew, isOld := bytes.Equal(g, fresh[i*block:(i+1)*block]), bytes.Equal(g, old[i*block:(i+1)*block])
+		switch {
+		case int64(i) < durable && !isNew:
+			t.Fatalf("block %d was fsynced but does not hold the new content (old: %v)", i, isOld)
+		case !isNew && !isOld:
+			t.Fatalf("block %d holds neither the old nor the new content", i)
+		}
+	}
+	t.Logf("%d of %d blocks fsynced before the kill; all blocks old or new", durable, blocks)
+}
+
+// TestRemount unmounts cleanly (SIGTERM to the mount) and mounts again:
+// everything written is there.
+func TestRemount(t *testing.T) {
+	c := up(t)
+	files := map[string][]byte{}
+	for i := 0; i < 10; i++ {
+		name := filepath.Join(c.MountPoint, fmt.Sprintf("keep%d", i))
+		files[name] = pattern(i*123457+1, uint64(i+100))
+		if err := os.WriteFile(name, files[name], 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.MountFS(context.Background(), c.MountPoint, "128MiB"); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range files {
+		got, err := os.ReadFile(name)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%s after remount: %v (%d bytes, want %d)", name, err, len(got), len(want))
+		}
+	}
+}
