@@ -276,3 +276,126 @@ func writeTimed(ctx context.Context, c *client.Client, key chunk.Key, sgl []rdma
 
 // benchKeys is how many resident versions the read benchmark rotates over.
 const benchKeys = 4
+
+// BenchmarkReadRatio interleaves, in one loop, blocks of raw RDMA_READs and of
+// chunk protocol reads (cached lease + RDMA_READ) of resident 1 MiB shards on
+// the same transport at depth 1, so that both see the same machine load, and
+// reports both bandwidths and protocol/raw.
+func BenchmarkReadRatio(b *testing.B) {
+	a, t := rdmatest.Pair(b, openDev, rdmatest.PairConfig{MemSize: 4 * shard})
+	s := chunktest.Start(b, chunktest.Options{Mem: 64 << 20})
+	env := chunktest.NewClientEnv(b, 2*shard)
+	c := env.Dial(b, s.Addr(), s.Secret)
+	ctx := context.Background()
+	keys := make([]chunk.Key, 4)
+	for i := range keys {
+		keys[i] = chunk.Key{Chunk: uint64(i + 1), Version: 1}
+		fill(env.Bytes()[:shard], keys[i])
+		if err := c.WriteVersion(ctx, keys[i], []rdma.SGE{env.SGE(0, shard)}, store.Checksum(env.Bytes()[:shard])); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var wcs [4]rdma.WorkCompletion
+	raw := func(i int) {
+		wr := []rdma.SendWR{{ID: uint64(i), Opcode: rdma.OpRDMARead, Flags: rdma.SendSignaled,
+			SGL: []rdma.SGE{a.SGE(0, shard)}, RemoteAddr: t.Addr((i % 4) * shard), RKey: t.MR.RKey()}}
+		if err := a.QP.PostSend(wr); err != nil {
+			b.Fatal(err)
+		}
+		for a.SCQ.Poll(wcs[:]) == 0 {
+			a.SCQ.Wait(ctx)
+		}
+		if wcs[0].Status != rdma.WCSuccess {
+			b.Fatal(wcs[0].Status)
+		}
+	}
+	sgl := []rdma.SGE{env.SGE(shard, shard)}
+	proto := func(i int) {
+		if _, err := c.ReadAt(ctx, keys[i%4], 0, sgl); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i := 0; i < 8; i++ { // warm up: leases, mappings
+		raw(i)
+		proto(i)
+	}
+	const block = 8
+	var rawT, protoT time.Duration
+	var n int
+	b.SetBytes(2 * shard)
+	b.ResetTimer()
+	for n < b.N {
+		start := time.Now()
+		for i := 0; i < block; i++ {
+			raw(n + i)
+		}
+		mid := time.Now()
+		for i := 0; i < block; i++ {
+			proto(n + i)
+		}
+		rawT += mid.Sub(start)
+		protoT += time.Since(mid)
+		n += block
+	}
+	mbps := func(d time.Duration) float64 { return float64(n) * shard / d.Seconds() / 1e6 }
+	b.ReportMetric(mbps(rawT), "raw-MB/s")
+	b.ReportMetric(mbps(protoT), "proto-MB/s")
+	b.ReportMetric(rawT.Seconds()/protoT.Seconds(), "proto/raw")
+}
+
+// BenchmarkWriteRatio interleaves durable 1 MiB writes through the chunk protocol
+// (prepare + RDMA_WRITE + commit) with plain pwrite+fdatasync appends of 1 MiB in
+// the same directory, one of each per iteration, and reports both bandwidths,
+// their ratio and the p50/p99 latency of each.
+func BenchmarkWriteRatio(b *testing.B) {
+	dir := benchDir(b)
+	s := chunktest.Start(b, chunktest.Options{Dir: filepath.Join(dir, "chunkd"), Mem: 64 << 20})
+	env := chunktest.NewClientEnv(b, shard)
+	c := env.Dial(b, s.Addr(), s.Secret)
+	ctx := context.Background()
+	fill(env.Bytes()[:shard], chunk.Key{Chunk: 1, Version: 1})
+	crc := store.Checksum(env.Bytes()[:shard])
+	f, err := os.OpenFile(filepath.Join(dir, "baseline"), os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	buf := append([]byte(nil), env.Bytes()[:shard]...)
+	var protoLat, baseLat []time.Duration
+	b.SetBytes(2 * shard)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		if _, err := unix.Pwrite(int(f.Fd()), buf, int64(i)*shard); err != nil {
+			b.Fatal(err)
+		}
+		if err := unix.Fdatasync(int(f.Fd())); err != nil {
+			b.Fatal(err)
+		}
+		mid := time.Now()
+		if err := c.WriteVersion(ctx, chunk.Key{Chunk: 1, Version: uint64(i + 1)}, []rdma.SGE{env.SGE(0, shard)}, crc); err != nil {
+			b.Fatal(err)
+		}
+		baseLat = append(baseLat, mid.Sub(start))
+		protoLat = append(protoLat, time.Since(mid))
+	}
+	b.StopTimer()
+	sum := func(l []time.Duration) (t time.Duration) {
+		for _, d := range l {
+			t += d
+		}
+		return t
+	}
+	pct := func(l []time.Duration, p int) float64 {
+		sort.Slice(l, func(i, j int) bool { return l[i] < l[j] })
+		return float64(l[len(l)*p/100].Microseconds()) / 1000
+	}
+	mbps := func(d time.Duration) float64 { return float64(b.N) * shard / d.Seconds() / 1e6 }
+	b.ReportMetric(mbps(sum(baseLat)), "pwrite-MB/s")
+	b.ReportMetric(mbps(sum(protoLat)), "proto-MB/s")
+	b.ReportMetric(sum(baseLat).Seconds()/sum(protoLat).Seconds(), "proto/pwrite")
+	b.ReportMetric(pct(baseLat, 50), "pwrite-p50-ms")
+	b.ReportMetric(pct(baseLat, 99), "pwrite-p99-ms")
+	b.ReportMetric(pct(protoLat, 50), "proto-p50-ms")
+	b.ReportMetric(pct(protoLat, 99), "proto-p99-ms")
+}

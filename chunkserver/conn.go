@@ -156,7 +156,9 @@ func (c *conn) run() {
 	case <-c.qp.Disconnected():
 	}
 	c.cancel()
-	c.qp.Close() // flushes outstanding work requests
+	// The workers finish what they are doing (a commit in progress completes)
+	// and stop; only then is the queue pair closed, so nothing posts to a
+	// destroyed queue pair.
 	c.wg.Wait()
 	c.destroy()
 }
@@ -367,6 +369,7 @@ func (c *conn) serve(req *proto.Request, spare *int) proto.Reply {
 	start := time.Now()
 	rep := c.handle(req, spare)
 	rep.Op = req.Op
+	c.s.requests.Add(1)
 	c.s.opCount[req.Op][min(int(rep.Status), numStatus-1)].Inc()
 	c.s.opLat[req.Op].Observe(time.Since(start).Seconds())
 	return rep
@@ -625,7 +628,7 @@ func (c *conn) commit(key chunk.Key, crc uint32) proto.Reply {
 	status := proto.StatusOK
 	if got := checksum(data); got != crc {
 		s.metrics.Errors.WithLabelValues("checksum").Inc()
-		c.log.Warn("chunkd: commit checksum mismatch", "chunk", key, "got", fmt.Sprintf("%08x", got), "want", fmt.Sprintf("%08x", crc))
+		c.log.Info("chunkd: commit checksum mismatch", "chunk", key, "got", fmt.Sprintf("%08x", got), "want", fmt.Sprintf("%08x", crc))
 		status = proto.StatusChecksumMismatch
 	} else if err := s.store.Put(key, data, crc); err != nil {
 		c.noteErr("commit", key, err)

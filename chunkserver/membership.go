@@ -7,14 +7,18 @@ import (
 )
 
 // Membership is chunkd's view of the metadata service: it registers the chunkserver
-// once and then sends heartbeats, whose replies name the chunk versions chunkd may
-// delete. A nil Membership runs chunkd standalone.
+// and then sends heartbeats, whose replies name the chunk versions chunkd should
+// delete; the next heartbeat reports which of them are gone. A nil Membership runs
+// chunkd standalone. The metadata service's gRPC client implements it (Register
+// and Heartbeat of metapb map field for field).
 type Membership interface {
 	// Register announces the chunkserver; chunkd calls it at start and again
 	// whenever a heartbeat fails with ErrNotRegistered.
 	Register(ctx context.Context, info Info) error
-	// Heartbeat reports the chunkserver's state and returns the versions that
-	// metadata no longer references (garbage).
+	// Heartbeat reports the chunkserver's state, including the versions deleted
+	// since the last successful heartbeat, and returns the versions metadata no
+	// longer references (garbage) for chunkd to delete. It returns an error
+	// wrapping ErrNotRegistered when the service does not know the chunkserver.
 	Heartbeat(ctx context.Context, stats Stats) (garbage []chunk.Key, err error)
 }
 
@@ -22,20 +26,26 @@ type Membership interface {
 type Info struct {
 	ID        string // stable id kept in the data dir
 	Addr      string // address clients connect to
-	Transport string // rdma transport name ("tcp", ...)
+	Transport string // rdma transport it serves ("tcp", "auto", ...)
 	Zone      string // failure-domain label
 	Capacity  int64  // bytes of disk for chunks
+	Used      int64  // bytes held by stored versions
 	MaxLength int    // largest chunk version accepted
 }
 
 // Stats is what a heartbeat reports.
 type Stats struct {
 	ID            string
-	Capacity      int64 // bytes
-	Free          int64 // bytes
-	Used          int64 // bytes held by stored versions
-	Versions      int   // stored versions
+	Capacity      int64   // bytes
+	Free          int64   // bytes
+	Used          int64   // bytes held by stored versions
+	Versions      int     // stored versions
+	Load          float64 // requests per second since the last heartbeat
 	Connections   int
-	ResidentBytes int64
+	ResidentBytes int64 // registered memory held by resident versions
+	MemInUse      int64 // registered memory in use: resident, staging, message buffers
 	Leases        int
+	// Deleted lists the garbage versions deleted (or found absent) since the
+	// last successful heartbeat.
+	Deleted []chunk.Key
 }

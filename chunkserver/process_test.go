@@ -18,7 +18,8 @@ import (
 	"github.com/rdmafs/rdmafs/rdma"
 )
 
-// TestCrashRecovery kills a real chunkd with SIGKILL in the middle of a write load,
+// TestCrashRecovery kills a real chunkd with SIGKILL in the middle of a write and
+// delete load (so slots are freed and reused in place),
 // restarts it on the same data dir and checks that every acknowledged version is
 // there byte for byte and that whatever else is there is whole.
 func TestCrashRecovery(t *testing.T) {
@@ -29,6 +30,7 @@ func TestCrashRecovery(t *testing.T) {
 	dir := t.TempDir()
 	const writers = 4
 	acked := map[chunk.Key]int{} // version -> length
+	writes := 0                  // acknowledged writes in all
 	var mu sync.Mutex
 	nextVersion := make([]uint64, writers)
 	for round := 0; round < 3; round++ {
@@ -57,21 +59,51 @@ func TestCrashRecovery(t *testing.T) {
 					}
 					mu.Lock()
 					acked[key] = n
+					writes++
 					mu.Unlock()
+					// Delete the version before last, so that slots are
+					// freed and reused in place during the load too.
+					old := chunk.Key{Chunk: key.Chunk, Version: key.Version - 2}
+					mu.Lock()
+					_, had := acked[old]
+					mu.Unlock()
+					if had {
+						if err := c.Delete(ctx, old); err != nil {
+							return // killed
+						}
+						mu.Lock()
+						delete(acked, old) // gone, or may reappear whole: both fine
+						mu.Unlock()
+					}
 				}
 			}(w)
 		}
-		time.Sleep(time.Duration(300+200*round) * time.Millisecond)
+		// Let the load run (at least a few acknowledged writes, however slow the
+		// machine), then kill at some point in the middle of it.
+		mu.Lock()
+		before := writes
+		mu.Unlock()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			mu.Lock()
+			n := writes
+			mu.Unlock()
+			if n >= before+2*writers || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(time.Duration(50+150*round) * time.Millisecond)
 		p.Kill() // SIGKILL by PID, mid-write
 		cancel()
 		wg.Wait()
 		mu.Lock()
-		t.Logf("round %d: %d versions acknowledged so far", round, len(acked))
+		t.Logf("round %d: %d writes acknowledged so far, %d versions kept", round, writes, len(acked))
 		mu.Unlock()
 	}
 	p := chunktest.StartProcess(t, chunktest.ProcOptions{Bin: bin, Dir: dir})
-	if len(acked) < writers {
-		t.Fatalf("only %d writes acknowledged: the load did not run", len(acked))
+	if writes < 3*2*writers {
+		t.Fatalf("only %d writes acknowledged: the load did not run", writes)
 	}
 	verifyAll(t, p, acked)
 	if err := p.Stop(); err != nil {

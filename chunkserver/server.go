@@ -1,9 +1,3 @@
-// Package chunkserver is chunkd, the storage daemon of rdmafs, as a library: it
-// keeps chunk versions durable in a store (package store), holds resident copies
-// and write staging in one registered memory pool (package mempool) and serves the
-// chunk protocol (package proto) to clients over rdma queue pairs, granting each
-// client revocable remote access through memory windows bound on its own queue
-// pair. The client side of the protocol is package client.
 package chunkserver
 
 import (
@@ -138,6 +132,7 @@ type Server struct {
 	opLat   [numOps]prometheus.Observer
 
 	nextLease atomic.Uint64
+	requests  atomic.Uint64 // requests served, for the heartbeat's load
 
 	mu     sync.Mutex
 	conns  map[*conn]struct{}
@@ -370,7 +365,8 @@ func (s *Server) checkNonce(n [8]byte) bool {
 func (s *Server) Stats() Stats {
 	used, n := s.store.Usage()
 	capacity, free := s.store.Capacity()
-	st := Stats{ID: s.ID(), Capacity: capacity, Free: free, Used: used, Versions: n, ResidentBytes: s.cache.residentBytes()}
+	st := Stats{ID: s.ID(), Capacity: capacity, Free: free, Used: used, Versions: n,
+		ResidentBytes: s.cache.residentBytes(), MemInUse: int64(s.pool.InUse())}
 	s.mu.Lock()
 	st.Connections = len(s.conns)
 	for c := range s.conns {
@@ -404,38 +400,55 @@ func (s *Server) membershipLoop(ctx context.Context) {
 	if addr == "" {
 		addr = s.Addr()
 	}
-	capacity, _ := s.store.Capacity()
-	info := Info{ID: s.ID(), Addr: addr, Transport: s.cfg.Device.Name(), Zone: s.cfg.Zone, Capacity: capacity, MaxLength: s.store.MaxLength()}
+	interval := s.cfg.HeartbeatInterval
 	registered := false
-	t := time.NewTicker(s.cfg.HeartbeatInterval)
+	var deleted []chunk.Key // garbage deleted, not yet reported
+	lastOps, lastBeat := s.requests.Load(), time.Now()
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
-		if !registered {
-			if err := m.Register(ctx, info); err != nil {
-				s.log.Warn("chunkd: register with metadata service", "err", err)
-			} else {
-				registered = true
-				s.log.Info("chunkd: registered", "id", info.ID, "addr", info.Addr, "zone", info.Zone)
-			}
-		} else {
-			garbage, err := m.Heartbeat(ctx, s.Stats())
-			switch {
-			case errors.Is(err, ErrNotRegistered):
-				registered = false
-				continue
-			case err != nil:
-				s.log.Warn("chunkd: heartbeat", "err", err)
-			}
-			for _, k := range garbage {
-				if err := s.deleteVersion(k); err != nil && !errors.Is(err, store.ErrNotFound) {
-					s.log.Warn("chunkd: delete garbage", "chunk", k, "err", err)
-				}
-			}
-		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		if !registered {
+			capacity, _ := s.store.Capacity()
+			used, _ := s.store.Usage()
+			info := Info{ID: s.ID(), Addr: addr, Transport: s.cfg.Device.Name(), Zone: s.cfg.Zone,
+				Capacity: capacity, Used: used, MaxLength: s.store.MaxLength()}
+			if err := m.Register(ctx, info); err != nil {
+				s.log.Warn("chunkd: register with metadata service", "err", err)
+			} else {
+				registered = true
+				s.log.Info("chunkd: registered", "id", info.ID, "addr", info.Addr, "zone", info.Zone, "heartbeat", interval)
+			}
+		} else {
+			st := s.Stats()
+			now, ops := time.Now(), s.requests.Load()
+			st.Load = float64(ops-lastOps) / now.Sub(lastBeat).Seconds()
+			lastOps, lastBeat = ops, now
+			st.Deleted = deleted
+			garbage, err := m.Heartbeat(ctx, st)
+			switch {
+			case errors.Is(err, ErrNotRegistered):
+				registered = false
+				t.Reset(0)
+				continue
+			case err != nil:
+				s.log.Warn("chunkd: heartbeat", "err", err)
+			default:
+				deleted = nil
+				for _, k := range garbage {
+					err := s.deleteVersion(k)
+					if err == nil || errors.Is(err, store.ErrNotFound) {
+						deleted = append(deleted, k)
+					} else {
+						s.log.Warn("chunkd: delete garbage", "chunk", k, "err", err)
+					}
+				}
+			}
+		}
+		t.Reset(interval)
 	}
 }

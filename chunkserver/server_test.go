@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -140,7 +141,7 @@ func TestBatch(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
-	s := chunktest.Start(t, chunktest.Options{MaxLength: 1 << 20, Capacity: 3 * (1<<20 + store.HeaderLen)})
+	s := chunktest.Start(t, chunktest.Options{MaxLength: 1 << 20, Capacity: 3 * store.FileSize(1<<20)})
 	c, env := s.Dial(t)
 	other, _ := s.Dial(t)
 	ctx := ctxT(t)
@@ -255,7 +256,8 @@ func isRevoked(err error) bool {
 }
 
 func TestLeaseExpiryRevokes(t *testing.T) {
-	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{LeaseTTL: 300 * time.Millisecond, ReapInterval: 10 * time.Millisecond}})
+	const ttl = time.Second
+	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{LeaseTTL: ttl, ReapInterval: 10 * time.Millisecond}})
 	w, wenv := s.Dial(t)
 	key := chunk.Key{Chunk: 5, Version: 1}
 	put(t, w, wenv, 0, key, 64<<10)
@@ -270,15 +272,15 @@ func TestLeaseExpiryRevokes(t *testing.T) {
 		t.Fatalf("read under lease: %v", err)
 	}
 	// Renewal keeps it alive past the first expiry.
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(ttl / 2)
 	if l, err = c.RenewLease(ctx, l); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(ttl * 6 / 10)
 	if err := c.Read(ctx, l, 0, []rdma.SGE{env.SGE(0, 64<<10)}); err != nil {
 		t.Fatalf("read under renewed lease: %v", err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(ttl * 3 / 2)
 	if err := c.Read(ctx, l, 0, []rdma.SGE{env.SGE(0, 64<<10)}); !isRevoked(err) {
 		t.Fatalf("read after expiry: %v, want REM_ACCESS_ERR", err)
 	}
@@ -306,7 +308,7 @@ func TestLeaseExpiryRevokes(t *testing.T) {
 }
 
 func TestStagingRevoked(t *testing.T) {
-	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{StagingTTL: 300 * time.Millisecond, ReapInterval: 10 * time.Millisecond}})
+	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{StagingTTL: time.Second, ReapInterval: 10 * time.Millisecond}})
 	ctx := ctxT(t)
 	// After commit the staging rkey is dead: the committed bytes cannot change.
 	c, env := s.Dial(t)
@@ -331,7 +333,7 @@ func TestStagingRevoked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond)
 	if err := c2.Commit(ctx, chunk.Key{Chunk: 6, Version: 2}, 0); !proto.IsStatus(err, proto.StatusNoPrepare) {
 		t.Fatalf("commit after staging expiry: %v", err)
 	}
@@ -547,43 +549,57 @@ func TestFlowControl(t *testing.T) {
 }
 
 func TestMembership(t *testing.T) {
-	m := &fakeMembership{garbage: []chunk.Key{{Chunk: 20, Version: 1}}}
-	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{Membership: m, HeartbeatInterval: 20 * time.Millisecond, Zone: "z1"}})
+	m := &fakeMembership{garbage: []chunk.Key{{Chunk: 20, Version: 1}, {Chunk: 21, Version: 9}}}
+	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{Membership: m, HeartbeatInterval: 10 * time.Millisecond, Zone: "z1"}})
 	c, env := s.Dial(t)
 	put(t, c, env, 0, chunk.Key{Chunk: 20, Version: 1}, 100)
 	put(t, c, env, 0, chunk.Key{Chunk: 20, Version: 2}, 100)
-	deadline := time.Now().Add(5 * time.Second)
+	m.mu.Lock()
+	m.ready = true // from now on heartbeats name the garbage
+	m.mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
 	for {
-		_, err := c.Stat(ctxT(t), chunk.Key{Chunk: 20, Version: 1})
-		if proto.IsStatus(err, proto.StatusWrongVersion) {
+		m.mu.Lock()
+		reported := m.reported
+		m.mu.Unlock()
+		if len(reported) == 2 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("garbage not deleted: %v", err)
+			t.Fatalf("deletions not reported: %v", reported)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := c.Stat(ctxT(t), chunk.Key{Chunk: 20, Version: 1}); !proto.IsStatus(err, proto.StatusWrongVersion) {
+		t.Fatalf("garbage not deleted: %v", err)
 	}
 	if _, err := c.Stat(ctxT(t), chunk.Key{Chunk: 20, Version: 2}); err != nil {
 		t.Fatal(err)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.info.ID != s.ID() || m.info.Zone != "z1" || m.info.Addr != s.Addr() || m.beats == 0 {
-		t.Fatalf("registration %+v, %d heartbeats", m.info, m.beats)
+	if m.info.ID != s.ID() || m.info.Zone != "z1" || m.info.Addr != s.Addr() || m.registrations < 2 {
+		t.Fatalf("registration %+v, %d registrations (want a re-registration)", m.info, m.registrations)
 	}
 }
 
+// fakeMembership is a metadata service: it asks for one re-registration, then
+// hands out garbage until the chunkserver reports it deleted.
 type fakeMembership struct {
-	mu      sync.Mutex
-	info    chunkserver.Info
-	beats   int
-	garbage []chunk.Key
+	mu            sync.Mutex
+	info          chunkserver.Info
+	registrations int
+	beats         int
+	ready         bool
+	garbage       []chunk.Key
+	reported      []chunk.Key
 }
 
 func (m *fakeMembership) Register(ctx context.Context, info chunkserver.Info) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.info = info
+	m.registrations++
 	return nil
 }
 
@@ -591,7 +607,14 @@ func (m *fakeMembership) Heartbeat(ctx context.Context, st chunkserver.Stats) ([
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.beats++
-	return m.garbage, nil // deleting what is not (yet) there is harmless
+	if m.beats == 2 {
+		return nil, fmt.Errorf("meta forgot us: %w", chunkserver.ErrNotRegistered)
+	}
+	m.reported = append(m.reported, st.Deleted...)
+	if !m.ready || len(m.reported) > 0 {
+		return nil, nil
+	}
+	return m.garbage, nil
 }
 
 // TestReadPathAllocations: a read through a cached lease is a pure one-sided
@@ -614,5 +637,81 @@ func TestReadPathAllocations(t *testing.T) {
 	t.Logf("%.1f allocations per cached read", allocs)
 	if allocs > 2 {
 		t.Fatalf("%.1f allocations per cached read", allocs)
+	}
+}
+
+// TestPoolRedials: the pool hands out one connection per address and replaces it
+// after it failed (here: an access to a revoked lease kills the queue pair).
+func TestPoolRedials(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{})
+	env := chunktest.NewClientEnv(t, 1<<20)
+	pool := client.NewPool(env.Dev, env.PD, client.Options{Secret: s.Secret})
+	defer pool.Close()
+	ctx := ctxT(t)
+	c1, err := pool.Get(ctx, s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := chunk.Key{Chunk: 50, Version: 1}
+	put(t, c1, env, 0, key, 4096)
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if c, err := pool.Get(ctx, s.Addr()); err != nil || c != c1 {
+				t.Errorf("Get = %p, %v; want the live connection %p", c, err, c1)
+			}
+		}()
+	}
+	wg.Wait()
+	l, err := c1.ReadLease(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1.ReleaseLease(ctx, l)
+	if err := c1.Read(ctx, l, 0, []rdma.SGE{env.SGE(0, 4096)}); !isRevoked(err) {
+		t.Fatalf("read of a released lease: %v", err)
+	}
+	<-c1.Done()
+	c2, err := pool.Get(ctx, s.Addr())
+	if err != nil || c2 == c1 {
+		t.Fatalf("after failure: %p, %v", c2, err)
+	}
+	if _, err := c2.ReadAt(ctx, key, 0, []rdma.SGE{env.SGE(0, 4096)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Get(ctx, "127.0.0.1:1"); err == nil {
+		t.Fatal("dial of a closed port succeeded")
+	}
+}
+
+// TestLeaseCacheBounded: a client reading many versions keeps a bounded number
+// of leases cached and releases the rest, so chunkd's pins stay bounded too.
+func TestLeaseCacheBounded(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{})
+	env := chunktest.NewClientEnv(t, 1<<20)
+	c, err := client.Dial(ctxT(t), env.Dev, env.PD, s.Addr(), client.Options{Secret: s.Secret, MaxCachedLeases: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := ctxT(t)
+	for v := uint64(1); v <= 20; v++ {
+		k := chunk.Key{Chunk: 60, Version: v}
+		put(t, c, env, 0, k, 4096)
+		if _, err := c.ReadAt(ctx, k, 0, []rdma.SGE{env.SGE(4096, 4096)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := c.CachedLeases(); n != 4 {
+		t.Fatalf("%d leases cached, want 4", n)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for testutil.ToFloat64(s.Metrics().Leases) != 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("chunkd holds %v leases, want 4", testutil.ToFloat64(s.Metrics().Leases))
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -354,3 +354,36 @@ func (p *Process) Restart(t testing.TB) *Process {
 	opts := p.opts
 	return StartProcess(t, opts)
 }
+
+// StartN starts n in-process chunkservers with the same options (each with its
+// own data dir and port) and zone labels zone0, zone1, ... unless opts.Config
+// names a zone.
+func StartN(t testing.TB, n int, opts Options) []*Server {
+	t.Helper()
+	out := make([]*Server, n)
+	for i := range out {
+		o := opts
+		o.Dir = ""
+		if o.Config.Zone == "" {
+			o.Config.Zone = fmt.Sprintf("zone%d", i)
+		}
+		out[i] = Start(t, o)
+	}
+	return out
+}
+
+// StartProcesses starts n chunkd processes with the same options (each with its
+// own data dir and port).
+func StartProcesses(t testing.TB, n int, opts ProcOptions) []*Process {
+	t.Helper()
+	if opts.Bin == "" {
+		opts.Bin = BuildChunkd(t)
+	}
+	out := make([]*Process, n)
+	for i := range out {
+		o := opts
+		o.Dir = ""
+		out[i] = StartProcess(t, o)
+	}
+	return out
+}

@@ -12,6 +12,7 @@
 package client
 
 import (
+	"container/list"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -35,6 +36,10 @@ type Options struct {
 	// LeaseMargin is how long before its expiry a cached lease is renewed
 	// (default a quarter of the lease time).
 	LeaseMargin time.Duration
+	// MaxCachedLeases bounds the leases the connection keeps cached (default
+	// 128); the least recently used one is released beyond it, so that chunkd
+	// does not keep memory pinned for versions this client no longer reads.
+	MaxCachedLeases int
 }
 
 // ErrClosed is returned once the connection is closed or failed.
@@ -89,24 +94,36 @@ type Client struct {
 	margin time.Duration
 	maxSGE int
 
+	maxLeases int
+
 	slots chan int      // free send buffers: one per credit
 	sq    chan struct{} // room in the send queue
 	next  atomic.Uint64
 
-	opPool sync.Pool  // *op, reused so that reads and writes do not allocate
-	pollMu sync.Mutex // serializes polling the completion queue
+	opPool sync.Pool // *op, reused so that reads and writes do not allocate
+	// qpMu guards posting against Close: posts hold it shared and check
+	// qpClosed, Close holds it exclusively while it destroys the queue pair.
+	qpMu     sync.RWMutex
+	qpClosed bool
+	pollMu   sync.Mutex // serializes polling the completion queue
 
 	mu     sync.Mutex
 	calls  map[uint64]*call
 	ops    map[uint64]*op
 	err    error
-	leases map[chunk.Key]*Lease
+	leases map[chunk.Key]*cachedLease
+	lru    list.List // of *cachedLease, most recently used first
 
 	done       chan struct{} // closed when the connection fails or closes
 	closeOnce  sync.Once
 	closing    chan struct{} // closed by Close: the poller stops
 	closeOnce2 sync.Once
 	pollDone   chan struct{}
+}
+
+type cachedLease struct {
+	l    Lease
+	elem *list.Element
 }
 
 type call struct {
@@ -132,9 +149,12 @@ func Dial(ctx context.Context, dev rdma.Device, pd rdma.ProtectionDomain, addr s
 	if opts.MaxSendWR <= 0 {
 		opts.MaxSendWR = 256
 	}
+	if opts.MaxCachedLeases <= 0 {
+		opts.MaxCachedLeases = 128
+	}
 	c := &Client{
 		addr: addr, maxSGE: rdma.MaxSGELimit,
-		calls: make(map[uint64]*call), ops: make(map[uint64]*op), leases: make(map[chunk.Key]*Lease),
+		calls: make(map[uint64]*call), ops: make(map[uint64]*op), leases: make(map[chunk.Key]*cachedLease),
 		done: make(chan struct{}), closing: make(chan struct{}), pollDone: make(chan struct{}),
 	}
 	defer func() {
@@ -165,6 +185,7 @@ func Dial(ctx context.Context, dev rdma.Device, pd rdma.ProtectionDomain, addr s
 		return nil, fmt.Errorf("chunkserver client: %s: %w", addr, err)
 	}
 	credits := min(c.limits.Credits, maxRecv, opts.MaxSendWR/2)
+	c.maxLeases = opts.MaxCachedLeases
 	c.margin = opts.LeaseMargin
 	if c.margin <= 0 {
 		c.margin = c.limits.LeaseTTL / 4
@@ -213,7 +234,10 @@ func (c *Client) Err() error {
 // Close disconnects. Outstanding calls fail with ErrClosed.
 func (c *Client) Close() error {
 	c.failAll(ErrClosed)
+	c.qpMu.Lock()
+	c.qpClosed = true
 	c.qp.Close()
+	c.qpMu.Unlock()
 	c.closeOnce2.Do(func() { close(c.closing) })
 	<-c.pollDone
 	c.release()
@@ -267,6 +291,11 @@ func (c *Client) recvIndex(slot int) int { return cap(c.slots) + slot }
 func (c *Client) postRecv(slot int) error {
 	sge := [1]rdma.SGE{c.msgSGE(c.recvIndex(slot))}
 	wr := [1]rdma.RecvWR{{ID: recvTag | uint64(slot), SGL: sge[:]}}
+	c.qpMu.RLock()
+	defer c.qpMu.RUnlock()
+	if c.qpClosed {
+		return ErrClosed
+	}
 	if err := c.qp.PostRecv(wr[:]); err != nil {
 		return fmt.Errorf("chunkserver client: post receive: %w", err)
 	}
@@ -437,16 +466,28 @@ func (c *Client) Do(ctx context.Context, reqs []proto.Request) ([]proto.Reply, e
 
 // post posts send work requests once the send queue has room for them.
 func (c *Client) post(ctx context.Context, wrs []rdma.SendWR) error {
-	for range wrs {
+	for i := range wrs {
+		var err error
 		select {
 		case c.sq <- struct{}{}:
+			continue
 		case <-c.done:
-			return c.Err()
+			err = c.Err()
 		case <-ctx.Done():
-			return ctx.Err()
+			err = ctx.Err()
 		}
+		for range i { // give back the room taken so far
+			<-c.sq
+		}
+		return err
 	}
-	if err := c.qp.PostSend(wrs); err != nil {
+	c.qpMu.RLock()
+	err := ErrClosed
+	if !c.qpClosed {
+		err = c.qp.PostSend(wrs)
+	}
+	c.qpMu.RUnlock()
+	if err != nil {
 		for range wrs {
 			<-c.sq
 		}
@@ -513,14 +554,20 @@ func (c *Client) RenewLease(ctx context.Context, l Lease) (Lease, error) {
 // ReleaseLease ends l now; chunkd revokes its rkey.
 func (c *Client) ReleaseLease(ctx context.Context, l Lease) error {
 	c.mu.Lock()
-	if cl := c.leases[l.Key]; cl != nil && cl.ID == l.ID {
-		delete(c.leases, l.Key)
-	}
+	c.dropLeaseLocked(l.Key, l.ID)
 	c.mu.Unlock()
 	if _, err := c.do1(ctx, proto.Request{Op: proto.OpReleaseLease, LeaseID: l.ID}); err != nil {
 		return fmt.Errorf("release lease %v: %w", l.Key, err)
 	}
 	return nil
+}
+
+// dropLeaseLocked forgets the cached lease of key (only lease id, when id != 0).
+func (c *Client) dropLeaseLocked(key chunk.Key, id uint64) {
+	if cl := c.leases[key]; cl != nil && (id == 0 || cl.l.ID == id) {
+		delete(c.leases, key)
+		c.lru.Remove(cl.elem)
+	}
 }
 
 // Lease returns a lease on key from the connection's cache, renewing it when it
@@ -532,7 +579,8 @@ func (c *Client) Lease(ctx context.Context, key chunk.Key) (Lease, error) {
 	cached := c.leases[key]
 	var l Lease
 	if cached != nil {
-		l = *cached
+		l = cached.l
+		c.lru.MoveToFront(cached.elem)
 	}
 	c.mu.Unlock()
 	if cached != nil && now.Add(c.margin).Before(l.Expiry) {
@@ -550,15 +598,55 @@ func (c *Client) Lease(ctx context.Context, key chunk.Key) (Lease, error) {
 		}
 		if err != nil {
 			c.mu.Lock()
-			delete(c.leases, key)
+			c.dropLeaseLocked(key, 0)
 			c.mu.Unlock()
 			return Lease{}, err
 		}
 	}
+	var evicted []Lease
 	c.mu.Lock()
-	c.leases[key] = &l
+	if cl := c.leases[key]; cl != nil {
+		cl.l = l
+		c.lru.MoveToFront(cl.elem)
+	} else {
+		cl = &cachedLease{l: l}
+		cl.elem = c.lru.PushFront(cl)
+		c.leases[key] = cl
+		for c.lru.Len() > c.maxLeases {
+			old := c.lru.Back().Value.(*cachedLease)
+			c.dropLeaseLocked(old.l.Key, 0)
+			evicted = append(evicted, old.l)
+		}
+	}
 	c.mu.Unlock()
+	if len(evicted) > 0 {
+		go c.releaseAll(evicted)
+	}
 	return l, nil
+}
+
+// releaseAll releases leases evicted from the cache, in one message per batch.
+func (c *Client) releaseAll(ls []Lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for len(ls) > 0 {
+		n := min(len(ls), c.limits.MaxBatch)
+		reqs := make([]proto.Request, n)
+		for i := range reqs {
+			reqs[i] = proto.Request{Op: proto.OpReleaseLease, LeaseID: ls[i].ID}
+		}
+		if _, err := c.Do(ctx, reqs); err != nil {
+			return // the connection is gone, and the leases with it
+		}
+		ls = ls[n:]
+	}
+}
+
+// CachedLeases returns how many leases the connection has cached.
+func (c *Client) CachedLeases() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.leases)
 }
 
 // Read reads len(sgl) bytes in total from offset off of the leased version into
@@ -645,7 +733,7 @@ func (c *Client) WriteVersion(ctx context.Context, key chunk.Key, sgl []rdma.SGE
 // Delete deletes version key.
 func (c *Client) Delete(ctx context.Context, key chunk.Key) error {
 	c.mu.Lock()
-	delete(c.leases, key)
+	c.dropLeaseLocked(key, 0)
 	c.mu.Unlock()
 	if _, err := c.do1(ctx, proto.Request{Op: proto.OpDelete, Chunk: key.Chunk, Version: key.Version}); err != nil {
 		return fmt.Errorf("delete %v: %w", key, err)

@@ -5,21 +5,17 @@ package metamember
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"github.com/rdmafs/rdmafs/chunkserver"
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
-// Member registers a chunkserver and reports its heartbeats. The versions a
-// heartbeat reply names are deleted by chunkd before the next heartbeat, which
-// reports them back so that the service forgets them.
+// Member registers a chunkserver and sends its heartbeats. chunkd deletes the
+// versions a heartbeat reply names and reports those it deleted (or found gone)
+// in the next heartbeat, so that the service forgets them.
 type Member struct {
 	meta metapb.MetaClient
-
-	mu      sync.Mutex
-	deleted []*metapb.ChunkRef // named in the last reply: deleted since
 }
 
 // New returns a Member that talks to the metadata service through meta.
@@ -31,7 +27,7 @@ var _ chunkserver.Membership = (*Member)(nil)
 func (m *Member) Register(ctx context.Context, info chunkserver.Info) error {
 	_, err := m.meta.Register(ctx, &metapb.RegisterRequest{
 		Id: info.ID, Address: info.Addr, Transports: []string{info.Transport}, Zone: info.Zone,
-		Capacity: uint64(max(info.Capacity, 0)),
+		Capacity: uint64(max(info.Capacity, 0)), Used: uint64(max(info.Used, 0)),
 	})
 	if err != nil {
 		return fmt.Errorf("register chunkserver %s: %w", info.ID, err)
@@ -41,12 +37,13 @@ func (m *Member) Register(ctx context.Context, info chunkserver.Info) error {
 
 // Heartbeat implements chunkserver.Membership.
 func (m *Member) Heartbeat(ctx context.Context, st chunkserver.Stats) ([]chunk.Key, error) {
-	m.mu.Lock()
-	deleted := m.deleted
-	m.mu.Unlock()
+	deleted := make([]*metapb.ChunkRef, len(st.Deleted))
+	for i, k := range st.Deleted {
+		deleted[i] = &metapb.ChunkRef{ChunkId: k.Chunk, Version: k.Version}
+	}
 	r, err := m.meta.Heartbeat(ctx, &metapb.HeartbeatRequest{
 		Id: st.ID, Free: uint64(max(st.Free, 0)), Used: uint64(max(st.Used, 0)),
-		ChunkCount: uint64(max(st.Versions, 0)), Load: float64(st.Connections), Deleted: deleted,
+		ChunkCount: uint64(max(st.Versions, 0)), Load: st.Load, Deleted: deleted,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("heartbeat of chunkserver %s: %w", st.ID, err)
@@ -58,8 +55,5 @@ func (m *Member) Heartbeat(ctx context.Context, st chunkserver.Stats) ([]chunk.K
 	for i, ref := range r.Delete {
 		keys[i] = chunk.Key{Chunk: ref.ChunkId, Version: ref.Version}
 	}
-	m.mu.Lock()
-	m.deleted = r.Delete
-	m.mu.Unlock()
 	return keys, nil
 }

@@ -96,7 +96,7 @@ const (
 	StatusTooLong          Status = 3  // length over the limit
 	StatusNoPrepare        Status = 4  // commit or abort without a prepared write
 	StatusChecksumMismatch Status = 5  // staged bytes do not match the commit's CRC
-	StatusNoSpace          Status = 6  // ENOSPC: disk, capacity or registered memory full
+	StatusNoSpace          Status = 6  // ENOSPC: the disk or the configured capacity is full
 	StatusLeaseExpired     Status = 7  // the lease or staging grant ended
 	StatusNotAuthorized    Status = 8  // the connection may not do this
 	StatusBusy             Status = 9  // out of credits, windows or memory: retry later

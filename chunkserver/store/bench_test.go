@@ -10,9 +10,13 @@ import (
 
 // BenchmarkPut measures durable 1 MiB puts with concurrent writers.
 func BenchmarkPut(b *testing.B) {
-	for _, w := range []int{1, 4} {
-		b.Run(fmt.Sprintf("writers=%d", w), func(b *testing.B) {
-			s, err := Open(b.TempDir(), Options{Logger: quiet()})
+	for _, cfg := range []struct {
+		w        int
+		noDirect bool
+	}{{1, false}, {1, true}, {4, false}, {4, true}} {
+		w := cfg.w
+		b.Run(fmt.Sprintf("writers=%d/direct=%v", w, !cfg.noDirect), func(b *testing.B) {
+			s, err := Open(b.TempDir(), Options{Logger: quiet(), NoDirectIO: cfg.noDirect})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -1,22 +1,31 @@
-// Package store keeps chunk versions durable in a data directory: one file per
-// version, written copy-on-write, checksummed with CRC32C and synced before a commit
-// is acknowledged, so that a crash at any point leaves every acknowledged version
-// intact and no half-written one visible.
+// Package store keeps chunk versions durable in a data directory, copy-on-write
+// (a version is never overwritten), checksummed with CRC32C and synced before a
+// commit is acknowledged, so that a crash at any point leaves every acknowledged
+// version intact and no half-written one visible.
 //
 // Layout of the data directory:
 //
-//	chunkd.id              the chunkserver's stable id (random, made on first open)
-//	LOCK                   flock'ed while a Store has the directory open
-//	chunks/XX/CCCC.VVVV    one version: XX = low byte of the chunk id, CCCC the chunk
-//	                       id and VVVV the version, both 16 hex digits
-//	chunks/XX/.tmp-...     left by older versions of chunkd; removed on open
-//	corrupt/               files found damaged on open, kept for inspection
+//	chunkd.id             the chunkserver's stable id (random, made on first open)
+//	LOCK                  flock'ed while a Store has the directory open
+//	chunks/XX/SSSS        slot files: SSSS is a slot number (16 hex digits), XX its
+//	                      low byte; a slot holds one version or is free
+//	corrupt/              files found damaged on open, kept for inspection
 //
-// A version file is a 40-byte header (magic, format, chunk, version, length, CRC32C
-// of the data, CRC32C of the header) followed by the data. A version is created
-// under its final name with mode 0600 ("pending"), written, fdatasync'ed, its
-// directory fsync'ed, and then marked complete with mode 0644; see Store.write for
-// why this is crash safe. Files with damaged headers are moved to corrupt/.
+// A slot file is a header block (magic, format, chunk, version, length, CRC32C of
+// the data, a write sequence number, CRC32C of the header) followed by the data,
+// padded to whole 4 KiB blocks so that it can be written with direct I/O straight
+// from registered memory.
+//
+// Slots make a durable write cheap: a version is written into a slot file whose
+// name is already durable (created ahead of time, its directory fsync'ed), or, in
+// place, into the file of a deleted version of the same size, so a commit costs
+// the data write and one fdatasync — no file creation, rename or directory fsync
+// on the way. The file mode tells recovery what it may trust: 0600 marks a free
+// slot or one being written, and a slot is made 0600 durably before it is reused;
+// 0644 marks a complete version. On open, 0644 slots are taken after a header
+// check, 0600 slots only if their whole data matches their checksum (a write that
+// completed but whose 0644 mark was lost, or a deleted version that reappears
+// after a crash, which garbage collection deletes again); the rest become free.
 package store
 
 import (
@@ -34,7 +43,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -64,32 +76,57 @@ var (
 	ErrDirLocked = errors.New("store: data directory is in use by another process")
 )
 
-// HeaderLen is the size of the header in front of every version file's data.
-const HeaderLen = 40
+// HeaderLen is the size of the encoded header at the start of a slot file.
+const HeaderLen = 52
+
+// DataOffset is where a version's data starts in its file: the header has a block
+// of its own, so that the data can be written with direct I/O straight from
+// page-aligned registered memory.
+const DataOffset = blockSize
+
+// blockSize is the alignment of direct I/O.
+const blockSize = 4096
+
+// FileSize returns the size of the file of a version of length bytes: the header
+// block and the data padded to whole blocks.
+func FileSize(length int) int64 { return DataOffset + int64(roundUp(length)) }
+
+func roundUp(n int) int { return (n + blockSize - 1) / blockSize * blockSize }
 
 const (
 	magic      = "RDCK"
-	formatV1   = 1
+	formatV2   = 2
 	idFile     = "chunkd.id"
 	lockFile   = "LOCK"
 	chunksDir  = "chunks"
 	corruptDir = "corrupt"
 	tmpPrefix  = ".tmp-"
 	fanout     = 256
-	// pendingMode marks a version file being written, doneMode a complete one.
+	// pendingMode marks a free slot or one being written, doneMode a complete
+	// version.
 	pendingMode = 0o600
 	doneMode    = 0o644
+	// spareSlots is how many empty slots are kept created ahead of time.
+	spareSlots = 16
+	// maxFreeSlots and maxFreeBytes bound the files of deleted versions kept for
+	// reuse; more are unlinked, so that deletes give space back.
+	maxFreeSlots = 256
+	maxFreeBytes = 256 << 20
 )
 
 // Options configure a Store.
 type Options struct {
 	// MaxLength is the largest version accepted, in bytes (default 16 MiB).
 	MaxLength int
-	// Capacity bounds the bytes stored (headers included); a Put that would exceed
-	// it fails with ErrNoSpace. Zero means only the file system's own limit.
+	// Capacity bounds the bytes stored (headers, padding and free slots kept for
+	// reuse included); a Put that would exceed it fails with ErrNoSpace. Zero
+	// means only the file system's own limit.
 	Capacity int64
 	// Logger receives recovery notes (default slog.Default()).
 	Logger *slog.Logger
+	// NoDirectIO writes through the page cache even when the data is aligned
+	// for direct I/O.
+	NoDirectIO bool
 }
 
 // DefaultMaxLength is the default MaxLength.
@@ -105,17 +142,42 @@ type Store struct {
 	lock *os.File
 	dirs [fanout]*os.File // chunks/XX, kept open for fsync
 
-	mu      sync.Mutex
-	closed  bool
-	chunks  map[chunk.ID]map[chunk.Version]chunk.Info
-	writing map[chunk.Key]struct{}
-	used    int64 // bytes of committed files plus bytes reserved by writes in progress
-	count   int
+	hdrPages chan []byte // block-aligned header buffers for direct I/O
+	hdrMem   []byte
+	zeros    []byte // padding source for buffered writes
+	direct   atomic.Bool
+
+	kick    chan struct{} // wakes the maintenance goroutine
+	stop    chan struct{}
+	maintWG sync.WaitGroup
+
+	mu        sync.Mutex
+	closed    bool
+	chunks    map[chunk.ID]map[chunk.Version]chunk.Info
+	slotOf    map[chunk.Key]slot
+	writing   map[chunk.Key]struct{}
+	free      map[int64][]uint64 // durably free slots by file size (0: empty)
+	freeBytes int64
+	freeCount int     // non-empty free slots
+	dirty     []freed // deleted, marked free but not yet durably
+	nextRow   uint64  // slot numbers are row*fanout + directory
+	nextSeq   uint64
+	used      int64 // bytes of committed files plus bytes reserved by writes in progress
+	count     int
 }
 
-// Open opens (creating if needed) the store in dir and recovers it: temporary files
-// of interrupted writes are removed and every version file's header is checked;
-// damaged files are moved to corrupt/.
+type slot struct {
+	n   uint64
+	seq uint64
+}
+
+type freed struct {
+	n    uint64
+	size int64
+}
+
+// Open opens (creating if needed) the store in dir and recovers it (see the
+// package documentation); damaged files are moved to corrupt/.
 func Open(dir string, opts Options) (*Store, error) {
 	if opts.MaxLength <= 0 {
 		opts.MaxLength = DefaultMaxLength
@@ -126,7 +188,13 @@ func Open(dir string, opts Options) (*Store, error) {
 	s := &Store{
 		dir: dir, opts: opts, log: opts.Logger,
 		chunks:  make(map[chunk.ID]map[chunk.Version]chunk.Info),
+		slotOf:  make(map[chunk.Key]slot),
 		writing: make(map[chunk.Key]struct{}),
+		free:    make(map[int64][]uint64),
+		kick:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+		// Row 0 is never used, so that slot 0 can mean "no slot".
+		nextRow: 1,
 	}
 	if err := os.MkdirAll(filepath.Join(dir, chunksDir), 0o755); err != nil {
 		return nil, fmt.Errorf("store: create data dir: %w", err)
@@ -140,10 +208,25 @@ func Open(dir string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("store: lock %s: %w", dir, ErrDirLocked)
 	}
 	s.lock = lock
+	const pages = 64
+	mem, err := unix.Mmap(-1, 0, pages*blockSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("store: header buffers: %w", err)
+	}
+	s.hdrMem = mem
+	s.hdrPages = make(chan []byte, pages)
+	for i := 0; i < pages; i++ {
+		s.hdrPages <- mem[i*blockSize : (i+1)*blockSize : (i+1)*blockSize]
+	}
+	s.zeros = make([]byte, blockSize)
+	s.direct.Store(!opts.NoDirectIO)
 	if err := s.open(); err != nil {
 		s.Close()
 		return nil, err
 	}
+	s.maintWG.Add(1)
+	go s.maintain()
 	return s, nil
 }
 
@@ -154,6 +237,7 @@ func (s *Store) open() error {
 	}
 	s.id = id
 	root := filepath.Join(s.dir, chunksDir)
+	found := map[chunk.Key]found{}
 	for i := 0; i < fanout; i++ {
 		sub := filepath.Join(root, fmt.Sprintf("%02x", i))
 		if err := os.MkdirAll(sub, 0o755); err != nil {
@@ -164,9 +248,13 @@ func (s *Store) open() error {
 			return fmt.Errorf("store: open %s: %w", sub, err)
 		}
 		s.dirs[i] = d
-		if err := s.recoverDir(sub); err != nil {
+		if err := s.recoverDir(sub, found); err != nil {
 			return err
 		}
+	}
+	for _, f := range found {
+		s.add(f.info, slot{n: f.slot, seq: f.seq})
+		s.nextSeq = max(s.nextSeq, f.seq+1)
 	}
 	if err := syncDir(root); err != nil {
 		return err
@@ -174,8 +262,14 @@ func (s *Store) open() error {
 	return syncDir(s.dir)
 }
 
+type found struct {
+	info chunk.Info
+	slot uint64
+	seq  uint64
+}
+
 // recoverDir scans one fan-out directory.
-func (s *Store) recoverDir(sub string) error {
+func (s *Store) recoverDir(sub string, versions map[chunk.Key]found) error {
 	ents, err := os.ReadDir(sub)
 	if err != nil {
 		return fmt.Errorf("store: scan %s: %w", sub, err)
@@ -190,46 +284,92 @@ func (s *Store) recoverDir(sub string) error {
 			}
 			continue
 		}
-		key, ok := parseName(name)
-		if !ok {
+		n, ok := parseName(name)
+		if !ok || n%fanout != slotDir(sub) {
 			s.log.Warn("store: ignoring unknown file", "file", path)
 			continue
 		}
+		s.nextRow = max(s.nextRow, n/fanout+1)
 		fi, err := e.Info()
 		if err != nil {
 			return fmt.Errorf("store: stat %s: %w", path, err)
 		}
+		if fi.Size() == 0 {
+			s.addFree(n, 0)
+			continue
+		}
 		pending := fi.Mode().Perm()&0o044 == 0
-		info, size, err := readHeaderFile(path)
-		if err == nil && (info.Key != key || size != HeaderLen+int64(info.Length)) {
-			err = fmt.Errorf("%w: header names %v length %d, file is %v of %d bytes", ErrCorrupt, info.Key, info.Length, key, size)
+		info, seq, size, err := readHeaderFile(path)
+		if err == nil && size != FileSize(int(info.Length)) {
+			err = fmt.Errorf("%w: header says %d bytes of data, file is %d bytes", ErrCorrupt, info.Length, size)
 		}
 		if pending {
-			// Written but not marked complete: a crash hit the write or the
-			// mark. Keep it only if it is whole.
+			// Free, or written but not marked complete: keep it only if it
+			// is whole.
 			if err == nil {
 				err = verifyFile(path, info)
 			}
 			if err != nil {
-				s.log.Info("store: removing half-written version", "file", path, "err", err)
-				if err := os.Remove(path); err != nil {
-					return fmt.Errorf("store: remove %s: %w", path, err)
-				}
+				s.addFree(n, fi.Size())
 				continue
 			}
 			if err := os.Chmod(path, doneMode); err != nil {
 				return fmt.Errorf("store: mark %s complete: %w", path, err)
 			}
-			s.log.Info("store: kept a complete version whose completion mark was lost", "file", path)
+			s.log.Info("store: kept a whole version from a slot not marked complete", "file", path, "chunk", info.Key)
 		} else if err != nil {
 			s.quarantine(path, err)
 			continue
 		}
-		s.add(info)
+		if old, ok := versions[info.Key]; ok {
+			// The same version twice: a deleted copy reappeared next to a
+			// newer write of it. The later write wins.
+			loser := found{info: info, slot: n, seq: seq}
+			if seq > old.seq {
+				loser, versions[info.Key] = old, loser
+			}
+			s.log.Info("store: dropping an older copy of a version", "chunk", info.Key, "slot", loser.slot)
+			os.Remove(s.slotPath(loser.slot))
+			continue
+		}
+		versions[info.Key] = found{info: info, slot: n, seq: seq}
 	}
 	return nil
 }
 
+func slotDir(sub string) uint64 {
+	v, _ := strconv.ParseUint(filepath.Base(sub), 16, 8)
+	return v
+}
+
+// addFree records a durably free slot (mode 0600 on disk).
+func (s *Store) addFree(n uint64, size int64) {
+	if size > 0 && (s.freeCount >= maxFreeSlots || s.freeBytes+size > maxFreeBytes) {
+		os.Remove(s.slotPath(n))
+		return
+	}
+	s.free[size] = append(s.free[size], n)
+	s.freeBytes += size
+	if size > 0 {
+		s.freeCount++
+	}
+}
+
+// takeFree returns a durably free slot of exactly size bytes, or an empty one.
+func (s *Store) takeFree(size int64) (uint64, int64, bool) {
+	for _, sz := range []int64{size, 0} {
+		if l := s.free[sz]; len(l) > 0 {
+			n := l[len(l)-1]
+			s.free[sz] = l[:len(l)-1]
+			s.freeBytes -= sz
+			if sz > 0 {
+				s.freeCount--
+			}
+			return n, sz, true
+		}
+	}
+	return 0, 0, false
+}
 func (s *Store) quarantine(path string, why error) {
 	s.log.Error("store: damaged version file moved aside", "file", path, "err", why)
 	cdir := filepath.Join(s.dir, corruptDir)
@@ -239,17 +379,6 @@ func (s *Store) quarantine(path string, why error) {
 		}
 	}
 	os.Remove(path)
-}
-
-func (s *Store) add(info chunk.Info) {
-	vs := s.chunks[info.Chunk]
-	if vs == nil {
-		vs = make(map[chunk.Version]chunk.Info)
-		s.chunks[info.Chunk] = vs
-	}
-	vs[info.Version] = info
-	s.used += HeaderLen + int64(info.Length)
-	s.count++
 }
 
 // ID returns the chunkserver's stable id, kept in the data directory.
@@ -333,17 +462,31 @@ func (s *Store) All(fn func(chunk.Info) bool) {
 	}
 }
 
+func (s *Store) add(info chunk.Info, sl slot) {
+	vs := s.chunks[info.Chunk]
+	if vs == nil {
+		vs = make(map[chunk.Version]chunk.Info)
+		s.chunks[info.Chunk] = vs
+	}
+	vs[info.Version] = info
+	s.slotOf[info.Key] = sl
+	s.used += FileSize(int(info.Length))
+	s.count++
+}
+
 // Put stores data as version key durably: when it returns nil the version survives a
-// crash or power cut. crc must be the CRC32C of data (the caller has verified it). It
-// fails with ErrExists if the version is stored, ErrBusy if another Put of it is in
-// progress, ErrTooLong over the length limit and an error wrapping ErrNoSpace (and
-// syscall.ENOSPC) when the disk or the capacity is full. A failed Put leaves nothing
-// behind.
-func (s *Store) Put(key chunk.Key, data []byte, crc uint32) (err error) {
+// crash or power cut. crc must be the CRC32C of data (the caller has verified it).
+// When data starts on a 4 KiB boundary and its capacity reaches the next one past
+// its end, it is written with direct I/O, and Put zeroes data[len(data):] up to
+// that boundary. Put fails with ErrExists if the version is stored, ErrBusy if
+// another Put of it is in progress, ErrTooLong over the length limit and an error
+// wrapping ErrNoSpace (and syscall.ENOSPC) when the disk or the capacity is full.
+// A failed Put leaves no version behind.
+func (s *Store) Put(key chunk.Key, data []byte, crc uint32) error {
 	if len(data) > s.opts.MaxLength {
 		return fmt.Errorf("put %v: %d bytes: %w", key, len(data), ErrTooLong)
 	}
-	need := HeaderLen + int64(len(data))
+	need := FileSize(len(data))
 	s.mu.Lock()
 	switch {
 	case s.closed:
@@ -357,22 +500,44 @@ func (s *Store) Put(key chunk.Key, data []byte, crc uint32) (err error) {
 		s.mu.Unlock()
 		return fmt.Errorf("put %v: %w", key, ErrBusy)
 	}
-	if s.opts.Capacity > 0 && s.used+need > s.opts.Capacity {
-		s.mu.Unlock()
-		return fmt.Errorf("put %v: %w", key, ErrNoSpace)
+	n, size, reuse := s.takeFree(need)
+	if s.opts.Capacity > 0 && s.used+s.freeBytes+need-size > s.opts.Capacity {
+		s.reclaimLocked()
+		if s.used+s.freeBytes+need-size > s.opts.Capacity {
+			if reuse {
+				s.addFree(n, size)
+			}
+			s.mu.Unlock()
+			return fmt.Errorf("put %v: %w", key, ErrNoSpace)
+		}
 	}
 	s.writing[key] = struct{}{}
 	s.used += need
+	seq := s.nextSeq
+	s.nextSeq++
 	s.mu.Unlock()
+	s.poke() // replenish the spare slots
 
+	var err error
+	if !reuse {
+		n, err = s.newSlot()
+	}
 	info := chunk.Info{Key: key, Length: uint32(len(data)), CRC: crc}
-	err = s.write(info, data)
+	if err == nil {
+		err = s.write(n, info, seq, data, reuse && size == need)
+	}
 
 	s.mu.Lock()
 	delete(s.writing, key)
 	s.used -= need
 	if err == nil {
-		s.add(info)
+		s.add(info, slot{n: n, seq: seq})
+	} else if reuse || n != 0 {
+		// The slot is still durably free (0600): give it back with whatever
+		// it holds now.
+		if fi, serr := os.Stat(s.slotPath(n)); serr == nil {
+			s.addFree(n, fi.Size())
+		}
 	}
 	s.mu.Unlock()
 	if err != nil {
@@ -389,83 +554,202 @@ func (s *Store) has(key chunk.Key) bool {
 	return ok
 }
 
-// write makes the version file. The file is created under its final name with
-// mode 0600, which marks it "not yet known complete"; header and data are written
-// and fdatasync'ed, the directory is fsync'ed (the new entry was committed with the
-// file, so this is cheap), and only then is the mode set to 0644. Recovery trusts
-// 0644 files after a header check and verifies the whole checksum of 0600 ones,
-// keeping those that are complete and discarding half-written ones. So a commit
-// costs one journal commit, and a crash at any point loses no acknowledged
-// version and shows no partial one.
-func (s *Store) write(info chunk.Info, data []byte) error {
-	slot := int(info.Chunk % fanout)
-	sub := filepath.Join(s.dir, chunksDir, fmt.Sprintf("%02x", slot))
-	final := filepath.Join(sub, fileName(info.Key))
+// reclaimLocked unlinks the free slots that hold space, to make room.
+func (s *Store) reclaimLocked() {
+	for size, l := range s.free {
+		if size == 0 {
+			continue
+		}
+		for _, n := range l {
+			os.Remove(s.slotPath(n))
+		}
+		s.freeBytes -= size * int64(len(l))
+		s.freeCount -= len(l)
+		delete(s.free, size)
+	}
+}
 
-	fd, err := unix.Open(final, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, pendingMode)
-	if err != nil {
-		return fmt.Errorf("create %s: %w", final, err)
+// write writes version info into slot n, whose file exists durably with mode
+// 0600: header and data (padded) from offset 0, fdatasync, then mode 0644. No
+// name is created or changed, so no directory needs syncing. The 0644 mark need
+// not be synced: if it is lost, recovery verifies the checksum and keeps the
+// version.
+func (s *Store) write(n uint64, info chunk.Info, seq uint64, data []byte, inPlace bool) error {
+	path := s.slotPath(n)
+	hdr := <-s.hdrPages
+	defer func() { s.hdrPages <- hdr }()
+	clear(hdr)
+	encodeHeader(hdr, info, seq)
+	padded := roundUp(len(data))
+	// Direct I/O when the slot's blocks are allocated already (a write that
+	// allocates is faster through the page cache) and the data is block aligned
+	// with room for its padding, as staging buffers in registered memory are:
+	// no copy into the page cache.
+	direct := inPlace && s.direct.Load() && len(data) > 0 && cap(data) >= padded &&
+		uintptr(unsafe.Pointer(unsafe.SliceData(data)))%blockSize == 0
+	iov := [3][]byte{hdr, data}
+	if direct {
+		clear(data[len(data):padded])
+		iov[1] = data[:padded]
+	} else {
+		iov[2] = s.zeros[:padded-len(data)]
 	}
-	ok := false
-	defer func() {
-		if fd >= 0 {
-			unix.Close(fd)
-		}
-		if !ok {
-			os.Remove(final)
-		}
-	}()
-	var hdr [HeaderLen]byte
-	encodeHeader(hdr[:], info)
-	want := HeaderLen + len(data)
-	n, err := unix.Pwritev(fd, [][]byte{hdr[:], data}, 0)
-	for err == nil && n < want { // short write: continue where it stopped
-		var m int
-		if n < HeaderLen {
-			m, err = unix.Pwritev(fd, [][]byte{hdr[n:], data}, int64(n))
-		} else {
-			m, err = unix.Pwrite(fd, data[n-HeaderLen:], int64(n))
-		}
-		if m == 0 && err == nil {
-			err = syscall.EIO
-		}
-		n += m
+	flags := unix.O_WRONLY | unix.O_CLOEXEC
+	if direct {
+		flags |= unix.O_DIRECT
+	}
+	fd, err := unix.Open(path, flags, 0)
+	if err == unix.EINVAL && direct { // the file system has no direct I/O
+		s.noDirect(err)
+		return s.write(n, info, seq, data, inPlace)
 	}
 	if err != nil {
-		return fmt.Errorf("write %s: %w", final, err)
+		return fmt.Errorf("open slot %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	if err := pwriteAll(fd, iov[:]); err != nil {
+		if err == unix.EINVAL && direct { // alignment the device does not take
+			s.noDirect(err)
+			return s.write(n, info, seq, data, inPlace)
+		}
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	if err := unix.Fdatasync(fd); err != nil {
-		return fmt.Errorf("fdatasync %s: %w", final, err)
+		return fmt.Errorf("fdatasync %s: %w", path, err)
 	}
-	if err := s.dirs[slot].Sync(); err != nil {
-		return fmt.Errorf("fsync dir %s: %w", sub, err)
-	}
-	// Durable: mark complete. The mode change itself need not be synced: if it
-	// is lost, recovery verifies the checksum and keeps the file.
 	if err := unix.Fchmod(fd, doneMode); err != nil {
-		return fmt.Errorf("mark %s complete: %w", final, err)
-	}
-	ok = true
-	err = unix.Close(fd)
-	fd = -1
-	if err != nil {
-		return fmt.Errorf("close %s: %w", final, err)
+		return fmt.Errorf("mark %s complete: %w", path, err)
 	}
 	return nil
+}
+
+func (s *Store) noDirect(err error) {
+	if s.direct.Swap(false) {
+		s.log.Info("store: direct I/O not available, using buffered writes", "dir", s.dir, "err", err)
+	}
+}
+
+// newSlot creates an empty slot file durably: created with mode 0600, its
+// directory fsync'ed.
+func (s *Store) newSlot() (uint64, error) {
+	s.mu.Lock()
+	n := s.nextRow*fanout + s.nextRow%fanout
+	s.nextRow++
+	s.mu.Unlock()
+	path := s.slotPath(n)
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, pendingMode)
+	if err != nil {
+		return 0, fmt.Errorf("create slot %s: %w", path, err)
+	}
+	unix.Close(fd)
+	if err := s.dirs[n%fanout].Sync(); err != nil {
+		os.Remove(path)
+		return 0, fmt.Errorf("fsync dir of %s: %w", path, err)
+	}
+	return n, nil
+}
+
+// poke wakes the maintenance goroutine.
+func (s *Store) poke() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// maintain keeps spare empty slots created and makes the slots of deleted
+// versions durably free, off the write path.
+func (s *Store) maintain() {
+	defer s.maintWG.Done()
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		// Deleted versions: make their 0600 mark durable, then reuse them.
+		s.mu.Lock()
+		dirty := s.dirty
+		s.dirty = nil
+		spares := len(s.free[0])
+		s.mu.Unlock()
+		for _, d := range dirty {
+			f, err := os.Open(s.slotPath(d.n))
+			if err != nil {
+				continue
+			}
+			err = f.Sync()
+			f.Close()
+			s.mu.Lock()
+			if err == nil && !s.closed {
+				s.addFree(d.n, d.size)
+			} else {
+				os.Remove(s.slotPath(d.n))
+			}
+			s.mu.Unlock()
+		}
+		// Spare empty slots, made in batches in one directory, so that one
+		// directory fsync covers a batch.
+		var made []uint64
+		var dir uint64
+		if spares < spareSlots/2 {
+			s.mu.Lock()
+			row := s.nextRow
+			s.nextRow += spareSlots
+			s.mu.Unlock()
+			dir = row % fanout
+			for i := spares; i < spareSlots; i++ {
+				n := (row+uint64(i))*fanout + dir
+				fd, err := unix.Open(s.slotPath(n), unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, pendingMode)
+				if err != nil {
+					break
+				}
+				unix.Close(fd)
+				made = append(made, n)
+			}
+		}
+		ok := len(made) == 0 || s.dirs[dir].Sync() == nil
+		s.mu.Lock()
+		for _, n := range made {
+			if ok && !s.closed {
+				s.addFree(n, 0)
+			} else {
+				os.Remove(s.slotPath(n))
+			}
+		}
+		s.mu.Unlock()
+		select {
+		case <-s.stop:
+			return
+		case <-s.kick:
+		case <-t.C:
+		}
+	}
 }
 
 // ReadInto reads version key into dst, which must hold its length, verifies the
 // checksum and returns the version's info. Damaged data fails with ErrCorrupt.
 func (s *Store) ReadInto(key chunk.Key, dst []byte) (chunk.Info, error) {
-	info, err := s.Stat(key)
-	if err != nil {
+	info, err := s.readInto(key, dst)
+	if err != nil && errors.Is(err, ErrCorrupt) {
+		// Deleted while we read, and its slot already reused?
+		if _, serr := s.Stat(key); serr != nil {
+			return chunk.Info{}, serr
+		}
+	}
+	return info, err
+}
+
+func (s *Store) readInto(key chunk.Key, dst []byte) (chunk.Info, error) {
+	s.mu.Lock()
+	info, ok := s.chunks[key.Chunk][key.Version]
+	sl := s.slotOf[key]
+	s.mu.Unlock()
+	if !ok {
+		_, err := s.Stat(key)
 		return chunk.Info{}, err
 	}
 	if len(dst) < int(info.Length) {
 		return chunk.Info{}, fmt.Errorf("read %v: buffer of %d bytes for %d: %w", key, len(dst), info.Length, ErrTooLong)
 	}
-	path := s.path(key)
-	f, err := os.Open(path)
+	f, err := os.Open(s.slotPath(sl.n))
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return chunk.Info{}, fmt.Errorf("read %v: %w", key, ErrNotFound)
@@ -477,12 +761,12 @@ func (s *Store) ReadInto(key chunk.Key, dst []byte) (chunk.Info, error) {
 	if _, err := f.ReadAt(hdr[:], 0); err != nil {
 		return chunk.Info{}, fmt.Errorf("read %v header: %w: %v", key, ErrCorrupt, err)
 	}
-	got, err := decodeHeader(hdr[:])
+	got, _, err := decodeHeader(hdr[:])
 	if err != nil || got != info {
 		return chunk.Info{}, fmt.Errorf("read %v: %w: header %+v, expected %+v (%v)", key, ErrCorrupt, got, info, err)
 	}
 	data := dst[:info.Length]
-	if _, err := f.ReadAt(data, HeaderLen); err != nil {
+	if _, err := f.ReadAt(data, DataOffset); err != nil {
 		return chunk.Info{}, fmt.Errorf("read %v data: %w: %v", key, ErrCorrupt, err)
 	}
 	if c := Checksum(data); c != info.CRC {
@@ -491,7 +775,9 @@ func (s *Store) ReadInto(key chunk.Key, dst []byte) (chunk.Info, error) {
 	return info, nil
 }
 
-// Delete removes a stored version. Deleting a missing version returns ErrNotFound.
+// Delete removes a stored version; deleting a missing one returns ErrNotFound.
+// Its slot is marked free (header cleared, mode 0600) and reused once that is
+// durable, or unlinked when enough free slots are kept.
 // Deletes are not synced: after a crash a deleted version may reappear, and the
 // metadata service's garbage collection deletes it again.
 func (s *Store) Delete(key chunk.Key) error {
@@ -501,25 +787,67 @@ func (s *Store) Delete(key chunk.Key) error {
 		s.mu.Unlock()
 		return fmt.Errorf("delete %v: %w", key, ErrNotFound)
 	}
+	sl := s.slotOf[key]
 	delete(s.chunks[key.Chunk], key.Version)
 	if len(s.chunks[key.Chunk]) == 0 {
 		delete(s.chunks, key.Chunk)
 	}
-	s.used -= HeaderLen + int64(info.Length)
+	delete(s.slotOf, key)
+	size := FileSize(int(info.Length))
+	s.used -= size
 	s.count--
+	dirtyBytes := int64(0)
+	for _, d := range s.dirty {
+		dirtyBytes += d.size
+	}
+	keep := !s.closed && s.freeCount+len(s.dirty) < maxFreeSlots && s.freeBytes+dirtyBytes+size <= maxFreeBytes
 	s.mu.Unlock()
-	if err := os.Remove(s.path(key)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	path := s.slotPath(sl.n)
+	if keep && s.markFree(path) == nil {
+		s.mu.Lock()
+		s.dirty = append(s.dirty, freed{n: sl.n, size: size})
+		s.mu.Unlock()
+		s.poke()
+		return nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete %v: %w", key, err)
 	}
 	return nil
 }
 
-// Close releases the directory lock. Puts in progress finish first only if the
-// caller waited for them.
+// markFree turns a version's slot into a free one: its header is cleared, so the
+// version cannot reappear, and its mode becomes 0600. maintain makes both durable
+// before the slot is reused.
+func (s *Store) markFree(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(s.zeros[:blockSize], 0); err != nil {
+		return err
+	}
+	return f.Chmod(pendingMode)
+}
+
+// Close stops the store's background work and releases the directory lock.
+// Puts in progress must have finished.
 func (s *Store) Close() error {
 	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
 	s.closed = true
+	idle := len(s.writing) == 0
 	s.mu.Unlock()
+	close(s.stop)
+	s.maintWG.Wait()
+	if idle && s.hdrMem != nil { // a Put still running keeps its buffer mapped
+		unix.Munmap(s.hdrMem)
+		s.hdrMem = nil
+	}
 	for i, d := range s.dirs {
 		if d != nil {
 			d.Close()
@@ -534,54 +862,92 @@ func (s *Store) Close() error {
 	return nil
 }
 
-func (s *Store) path(key chunk.Key) string {
-	return filepath.Join(s.dir, chunksDir, fmt.Sprintf("%02x", key.Chunk%fanout), fileName(key))
+// pathOf returns the file of a stored version.
+func (s *Store) pathOf(key chunk.Key) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sl, ok := s.slotOf[key]
+	return s.slotPath(sl.n), ok
 }
 
-func fileName(key chunk.Key) string { return fmt.Sprintf("%016x.%016x", key.Chunk, key.Version) }
-
-func parseName(name string) (chunk.Key, bool) {
-	if len(name) != 33 || name[16] != '.' {
-		return chunk.Key{}, false
-	}
-	c, err1 := strconv.ParseUint(name[:16], 16, 64)
-	v, err2 := strconv.ParseUint(name[17:], 16, 64)
-	if err1 != nil || err2 != nil {
-		return chunk.Key{}, false
-	}
-	return chunk.Key{Chunk: c, Version: v}, true
+func (s *Store) slotPath(n uint64) string {
+	return filepath.Join(s.dir, chunksDir, fmt.Sprintf("%02x", n%fanout), fileName(n))
 }
 
-func encodeHeader(b []byte, info chunk.Info) {
+func fileName(n uint64) string { return fmt.Sprintf("%016x", n) }
+
+func parseName(name string) (uint64, bool) {
+	if len(name) != 16 {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(name, 16, 64)
+	return n, err == nil
+}
+
+func encodeHeader(b []byte, info chunk.Info, seq uint64) {
 	copy(b[0:4], magic)
-	binary.LittleEndian.PutUint16(b[4:], formatV1)
+	binary.LittleEndian.PutUint16(b[4:], formatV2)
 	binary.LittleEndian.PutUint16(b[6:], 0)
 	binary.LittleEndian.PutUint64(b[8:], info.Chunk)
 	binary.LittleEndian.PutUint64(b[16:], info.Version)
 	binary.LittleEndian.PutUint64(b[24:], uint64(info.Length))
 	binary.LittleEndian.PutUint32(b[32:], info.CRC)
-	binary.LittleEndian.PutUint32(b[36:], Checksum(b[:36]))
+	binary.LittleEndian.PutUint32(b[36:], 0)
+	binary.LittleEndian.PutUint64(b[40:], seq)
+	binary.LittleEndian.PutUint32(b[48:], Checksum(b[:48]))
 }
 
-func decodeHeader(b []byte) (chunk.Info, error) {
+func decodeHeader(b []byte) (chunk.Info, uint64, error) {
 	if len(b) < HeaderLen || string(b[0:4]) != magic {
-		return chunk.Info{}, errors.New("bad magic")
+		return chunk.Info{}, 0, errors.New("bad magic")
 	}
-	if c := Checksum(b[:36]); c != binary.LittleEndian.Uint32(b[36:]) {
-		return chunk.Info{}, errors.New("header checksum mismatch")
+	if c := Checksum(b[:48]); c != binary.LittleEndian.Uint32(b[48:]) {
+		return chunk.Info{}, 0, errors.New("header checksum mismatch")
 	}
-	if f := binary.LittleEndian.Uint16(b[4:]); f != formatV1 {
-		return chunk.Info{}, fmt.Errorf("unknown format %d", f)
+	if f := binary.LittleEndian.Uint16(b[4:]); f != formatV2 {
+		return chunk.Info{}, 0, fmt.Errorf("unknown format %d", f)
 	}
 	length := binary.LittleEndian.Uint64(b[24:])
 	if length > 1<<32-1 {
-		return chunk.Info{}, fmt.Errorf("length %d out of range", length)
+		return chunk.Info{}, 0, fmt.Errorf("length %d out of range", length)
 	}
 	return chunk.Info{
 		Key:    chunk.Key{Chunk: binary.LittleEndian.Uint64(b[8:]), Version: binary.LittleEndian.Uint64(b[16:])},
 		Length: uint32(length),
 		CRC:    binary.LittleEndian.Uint32(b[32:]),
-	}, nil
+	}, binary.LittleEndian.Uint64(b[40:]), nil
+}
+
+// pwriteAll writes the buffers at offset 0 on, continuing after short writes
+// (which keep block alignment for direct I/O, or do not happen at all).
+func pwriteAll(fd int, iov [][]byte) error {
+	var off int64
+	for len(iov) > 0 {
+		for len(iov) > 0 && len(iov[0]) == 0 {
+			iov = iov[1:]
+		}
+		if len(iov) == 0 {
+			break
+		}
+		n, err := unix.Pwritev(fd, iov, off)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return syscall.EIO
+		}
+		off += int64(n)
+		for n > 0 {
+			if n >= len(iov[0]) {
+				n -= len(iov[0])
+				iov = iov[1:]
+			} else {
+				iov[0] = iov[0][n:]
+				n = 0
+			}
+		}
+	}
+	return nil
 }
 
 var errHalfWritten = errors.New("store: version was not completely written")
@@ -594,7 +960,7 @@ func verifyFile(path string, info chunk.Info) error {
 	}
 	defer f.Close()
 	data := make([]byte, info.Length)
-	if _, err := f.ReadAt(data, HeaderLen); err != nil {
+	if _, err := f.ReadAt(data, DataOffset); err != nil {
 		return fmt.Errorf("%w: %v", errHalfWritten, err)
 	}
 	if c := Checksum(data); c != info.CRC {
@@ -603,29 +969,27 @@ func verifyFile(path string, info chunk.Info) error {
 	return nil
 }
 
-func readHeaderFile(path string) (chunk.Info, int64, error) {
+func readHeaderFile(path string) (chunk.Info, uint64, int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return chunk.Info{}, 0, err
+		return chunk.Info{}, 0, 0, err
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return chunk.Info{}, 0, err
+		return chunk.Info{}, 0, 0, err
 	}
 	var hdr [HeaderLen]byte
 	if _, err := f.ReadAt(hdr[:], 0); err != nil {
-		return chunk.Info{}, st.Size(), fmt.Errorf("%w: short header: %v", ErrCorrupt, err)
+		return chunk.Info{}, 0, st.Size(), fmt.Errorf("%w: short header: %v", ErrCorrupt, err)
 	}
-	info, err := decodeHeader(hdr[:])
+	info, seq, err := decodeHeader(hdr[:])
 	if err != nil {
-		return chunk.Info{}, st.Size(), fmt.Errorf("%w: %v", ErrCorrupt, err)
+		return chunk.Info{}, 0, st.Size(), fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
-	return info, st.Size(), nil
+	return info, seq, st.Size(), nil
 }
 
-// loadOrCreateID reads the chunkserver id from dir, making a random one durably on
-// first use.
 func loadOrCreateID(dir string) (string, error) {
 	path := filepath.Join(dir, idFile)
 	b, err := os.ReadFile(path)

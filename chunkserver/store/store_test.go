@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -11,6 +12,9 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 )
@@ -58,7 +62,7 @@ func TestPutReadListDelete(t *testing.T) {
 	if l := s.List(7); len(l) != 2 || l[0].Version != 1 || l[1].Version != 2 || l[1].Length != 1<<20 {
 		t.Fatalf("List = %+v", l)
 	}
-	if used, n := s.Usage(); n != 2 || used != 2*HeaderLen+4096+1<<20 {
+	if used, n := s.Usage(); n != 2 || used != FileSize(4096)+FileSize(1<<20) {
 		t.Fatalf("Usage = %d, %d", used, n)
 	}
 	if err := s.Delete(k1); err != nil {
@@ -80,7 +84,7 @@ func TestPutReadListDelete(t *testing.T) {
 }
 
 func TestPutErrors(t *testing.T) {
-	s := open(t, t.TempDir(), Options{MaxLength: 8192, Capacity: 3 * (8192 + HeaderLen)})
+	s := open(t, t.TempDir(), Options{MaxLength: 8192, Capacity: 3 * FileSize(8192)})
 	k := chunk.Key{Chunk: 1, Version: 1}
 	d := randBytes(3, 8192)
 	if err := s.Put(k, d, Checksum(d)); err != nil {
@@ -135,15 +139,6 @@ func TestRecovery(t *testing.T) {
 		}
 		keep[k] = d
 	}
-	s.Close()
-
-	// Simulate a crash mid-write (a temporary file), a torn file under a final
-	// name (cannot happen with rename, but a disk can do it) and a stray file.
-	sub := filepath.Join(dir, chunksDir, "05")
-	os.WriteFile(filepath.Join(sub, tmpPrefix+"0000000000000005.0000000000000009.abc"), []byte("half"), 0o644)
-	torn := chunk.Key{Chunk: 5, Version: 10}
-	os.WriteFile(filepath.Join(sub, fileName(torn)), []byte("RDCK garbage"), 0o644)
-
 	// Flip a data byte of one good version: the header is fine, so it is listed,
 	// but loading it must fail the checksum.
 	var bad chunk.Key
@@ -153,20 +148,29 @@ func TestRecovery(t *testing.T) {
 			break
 		}
 	}
-	f, _ := os.OpenFile(filepath.Join(dir, chunksDir, filepath.Base(filepath.Dir(fileNamePath(bad))), fileName(bad)), os.O_RDWR, 0)
-	f.WriteAt([]byte{^keep[bad][50]}, HeaderLen+50)
+	badPath, _ := s.pathOf(bad)
+	s.Close()
+	f, _ := os.OpenFile(badPath, os.O_RDWR, 0)
+	f.WriteAt([]byte{^keep[bad][50]}, DataOffset+50)
 	f.Close()
 
-	// A complete version whose completion mark (the mode) was lost is kept; a
-	// pending one that is short or damaged is removed.
+	// A crash left: a temporary file of an older chunkd, a complete slot whose
+	// completion mark (the mode) was lost (kept), a short one and one with a bad
+	// checksum (both become free slots), a damaged slot marked complete (moved
+	// to corrupt/) and an older copy of a kept version (dropped).
+	sub := filepath.Join(dir, chunksDir, "05")
+	os.WriteFile(filepath.Join(sub, tmpPrefix+"0000000000000005.0000000000000009.abc"), []byte("half"), 0o644)
 	lost := chunk.Key{Chunk: 5, Version: 20}
 	lostData := randBytes(20, 5000)
-	writeRaw(t, dir, lost, lostData, pendingMode, len(lostData))
+	writeRaw(t, dir, 0x1005, lost, 9000, lostData, pendingMode, len(lostData))
 	keep[lost] = lostData
 	short := chunk.Key{Chunk: 5, Version: 21}
-	writeRaw(t, dir, short, randBytes(21, 5000), pendingMode, 3000)
+	writeRaw(t, dir, 0x1105, short, 9001, randBytes(21, 5000), pendingMode, 3000)
 	badcrc := chunk.Key{Chunk: 5, Version: 22}
-	writeRaw(t, dir, badcrc, randBytes(22, 5000), pendingMode, -1)
+	writeRaw(t, dir, 0x1205, badcrc, 9002, randBytes(22, 5000), pendingMode, -1)
+	torn := filepath.Join(sub, fileName(0x1305))
+	os.WriteFile(torn, []byte("RDCK garbage"), 0o644)
+	writeRaw(t, dir, 0x1405, lost, 1, randBytes(99, 5000), doneMode, 5000) // older copy
 
 	s2 := open(t, dir, Options{})
 	for _, k := range []chunk.Key{short, badcrc} {
@@ -174,20 +178,23 @@ func TestRecovery(t *testing.T) {
 			t.Fatalf("half-written %v was kept", k)
 		}
 	}
-	if fi, err := os.Stat(filepath.Join(sub, fileName(lost))); err != nil || fi.Mode().Perm() != doneMode {
+	if p, _ := s2.pathOf(lost); p != filepath.Join(sub, fileName(0x1005)) {
+		t.Fatalf("the older copy of %v won: %s", lost, p)
+	}
+	if fi, err := os.Stat(filepath.Join(sub, fileName(0x1005))); err != nil || fi.Mode().Perm() != doneMode {
 		t.Fatalf("kept version not marked complete: %v %v", fi.Mode(), err)
+	}
+	if _, err := os.Stat(torn); err == nil {
+		t.Fatal("damaged slot not moved aside")
+	}
+	if _, err := os.Stat(filepath.Join(sub, tmpPrefix+"0000000000000005.0000000000000009.abc")); err == nil {
+		t.Fatal("temporary file not removed")
 	}
 	if s2.ID() != id {
 		t.Fatalf("id changed: %s -> %s", id, s2.ID())
 	}
 	if _, n := s2.Usage(); n != len(keep) {
 		t.Fatalf("recovered %d versions, want %d", n, len(keep))
-	}
-	if _, err := s2.Stat(torn); err == nil {
-		t.Fatal("torn file was loaded")
-	}
-	if ents, _ := os.ReadDir(sub); len(ents) != countIn(keep, 5) {
-		t.Fatalf("leftovers in %s: %v", sub, ents)
 	}
 	buf := make([]byte, 1<<20)
 	for k, d := range keep {
@@ -202,11 +209,55 @@ func TestRecovery(t *testing.T) {
 			t.Fatalf("version %v: %v", k, err)
 		}
 	}
+	// The freed slots are reused.
+	k := chunk.Key{Chunk: 5, Version: 30}
+	d := randBytes(30, 5000)
+	if err := s2.Put(k, d, Checksum(d)); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := s2.ReadInto(k, buf); err != nil || !bytes.Equal(buf[:info.Length], d) {
+		t.Fatalf("version in a reused slot: %v", err)
+	}
 }
 
-// writeRaw writes a version file by hand: cut >= 0 truncates it to cut data bytes,
+// TestSlotReuse: deleted versions' slots are reused (in place when the size
+// matches) and a reused slot never shows its old version after a reopen.
+func TestSlotReuse(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, Options{})
+	for v := uint64(1); v <= 50; v++ {
+		d := randBytes(v, 8192)
+		k := chunk.Key{Chunk: 3, Version: v}
+		if err := s.Put(k, d, Checksum(d)); err != nil {
+			t.Fatal(err)
+		}
+		if v > 2 {
+			if err := s.Delete(chunk.Key{Chunk: 3, Version: v - 2}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if v%10 == 0 {
+			time.Sleep(300 * time.Millisecond) // let the freed slots become reusable
+		}
+	}
+	s.Close()
+	ents := 0
+	for i := 0; i < fanout; i++ {
+		e, _ := os.ReadDir(filepath.Join(dir, chunksDir, fmt.Sprintf("%02x", i)))
+		ents += len(e)
+	}
+	if ents > 2+spareSlots+20 {
+		t.Fatalf("%d slot files for 2 versions: slots are not reused", ents)
+	}
+	s2 := open(t, dir, Options{})
+	if l := s2.List(3); len(l) != 2 || l[0].Version != 49 || l[1].Version != 50 {
+		t.Fatalf("after reopen: %+v", l)
+	}
+}
+
+// writeRaw writes slot file n by hand: cut >= 0 truncates it to cut data bytes,
 // cut < 0 damages the data's checksum.
-func writeRaw(t *testing.T, dir string, k chunk.Key, data []byte, mode os.FileMode, cut int) {
+func writeRaw(t *testing.T, dir string, n uint64, k chunk.Key, seq uint64, data []byte, mode os.FileMode, cut int) {
 	t.Helper()
 	hdr := make([]byte, HeaderLen)
 	crc := Checksum(data)
@@ -214,30 +265,18 @@ func writeRaw(t *testing.T, dir string, k chunk.Key, data []byte, mode os.FileMo
 		crc ^= 1
 		cut = len(data)
 	}
-	encodeHeader(hdr, chunk.Info{Key: k, Length: uint32(len(data)), CRC: crc})
-	path := filepath.Join(dir, fileNamePath(k))
-	if err := os.WriteFile(path, append(hdr, data[:cut]...), mode); err != nil {
+	encodeHeader(hdr, chunk.Info{Key: k, Length: uint32(len(data)), CRC: crc}, seq)
+	file := make([]byte, FileSize(len(data)))
+	copy(file, hdr)
+	copy(file[DataOffset:], data[:cut])
+	if cut < len(data) {
+		file = file[:DataOffset+cut]
+	}
+	path := filepath.Join(dir, chunksDir, fmt.Sprintf("%02x", n%fanout), fileName(n))
+	if err := os.WriteFile(path, file, mode); err != nil {
 		t.Fatal(err)
 	}
 	os.Chmod(path, mode)
-}
-
-func fileNamePath(k chunk.Key) string {
-	return filepath.Join(chunksDir, filepathHex(k.Chunk%fanout), fileName(k))
-}
-
-func filepathHex(b uint64) string {
-	return string("0123456789abcdef"[b>>4]) + string("0123456789abcdef"[b&15])
-}
-
-func countIn(m map[chunk.Key][]byte, slot uint64) int {
-	n := 0
-	for k := range m {
-		if k.Chunk%fanout == slot {
-			n++
-		}
-	}
-	return n
 }
 
 func TestLock(t *testing.T) {
@@ -280,5 +319,55 @@ func TestRealENOSPC(t *testing.T) {
 	buf := make([]byte, 1<<20)
 	if _, err := s.ReadInto(chunk.Key{Chunk: 1, Version: 1}, buf); err != nil || !bytes.Equal(buf, d) {
 		t.Fatalf("committed version after ENOSPC: %v", err)
+	}
+}
+
+// TestDirectAndBufferedWrites: data in block-aligned memory (as in the registered
+// pool) goes with direct I/O, other data through the page cache; both read back
+// exactly, with the padding zeroed, and survive a reopen.
+func TestDirectAndBufferedWrites(t *testing.T) {
+	mem, err := unix.Mmap(-1, 0, 4<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	for _, noDirect := range []bool{false, true} {
+		t.Run(fmt.Sprintf("nodirect=%v", noDirect), func(t *testing.T) {
+			dir := t.TempDir()
+			s := open(t, dir, Options{NoDirectIO: noDirect})
+			for i, n := range []int{1, 4095, 4096, 4097, 1<<20 + 3} {
+				key := chunk.Key{Chunk: 77, Version: uint64(i + 1)}
+				want := randBytes(uint64(n), n)
+				buf := mem[: n : 4<<20] // aligned, room for padding
+				copy(buf, want)
+				for j := n; j < roundUp(n); j++ {
+					mem[j] = 0xAA // garbage past the end must not reach the disk
+				}
+				if err := s.Put(key, buf, Checksum(want)); err != nil {
+					t.Fatalf("Put %d bytes: %v", n, err)
+				}
+				path, _ := s.pathOf(key)
+				fi, err := os.Stat(path)
+				if err != nil || fi.Size() != FileSize(n) {
+					t.Fatalf("file of %d bytes: %v %v", n, fi.Size(), err)
+				}
+				raw, _ := os.ReadFile(path)
+				for _, b := range raw[DataOffset+n:] {
+					if b != 0 {
+						t.Fatalf("padding of a %d-byte version not zero", n)
+					}
+				}
+			}
+			t.Logf("direct I/O in use: %v", s.direct.Load())
+			s.Close()
+			s2 := open(t, dir, Options{})
+			got := make([]byte, 2<<20)
+			for i, n := range []int{1, 4095, 4096, 4097, 1<<20 + 3} {
+				info, err := s2.ReadInto(chunk.Key{Chunk: 77, Version: uint64(i + 1)}, got)
+				if err != nil || !bytes.Equal(got[:info.Length], randBytes(uint64(n), n)) {
+					t.Fatalf("read back %d bytes: %v", n, err)
+				}
+			}
+		})
 	}
 }
