@@ -400,6 +400,14 @@ func testPeerClosed(t *testing.T, open OpenFunc, _ Options) {
 	Expect(t, WaitWC(t, a.RCQ, 1)[0], 7, rdma.WCWRFlushErr, 0)
 	a.PostSend(t, rdma.SendWR{ID: 8, Opcode: rdma.OpSend, SGL: []rdma.SGE{a.SGE(0, 10)}})
 	Expect(t, WaitWC(t, a.SCQ, 1)[0], 8, rdma.WCWRFlushErr, 0)
+	// A destroyed queue pair refuses work with an error, never a crash.
+	b.QP.Close()
+	if err := b.QP.PostRecv([]rdma.RecvWR{{ID: 9, SGL: []rdma.SGE{b.SGE(0, 10)}}}); err == nil {
+		t.Fatal("post recv on a destroyed queue pair succeeded")
+	}
+	if err := b.QP.PostSend([]rdma.SendWR{{ID: 10, Opcode: rdma.OpSend}}); err == nil {
+		t.Fatal("post send on a destroyed queue pair succeeded")
+	}
 }
 
 func testPeerVanished(t *testing.T, open OpenFunc, opts Options) {

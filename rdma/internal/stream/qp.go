@@ -107,6 +107,8 @@ type queuePair struct {
 	progress     atomic.Uint64
 
 	shm *shmState // set on shared-memory connections
+
+	destroyed bool // Close has run: posting fails with rdma.ErrClosed
 }
 
 func (d *Device) newQP(pd *soft.PD, attr rdma.QPAttr) (rdma.QueuePair, error) {
@@ -201,6 +203,10 @@ func (q *queuePair) PostSend(wrs []rdma.SendWR) error {
 		}
 	}
 	q.mu.Lock()
+	if q.destroyed {
+		q.mu.Unlock()
+		return fmt.Errorf("rdma: post send on destroyed qp %d: %w", q.num, rdma.ErrClosed)
+	}
 	if q.state < rdma.QPStateRTS {
 		q.mu.Unlock()
 		return fmt.Errorf("rdma: post send on qp %d in state %v: %w", q.num, q.state, rdma.ErrInvalidState)
@@ -303,6 +309,10 @@ func (q *queuePair) PostRecv(wrs []rdma.RecvWR) error {
 		}
 	}
 	q.mu.Lock()
+	if q.destroyed {
+		q.mu.Unlock()
+		return fmt.Errorf("rdma: post recv on destroyed qp %d: %w", q.num, rdma.ErrClosed)
+	}
 	if q.rqTail-q.rqHead+uint64(len(wrs)) > uint64(len(q.rq)) {
 		q.mu.Unlock()
 		return fmt.Errorf("rdma: post recv: %d requests, %d free: %w", len(wrs), uint64(len(q.rq))-(q.rqTail-q.rqHead), rdma.ErrQueueFull)
@@ -545,9 +555,12 @@ func (q *queuePair) Close() error {
 	}
 	q.fail(rdma.WCWRFlushErr)
 	<-q.done
-	if q.pd != nil {
+	q.mu.Lock()
+	first := !q.destroyed
+	q.destroyed = true
+	q.mu.Unlock()
+	if first {
 		q.pd.Released()
-		q.pd = nil
 	}
 	return nil
 }
