@@ -30,6 +30,7 @@ var (
 // Open implements gofs.NodeOpener: the service checks the access mode and
 // records the open in the session.
 func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	r, err := n.fsys.meta.Open(ctx, &metapb.OpenRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, SessionId: n.fsys.opts.Session, Flags: flags})
 	if err != nil {
 		return nil, 0, errno(err)
@@ -69,6 +70,7 @@ func (f *fileHandle) data() (Data, syscall.Errno) {
 
 // Read implements gofs.FileReader.
 func (f *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	d, e := f.data()
 	if e != 0 {
 		return nil, e
@@ -82,6 +84,7 @@ func (f *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 
 // Write implements gofs.FileWriter.
 func (f *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	d, e := f.data()
 	if e != 0 {
 		return 0, e
@@ -96,6 +99,7 @@ func (f *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 // Flush implements gofs.FileFlusher: close(2) commits what was written, so that
 // the next open anywhere sees it (close-to-open consistency).
 func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
+	ctx = uninterruptible(ctx)
 	if f.flags&syscall.O_ACCMODE == syscall.O_RDONLY || f.fsys.opts.Data == nil {
 		return 0
 	}
@@ -105,6 +109,7 @@ func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
 // Fsync implements gofs.FileFsyncer: every shard durable and the version
 // committed before it returns.
 func (f *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	ctx = uninterruptible(ctx)
 	if f.fsys.opts.Data == nil {
 		return 0
 	}
@@ -113,6 +118,7 @@ func (f *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 
 // Release implements gofs.FileReleaser.
 func (f *fileHandle) Release(ctx context.Context) syscall.Errno {
+	ctx = uninterruptible(ctx)
 	_, err := f.fsys.meta.Release(ctx, &metapb.ReleaseRequest{Ino: f.ino, SessionId: f.fsys.opts.Session})
 	if err != nil {
 		f.fsys.log.Warn("release", "ino", f.ino, "err", err)

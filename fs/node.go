@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"syscall"
@@ -108,13 +109,25 @@ var (
 	_ gofs.NodeOpener         = (*Node)(nil)
 )
 
-// errno converts a metadata service error into the errno for the kernel.
+// errno converts an error into the errno for the kernel. A cancelled
+// operation is EINTR, never EIO.
 func errno(err error) syscall.Errno {
 	if err == nil {
 		return 0
 	}
+	if errors.Is(err, context.Canceled) {
+		return syscall.EINTR
+	}
 	return client.Errno(err)
 }
+
+// uninterruptible detaches an operation from the kernel's interrupts. A signal
+// to the calling thread (Go delivers them for preemption all the time) makes
+// the kernel send FUSE_INTERRUPT, which cancels the request's context; an
+// operation that changes state or moves file data must finish regardless, as
+// on a hard NFS mount, or applications would see spurious errors. Hangs are
+// bounded by the transports' own timeouts.
+func uninterruptible(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
 
 // fillAttr converts the service's attributes into the kernel's.
 func fillAttr(a *metapb.Attr, out *fuse.Attr) {
@@ -146,6 +159,7 @@ func (n *Node) entry(ctx context.Context, a *metapb.Attr, out *fuse.EntryOut) *g
 
 // Lookup implements gofs.NodeLookuper.
 func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	r, err := n.fsys.meta.Lookup(ctx, &metapb.LookupRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
 	if err != nil {
 		return nil, errno(err)
@@ -155,6 +169,7 @@ func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 
 // Getattr implements gofs.NodeGetattrer.
 func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	ctx = uninterruptible(ctx)
 	r, err := n.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: n.ino})
 	if err != nil {
 		return errno(err)
@@ -166,6 +181,7 @@ func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut
 
 // Setattr implements gofs.NodeSetattrer.
 func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	ctx = uninterruptible(ctx)
 	req := &metapb.SetAttrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino}
 	if m, ok := in.GetMode(); ok {
 		req.SetMode, req.Mode = true, m&0o7777
@@ -212,6 +228,7 @@ func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 // Create implements gofs.NodeCreater: the file is created and opened in one
 // transaction. The kernel has applied the umask to mode already.
 func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	r, err := n.fsys.meta.Create(ctx, &metapb.CreateRequest{
 		Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Mode: mode & 0o7777,
 		Exclusive: flags&syscall.O_EXCL != 0, SessionId: n.fsys.opts.Session, OpenFlags: flags,
@@ -230,6 +247,7 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 
 // Mknod implements gofs.NodeMknoder.
 func (n *Node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	r, err := n.fsys.meta.Mknod(ctx, &metapb.MknodRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Mode: mode, Rdev: dev})
 	if err != nil {
 		return nil, errno(err)
@@ -239,6 +257,7 @@ func (n *Node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 
 // Mkdir implements gofs.NodeMkdirer.
 func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	r, err := n.fsys.meta.Mkdir(ctx, &metapb.MkdirRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Mode: mode & 0o7777})
 	if err != nil {
 		return nil, errno(err)
@@ -248,6 +267,7 @@ func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 
 // Symlink implements gofs.NodeSymlinker.
 func (n *Node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	r, err := n.fsys.meta.Symlink(ctx, &metapb.SymlinkRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Target: target})
 	if err != nil {
 		return nil, errno(err)
@@ -257,6 +277,7 @@ func (n *Node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 
 // Readlink implements gofs.NodeReadlinker.
 func (n *Node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	r, err := n.fsys.meta.Readlink(ctx, &metapb.ReadlinkRequest{Ino: n.ino})
 	if err != nil {
 		return nil, errno(err)
@@ -266,6 +287,7 @@ func (n *Node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 
 // Link implements gofs.NodeLinker.
 func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	t, ok := target.(*Node)
 	if !ok {
 		return nil, syscall.EXDEV
@@ -279,18 +301,21 @@ func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 
 // Unlink implements gofs.NodeUnlinker.
 func (n *Node) Unlink(ctx context.Context, name string) syscall.Errno {
+	ctx = uninterruptible(ctx)
 	_, err := n.fsys.meta.Unlink(ctx, &metapb.UnlinkRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
 	return errno(err)
 }
 
 // Rmdir implements gofs.NodeRmdirer.
 func (n *Node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	ctx = uninterruptible(ctx)
 	_, err := n.fsys.meta.Rmdir(ctx, &metapb.RmdirRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
 	return errno(err)
 }
 
 // Rename implements gofs.NodeRenamer, with renameat2 flags.
 func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	ctx = uninterruptible(ctx)
 	p, ok := newParent.(*Node)
 	if !ok {
 		return syscall.EXDEV
@@ -301,6 +326,7 @@ func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 
 // Getxattr implements gofs.NodeGetxattrer.
 func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	r, err := n.fsys.meta.GetXattr(ctx, &metapb.GetXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr})
 	if err != nil {
 		return 0, errno(err)
@@ -313,12 +339,14 @@ func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 
 // Setxattr implements gofs.NodeSetxattrer.
 func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	ctx = uninterruptible(ctx)
 	_, err := n.fsys.meta.SetXattr(ctx, &metapb.SetXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr, Value: data, Flags: flags})
 	return errno(err)
 }
 
 // Listxattr implements gofs.NodeListxattrer.
 func (n *Node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	r, err := n.fsys.meta.ListXattr(ctx, &metapb.ListXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino})
 	if err != nil {
 		return 0, errno(err)
@@ -341,12 +369,14 @@ func (n *Node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 
 // Removexattr implements gofs.NodeRemovexattrer.
 func (n *Node) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	ctx = uninterruptible(ctx)
 	_, err := n.fsys.meta.RemoveXattr(ctx, &metapb.RemoveXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr})
 	return errno(err)
 }
 
 // Statfs implements gofs.NodeStatfser.
 func (n *Node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	ctx = uninterruptible(ctx)
 	r, err := n.fsys.meta.StatFS(ctx, &metapb.StatFSRequest{})
 	if err != nil {
 		return errno(err)

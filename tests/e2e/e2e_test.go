@@ -245,21 +245,26 @@ func TestClientKilledDuringWrites(t *testing.T) {
 	}
 	fresh := pattern(block*blocks, 2)
 	var synced atomic.Int64 // blocks [0, synced) are durable with new content
+	var werr error          // why the writer stopped, read after done
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for i := 0; i < blocks; i++ {
-			if _, err := f.WriteAt(fresh[i*block:(i+1)*block], int64(i*block)); err != nil {
+			if _, werr = f.WriteAt(fresh[i*block:(i+1)*block], int64(i*block)); werr != nil {
 				return
 			}
-			if err := f.Sync(); err != nil {
+			if werr = f.Sync(); werr != nil {
 				return
 			}
 			synced.Store(int64(i + 1))
 		}
 	}()
 	for synced.Load() < 6 {
-		time.Sleep(5 * time.Millisecond)
+		select {
+		case <-done:
+			t.Fatalf("the writer stopped after %d blocks, before the kill: %v", synced.Load(), werr)
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 	if err := syscall.Kill(c.Mount.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
