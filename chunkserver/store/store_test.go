@@ -158,19 +158,26 @@ func TestRecovery(t *testing.T) {
 	// completion mark (the mode) was lost (kept), a short one and one with a bad
 	// checksum (both become free slots), a damaged slot marked complete (moved
 	// to corrupt/) and an older copy of a kept version (dropped).
+	// These leftovers go into slots the store has never used: it picks slot
+	// numbers itself (spares are made in batches in a directory that depends on
+	// scheduling), so fixed numbers could overwrite acknowledged versions.
 	sub := filepath.Join(dir, chunksDir, "05")
-	os.WriteFile(filepath.Join(sub, tmpPrefix+"0000000000000005.0000000000000009.abc"), []byte("half"), 0o644)
+	base := unusedRow(t, dir)
+	slotAt := func(i uint64) uint64 { return (base+i)*fanout + 0x05 }
+	lostSlot, shortSlot, badcrcSlot, tornSlot, olderSlot := slotAt(0), slotAt(1), slotAt(2), slotAt(3), slotAt(4)
+	tmpName := tmpPrefix + "0000000000000005.0000000000000009.abc"
+	createRaw(t, filepath.Join(sub, tmpName), []byte("half"), 0o644)
 	lost := chunk.Key{Chunk: 5, Version: 20}
 	lostData := randBytes(20, 5000)
-	writeRaw(t, dir, 0x1005, lost, 9000, lostData, pendingMode, len(lostData))
+	writeRaw(t, dir, lostSlot, lost, 9000, lostData, pendingMode, len(lostData))
 	keep[lost] = lostData
 	short := chunk.Key{Chunk: 5, Version: 21}
-	writeRaw(t, dir, 0x1105, short, 9001, randBytes(21, 5000), pendingMode, 3000)
+	writeRaw(t, dir, shortSlot, short, 9001, randBytes(21, 5000), pendingMode, 3000)
 	badcrc := chunk.Key{Chunk: 5, Version: 22}
-	writeRaw(t, dir, 0x1205, badcrc, 9002, randBytes(22, 5000), pendingMode, -1)
-	torn := filepath.Join(sub, fileName(0x1305))
-	os.WriteFile(torn, []byte("RDCK garbage"), 0o644)
-	writeRaw(t, dir, 0x1405, lost, 1, randBytes(99, 5000), doneMode, 5000) // older copy
+	writeRaw(t, dir, badcrcSlot, badcrc, 9002, randBytes(22, 5000), pendingMode, -1)
+	torn := filepath.Join(sub, fileName(tornSlot))
+	createRaw(t, torn, []byte("RDCK garbage"), 0o644)
+	writeRaw(t, dir, olderSlot, lost, 1, randBytes(99, 5000), doneMode, 5000) // older copy
 
 	s2 := open(t, dir, Options{})
 	for _, k := range []chunk.Key{short, badcrc} {
@@ -178,16 +185,16 @@ func TestRecovery(t *testing.T) {
 			t.Fatalf("half-written %v was kept", k)
 		}
 	}
-	if p, _ := s2.pathOf(lost); p != filepath.Join(sub, fileName(0x1005)) {
+	if p, _ := s2.pathOf(lost); p != filepath.Join(sub, fileName(lostSlot)) {
 		t.Fatalf("the older copy of %v won: %s", lost, p)
 	}
-	if fi, err := os.Stat(filepath.Join(sub, fileName(0x1005))); err != nil || fi.Mode().Perm() != doneMode {
+	if fi, err := os.Stat(filepath.Join(sub, fileName(lostSlot))); err != nil || fi.Mode().Perm() != doneMode {
 		t.Fatalf("kept version not marked complete: %v %v", fi.Mode(), err)
 	}
 	if _, err := os.Stat(torn); err == nil {
 		t.Fatal("damaged slot not moved aside")
 	}
-	if _, err := os.Stat(filepath.Join(sub, tmpPrefix+"0000000000000005.0000000000000009.abc")); err == nil {
+	if _, err := os.Stat(filepath.Join(sub, tmpName)); err == nil {
 		t.Fatal("temporary file not removed")
 	}
 	if s2.ID() != id {
@@ -217,6 +224,62 @@ func TestRecovery(t *testing.T) {
 	}
 	if info, err := s2.ReadInto(k, buf); err != nil || !bytes.Equal(buf[:info.Length], d) {
 		t.Fatalf("version in a reused slot: %v", err)
+	}
+}
+
+// TestConcurrentPutsDistinctSlots: Puts racing with each other and with the
+// maintainer's spare slots (taken from the spares or made by newSlot) never
+// share a slot, and every acknowledged version survives a reopen.
+func TestConcurrentPutsDistinctSlots(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, Options{})
+	const workers, each = 8, 16
+	errs := make(chan error, workers)
+	for w := uint64(0); w < workers; w++ {
+		go func() {
+			for v := uint64(1); v <= each; v++ {
+				d := randBytes(w*each+v, int(v*100))
+				if err := s.Put(chunk.Key{Chunk: 100 + w, Version: v}, d, Checksum(d)); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	paths := map[string]chunk.Key{}
+	for w := uint64(0); w < workers; w++ {
+		for v := uint64(1); v <= each; v++ {
+			k := chunk.Key{Chunk: 100 + w, Version: v}
+			p, ok := s.pathOf(k)
+			if !ok {
+				t.Fatalf("%v not stored", k)
+			}
+			if o, dup := paths[p]; dup {
+				t.Fatalf("%v and %v share slot %s", o, k, p)
+			}
+			paths[p] = k
+		}
+	}
+	s.Close()
+	s2 := open(t, dir, Options{})
+	if _, n := s2.Usage(); n != workers*each {
+		t.Fatalf("recovered %d versions, want %d", n, workers*each)
+	}
+	buf := make([]byte, each*100)
+	for w := uint64(0); w < workers; w++ {
+		for v := uint64(1); v <= each; v++ {
+			k := chunk.Key{Chunk: 100 + w, Version: v}
+			info, err := s2.ReadInto(k, buf)
+			if err != nil || !bytes.Equal(buf[:info.Length], randBytes(w*each+v, int(v*100))) {
+				t.Fatalf("version %v: %v", k, err)
+			}
+		}
 	}
 }
 
@@ -256,7 +319,7 @@ func TestSlotReuse(t *testing.T) {
 }
 
 // writeRaw writes slot file n by hand: cut >= 0 truncates it to cut data bytes,
-// cut < 0 damages the data's checksum.
+// cut < 0 damages the data's checksum. The slot must not exist yet.
 func writeRaw(t *testing.T, dir string, n uint64, k chunk.Key, seq uint64, data []byte, mode os.FileMode, cut int) {
 	t.Helper()
 	hdr := make([]byte, HeaderLen)
@@ -272,11 +335,46 @@ func writeRaw(t *testing.T, dir string, n uint64, k chunk.Key, seq uint64, data 
 	if cut < len(data) {
 		file = file[:DataOffset+cut]
 	}
-	path := filepath.Join(dir, chunksDir, fmt.Sprintf("%02x", n%fanout), fileName(n))
-	if err := os.WriteFile(path, file, mode); err != nil {
+	createRaw(t, filepath.Join(dir, chunksDir, fmt.Sprintf("%02x", n%fanout), fileName(n)), file, mode)
+}
+
+// createRaw creates a file that must not exist yet (so that a test never
+// overwrites a slot of the store), with exactly mode.
+func createRaw(t *testing.T, path string, b []byte, mode os.FileMode) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		t.Fatalf("create %s: %v", path, err)
+	}
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(path, mode) // past the umask
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
-	os.Chmod(path, mode)
+}
+
+// unusedRow returns a slot row past every slot file in the data directory of a
+// closed store, as recovery computes it: no slot of that row or later exists.
+func unusedRow(t *testing.T, dir string) uint64 {
+	t.Helper()
+	row := uint64(1)
+	for i := 0; i < fanout; i++ {
+		ents, err := os.ReadDir(filepath.Join(dir, chunksDir, fmt.Sprintf("%02x", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ents {
+			if n, ok := parseName(e.Name()); ok {
+				row = max(row, n/fanout+1)
+			}
+		}
+	}
+	return row
 }
 
 func TestLock(t *testing.T) {
