@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -26,6 +25,7 @@ import (
 	"github.com/rdmafs/rdmafs/chunkserver"
 	"github.com/rdmafs/rdmafs/chunkserver/metamember"
 	"github.com/rdmafs/rdmafs/chunkserver/store"
+	"github.com/rdmafs/rdmafs/internal/bytesize"
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/rdma/transport"
 )
@@ -92,15 +92,15 @@ func run(ctx context.Context, f *flags) error {
 		return err
 	}
 	if f.mem != "" {
-		if memBytes, err = parseSize(f.mem); err != nil {
+		if memBytes, err = bytesize.Parse(f.mem); err != nil {
 			return fmt.Errorf("--mem: %w", err)
 		}
 	}
-	maxLength, err := parseSize(f.maxLength)
+	maxLength, err := bytesize.Parse(f.maxLength)
 	if err != nil {
 		return fmt.Errorf("--max-length: %w", err)
 	}
-	capacity, err := parseSize(f.capacity)
+	capacity, err := bytesize.Parse(f.capacity)
 	if err != nil {
 		return fmt.Errorf("--capacity: %w", err)
 	}
@@ -193,21 +193,3 @@ func defaultMem() (int64, error) {
 
 // parseSize parses a byte count with an optional K/M/G/T suffix (KiB, MB, ... all
 // binary).
-func parseSize(s string) (int64, error) {
-	s = strings.TrimSpace(s)
-	num := strings.TrimRightFunc(s, func(r rune) bool { return r < '0' || r > '9' })
-	unit := strings.ToLower(strings.TrimSpace(s[len(num):]))
-	n, err := strconv.ParseInt(num, 10, 64)
-	if err == nil && n < 0 {
-		err = strconv.ErrRange
-	}
-	if err != nil {
-		return 0, fmt.Errorf("size %q: %w", s, err)
-	}
-	mult := map[string]int64{"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-		"g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}[unit]
-	if mult == 0 {
-		return 0, fmt.Errorf("size %q: unknown unit %q", s, unit)
-	}
-	return n * mult, nil
-}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rdmafs/rdmafs/internal/bytesize"
 	"github.com/rdmafs/rdmafs/meta/core"
 	"github.com/rdmafs/rdmafs/meta/server"
 )
@@ -54,30 +55,14 @@ func parseLayout(ec, unit string) (core.Layout, error) {
 	if err1 != nil || err2 != nil {
 		return core.Layout{}, fmt.Errorf("--ec %q: want k+m, e.g. 4+2", ec)
 	}
-	u, err := parseSize(unit)
+	size, err := bytesize.Parse(unit)
+	if err == nil && size <= 0 {
+		err = fmt.Errorf("unit must be positive")
+	}
+	u := uint64(size)
 	if err != nil {
 		return core.Layout{}, fmt.Errorf("--unit: %w", err)
 	}
 	l := core.Layout{K: uint32(k), M: uint32(m), Unit: u}
 	return l, l.Validate()
-}
-
-// parseSize parses sizes such as 4096, 64KiB, 1MiB, 1M, 2GiB.
-func parseSize(s string) (uint64, error) {
-	t := strings.TrimSpace(s)
-	mult := uint64(1)
-	for _, suf := range []struct {
-		s string
-		m uint64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}} {
-		if strings.HasSuffix(t, suf.s) {
-			t, mult = strings.TrimSuffix(t, suf.s), suf.m
-			break
-		}
-	}
-	n, err := strconv.ParseUint(strings.TrimSpace(t), 10, 64)
-	if err != nil || n == 0 {
-		return 0, fmt.Errorf("invalid size %q", s)
-	}
-	return n * mult, nil
 }

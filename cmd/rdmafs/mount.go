@@ -21,6 +21,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/fs"
 	"github.com/rdmafs/rdmafs/fs/fileio"
+	"github.com/rdmafs/rdmafs/internal/bytesize"
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/rdma/transport"
@@ -82,7 +83,10 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 		pprof.StartCPUProfile(pf)
 		defer pprof.StopCPUProfile()
 	}
-	memBytes, err := parseSize(f.memory)
+	memBytes, err := bytesize.Parse(f.memory)
+	if err == nil && memBytes <= 0 {
+		err = fmt.Errorf("must be positive")
+	}
 	if err != nil {
 		return fmt.Errorf("mount: --mem: %w", err)
 	}
