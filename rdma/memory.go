@@ -45,8 +45,8 @@ func AllocMemory(name string, size int) (*Memory, error) {
 		file.Close()
 		return nil, fmt.Errorf("rdma: mmap %d bytes for %q: %w", size, name, err)
 	}
-	// MAP_POPULATE maps the pages; writing one byte per page makes them private to
-	// this mapping's writers too, so no I/O pays for a fault later.
+	// MAP_POPULATE faults the pages in; touching each page for writing as well
+	// makes sure no I/O pays for a first-write fault later.
 	for i := 0; i < len(buf); i += page {
 		buf[i] = 0
 	}

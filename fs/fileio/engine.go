@@ -299,7 +299,8 @@ func (e *Engine) Read(ctx context.Context, ino uint64, p []byte, off int64) (int
 		so  int64
 		dst []byte
 	}
-	var pieces []piece
+	var room [4]piece // a read spans few stripes: no allocation per read
+	pieces := room[:0]
 	for s := first; s <= last && int64(s)*ss < end; s++ {
 		lo, hi := max(off, int64(s)*ss), min(end, int64(s+1)*ss)
 		dst := p[lo-off : hi-off]
@@ -548,10 +549,8 @@ func (e *Engine) dirtyStripe(ctx context.Context, f *file, s uint64, lo, hi int6
 // with f.mu released, so no writer ever waits for memory it holds itself.
 // The caller holds f.mu.
 func (e *Engine) getBuffer(ctx context.Context, f *file, n int) (*buffer, error) {
-	now, cancel := context.WithCancel(ctx)
-	cancel() // a cancelled context: get returns at once instead of waiting
 	for {
-		if b, err := e.pool.get(now, n); err == nil {
+		if b := e.pool.tryGet(n); b != nil {
 			return b, nil
 		}
 		switch {

@@ -43,25 +43,41 @@ func (p *pool) get(ctx context.Context, n int) (*buffer, error) {
 	}
 	for {
 		p.mu.Lock()
-		for i, e := range p.free {
-			if e.n >= n {
-				if e.n == n {
-					p.free = append(p.free[:i], p.free[i+1:]...)
-				} else {
-					p.free[i] = extent{e.off + n, e.n - n}
-				}
-				p.mu.Unlock()
-				return &buffer{p: p, off: e.off, b: p.mr.Bytes()[e.off : e.off+n : e.off+n]}, nil
-			}
-		}
+		b := p.takeLocked(n)
 		wait := p.freed
 		p.mu.Unlock()
+		if b != nil {
+			return b, nil
+		}
 		select {
 		case <-wait:
 		case <-ctx.Done():
 			return nil, fmt.Errorf("waiting for %d bytes of buffer memory: %w", n, ctx.Err())
 		}
 	}
+}
+
+// tryGet returns n bytes (rounded up to 4 KiB), or nil when there is no room now.
+func (p *pool) tryGet(n int) *buffer {
+	n = (n + poolAlign - 1) / poolAlign * poolAlign
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.takeLocked(n)
+}
+
+// takeLocked carves n bytes out of the first free extent that holds them.
+func (p *pool) takeLocked(n int) *buffer {
+	for i, e := range p.free {
+		if e.n >= n {
+			if e.n == n {
+				p.free = append(p.free[:i], p.free[i+1:]...)
+			} else {
+				p.free[i] = extent{e.off + n, e.n - n}
+			}
+			return &buffer{p: p, off: e.off, b: p.mr.Bytes()[e.off : e.off+n : e.off+n]}
+		}
+	}
+	return nil
 }
 
 // put returns b to the pool and wakes the waiters.
