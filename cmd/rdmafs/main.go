@@ -39,5 +39,6 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(newUmountCommand())
 	root.AddCommand(newDevCommand())
 	root.AddCommand(newBenchCommand())
+	root.AddCommand(newAdminCommand())
 	return root
 }
