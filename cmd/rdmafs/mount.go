@@ -34,6 +34,8 @@ const mountChildEnv = "RDMAFS_MOUNT_CHILD"
 
 type mountFlags struct {
 	secretFile, transport, memory, metrics, logLevel, logFile string
+	dirtyLimit, readaheadMem, kernelReadahead                 string
+	readaheadStripes                                          int
 	attrTimeout, entryTimeout                                 time.Duration
 	background, debug                                         bool
 	cpuProfile                                                string
@@ -56,6 +58,10 @@ unmounts; --background returns once the file system is mounted.`,
 	fl.StringVar(&f.secretFile, "secret-file", os.Getenv("RDMAFS_SECRET_FILE"), "file holding the cluster secret (default $RDMAFS_SECRET_FILE)")
 	fl.StringVar(&f.transport, "transport", "auto", "rdma transport to the chunkservers: auto, tcp, shm or verbs")
 	fl.StringVar(&f.memory, "mem", "256MiB", "registered buffer memory for file data (bounds dirty data)")
+	fl.StringVar(&f.dirtyLimit, "dirty-limit", "", "dirty data one file may buffer before it is flushed (default a quarter of --mem)")
+	fl.IntVar(&f.readaheadStripes, "readahead-stripes", 8, "largest readahead window of a sequential reader, in stripes (0: no readahead)")
+	fl.StringVar(&f.readaheadMem, "readahead-mem", "", "memory for stripes read ahead, all files together (default a quarter of --mem)")
+	fl.StringVar(&f.kernelReadahead, "kernel-readahead", "1MiB", "the kernel's readahead window per file (FUSE max_readahead)")
 	fl.DurationVar(&f.attrTimeout, "attr-timeout", time.Second, "how long the kernel caches attributes")
 	fl.DurationVar(&f.entryTimeout, "entry-timeout", time.Second, "how long the kernel caches names")
 	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (empty: off)")
@@ -90,6 +96,38 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 	if err != nil {
 		return fmt.Errorf("mount: --mem: %w", err)
 	}
+	optionalSize := func(flag, v string) (int, error) {
+		if v == "" {
+			return 0, nil
+		}
+		n, err := bytesize.Parse(v)
+		if err == nil && n <= 0 {
+			err = fmt.Errorf("must be positive")
+		}
+		if err != nil {
+			return 0, fmt.Errorf("mount: --%s: %w", flag, err)
+		}
+		return int(n), nil
+	}
+	dirtyLimit, err := optionalSize("dirty-limit", f.dirtyLimit)
+	if err != nil {
+		return err
+	}
+	readaheadMem, err := optionalSize("readahead-mem", f.readaheadMem)
+	if err != nil {
+		return err
+	}
+	kernelReadahead, err := optionalSize("kernel-readahead", f.kernelReadahead)
+	if err != nil {
+		return err
+	}
+	readaheadStripes := f.readaheadStripes
+	switch {
+	case readaheadStripes < 0:
+		return fmt.Errorf("mount: --readahead-stripes %d: must be 0 or more", readaheadStripes)
+	case readaheadStripes == 0:
+		readaheadStripes = -1 // off
+	}
 	logger, err := mountLogger(f)
 	if err != nil {
 		return err
@@ -115,13 +153,14 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 		return fmt.Errorf("mount: %w", err)
 	}
 	defer dev.Close()
-	eng, err := fileio.New(fileio.Config{Meta: mc, Device: dev, Secret: []byte(secret), MemBytes: int(memBytes), Logger: logger})
+	eng, err := fileio.New(fileio.Config{Meta: mc, Device: dev, Secret: []byte(secret), MemBytes: int(memBytes),
+		FileDirtyLimit: dirtyLimit, ReadaheadStripes: readaheadStripes, ReadaheadBytes: readaheadMem, Logger: logger})
 	if err != nil {
 		return fmt.Errorf("mount: %w", err)
 	}
 	defer eng.Close()
 	_, root := fs.New(fs.Options{Meta: mc, Session: sess.ID(), Data: eng, AttrTimeout: f.attrTimeout, EntryTimeout: f.entryTimeout, Logger: logger})
-	srv, err := fs.Mount(mountpoint, root, fs.MountOptions{Debug: f.debug})
+	srv, err := fs.Mount(mountpoint, root, fs.MountOptions{Debug: f.debug, MaxReadAhead: kernelReadahead})
 	if err != nil {
 		return err
 	}
@@ -130,7 +169,11 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_degraded_stripe_reads_total", Help: "Stripes read with shards missing, rebuilt from survivors."},
-				func() float64 { return float64(eng.Stats().DegradedReads.Load()) }))
+				func() float64 { return float64(eng.Stats().DegradedReads.Load()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_readahead_stripes_total", Help: "Stripes prefetched for sequential readers."},
+				func() float64 { return float64(eng.Stats().ReadaheadStripes.Load()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_readahead_hits_total", Help: "Reads served from prefetched stripes."},
+				func() float64 { return float64(eng.Stats().ReadaheadHits.Load()) }))
 		hs := &http.Server{Addr: f.metrics, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})}
 		go hs.ListenAndServe()
 		defer hs.Close()

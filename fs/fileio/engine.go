@@ -35,6 +35,7 @@ import (
 	"github.com/klauspost/reedsolomon"
 
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	"github.com/rdmafs/rdmafs/fs/ec"
 	metaclient "github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/rdma"
@@ -51,6 +52,12 @@ type Config struct {
 	// FileDirtyLimit bounds one file's dirty data before it is flushed
 	// (default a quarter of MemBytes).
 	FileDirtyLimit int
+	// ReadaheadStripes is the largest readahead window of a sequential reader,
+	// in stripes (default 8; negative: no readahead).
+	ReadaheadStripes int
+	// ReadaheadBytes bounds the memory holding prefetched stripes of all files
+	// (default a quarter of MemBytes).
+	ReadaheadBytes int
 	Logger         *slog.Logger
 }
 
@@ -68,6 +75,7 @@ type Engine struct {
 	files map[uint64]*file
 	codes map[[2]int]reedsolomon.Encoder
 
+	ra    readaheadState
 	stats Stats
 }
 
@@ -76,6 +84,9 @@ type Stats struct {
 	// DegradedReads counts stripes read with shards missing, rebuilt from the
 	// survivors.
 	DegradedReads atomic.Int64
+	// ReadaheadStripes counts stripes prefetched for sequential readers, and
+	// ReadaheadHits the reads served from them.
+	ReadaheadStripes, ReadaheadHits atomic.Int64
 }
 
 // Stats returns the engine's counters.
@@ -90,6 +101,15 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if cfg.FileDirtyLimit <= 0 {
 		cfg.FileDirtyLimit = cfg.MemBytes / 4
+	}
+	if cfg.ReadaheadStripes == 0 {
+		cfg.ReadaheadStripes = 8
+	}
+	if cfg.ReadaheadBytes <= 0 {
+		cfg.ReadaheadBytes = cfg.MemBytes / 4
+	}
+	if cfg.ReadaheadStripes < 0 {
+		cfg.ReadaheadBytes = 0
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -111,6 +131,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, pd: pd, mem: mem, mr: mr, pool: newPool(mr), log: cfg.Logger,
 		files: map[uint64]*file{}, codes: map[[2]int]reedsolomon.Encoder{}}
+	e.ra.limit = int64(cfg.ReadaheadBytes)
 	e.conns = &conns{dev: cfg.Device, pd: pd, secret: cfg.Secret, m: map[string]*peer{}}
 	return e, nil
 }
@@ -170,6 +191,9 @@ type file struct {
 	flushing map[uint64]*dirtyStripe
 	bufBytes int   // buffer bytes held by dirty and flushing stripes
 	err      error // a background flush's failure, reported by the next Flush
+
+	readahead *ec.Readahead        // the sequential-read policy; nil until the first read
+	cache     map[uint64]*prefetch // stripes fetched ahead of the reader
 }
 
 // dirtyStripe is a stripe being rewritten: data shards then parity in one
@@ -207,7 +231,7 @@ func (e *Engine) file(ino uint64) *file {
 	f := e.files[ino]
 	if f == nil {
 		f = &file{ino: ino, stripes: map[uint64]*metapb.StripeInfo{}, dirty: map[uint64]*dirtyStripe{},
-			flushing: map[uint64]*dirtyStripe{}, size: -1}
+			flushing: map[uint64]*dirtyStripe{}, cache: map[uint64]*prefetch{}, size: -1}
 		f.cond = sync.NewCond(&f.mu)
 		e.files[ino] = f
 	}
@@ -296,6 +320,7 @@ func (e *Engine) Read(ctx context.Context, ino uint64, p []byte, off int64) (int
 	end = min(end, f.size)
 	type piece struct {
 		si  *metapb.StripeInfo
+		pf  *prefetch // the stripe fetched ahead, or nil
 		so  int64
 		dst []byte
 	}
@@ -313,13 +338,30 @@ func (e *Engine) Read(ctx context.Context, ino uint64, p []byte, off int64) (int
 			copy(dst, d.buf.b[so:so+int64(len(dst))])
 			continue
 		}
-		pieces = append(pieces, piece{f.stripes[s], so, dst})
+		si := f.stripes[s]
+		pieces = append(pieces, piece{si, e.cachedLocked(f, s, si), so, dst})
 	}
+	e.readaheadLocked(ctx, f, off, end)
 	f.mu.Unlock()
+	var err error
 	for _, pc := range pieces {
-		if err := e.readCommitted(ctx, ino, lay, pc.si, pc.so, pc.dst); err != nil {
-			return 0, err
+		if err != nil {
+			if pc.pf != nil {
+				e.unref(pc.pf)
+			}
+			continue
 		}
+		done := false
+		if pc.pf != nil {
+			done, err = e.copyPrefetched(ctx, pc.pf, pc.so, pc.dst)
+			e.unref(pc.pf)
+		}
+		if !done && err == nil {
+			err = e.readCommitted(ctx, ino, lay, pc.si, pc.so, pc.dst)
+		}
+	}
+	if err != nil {
+		return 0, err
 	}
 	return int(end - off), nil
 }
@@ -527,6 +569,9 @@ func (e *Engine) dirtyStripe(ctx context.Context, f *file, s uint64, lo, hi int6
 			e.pool.put(buf) // someone else made it while we waited for memory
 			continue
 		}
+		if pf := f.cache[s]; pf != nil {
+			e.dropLocked(pf)
+		}
 		d := &dirtyStripe{buf: buf}
 		clear(buf.b[:f.lay.k*int(f.lay.unit)])
 		if si := f.stripes[s]; si != nil {
@@ -672,6 +717,10 @@ func (e *Engine) Truncate(ctx context.Context, ino uint64, size uint64) error {
 	defer f.mu.Unlock()
 	for len(f.flushing) > 0 {
 		f.cond.Wait()
+	}
+	e.dropCacheLocked(f)
+	if f.readahead != nil {
+		f.readahead.Reset()
 	}
 	if f.lay.k == 0 {
 		clear(f.stripes)

@@ -3,6 +3,8 @@ package fileio_test
 import (
 	"bytes"
 	"crypto/sha256"
+	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -237,5 +239,114 @@ func TestMmapChild(t *testing.T) {
 	defer syscall.Munmap(ro)
 	if !bytes.Equal(ro, data) {
 		t.Fatal("reading through mmap returned different bytes")
+	}
+}
+
+// TestReadahead reads a file sequentially (O_DIRECT, so every read reaches the
+// engine in order): the stripes ahead are prefetched and the reads served from
+// them return the file's bytes. A rewrite committed by another mount is seen
+// at the next open, never the prefetched old version; random reads are right too.
+func TestReadahead(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{})
+	other, _ := c.Mount(t)
+	const stripe = 4 * 64 << 10
+	data := random(20*stripe+12345, 21)
+	if err := os.WriteFile(filepath.Join(other, "seq"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(c.Dir, "seq")
+	// readAll reads the file sequentially and compares the first len(want) bytes.
+	readAll := func(what string, want []byte) {
+		t.Helper()
+		f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_DIRECT, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		buf, _ := unix.Mmap(-1, 0, 64<<10, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE) // aligned for O_DIRECT
+		defer unix.Munmap(buf)
+		var got []byte
+		for off := int64(0); off < int64(len(want)); {
+			n, err := f.ReadAt(buf, off)
+			got = append(got, buf[:n]...)
+			off += int64(n)
+			if err != nil || n == 0 {
+				break
+			}
+		}
+		if len(got) > len(want) {
+			got = got[:len(want)]
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%s: read %d bytes, want %d, or they differ", what, len(got), len(want))
+		}
+	}
+	readAll("whole file", data)
+	readAll("first stripes", data[:5*stripe]) // the stripes after them are prefetched now
+	st := c.Engine.Stats()
+	if st.ReadaheadStripes.Load() == 0 || st.ReadaheadHits.Load() == 0 {
+		t.Fatalf("sequential read: %d stripes prefetched, %d reads served from them; want both > 0",
+			st.ReadaheadStripes.Load(), st.ReadaheadHits.Load())
+	}
+	// Rewrite the middle on the other mount while this one has stripes cached.
+	v2 := append([]byte(nil), data...)
+	copy(v2[5*stripe+100:], random(3*stripe, 22))
+	if err := os.WriteFile(filepath.Join(other, "seq"), v2, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	readAll("after a rewrite on another mount", v2)
+
+	// Random reads: right bytes, and no prefetching for them.
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf, _ := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	defer unix.Munmap(buf)
+	before := st.ReadaheadStripes.Load()
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 100; i++ {
+		off := int64(r.IntN(len(v2)/4096-1)+1) * 4096
+		if _, err := f.ReadAt(buf, off); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(buf, v2[off:off+4096]) {
+			t.Fatalf("random read at %d differs", off)
+		}
+	}
+	if n := st.ReadaheadStripes.Load() - before; n > 2 {
+		t.Fatalf("random reads prefetched %d stripes", n)
+	}
+}
+
+// TestReadaheadMemoryBounded reads many files partly, leaving their prefetched
+// stripes cached, and then writes a file larger than the whole buffer memory:
+// readahead never holds memory a writer waits for.
+func TestReadaheadMemoryBounded(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{MemBytes: 8 << 20})
+	other, _ := c.Mount(t)
+	const stripe = 4 * 64 << 10
+	for i := 0; i < 8; i++ {
+		name := fmt.Sprintf("f%d", i)
+		if err := os.WriteFile(filepath.Join(other, name), random(12*stripe, uint64(i)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(filepath.Join(c.Dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(f, make([]byte, 3*stripe)); err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close() // kept open: its prefetched stripes stay cached
+	}
+	big := random(24<<20, 99)
+	if err := os.WriteFile(filepath.Join(c.Dir, "big"), big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(other, "big"))
+	if err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("big file: %v, %d bytes back", err, len(got))
 	}
 }
