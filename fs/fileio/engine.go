@@ -2,8 +2,10 @@
 // over the metadata service (stripe maps, write grants, commits) and the
 // chunkservers (one-sided RDMA reads and writes of shards).
 //
-// Writes land in stripe buffers carved from one registered memory region; a
-// partly overwritten stripe that holds committed data is read in first. Flush
+// Writes land in stripe buffers carved from one registered memory region. A
+// stripe that holds committed data and is only partly overwritten is merged
+// with it lazily: the ranges not overwritten are read in before the stripe is
+// flushed or read back, so a sequential overwrite never reads. Flush
 // (close, fsync, or a file's dirty data passing its limit) Reed-Solomon encodes
 // each dirty stripe in place, writes its k+m shards to the granted chunkservers
 // in parallel straight from the buffer (prepare, RDMA_WRITE, commit: durable on
@@ -87,6 +89,9 @@ type Stats struct {
 	// ReadaheadStripes counts stripes prefetched for sequential readers, and
 	// ReadaheadHits the reads served from them.
 	ReadaheadStripes, ReadaheadHits atomic.Int64
+	// MergeReads counts partly overwritten stripes whose committed data was
+	// read in to merge with the new bytes.
+	MergeReads atomic.Int64
 }
 
 // Stats returns the engine's counters.
@@ -203,6 +208,44 @@ type dirtyStripe struct {
 	base    uint64
 	length  int64      // bytes of file data in the stripe
 	extents [][2]int64 // ranges written, sorted and merged, for reapplying after a conflict
+	// base is read in lazily: committed holds the committed stripe whose bytes
+	// [0, fillEnd) not covered by extents are still to be read into buf (nil
+	// when there is nothing to read). A stripe that the writer ends up covering
+	// whole, as a sequential overwrite does, is never read.
+	committed *metapb.StripeInfo
+	fillEnd   int64
+}
+
+// gaps calls fn for each range of [0, end) not covered by the extents.
+func (d *dirtyStripe) gaps(end int64, fn func(lo, hi int64) error) error {
+	at := int64(0)
+	for _, x := range d.extents {
+		if x[0] >= end {
+			break
+		}
+		if x[0] > at {
+			if err := fn(at, x[0]); err != nil {
+				return err
+			}
+		}
+		at = max(at, x[1])
+	}
+	if at < end {
+		return fn(at, end)
+	}
+	return nil
+}
+
+// truncate cuts the extents at n.
+func (d *dirtyStripe) truncate(n int64) {
+	out := d.extents[:0]
+	for _, x := range d.extents {
+		if x[0] < n {
+			out = append(out, [2]int64{x[0], min(x[1], n)})
+		}
+	}
+	d.extents = out
+	d.fillEnd = min(d.fillEnd, n)
 }
 
 // addExtent records [lo, hi) as written, keeping the list sorted and merged.
@@ -331,7 +374,17 @@ func (e *Engine) Read(ctx context.Context, ino uint64, p []byte, off int64) (int
 		dst := p[lo-off : hi-off]
 		so := lo - int64(s)*ss
 		d := f.dirty[s]
-		if d == nil {
+		if d != nil {
+			if err := e.fill(ctx, f, d); err != nil {
+				for _, pc := range pieces {
+					if pc.pf != nil {
+						e.unref(pc.pf)
+					}
+				}
+				f.mu.Unlock()
+				return 0, err
+			}
+		} else {
 			d = f.flushing[s]
 		}
 		if d != nil {
@@ -532,6 +585,9 @@ func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (in
 		if len(f.dirty) > 0 {
 			e.startFlush(f, keys(f.dirty))
 		}
+		if len(f.flushing) == 0 {
+			break // nothing could start: f.err says why, the next Flush reports it
+		}
 		f.cond.Wait()
 	}
 	return len(p), nil
@@ -577,16 +633,34 @@ func (e *Engine) dirtyStripe(ctx context.Context, f *file, s uint64, lo, hi int6
 		if si := f.stripes[s]; si != nil {
 			d.base, d.length = si.Version, int64(si.Length)
 			if lo > 0 || hi < int64(si.Length) {
-				if err := e.readCommitted(ctx, f.ino, f.lay, si, 0, buf.b[:si.Length]); err != nil {
-					e.pool.put(buf)
-					return nil, err
-				}
+				d.committed, d.fillEnd = si, int64(si.Length)
 			}
 		}
 		f.dirty[s] = d
 		f.bufBytes += len(buf.b)
 		return d, nil
 	}
+}
+
+// fill reads the committed bytes of d that the writes have not covered into
+// its buffer, once. The caller holds f.mu and owns d (dirty, not flushing).
+func (e *Engine) fill(ctx context.Context, f *file, d *dirtyStripe) error {
+	if d.committed == nil {
+		return nil
+	}
+	read := false
+	err := d.gaps(d.fillEnd, func(lo, hi int64) error {
+		read = true
+		return e.readCommitted(ctx, f.ino, f.lay, d.committed, lo, d.buf.b[lo:hi])
+	})
+	if err != nil {
+		return fmt.Errorf("fileio: read stripe %d of inode %d to merge a partial write: %w", d.committed.Stripe, f.ino, err)
+	}
+	d.committed = nil
+	if read {
+		e.stats.MergeReads.Add(1)
+	}
+	return nil
 }
 
 // getBuffer takes buffer memory. When the pool is short it flushes the file's
@@ -601,6 +675,14 @@ func (e *Engine) getBuffer(ctx context.Context, f *file, n int) (*buffer, error)
 		switch {
 		case len(f.dirty) > 0:
 			e.startFlush(f, keys(f.dirty))
+			if len(f.flushing) == 0 {
+				err := f.err
+				f.err = nil
+				if err == nil {
+					err = fmt.Errorf("fileio: inode %d: no dirty stripe could be flushed: %w", f.ino, syscall.EIO)
+				}
+				return nil, err
+			}
 			f.cond.Wait()
 		case len(f.flushing) > 0:
 			f.cond.Wait()
@@ -616,6 +698,24 @@ func (e *Engine) getBuffer(ctx context.Context, f *file, n int) (*buffer, error)
 // startFlush moves stripes from dirty to flushing and writes and commits them
 // in the background. The caller holds f.mu.
 func (e *Engine) startFlush(f *file, stripes []uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+	defer cancel()
+	ready := stripes[:0:0]
+	for _, s := range stripes {
+		err := e.fill(ctx, f, f.dirty[s])
+		if err != nil && e.rebaseIfMoved(ctx, f, s) {
+			err = e.fill(ctx, f, f.dirty[s])
+		}
+		if err != nil {
+			f.err = err // the stripe stays dirty: a later flush tries again
+			continue
+		}
+		ready = append(ready, s)
+	}
+	stripes = ready
+	if len(stripes) == 0 {
+		return
+	}
 	batch := make([]*dirtyStripe, 0, len(stripes))
 	for _, s := range stripes {
 		d := f.dirty[s]
@@ -739,6 +839,7 @@ func (e *Engine) Truncate(ctx context.Context, ino uint64, size uint64) error {
 			cut := int64(size) - start
 			clear(d.buf.b[cut:d.length])
 			d.length = cut
+			d.truncate(cut)
 		}
 	}
 	clear(f.stripes)
@@ -827,6 +928,24 @@ func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay layout, strip
 	}
 	e.log.Debug("fileio: flushed", "ino", ino, "stripes", len(stripes), "grant", t1.Sub(t0), "shards", t2.Sub(t1), "commit", time.Since(t2))
 	return infos, nil
+}
+
+// rebaseIfMoved rebases dirty stripe s when the committed version it was to be
+// merged with has been superseded (its chunks may be gone already); it reports
+// whether it did. The caller holds f.mu.
+func (e *Engine) rebaseIfMoved(ctx context.Context, f *file, s uint64) bool {
+	d := f.dirty[s]
+	if d == nil || d.committed == nil {
+		return false
+	}
+	delete(f.stripes, s)
+	if err := e.fetch(ctx, f, s, 1); err != nil {
+		return false
+	}
+	if si := f.stripes[s]; si != nil && si.Version == d.committed.Version {
+		return false
+	}
+	return e.rebase(ctx, f, []uint64{s}) == nil
 }
 
 // rebase rebuilds conflicting dirty stripes on their newest committed versions
