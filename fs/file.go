@@ -6,6 +6,7 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
@@ -20,11 +21,12 @@ type fileHandle struct {
 }
 
 var (
-	_ gofs.FileReader   = (*fileHandle)(nil)
-	_ gofs.FileWriter   = (*fileHandle)(nil)
-	_ gofs.FileFlusher  = (*fileHandle)(nil)
-	_ gofs.FileFsyncer  = (*fileHandle)(nil)
-	_ gofs.FileReleaser = (*fileHandle)(nil)
+	_ gofs.FileReader    = (*fileHandle)(nil)
+	_ gofs.FileWriter    = (*fileHandle)(nil)
+	_ gofs.FileFlusher   = (*fileHandle)(nil)
+	_ gofs.FileFsyncer   = (*fileHandle)(nil)
+	_ gofs.FileReleaser  = (*fileHandle)(nil)
+	_ gofs.FileAllocater = (*fileHandle)(nil)
 )
 
 // Open implements gofs.NodeOpener: the service checks the access mode and
@@ -124,4 +126,82 @@ func (f *fileHandle) Release(ctx context.Context) syscall.Errno {
 		f.fsys.log.Warn("release", "ino", f.ino, "err", err)
 	}
 	return 0
+}
+
+// Allocate implements gofs.FileAllocater (fallocate(2)). Chunks are written
+// copy-on-write, so space cannot be reserved ahead; what is meaningful is done:
+//   - mode 0 checks that the cluster has room for the range (ENOSPC if not)
+//     and extends the file to cover it, reading as zeros;
+//   - FALLOC_FL_KEEP_SIZE checks for room only;
+//   - FALLOC_FL_PUNCH_HOLE|FALLOC_FL_KEEP_SIZE makes the range read as zeros.
+//
+// Other modes fail with EOPNOTSUPP, as on file systems that lack them.
+func (f *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
+	ctx = uninterruptible(ctx)
+	d, e := f.data()
+	if e != 0 {
+		return e
+	}
+	if f.flags&syscall.O_ACCMODE == syscall.O_RDONLY {
+		return syscall.EBADF
+	}
+	end := off + size
+	if size == 0 || end < off || end > 1<<63-1 {
+		return syscall.EINVAL
+	}
+	switch mode {
+	case 0, unix.FALLOC_FL_KEEP_SIZE:
+		// Flush first: the committed size is then the file's size.
+		if err := d.Flush(ctx, f.ino); err != nil {
+			return errno(err)
+		}
+		a, err := f.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: f.ino})
+		if err != nil {
+			return errno(err)
+		}
+		if end <= a.Attr.Size {
+			return 0
+		}
+		st, err := f.fsys.meta.StatFS(ctx, &metapb.StatFSRequest{})
+		if err != nil {
+			return errno(err)
+		}
+		if (end-max(off, a.Attr.Size))/uint64(max(st.BlockSize, 1)) > st.BlocksAvail {
+			return syscall.ENOSPC
+		}
+		if mode == unix.FALLOC_FL_KEEP_SIZE {
+			return 0
+		}
+		if err := d.Truncate(ctx, f.ino, end); err != nil {
+			return errno(err)
+		}
+		_, err = f.fsys.meta.SetAttr(ctx, &metapb.SetAttrRequest{Caller: f.fsys.callers.of(ctx), Ino: f.ino,
+			SetSize: true, Size: end, SessionId: f.fsys.opts.Session})
+		return errno(err)
+	case unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE:
+		// Past the end of the file there is nothing to punch: flush, so that
+		// the committed size is the file's size, and stop there.
+		if err := d.Flush(ctx, f.ino); err != nil {
+			return errno(err)
+		}
+		a, err := f.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: f.ino})
+		if err != nil {
+			return errno(err)
+		}
+		end = min(end, a.Attr.Size)
+		if off >= end {
+			return 0
+		}
+		zeros := make([]byte, min(end-off, 1<<20))
+		for at := off; at < end; {
+			n := min(end-at, uint64(len(zeros)))
+			if _, err := d.Write(ctx, f.ino, zeros[:n], int64(at)); err != nil {
+				return errno(err)
+			}
+			at += n
+		}
+		return 0
+	default:
+		return syscall.EOPNOTSUPP
+	}
 }

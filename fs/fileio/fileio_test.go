@@ -3,6 +3,7 @@ package fileio_test
 import (
 	"bytes"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -415,4 +416,64 @@ func TestOverwriteMerge(t *testing.T) {
 	if got, err := os.ReadFile(p); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("after the partial overwrite: %v, %d bytes, or they differ", err, len(got))
 	}
+}
+
+// TestFallocate checks fallocate(2): mode 0 extends with zeros, KEEP_SIZE
+// leaves the size, PUNCH_HOLE zeroes a range and nothing else, more than the
+// cluster holds is ENOSPC, and modes without meaning here are EOPNOTSUPP.
+func TestFallocate(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{})
+	other, _ := c.Mount(t)
+	p := filepath.Join(c.Dir, "falloc")
+	data := random(300_000, 41)
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fd := int(f.Fd())
+	want := append([]byte(nil), data...)
+	steps := []struct {
+		name      string
+		mode      uint32
+		off, size int64
+		errno     syscall.Errno
+		apply     func()
+	}{
+		{"extend", 0, 250_000, 200_000, 0, func() { want = append(want, make([]byte, 150_000)...) }},
+		{"keep size", unix.FALLOC_FL_KEEP_SIZE, 0, 1 << 20, 0, func() {}},
+		{"inside", 0, 0, 1000, 0, func() {}},
+		{"punch hole", unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE, 70_000, 100_000, 0, func() { clear(want[70_000:170_000]) }},
+		{"punch past the end", unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE, 440_000, 1 << 20, 0, func() { clear(want[440_000:]) }},
+		{"no room", 0, 0, 1 << 55, syscall.ENOSPC, func() {}},
+		{"zero range", unix.FALLOC_FL_ZERO_RANGE, 0, 4096, syscall.EOPNOTSUPP, func() {}},
+		{"punch without keep size", unix.FALLOC_FL_PUNCH_HOLE, 0, 4096, syscall.EOPNOTSUPP, func() {}},
+	}
+	for _, st := range steps {
+		err := unix.Fallocate(fd, st.mode, st.off, st.size)
+		if got := errnoOf(err); got != st.errno {
+			t.Fatalf("%s: fallocate: %v, want errno %v", st.name, err, st.errno)
+		}
+		st.apply()
+		if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		for _, dir := range []string{c.Dir, other} {
+			got, err := os.ReadFile(filepath.Join(dir, "falloc"))
+			if err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("%s: read back %d bytes (%v), want %d, or they differ", st.name, len(got), err, len(want))
+			}
+		}
+	}
+}
+
+func errnoOf(err error) syscall.Errno {
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return 0
 }
