@@ -509,6 +509,33 @@ func TestEvictionSparesLeased(t *testing.T) {
 	}
 }
 
+// TestCachedLeasesMakeRoom: a client whose cached leases fill chunkd's memory
+// still reads every version: asked for one more, chunkd says busy, and the
+// client releases its older cached leases and asks again.
+func TestCachedLeasesMakeRoom(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{Mem: 8 << 20})
+	ctx := ctxT(t)
+	c, env := s.Dial(t)
+	const size = 1 << 20
+	for v := uint64(1); v <= 24; v++ {
+		put(t, c, env, 0, chunk.Key{Chunk: 13, Version: v}, size)
+	}
+	for round := 0; round < 2; round++ {
+		for v := uint64(1); v <= 24; v++ {
+			k := chunk.Key{Chunk: 13, Version: v}
+			if _, err := c.ReadAt(ctx, k, 0, []rdma.SGE{env.SGE(0, size)}); err != nil {
+				t.Fatalf("round %d: read %v with %d leases cached: %v", round, k, c.CachedLeases(), err)
+			}
+			if !bytes.Equal(env.Bytes()[:size], content(k, size)) {
+				t.Fatalf("round %d: read %v: wrong bytes", round, k)
+			}
+		}
+	}
+	if n := c.CachedLeases(); n == 0 || n > 8 {
+		t.Fatalf("%d leases cached with 8 MiB of chunkd memory", n)
+	}
+}
+
 // TestFlowControl: many goroutines on one connection and many connections never
 // exceed the credits; every request is answered.
 func TestFlowControl(t *testing.T) {

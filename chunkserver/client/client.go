@@ -37,8 +37,10 @@ type Options struct {
 	// (default a quarter of the lease time).
 	LeaseMargin time.Duration
 	// MaxCachedLeases bounds the leases the connection keeps cached (default
-	// 128); the least recently used one is released beyond it, so that chunkd
+	// 32); the least recently used one is released beyond it, so that chunkd
 	// does not keep memory pinned for versions this client no longer reads.
+	// When chunkd answers busy (its memory all leased), the connection
+	// releases its least recently used leases and asks again.
 	MaxCachedLeases int
 }
 
@@ -150,7 +152,7 @@ func Dial(ctx context.Context, dev rdma.Device, pd rdma.ProtectionDomain, addr s
 		opts.MaxSendWR = 256
 	}
 	if opts.MaxCachedLeases <= 0 {
-		opts.MaxCachedLeases = 128
+		opts.MaxCachedLeases = 32
 	}
 	c := &Client{
 		addr: addr, maxSGE: rdma.MaxSGELimit,
@@ -590,7 +592,7 @@ func (c *Client) Lease(ctx context.Context, key chunk.Key) (Lease, error) {
 	if cached != nil && now.Before(l.Expiry) {
 		l, err = c.RenewLease(ctx, l)
 	} else {
-		l, err = c.ReadLease(ctx, key)
+		l, err = c.readLeaseMakingRoom(ctx, key)
 	}
 	if err != nil {
 		if cached != nil && proto.IsStatus(err, proto.StatusLeaseExpired) {
@@ -623,6 +625,46 @@ func (c *Client) Lease(ctx context.Context, key chunk.Key) (Lease, error) {
 		go c.releaseAll(evicted)
 	}
 	return l, nil
+}
+
+// busyWait bounds how long readLeaseMakingRoom waits for chunkd memory that
+// other connections hold.
+const busyWait = 2 * time.Second
+
+// readLeaseMakingRoom asks for a lease on key. While chunkd answers busy —
+// every copy in its memory leased — it releases the older half of this
+// connection's cached leases and asks again, and once it holds none it waits
+// (with backoff, up to busyWait) for other connections' leases to end.
+func (c *Client) readLeaseMakingRoom(ctx context.Context, key chunk.Key) (Lease, error) {
+	backoff := time.Millisecond
+	deadline := time.Now().Add(busyWait)
+	for {
+		l, err := c.ReadLease(ctx, key)
+		if err == nil || !proto.IsStatus(err, proto.StatusBusy) {
+			return l, err
+		}
+		var old []Lease
+		c.mu.Lock()
+		for n := (c.lru.Len() + 1) / 2; n > 0; n-- {
+			cl := c.lru.Back().Value.(*cachedLease)
+			c.dropLeaseLocked(cl.l.Key, 0)
+			old = append(old, cl.l)
+		}
+		c.mu.Unlock()
+		if len(old) > 0 {
+			c.releaseAll(old)
+			continue
+		}
+		if time.Now().After(deadline) {
+			return l, err
+		}
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return Lease{}, fmt.Errorf("read lease %v: %w (waiting for chunkd memory: %v)", key, ctx.Err(), err)
+		}
+		backoff = min(2*backoff, 100*time.Millisecond)
+	}
 }
 
 // releaseAll releases leases evicted from the cache, in one message per batch.

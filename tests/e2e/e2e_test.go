@@ -25,6 +25,9 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
+	if child := os.Getenv(childEnv); child != "" {
+		os.Exit(runChild(child))
+	}
 	if os.Geteuid() != 0 {
 		fmt.Println("e2e: skipped, mounting needs root")
 		os.Exit(0)
@@ -48,14 +51,24 @@ func TestMain(m *testing.M) {
 // up starts a cluster of real processes, mounted, torn down after the test.
 func up(t *testing.T) *devcluster.Cluster {
 	t.Helper()
+	return upWith(t, nil)
+}
+
+// upWith is up with the configuration adjusted by adjust (if not nil).
+func upWith(t *testing.T, adjust func(*devcluster.Config)) *devcluster.Cluster {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "rdmafs-e2e-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := devcluster.Up(ctx, devcluster.Config{Dir: dir, Bin: binDir, Mount: true, ChunkdMem: "64MiB", ClientMem: "128MiB",
-		HeartbeatTimeout: 3 * time.Second})
+	cfg := devcluster.Config{Dir: dir, Bin: binDir, Mount: true, ChunkdMem: "64MiB", ClientMem: "128MiB",
+		HeartbeatTimeout: 3 * time.Second}
+	if adjust != nil {
+		adjust(&cfg)
+	}
+	c, err := devcluster.Up(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
