@@ -184,4 +184,3 @@ func TestLargerThanMemory(t *testing.T) {
 		t.Fatalf("the mount process is gone (killed at its memory limit?): %v", err)
 	}
 }
-
