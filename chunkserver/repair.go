@@ -146,7 +146,7 @@ func (r *repairer) loop(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			if failures++; failures == 1 || failures%100 == 0 {
+			if failures++; !errors.Is(err, ErrNotRegistered) && (failures == 1 || failures%100 == 0) {
 				s.log.Warn("chunkd: repair poll", "err", err, "failures", failures)
 			}
 			t.Reset(r.cfg.PollInterval)

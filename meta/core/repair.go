@@ -209,6 +209,13 @@ func (s *Service) planRepairs(ctx context.Context) error {
 	}
 	queue := make([]*repairItem, 0, len(r.queue))
 	var rebalance []*repairItem
+	var total, eligible uint64 // shards on and number of placeable servers, as of the last scan
+	for id, mb := range s.members.byID {
+		if mb.up && !mb.retiring() {
+			total += r.shardsOn[id]
+			eligible++
+		}
+	}
 	referenced := map[badKey]bool{}
 	for _, sc := range stripes {
 		st := sc.st
@@ -251,9 +258,10 @@ func (s *Service) planRepairs(ctx context.Context) error {
 			queue = append(queue, it)
 			continue
 		}
-		// Rebalance: one shard of a healthy stripe off an over-full server.
+		// Rebalance: one shard of a healthy stripe off an over-full server,
+		// if a server below the mean holds none of the stripe.
 		for i, sh := range st.Shards {
-			if len(taken) > 0 {
+			if len(taken) > 0 || len(budget) == 0 || !s.belowMeanFreeLocked(st.Shards, total, eligible) {
 				break
 			}
 			if budget[sh.ServerId] > 0 {
@@ -281,6 +289,15 @@ func (s *Service) planRepairs(ctx context.Context) error {
 		return a.key.stripe < b.key.stripe
 	})
 	r.queue = append(queue, rebalance...)
+	if len(rebalance) == 0 {
+		rebalancing := false
+		for _, t := range r.inflight {
+			rebalancing = rebalancing || t.rebalance
+		}
+		if !rebalancing {
+			clear(r.budget) // done, or nothing more can move
+		}
+	}
 	r.health = h
 	r.shardsOn = shardsOn
 	r.lastScan = now
@@ -507,6 +524,27 @@ func (s *Service) assignRepairs(target string, want int) []plannedTask {
 	}
 	r.queue = keep
 	return out
+}
+
+// belowMeanFreeLocked reports whether a placeable server holding fewer
+// shards than the mean holds none of shards (a rebalance target exists).
+func (s *Service) belowMeanFreeLocked(shards []*metapb.Shard, total, eligible uint64) bool {
+	if eligible == 0 {
+		return false
+	}
+outer:
+	for id, mb := range s.members.byID {
+		if !mb.up || mb.retiring() || s.rep.shardsOn[id]*eligible >= total {
+			continue
+		}
+		for _, sh := range shards {
+			if sh.ServerId == id {
+				continue outer
+			}
+		}
+		return true
+	}
+	return false
 }
 
 func containsInt(xs []int, x int) bool {
