@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -220,7 +221,11 @@ func TestRepairAfterLosingChunkservers(t *testing.T) {
 	defer cancel()
 	fc := newFSClient(t, c)
 	var files []written
-	for i, size := range []int{40 << 20, 5<<20 + 12345, 1000, 4 << 20} {
+	big := 40 << 20
+	if mb, err := strconv.Atoi(os.Getenv("RDMAFS_REPAIR_MB")); err == nil && mb > 0 {
+		big = mb << 20 // a larger data set to measure repair throughput
+	}
+	for i, size := range []int{big, 5<<20 + 12345, 1000, 4 << 20} {
 		data := pattern(size, uint64(100+i))
 		name := fmt.Sprintf("f%d", i)
 		ino, err := fc.write(ctx, name, data)
