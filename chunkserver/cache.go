@@ -37,6 +37,8 @@ type cache struct {
 	pool    *mempool.Pool
 	store   *store.Store
 	metrics *Metrics
+	// onCorrupt, when set, is told of a version that failed its checksum.
+	onCorrupt func(chunk.Key)
 
 	mu       sync.Mutex
 	m        map[chunk.Key]*resident
@@ -133,6 +135,9 @@ func (c *cache) acquire(ctx context.Context, key chunk.Key) (*resident, error) {
 		if err != nil {
 			c.pool.Free(buf)
 		}
+	}
+	if err != nil && errors.Is(err, store.ErrCorrupt) && c.onCorrupt != nil {
+		c.onCorrupt(key)
 	}
 	c.mu.Lock()
 	if err != nil {

@@ -22,31 +22,41 @@ type Metrics struct {
 	Revocations   prometheus.Counter // rkeys revoked at expiry, release or commit
 	StoredBytes   prometheus.Gauge
 	StoredVersion prometheus.Gauge
+	// Repair: shards rebuilt for the metadata service.
+	Repairs         *prometheus.CounterVec // tasks by result (done, failed)
+	RepairBytes     prometheus.Counter     // bytes of shards rebuilt and stored
+	RepairReadBytes prometheus.Counter     // bytes read from other chunkservers for repair
+	RepairSeconds   prometheus.Histogram   // time to rebuild one shard
 }
 
 // NewMetrics creates the metrics and registers them with reg (which may be nil).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	const ns = "chunkd"
 	m := &Metrics{
-		BytesRead:     prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "disk_read_bytes_total", Help: "Bytes of chunk data read from disk into registered memory."}),
-		BytesWritten:  prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "disk_written_bytes_total", Help: "Bytes of chunk data committed durably."}),
-		LeaseBytes:    prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "leased_bytes_total", Help: "Bytes of chunk data granted through new read leases."}),
-		Ops:           prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "requests_total", Help: "Chunk protocol requests by operation and status."}, []string{"op", "status"}),
-		Latency:       prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "request_seconds", Help: "Time to serve a chunk protocol request.", Buckets: prometheus.ExponentialBuckets(10e-6, 4, 10)}, []string{"op"}),
-		Leases:        prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "leases", Help: "Live read leases."}),
-		Staging:       prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "staging_grants", Help: "Live write staging grants."}),
-		StagingBytes:  prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "staging_bytes", Help: "Registered memory held by write staging."}),
-		ResidentBytes: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "resident_bytes", Help: "Registered memory held by resident chunk versions."}),
-		Connections:   prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "connections", Help: "Connected clients."}),
-		Errors:        prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "errors_total", Help: "Errors by kind."}, []string{"kind"}),
-		Evictions:     prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "evictions_total", Help: "Resident versions evicted from memory."}),
-		Revocations:   prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "revocations_total", Help: "Memory windows invalidated."}),
-		StoredBytes:   prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "stored_bytes", Help: "Bytes of stored chunk versions on disk."}),
-		StoredVersion: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "stored_versions", Help: "Stored chunk versions on disk."}),
+		BytesRead:       prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "disk_read_bytes_total", Help: "Bytes of chunk data read from disk into registered memory."}),
+		BytesWritten:    prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "disk_written_bytes_total", Help: "Bytes of chunk data committed durably."}),
+		LeaseBytes:      prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "leased_bytes_total", Help: "Bytes of chunk data granted through new read leases."}),
+		Ops:             prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "requests_total", Help: "Chunk protocol requests by operation and status."}, []string{"op", "status"}),
+		Latency:         prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "request_seconds", Help: "Time to serve a chunk protocol request.", Buckets: prometheus.ExponentialBuckets(10e-6, 4, 10)}, []string{"op"}),
+		Leases:          prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "leases", Help: "Live read leases."}),
+		Staging:         prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "staging_grants", Help: "Live write staging grants."}),
+		StagingBytes:    prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "staging_bytes", Help: "Registered memory held by write staging."}),
+		ResidentBytes:   prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "resident_bytes", Help: "Registered memory held by resident chunk versions."}),
+		Connections:     prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "connections", Help: "Connected clients."}),
+		Errors:          prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "errors_total", Help: "Errors by kind."}, []string{"kind"}),
+		Evictions:       prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "evictions_total", Help: "Resident versions evicted from memory."}),
+		Revocations:     prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "revocations_total", Help: "Memory windows invalidated."}),
+		StoredBytes:     prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "stored_bytes", Help: "Bytes of stored chunk versions on disk."}),
+		StoredVersion:   prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "stored_versions", Help: "Stored chunk versions on disk."}),
+		Repairs:         prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "repairs_total", Help: "Repair tasks by result."}, []string{"result"}),
+		RepairBytes:     prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "repair_rebuilt_bytes_total", Help: "Bytes of shards rebuilt (or moved) and stored durably."}),
+		RepairReadBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "repair_read_bytes_total", Help: "Bytes read with RDMA_READ from other chunkservers for repair."}),
+		RepairSeconds:   prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "repair_seconds", Help: "Time to rebuild and store one shard.", Buckets: prometheus.ExponentialBuckets(1e-3, 2, 14)}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.BytesRead, m.BytesWritten, m.LeaseBytes, m.Ops, m.Latency, m.Leases, m.Staging,
-			m.StagingBytes, m.ResidentBytes, m.Connections, m.Errors, m.Evictions, m.Revocations, m.StoredBytes, m.StoredVersion)
+			m.StagingBytes, m.ResidentBytes, m.Connections, m.Errors, m.Evictions, m.Revocations, m.StoredBytes, m.StoredVersion,
+			m.Repairs, m.RepairBytes, m.RepairReadBytes, m.RepairSeconds)
 	}
 	return m
 }

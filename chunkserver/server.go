@@ -63,6 +63,8 @@ type Config struct {
 	Membership Membership
 	// HeartbeatInterval is the time between heartbeats (default 5s).
 	HeartbeatInterval time.Duration
+	// Repair configures the repair worker (off without a Planner).
+	Repair RepairConfig
 	// Logger receives the server's logs (default slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the server's metrics (nil: not exported).
@@ -138,8 +140,12 @@ type Server struct {
 	conns  map[*conn]struct{}
 	staged map[chunk.Key]*conn // versions being written, and by which connection
 	nonces map[[8]byte]time.Time
-	closed bool
-	wg     sync.WaitGroup // connections and background loops
+	// corrupt holds stored versions that failed their checksum, reported to
+	// the repair planner until they are deleted.
+	corrupt map[chunk.Key]struct{}
+	rep     *repairer // nil: repair off
+	closed  bool
+	wg      sync.WaitGroup // connections and background loops
 
 	closeOnce sync.Once
 	stop      chan struct{}
@@ -157,6 +163,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		conns:   make(map[*conn]struct{}),
 		staged:  make(map[chunk.Key]*conn),
 		nonces:  make(map[[8]byte]time.Time),
+		corrupt: make(map[chunk.Key]struct{}),
 		stop:    make(chan struct{}),
 	}
 	for op := 1; op < numOps; op++ {
@@ -181,8 +188,19 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.pool = pool
 	s.cache = newCache(pool, cfg.Store, s.metrics)
+	s.cache.onCorrupt = s.noteCorrupt
+	if cfg.Repair.Planner != nil {
+		if s.rep, err = newRepairer(s, cfg.Repair); err != nil {
+			pool.Close()
+			pd.Close()
+			return nil, err
+		}
+	}
 	ln, err := cfg.Device.Listen(ctx, cfg.Addr)
 	if err != nil {
+		if s.rep != nil {
+			s.rep.close()
+		}
 		pool.Close()
 		pd.Close()
 		return nil, fmt.Errorf("chunkserver: listen on %s: %w", cfg.Addr, err)
@@ -218,6 +236,10 @@ func (s *Server) Serve(ctx context.Context) error {
 	if s.cfg.Membership != nil {
 		s.wg.Add(1)
 		go s.membershipLoop(ctx)
+	}
+	if s.rep != nil {
+		s.wg.Add(1)
+		go s.rep.loop(ctx)
 	}
 	s.log.Info("chunkd: serving", "addr", s.Addr(), "id", s.ID(), "transport", s.cfg.Device.Name(),
 		"mem", s.pool.Size(), "credits", s.cfg.Credits)
@@ -269,6 +291,9 @@ func (s *Server) shutdown() {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
+	if s.rep != nil {
+		s.rep.close()
+	}
 	if err := s.pool.Close(); err != nil {
 		s.log.Error("chunkd: release memory", "err", err)
 	}
@@ -389,6 +414,9 @@ func (s *Server) updateStoreGauges() {
 func (s *Server) deleteVersion(key chunk.Key) error {
 	err := s.store.Delete(key)
 	s.cache.drop(key)
+	s.mu.Lock()
+	delete(s.corrupt, key)
+	s.mu.Unlock()
 	s.updateStoreGauges()
 	return err
 }

@@ -57,3 +57,48 @@ func (m *Member) Heartbeat(ctx context.Context, st chunkserver.Stats) ([]chunk.K
 	}
 	return keys, nil
 }
+
+var _ chunkserver.RepairPlanner = (*Member)(nil)
+
+// RepairPoll implements chunkserver.RepairPlanner with the RepairPoll call.
+func (m *Member) RepairPoll(ctx context.Context, id string, results []chunkserver.RepairResult, corrupt []chunk.Key, want int) ([]chunkserver.RepairTask, error) {
+	req := &metapb.RepairPollRequest{Id: id, Want: uint32(max(want, 0))}
+	for _, res := range results {
+		r := &metapb.RepairResult{TaskId: res.ID, Ok: res.Err == nil, Bytes: uint64(max(res.Bytes, 0)), DurationNs: res.Duration.Nanoseconds()}
+		if res.Err != nil {
+			r.Error = res.Err.Error()
+		}
+		req.Results = append(req.Results, r)
+	}
+	for _, k := range corrupt {
+		req.Corrupt = append(req.Corrupt, &metapb.ChunkRef{ChunkId: k.Chunk, Version: k.Version})
+	}
+	r, err := m.meta.RepairPoll(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("repair poll of chunkserver %s: %w", id, err)
+	}
+	if r.Reregister {
+		return nil, chunkserver.ErrNotRegistered
+	}
+	tasks := make([]chunkserver.RepairTask, 0, len(r.Tasks))
+	for _, t := range r.Tasks {
+		tasks = append(tasks, TaskFromPB(t))
+	}
+	return tasks, nil
+}
+
+// TaskFromPB converts a metadata service repair task into chunkd's form.
+// Shards listed unavailable, or without an address, are not read.
+func TaskFromPB(t *metapb.RepairTask) chunkserver.RepairTask {
+	out := chunkserver.RepairTask{ID: t.TaskId, Key: chunk.Key{Chunk: t.NewChunkId, Version: t.Version}, Shard: int(t.Shard),
+		K: int(t.GetLayout().GetK()), M: int(t.GetLayout().GetM())}
+	unavailable := map[uint32]bool{}
+	for _, i := range t.Unavailable {
+		unavailable[i] = true
+	}
+	for i, sh := range t.Sources {
+		out.Sources = append(out.Sources, chunkserver.ShardSource{Addr: sh.Address, Key: chunk.Key{Chunk: sh.ChunkId, Version: t.Version},
+			Available: !unavailable[uint32(i)] && sh.Address != ""})
+	}
+	return out
+}

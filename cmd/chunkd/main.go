@@ -42,7 +42,8 @@ func main() {
 type flags struct {
 	data, listen, advertise, meta, mem, transport, zone, metrics string
 	secretFile, readyFile, logLevel, maxLength, capacity         string
-	credits                                                      int
+	repairBW, repairMem                                          string
+	credits, repairParallel                                      int
 	leaseTTL, stagingTTL, heartbeat                              time.Duration
 }
 
@@ -75,6 +76,9 @@ func newCommand() *cobra.Command {
 	fl.DurationVar(&f.leaseTTL, "lease-ttl", 10*time.Second, "read lease time")
 	fl.DurationVar(&f.stagingTTL, "staging-ttl", 60*time.Second, "time a prepared write may wait for its commit")
 	fl.DurationVar(&f.heartbeat, "heartbeat", 5*time.Second, "heartbeat interval to the metadata service")
+	fl.StringVar(&f.repairBW, "repair-bw", "128MiB", "bytes per second repair may read from other chunkservers (0: unlimited)")
+	fl.IntVar(&f.repairParallel, "repair-parallel", 2, "repair tasks run at once")
+	fl.StringVar(&f.repairMem, "repair-mem", "32MiB", "registered memory for repair reads (a 4+2 task with 1 MiB units needs 5 MiB)")
 	cmd.MarkFlagRequired("data")
 	return cmd
 }
@@ -104,6 +108,17 @@ func run(ctx context.Context, f *flags) error {
 	if err != nil {
 		return fmt.Errorf("--capacity: %w", err)
 	}
+	repairBW, err := bytesize.Parse(f.repairBW)
+	if err != nil {
+		return fmt.Errorf("--repair-bw: %w", err)
+	}
+	repairMem, err := bytesize.Parse(f.repairMem)
+	if err != nil {
+		return fmt.Errorf("--repair-mem: %w", err)
+	}
+	if f.repairParallel < 1 || f.repairParallel > 64 {
+		return fmt.Errorf("--repair-parallel %d: must be 1..64", f.repairParallel)
+	}
 	var secret []byte
 	if f.secretFile != "" {
 		b, err := os.ReadFile(f.secretFile)
@@ -120,6 +135,7 @@ func run(ctx context.Context, f *flags) error {
 	}
 	defer dev.Close()
 	var member chunkserver.Membership
+	var repair chunkserver.RepairConfig
 	if f.meta != "" {
 		if len(secret) == 0 {
 			return fmt.Errorf("--meta needs --secret-file: the metadata service refuses requests without the cluster secret")
@@ -129,7 +145,9 @@ func run(ctx context.Context, f *flags) error {
 			return err
 		}
 		defer mc.Close()
-		member = metamember.New(mc)
+		mm := metamember.New(mc)
+		member = mm
+		repair = chunkserver.RepairConfig{Planner: mm, Bandwidth: repairBW, Parallel: f.repairParallel, MemBytes: int(repairMem)}
 	} else {
 		log.Warn("chunkd: no --meta: serving standalone, not registered with a metadata service")
 	}
@@ -146,7 +164,7 @@ func run(ctx context.Context, f *flags) error {
 		Device: dev, Store: st, Addr: f.listen, AdvertiseAddr: f.advertise,
 		MemBytes: int(memBytes), Secret: secret, Credits: f.credits,
 		LeaseTTL: f.leaseTTL, StagingTTL: f.stagingTTL, HeartbeatInterval: f.heartbeat,
-		Zone: f.zone, Logger: log, Registerer: reg, Membership: member,
+		Zone: f.zone, Logger: log, Registerer: reg, Membership: member, Repair: repair,
 	})
 	if err != nil {
 		return err

@@ -18,5 +18,9 @@ func newAdminCommand() *cobra.Command {
 
 // adminSubcommands lists the admin subcommands. Add one line per subcommand.
 func adminSubcommands() []*cobra.Command {
-	return []*cobra.Command{}
+	return []*cobra.Command{
+		newAdminRepairCommand(),
+		newAdminDrainCommand(),
+		newAdminRebalanceCommand(),
+	}
 }

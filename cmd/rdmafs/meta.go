@@ -18,6 +18,7 @@ func newMetaCommand() *cobra.Command {
 	var (
 		dataDir, listen, secretFile, metricsListen, logLevel string
 		hbTimeout, sessionTTL, grantTTL                      time.Duration
+		repairGrace, repairTaskTimeout                       time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "meta",
@@ -41,7 +42,7 @@ func newMetaCommand() *cobra.Command {
 			ctx := cmd.Context()
 			srv, err := server.Start(ctx, server.Config{DataDir: dataDir, Listen: listen, Secret: secret,
 				MetricsListen: metricsListen, HeartbeatTimeout: hbTimeout, SessionTTL: sessionTTL,
-				GrantTTL: grantTTL, Logger: logger})
+				GrantTTL: grantTTL, Logger: logger, RepairGrace: repairGrace, RepairTaskTimeout: repairTaskTimeout})
 			if err != nil {
 				return err
 			}
@@ -60,6 +61,8 @@ func newMetaCommand() *cobra.Command {
 	f.DurationVar(&hbTimeout, "heartbeat-timeout", 10*time.Second, "mark a chunkserver down after this long without a heartbeat")
 	f.DurationVar(&sessionTTL, "session-ttl", 30*time.Second, "default client session lifetime without keepalive")
 	f.DurationVar(&grantTTL, "grant-ttl", 10*time.Minute, "collect the chunks of write grants not committed within this time")
+	f.DurationVar(&repairGrace, "repair-grace", 10*time.Minute, "rebuild the shards of a chunkserver elsewhere once it has been down this long")
+	f.DurationVar(&repairTaskTimeout, "repair-task-timeout", 2*time.Minute, "give a repair task to another chunkserver if its target has not finished it within this time")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	cmd.MarkFlagRequired("data")
 	return cmd

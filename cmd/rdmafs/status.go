@@ -49,6 +49,7 @@ func printStatus(cmd *cobra.Command, st *metapb.StatusReply) {
 	fmt.Fprintf(w, "cluster %s  default layout %d+%d unit %s\n", st.ClusterId, l.GetK(), l.GetM(), humanBytes(l.GetUnit()))
 	fmt.Fprintf(w, "files %d  directories %d  stripes %d  degraded stripes %d  sessions %d  pending chunk deletes %d\n\n",
 		st.Files, st.Directories, st.Stripes, st.DegradedStripes, st.Sessions, st.PendingDeletes)
+	printRepair(w, st)
 	up := 0
 	for _, cs := range st.Chunkservers {
 		if cs.Up {
@@ -57,11 +58,14 @@ func printStatus(cmd *cobra.Command, st *metapb.StatusReply) {
 	}
 	fmt.Fprintf(w, "chunkservers: %d registered, %d up\n", len(st.Chunkservers), up)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tZONE\tADDRESS\tTRANSPORTS\tCAPACITY\tUSED\tFREE\tCHUNKS\tLOAD\tGC\tLAST HEARTBEAT")
+	fmt.Fprintln(tw, "ID\tSTATE\tZONE\tADDRESS\tTRANSPORTS\tCAPACITY\tUSED\tFREE\tCHUNKS\tSHARDS\tLOAD\tGC\tLAST HEARTBEAT")
 	for _, cs := range st.Chunkservers {
 		state := "down"
 		if cs.Up {
 			state = "up"
+		}
+		if cs.Retiring {
+			state += ",retiring"
 		}
 		last := "never"
 		if cs.LastHeartbeatNs != 0 {
@@ -71,9 +75,9 @@ func printStatus(cmd *cobra.Command, st *metapb.StatusReply) {
 		if zone == "" {
 			zone = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%.2f\t%d\t%s\n", cs.Id, state, zone, cs.Address,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%.2f\t%d\t%s\n", cs.Id, state, zone, cs.Address,
 			strings.Join(cs.Transports, ","), humanBytes(cs.Capacity), humanBytes(cs.Used), humanBytes(cs.Free),
-			cs.ChunkCount, cs.Load, cs.PendingDeletes, last)
+			cs.ChunkCount, cs.Shards, cs.Load, cs.PendingDeletes, last)
 	}
 	tw.Flush()
 }

@@ -459,11 +459,58 @@ func (e *Engine) readCommitted(ctx context.Context, ino uint64, lay layout, si *
 	}
 	data, release, err := e.readStripeDegraded(ctx, ino, lay, si)
 	if err != nil {
-		return err
+		// Repair may have moved shards since the placement was cached:
+		// look it up again and, if it changed, read from the new one.
+		fresh, ferr := e.refreshStripe(ctx, ino, si)
+		if ferr != nil || fresh == nil {
+			return err
+		}
+		if data, release, err = e.readStripeDegraded(ctx, ino, lay, fresh); err != nil {
+			return err
+		}
 	}
 	defer release()
 	copy(dst, data[so:so+n])
 	return nil
+}
+
+// refreshStripe fetches the committed state of si's stripe again. It returns
+// the new state, also cached, when it differs from si (repair moved shards,
+// or a writer committed a new version), or nil when nothing changed.
+func (e *Engine) refreshStripe(ctx context.Context, ino uint64, si *metapb.StripeInfo) (*metapb.StripeInfo, error) {
+	r, err := e.cfg.Meta.GetStripes(ctx, &metapb.GetStripesRequest{Ino: ino, First: si.Stripe, Count: 1})
+	if err != nil {
+		return nil, err
+	}
+	if len(r.Stripes) != 1 || r.Stripes[0].Stripe != si.Stripe {
+		return nil, nil
+	}
+	fresh := r.Stripes[0]
+	if fresh.Version == si.Version && sameShards(fresh.Shards, si.Shards) {
+		return nil, nil
+	}
+	f := e.file(ino)
+	f.mu.Lock()
+	if f.stripes[si.Stripe] == si {
+		f.stripes[si.Stripe] = fresh
+	}
+	f.mu.Unlock()
+	if fresh.Version != si.Version && fresh.Length < si.Length {
+		return nil, nil // rewritten shorter meanwhile: let the caller fail and retry
+	}
+	return fresh, nil
+}
+
+func sameShards(a, b []*metapb.Shard) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].ChunkId != b[i].ChunkId || a[i].ServerId != b[i].ServerId {
+			return false
+		}
+	}
+	return true
 }
 
 // readStripeDegraded reads every shard it can reach of a committed stripe and

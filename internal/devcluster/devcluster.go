@@ -34,6 +34,10 @@ type Config struct {
 	Mount        bool   // also mount at Dir/mnt
 	// HeartbeatTimeout marks a chunkserver down (default 10s; short in tests).
 	HeartbeatTimeout time.Duration
+	// MetaArgs and ChunkdArgs are extra flags for rdmafs meta and every
+	// chunkd (e.g. --repair-grace, --repair-bw).
+	MetaArgs   []string
+	ChunkdArgs []string
 }
 
 // Proc is a process of the cluster.
@@ -46,15 +50,16 @@ type Proc struct {
 
 // Cluster is a running cluster; its state is kept in Dir/cluster.json.
 type Cluster struct {
-	Dir        string `json:"dir"`
-	Bin        string `json:"bin"`
-	MetaAddr   string `json:"meta_addr"`
-	SecretFile string `json:"secret_file"`
-	Transport  string `json:"transport"`
-	Meta       Proc   `json:"meta"`
-	Chunk      []Proc `json:"chunk"`
-	Mount      *Proc  `json:"mount,omitempty"`
-	MountPoint string `json:"mount_point,omitempty"`
+	Dir        string   `json:"dir"`
+	Bin        string   `json:"bin"`
+	MetaAddr   string   `json:"meta_addr"`
+	SecretFile string   `json:"secret_file"`
+	Transport  string   `json:"transport"`
+	Meta       Proc     `json:"meta"`
+	Chunk      []Proc   `json:"chunk"`
+	Mount      *Proc    `json:"mount,omitempty"`
+	MountPoint string   `json:"mount_point,omitempty"`
+	ChunkdArgs []string `json:"chunkd_args,omitempty"`
 }
 
 func (c *Config) defaults() {
@@ -100,7 +105,7 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		return nil, fmt.Errorf("devcluster: %w", err)
 	}
 	dir, _ := filepath.Abs(cfg.Dir)
-	c = &Cluster{Dir: dir, Bin: cfg.Bin, Transport: cfg.Transport}
+	c = &Cluster{Dir: dir, Bin: cfg.Bin, Transport: cfg.Transport, ChunkdArgs: cfg.ChunkdArgs}
 	defer func() {
 		if err != nil {
 			c.Down(context.Background())
@@ -119,8 +124,9 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		return c, fmt.Errorf("devcluster: %w", err)
 	}
 	c.MetaAddr = fmt.Sprintf("127.0.0.1:%d", port)
-	if c.Meta, err = c.start("meta", c.bin("rdmafs"), "meta", "--data", metaData, "--listen", c.MetaAddr,
-		"--heartbeat-timeout", cfg.HeartbeatTimeout.String()); err != nil {
+	metaArgs := append([]string{"meta", "--data", metaData, "--listen", c.MetaAddr,
+		"--heartbeat-timeout", cfg.HeartbeatTimeout.String()}, cfg.MetaArgs...)
+	if c.Meta, err = c.start("meta", c.bin("rdmafs"), metaArgs...); err != nil {
 		return c, err
 	}
 	c.Meta.Addr, c.Meta.Data = c.MetaAddr, metaData
@@ -188,8 +194,9 @@ func (c *Cluster) StartChunkd(ctx context.Context, i int, mem string) (Proc, err
 	if mem == "" {
 		mem = "256MiB"
 	}
-	p, err := c.start(fmt.Sprintf("chunk%d", i), c.bin("chunkd"), "--data", data, "--listen", addr, "--meta", c.MetaAddr,
-		"--secret-file", c.SecretFile, "--mem", mem, "--transport", c.Transport, "--ready-file", ready, "--heartbeat", "500ms")
+	args := append([]string{"--data", data, "--listen", addr, "--meta", c.MetaAddr,
+		"--secret-file", c.SecretFile, "--mem", mem, "--transport", c.Transport, "--ready-file", ready, "--heartbeat", "500ms"}, c.ChunkdArgs...)
+	p, err := c.start(fmt.Sprintf("chunk%d", i), c.bin("chunkd"), args...)
 	if err != nil {
 		return p, err
 	}

@@ -29,7 +29,14 @@ type member struct {
 	used   uint64
 	load   float64
 	chunks uint64
+	// downSince is when the chunkserver was last seen going down (or when
+	// this process started, for one never heard from): repair starts a
+	// grace period after it.
+	downSince time.Time
 }
+
+// retiring reports whether the chunkserver is being drained.
+func (mb *member) retiring() bool { return mb.rec.Retiring }
 
 // members is the registry of chunkservers: registrations are stored, the
 // up/down state and statistics live in memory and come from heartbeats.
@@ -40,10 +47,10 @@ type members struct {
 
 func (m *members) init() { m.byID = map[string]*member{} }
 
-func (m *members) load(rec *metapb.ChunkserverRecord) {
+func (m *members) load(rec *metapb.ChunkserverRecord, now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.byID[rec.Id] = &member{rec: rec, used: rec.Used, free: rec.Capacity - min(rec.Used, rec.Capacity)}
+	m.byID[rec.Id] = &member{rec: rec, used: rec.Used, free: rec.Capacity - min(rec.Used, rec.Capacity), downSince: now}
 }
 
 // sweep marks down the chunkservers whose heartbeats stopped.
@@ -53,6 +60,7 @@ func (m *members) sweep(now time.Time, timeout time.Duration, log *slog.Logger) 
 	for id, mb := range m.byID {
 		if mb.up && now.Sub(mb.lastHB) > timeout {
 			mb.up = false
+			mb.downSince = now
 			log.Warn("chunkserver down: heartbeat timeout", "id", id, "address", mb.rec.Address, "last_heartbeat", mb.lastHB)
 		}
 	}
@@ -66,7 +74,7 @@ func (m *members) place(n int, minFree uint64) ([]placement.Candidate, error) {
 	cands := make([]placement.Candidate, 0, len(m.byID))
 	live := 0
 	for id, mb := range m.byID {
-		if !mb.up {
+		if !mb.up || mb.retiring() {
 			continue
 		}
 		live++
@@ -129,7 +137,15 @@ func (s *Service) Register(ctx context.Context, req *metapb.RegisterRequest) (*m
 	now := s.now()
 	rec := &metapb.ChunkserverRecord{Id: req.Id, Address: req.Address, Transports: req.Transports, Zone: req.Zone,
 		Capacity: req.Capacity, Used: req.Used, RegisteredNs: now.UnixNano()}
-	if err := s.update(ctx, func(t kv.Txn) error { return putMsg(t, keys.Chunkserver(req.Id), rec) }); err != nil {
+	if err := s.update(ctx, func(t kv.Txn) error {
+		old := &metapb.ChunkserverRecord{}
+		if ok, err := getMsg(t, keys.Chunkserver(req.Id), old); err != nil {
+			return err
+		} else if ok {
+			rec.Retiring = old.Retiring // a drain survives re-registration
+		}
+		return putMsg(t, keys.Chunkserver(req.Id), rec)
+	}); err != nil {
 		return nil, err
 	}
 	s.members.mu.Lock()
@@ -229,14 +245,19 @@ func (s *Service) Status(ctx context.Context, req *metapb.StatusRequest) (*metap
 		}
 		out.Chunkservers = append(out.Chunkservers, &metapb.ChunkserverStatus{Id: id, Address: mb.rec.Address,
 			Transports: mb.rec.Transports, Zone: mb.rec.Zone, Up: mb.up, Capacity: mb.rec.Capacity, Used: mb.used,
-			Free: mb.free, Load: mb.load, ChunkCount: mb.chunks, LastHeartbeatNs: last})
+			Free: mb.free, Load: mb.load, ChunkCount: mb.chunks, LastHeartbeatNs: last, Retiring: mb.retiring()})
 	}
 	s.members.mu.Unlock()
 	sort.Slice(out.Chunkservers, func(i, j int) bool { return out.Chunkservers[i].Id < out.Chunkservers[j].Id })
 	pending := map[string]uint64{}
+	shards := map[string]uint64{}
+	var health Health
+	now := s.now()
 	err := s.view(ctx, func(r kv.Reader) error {
 		out.Files, out.Directories, out.Stripes, out.DegradedStripes, out.PendingDeletes = 0, 0, 0, 0, 0
 		clear(pending)
+		clear(shards)
+		health = Health{}
 		if err := r.Scan(keys.InodePrefix(), []byte{keys.PrefixInode + 1}, 0, func(k, v []byte) error {
 			rec := &metapb.InodeRecord{}
 			if err := proto.Unmarshal(v, rec); err != nil {
@@ -260,11 +281,28 @@ func (s *Service) Status(ctx context.Context, req *metapb.StatusRequest) (*metap
 				return nil
 			}
 			out.Stripes++
+			if st.Layout == nil {
+				return nil
+			}
+			s.members.mu.Lock()
+			s.repMu.Lock()
+			states := s.classifyLocked(st, now)
+			s.repMu.Unlock()
+			s.members.mu.Unlock()
+			_, lost, degraded := healthOf(states, int(st.Layout.K))
+			switch {
+			case lost:
+				health.Lost++
+			case degraded:
+				health.Degraded++
+			default:
+				health.Healthy++
+			}
 			for _, sh := range st.Shards {
-				if !s.members.isUp(sh.ServerId) {
-					out.DegradedStripes++
-					break
-				}
+				shards[sh.ServerId]++
+			}
+			if lost || degraded {
+				out.DegradedStripes++
 			}
 			return nil
 		}); err != nil {
@@ -285,6 +323,10 @@ func (s *Service) Status(ctx context.Context, req *metapb.StatusRequest) (*metap
 	}
 	for _, cs := range out.Chunkservers {
 		cs.PendingDeletes = pending[cs.Id]
+		cs.Shards = shards[cs.Id]
 	}
+	rs := s.RepairStats()
+	rs.Health = health // exact as of now, not as of the last scan
+	out.Repair = rs.pb()
 	return out, nil
 }

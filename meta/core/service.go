@@ -94,6 +94,18 @@ type Config struct {
 	// GrantTTL is how long an uncommitted write grant is kept before its
 	// chunks are collected (default 10m).
 	GrantTTL time.Duration
+	// RepairGrace is how long a chunkserver may be down before the shards it
+	// holds are rebuilt elsewhere (default 10m).
+	RepairGrace time.Duration
+	// RepairInterval is the time between scans of the stripe table for
+	// repair work (default a quarter of RepairGrace, between 200ms and 30s).
+	RepairInterval time.Duration
+	// RepairTaskTimeout fails a repair task its chunkserver has not reported
+	// within this time (default 2m).
+	RepairTaskTimeout time.Duration
+	// RepairBackoff is how long a stripe whose repair failed waits before it
+	// is tried again (default 5s).
+	RepairBackoff time.Duration
 	// OnRetry, when set, is called whenever a transaction is run again after
 	// a conflict (for metrics).
 	OnRetry func()
@@ -113,6 +125,10 @@ type Service struct {
 	inodes atomic.Int64 // number of inodes, for statfs
 
 	members members
+
+	repMu   sync.Mutex // after members.mu
+	rep     repairState
+	repKick chan struct{}
 
 	sessMu   sync.Mutex
 	sessions map[uint64]time.Time // session -> last keepalive
@@ -183,9 +199,22 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.GrantTTL <= 0 {
 		cfg.GrantTTL = 10 * time.Minute
 	}
+	if cfg.RepairGrace <= 0 {
+		cfg.RepairGrace = 10 * time.Minute
+	}
+	if cfg.RepairInterval <= 0 {
+		cfg.RepairInterval = min(max(cfg.RepairGrace/4, 200*time.Millisecond), 30*time.Second)
+	}
+	if cfg.RepairTaskTimeout <= 0 {
+		cfg.RepairTaskTimeout = 2 * time.Minute
+	}
+	if cfg.RepairBackoff <= 0 {
+		cfg.RepairBackoff = 5 * time.Second
+	}
 	s := &Service{store: cfg.Store, log: cfg.Logger, now: cfg.Now, cfg: cfg,
-		sessions: map[uint64]time.Time{}, sessTTL: map[uint64]time.Duration{}}
+		sessions: map[uint64]time.Time{}, sessTTL: map[uint64]time.Duration{}, repKick: make(chan struct{}, 1)}
 	s.members.init()
+	s.rep.init()
 	start := s.now()
 	var inodes int64
 	err := s.store.View(ctx, func(r kv.Reader) error {
@@ -202,7 +231,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 			if err := proto.Unmarshal(v, rec); err != nil {
 				return fmt.Errorf("chunkserver record %q: %w", k, err)
 			}
-			s.members.load(rec)
+			s.members.load(rec, start)
 			return nil
 		}); err != nil {
 			return err
@@ -253,11 +282,23 @@ func (s *Service) Run(ctx context.Context) error {
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	lastGrantScan := time.Time{}
+	lastRepair := time.Time{}
 	for {
+		kicked := false
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-s.repKick:
+			kicked = true
+		}
+		if kicked || time.Since(lastRepair) >= s.cfg.RepairInterval {
+			s.members.sweep(s.now(), s.cfg.HeartbeatTimeout, s.log)
+			lastRepair = time.Now()
+			s.runRepair(ctx)
+			if kicked {
+				continue
+			}
 		}
 		s.members.sweep(s.now(), s.cfg.HeartbeatTimeout, s.log)
 		if err := s.expireSessions(ctx); err != nil && ctx.Err() == nil {

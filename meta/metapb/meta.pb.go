@@ -3676,6 +3676,8 @@ type ChunkserverStatus struct {
 	ChunkCount      uint64                 `protobuf:"varint,10,opt,name=chunk_count,json=chunkCount,proto3" json:"chunk_count,omitempty"`
 	LastHeartbeatNs int64                  `protobuf:"varint,11,opt,name=last_heartbeat_ns,json=lastHeartbeatNs,proto3" json:"last_heartbeat_ns,omitempty"`
 	PendingDeletes  uint64                 `protobuf:"varint,12,opt,name=pending_deletes,json=pendingDeletes,proto3" json:"pending_deletes,omitempty"`
+	Retiring        bool                   `protobuf:"varint,100,opt,name=retiring,proto3" json:"retiring,omitempty"` // repair: being drained
+	Shards          uint64                 `protobuf:"varint,101,opt,name=shards,proto3" json:"shards,omitempty"`     // repair: stripe shards placed on it (as of the last scan)
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -3794,6 +3796,20 @@ func (x *ChunkserverStatus) GetPendingDeletes() uint64 {
 	return 0
 }
 
+func (x *ChunkserverStatus) GetRetiring() bool {
+	if x != nil {
+		return x.Retiring
+	}
+	return false
+}
+
+func (x *ChunkserverStatus) GetShards() uint64 {
+	if x != nil {
+		return x.Shards
+	}
+	return 0
+}
+
 type StatusReply struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ClusterId       string                 `protobuf:"bytes,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
@@ -3805,6 +3821,7 @@ type StatusReply struct {
 	DegradedStripes uint64                 `protobuf:"varint,7,opt,name=degraded_stripes,json=degradedStripes,proto3" json:"degraded_stripes,omitempty"` // stripes with a shard on a down chunkserver
 	Sessions        uint64                 `protobuf:"varint,8,opt,name=sessions,proto3" json:"sessions,omitempty"`
 	PendingDeletes  uint64                 `protobuf:"varint,9,opt,name=pending_deletes,json=pendingDeletes,proto3" json:"pending_deletes,omitempty"`
+	Repair          *RepairStatus          `protobuf:"bytes,100,opt,name=repair,proto3" json:"repair,omitempty"` // repair: stripe health and repair progress
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -3900,6 +3917,13 @@ func (x *StatusReply) GetPendingDeletes() uint64 {
 		return x.PendingDeletes
 	}
 	return 0
+}
+
+func (x *StatusReply) GetRepair() *RepairStatus {
+	if x != nil {
+		return x.Repair
+	}
+	return nil
 }
 
 // InodeRecord is the stored form of an inode.
@@ -4257,6 +4281,7 @@ type ChunkserverRecord struct {
 	Capacity      uint64                 `protobuf:"varint,5,opt,name=capacity,proto3" json:"capacity,omitempty"`
 	Used          uint64                 `protobuf:"varint,6,opt,name=used,proto3" json:"used,omitempty"`
 	RegisteredNs  int64                  `protobuf:"varint,7,opt,name=registered_ns,json=registeredNs,proto3" json:"registered_ns,omitempty"`
+	Retiring      bool                   `protobuf:"varint,100,opt,name=retiring,proto3" json:"retiring,omitempty"` // repair: drained (no new placements, shards moved off)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4338,6 +4363,13 @@ func (x *ChunkserverRecord) GetRegisteredNs() int64 {
 		return x.RegisteredNs
 	}
 	return 0
+}
+
+func (x *ChunkserverRecord) GetRetiring() bool {
+	if x != nil {
+		return x.Retiring
+	}
+	return false
 }
 
 // SessionRecord is a client session.
@@ -4458,6 +4490,592 @@ func (x *ClusterRecord) GetDefaultLayout() *Layout {
 func (x *ClusterRecord) GetCreatedNs() int64 {
 	if x != nil {
 		return x.CreatedNs
+	}
+	return 0
+}
+
+// RepairTask asks a chunkserver to build shard `shard` of a stripe version as
+// chunk new_chunk_id in its own store from the surviving shards in sources.
+type RepairTask struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TaskId        uint64                 `protobuf:"varint,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Ino           uint64                 `protobuf:"varint,2,opt,name=ino,proto3" json:"ino,omitempty"`
+	Stripe        uint64                 `protobuf:"varint,3,opt,name=stripe,proto3" json:"stripe,omitempty"`
+	Version       uint64                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
+	Layout        *Layout                `protobuf:"bytes,5,opt,name=layout,proto3" json:"layout,omitempty"`
+	Shard         uint32                 `protobuf:"varint,6,opt,name=shard,proto3" json:"shard,omitempty"`                               // index of the shard to build (0..k+m-1)
+	NewChunkId    uint64                 `protobuf:"varint,7,opt,name=new_chunk_id,json=newChunkId,proto3" json:"new_chunk_id,omitempty"` // chunk id to store the rebuilt shard under
+	Sources       []*Shard               `protobuf:"bytes,8,rep,name=sources,proto3" json:"sources,omitempty"`                            // the stripe's k+m shards with addresses
+	Unavailable   []uint32               `protobuf:"varint,9,rep,packed,name=unavailable,proto3" json:"unavailable,omitempty"`            // shard indexes not to read (lost, down, being rebuilt)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RepairTask) Reset() {
+	*x = RepairTask{}
+	mi := &file_meta_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepairTask) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepairTask) ProtoMessage() {}
+
+func (x *RepairTask) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepairTask.ProtoReflect.Descriptor instead.
+func (*RepairTask) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *RepairTask) GetTaskId() uint64 {
+	if x != nil {
+		return x.TaskId
+	}
+	return 0
+}
+
+func (x *RepairTask) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
+func (x *RepairTask) GetStripe() uint64 {
+	if x != nil {
+		return x.Stripe
+	}
+	return 0
+}
+
+func (x *RepairTask) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *RepairTask) GetLayout() *Layout {
+	if x != nil {
+		return x.Layout
+	}
+	return nil
+}
+
+func (x *RepairTask) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *RepairTask) GetNewChunkId() uint64 {
+	if x != nil {
+		return x.NewChunkId
+	}
+	return 0
+}
+
+func (x *RepairTask) GetSources() []*Shard {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
+func (x *RepairTask) GetUnavailable() []uint32 {
+	if x != nil {
+		return x.Unavailable
+	}
+	return nil
+}
+
+// RepairResult reports how a task ended.
+type RepairResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TaskId        uint64                 `protobuf:"varint,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Ok            bool                   `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`  // when !ok
+	Bytes         uint64                 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"` // bytes of the rebuilt shard
+	DurationNs    int64                  `protobuf:"varint,5,opt,name=duration_ns,json=durationNs,proto3" json:"duration_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RepairResult) Reset() {
+	*x = RepairResult{}
+	mi := &file_meta_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepairResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepairResult) ProtoMessage() {}
+
+func (x *RepairResult) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepairResult.ProtoReflect.Descriptor instead.
+func (*RepairResult) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *RepairResult) GetTaskId() uint64 {
+	if x != nil {
+		return x.TaskId
+	}
+	return 0
+}
+
+func (x *RepairResult) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *RepairResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *RepairResult) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *RepairResult) GetDurationNs() int64 {
+	if x != nil {
+		return x.DurationNs
+	}
+	return 0
+}
+
+// RepairPollRequest is a chunkserver's repair worker reporting finished tasks,
+// corrupt chunk versions it found, and asking for up to `want` new tasks.
+type RepairPollRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Results       []*RepairResult        `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
+	Want          uint32                 `protobuf:"varint,3,opt,name=want,proto3" json:"want,omitempty"`
+	Corrupt       []*ChunkRef            `protobuf:"bytes,4,rep,name=corrupt,proto3" json:"corrupt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RepairPollRequest) Reset() {
+	*x = RepairPollRequest{}
+	mi := &file_meta_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepairPollRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepairPollRequest) ProtoMessage() {}
+
+func (x *RepairPollRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepairPollRequest.ProtoReflect.Descriptor instead.
+func (*RepairPollRequest) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *RepairPollRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RepairPollRequest) GetResults() []*RepairResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *RepairPollRequest) GetWant() uint32 {
+	if x != nil {
+		return x.Want
+	}
+	return 0
+}
+
+func (x *RepairPollRequest) GetCorrupt() []*ChunkRef {
+	if x != nil {
+		return x.Corrupt
+	}
+	return nil
+}
+
+type RepairPollReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tasks         []*RepairTask          `protobuf:"bytes,1,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	Reregister    bool                   `protobuf:"varint,2,opt,name=reregister,proto3" json:"reregister,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RepairPollReply) Reset() {
+	*x = RepairPollReply{}
+	mi := &file_meta_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepairPollReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepairPollReply) ProtoMessage() {}
+
+func (x *RepairPollReply) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepairPollReply.ProtoReflect.Descriptor instead.
+func (*RepairPollReply) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *RepairPollReply) GetTasks() []*RepairTask {
+	if x != nil {
+		return x.Tasks
+	}
+	return nil
+}
+
+func (x *RepairPollReply) GetReregister() bool {
+	if x != nil {
+		return x.Reregister
+	}
+	return false
+}
+
+// DrainRequest marks a chunkserver retiring (no new placements, every shard
+// moved off it) or, with undo, makes it a normal member again.
+type DrainRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Undo          bool                   `protobuf:"varint,2,opt,name=undo,proto3" json:"undo,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainRequest) Reset() {
+	*x = DrainRequest{}
+	mi := &file_meta_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainRequest) ProtoMessage() {}
+
+func (x *DrainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
+func (*DrainRequest) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *DrainRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *DrainRequest) GetUndo() bool {
+	if x != nil {
+		return x.Undo
+	}
+	return false
+}
+
+// RebalanceRequest queues moves from the chunkservers holding the most shards
+// to those holding the fewest, until the counts are within a shard of even.
+type RebalanceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebalanceRequest) Reset() {
+	*x = RebalanceRequest{}
+	mi := &file_meta_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebalanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebalanceRequest) ProtoMessage() {}
+
+func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
+func (*RebalanceRequest) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{71}
+}
+
+type RebalanceReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MovesPlanned  uint64                 `protobuf:"varint,1,opt,name=moves_planned,json=movesPlanned,proto3" json:"moves_planned,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebalanceReply) Reset() {
+	*x = RebalanceReply{}
+	mi := &file_meta_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebalanceReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebalanceReply) ProtoMessage() {}
+
+func (x *RebalanceReply) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebalanceReply.ProtoReflect.Descriptor instead.
+func (*RebalanceReply) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *RebalanceReply) GetMovesPlanned() uint64 {
+	if x != nil {
+		return x.MovesPlanned
+	}
+	return 0
+}
+
+// RepairStatus is the state of repair, part of StatusReply.
+type RepairStatus struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	HealthyStripes  uint64                 `protobuf:"varint,1,opt,name=healthy_stripes,json=healthyStripes,proto3" json:"healthy_stripes,omitempty"`
+	DegradedStripes uint64                 `protobuf:"varint,2,opt,name=degraded_stripes,json=degradedStripes,proto3" json:"degraded_stripes,omitempty"`  // fewer than k+m readable shards, at least k
+	LostStripes     uint64                 `protobuf:"varint,3,opt,name=lost_stripes,json=lostStripes,proto3" json:"lost_stripes,omitempty"`              // fewer than k readable shards
+	Queued          uint64                 `protobuf:"varint,4,opt,name=queued,proto3" json:"queued,omitempty"`                                           // shards waiting for repair or move
+	InFlight        uint64                 `protobuf:"varint,5,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`                       // tasks assigned to chunkservers
+	Done            uint64                 `protobuf:"varint,6,opt,name=done,proto3" json:"done,omitempty"`                                               // tasks committed since the service started
+	Failed          uint64                 `protobuf:"varint,7,opt,name=failed,proto3" json:"failed,omitempty"`                                           // tasks failed or timed out
+	Stale           uint64                 `protobuf:"varint,8,opt,name=stale,proto3" json:"stale,omitempty"`                                             // tasks rejected because the stripe changed
+	BytesRebuilt    uint64                 `protobuf:"varint,9,opt,name=bytes_rebuilt,json=bytesRebuilt,proto3" json:"bytes_rebuilt,omitempty"`           // bytes of committed rebuilt shards
+	BytesPerSecond  float64                `protobuf:"fixed64,10,opt,name=bytes_per_second,json=bytesPerSecond,proto3" json:"bytes_per_second,omitempty"` // recent repair throughput
+	MovesQueued     uint64                 `protobuf:"varint,11,opt,name=moves_queued,json=movesQueued,proto3" json:"moves_queued,omitempty"`             // of queued: moves (drain, rebalance)
+	GraceMs         int64                  `protobuf:"varint,12,opt,name=grace_ms,json=graceMs,proto3" json:"grace_ms,omitempty"`                         // repair grace period
+	LastScanNs      int64                  `protobuf:"varint,13,opt,name=last_scan_ns,json=lastScanNs,proto3" json:"last_scan_ns,omitempty"`              // when stripes were last scanned
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *RepairStatus) Reset() {
+	*x = RepairStatus{}
+	mi := &file_meta_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepairStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepairStatus) ProtoMessage() {}
+
+func (x *RepairStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepairStatus.ProtoReflect.Descriptor instead.
+func (*RepairStatus) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *RepairStatus) GetHealthyStripes() uint64 {
+	if x != nil {
+		return x.HealthyStripes
+	}
+	return 0
+}
+
+func (x *RepairStatus) GetDegradedStripes() uint64 {
+	if x != nil {
+		return x.DegradedStripes
+	}
+	return 0
+}
+
+func (x *RepairStatus) GetLostStripes() uint64 {
+	if x != nil {
+		return x.LostStripes
+	}
+	return 0
+}
+
+func (x *RepairStatus) GetQueued() uint64 {
+	if x != nil {
+		return x.Queued
+	}
+	return 0
+}
+
+func (x *RepairStatus) GetInFlight() uint64 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *RepairStatus) GetDone() uint64 {
+	if x != nil {
+		return x.Done
+	}
+	return 0
+}
+
+func (x *RepairStatus) GetFailed() uint64 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
+func (x *RepairStatus) GetStale() uint64 {
+	if x != nil {
+		return x.Stale
+	}
+	return 0
+}
+
+func (x *RepairStatus) GetBytesRebuilt() uint64 {
+	if x != nil {
+		return x.BytesRebuilt
+	}
+	return 0
+}
+
+func (x *RepairStatus) GetBytesPerSecond() float64 {
+	if x != nil {
+		return x.BytesPerSecond
+	}
+	return 0
+}
+
+func (x *RepairStatus) GetMovesQueued() uint64 {
+	if x != nil {
+		return x.MovesQueued
+	}
+	return 0
+}
+
+func (x *RepairStatus) GetGraceMs() int64 {
+	if x != nil {
+		return x.GraceMs
+	}
+	return 0
+}
+
+func (x *RepairStatus) GetLastScanNs() int64 {
+	if x != nil {
+		return x.LastScanNs
 	}
 	return 0
 }
@@ -4736,7 +5354,7 @@ const file_meta_proto_rawDesc = "" +
 	"\n" +
 	"reregister\x18\x02 \x01(\bR\n" +
 	"reregister\"\x0f\n" +
-	"\rStatusRequest\"\xcf\x02\n" +
+	"\rStatusRequest\"\x83\x03\n" +
 	"\x11ChunkserverStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1e\n" +
@@ -4753,7 +5371,9 @@ const file_meta_proto_rawDesc = "" +
 	" \x01(\x04R\n" +
 	"chunkCount\x12*\n" +
 	"\x11last_heartbeat_ns\x18\v \x01(\x03R\x0flastHeartbeatNs\x12'\n" +
-	"\x0fpending_deletes\x18\f \x01(\x04R\x0ependingDeletes\"\xf4\x02\n" +
+	"\x0fpending_deletes\x18\f \x01(\x04R\x0ependingDeletes\x12\x1a\n" +
+	"\bretiring\x18d \x01(\bR\bretiring\x12\x16\n" +
+	"\x06shards\x18e \x01(\x04R\x06shards\"\xaa\x03\n" +
 	"\vStatusReply\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12=\n" +
@@ -4764,7 +5384,8 @@ const file_meta_proto_rawDesc = "" +
 	"\astripes\x18\x06 \x01(\x04R\astripes\x12)\n" +
 	"\x10degraded_stripes\x18\a \x01(\x04R\x0fdegradedStripes\x12\x1a\n" +
 	"\bsessions\x18\b \x01(\x04R\bsessions\x12'\n" +
-	"\x0fpending_deletes\x18\t \x01(\x04R\x0ependingDeletes\"\xde\x01\n" +
+	"\x0fpending_deletes\x18\t \x01(\x04R\x0ependingDeletes\x124\n" +
+	"\x06repair\x18d \x01(\v2\x1c.rdmafs.meta.v1.RepairStatusR\x06repair\"\xde\x01\n" +
 	"\vInodeRecord\x12(\n" +
 	"\x04attr\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x04attr\x12\x18\n" +
 	"\asymlink\x18\x02 \x01(\tR\asymlink\x12\x16\n" +
@@ -4792,7 +5413,7 @@ const file_meta_proto_rawDesc = "" +
 	"\x06shards\x18\x01 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\x12\x1d\n" +
 	"\n" +
 	"expires_ns\x18\x02 \x01(\x03R\texpiresNs\x12.\n" +
-	"\x06layout\x18\x03 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\"\xc6\x01\n" +
+	"\x06layout\x18\x03 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\"\xe2\x01\n" +
 	"\x11ChunkserverRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1e\n" +
@@ -4802,7 +5423,8 @@ const file_meta_proto_rawDesc = "" +
 	"\x04zone\x18\x04 \x01(\tR\x04zone\x12\x1a\n" +
 	"\bcapacity\x18\x05 \x01(\x04R\bcapacity\x12\x12\n" +
 	"\x04used\x18\x06 \x01(\x04R\x04used\x12#\n" +
-	"\rregistered_ns\x18\a \x01(\x03R\fregisteredNs\"[\n" +
+	"\rregistered_ns\x18\a \x01(\x03R\fregisteredNs\x12\x1a\n" +
+	"\bretiring\x18d \x01(\bR\bretiring\"[\n" +
 	"\rSessionRecord\x12\x16\n" +
 	"\x06client\x18\x01 \x01(\tR\x06client\x12\x15\n" +
 	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\x12\x1b\n" +
@@ -4812,7 +5434,58 @@ const file_meta_proto_rawDesc = "" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12=\n" +
 	"\x0edefault_layout\x18\x02 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\rdefaultLayout\x12\x1d\n" +
 	"\n" +
-	"created_ns\x18\x03 \x01(\x03R\tcreatedNs*]\n" +
+	"created_ns\x18\x03 \x01(\x03R\tcreatedNs\"\xa4\x02\n" +
+	"\n" +
+	"RepairTask\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\x04R\x06taskId\x12\x10\n" +
+	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12\x16\n" +
+	"\x06stripe\x18\x03 \x01(\x04R\x06stripe\x12\x18\n" +
+	"\aversion\x18\x04 \x01(\x04R\aversion\x12.\n" +
+	"\x06layout\x18\x05 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\x12\x14\n" +
+	"\x05shard\x18\x06 \x01(\rR\x05shard\x12 \n" +
+	"\fnew_chunk_id\x18\a \x01(\x04R\n" +
+	"newChunkId\x12/\n" +
+	"\asources\x18\b \x03(\v2\x15.rdmafs.meta.v1.ShardR\asources\x12 \n" +
+	"\vunavailable\x18\t \x03(\rR\vunavailable\"\x84\x01\n" +
+	"\fRepairResult\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\x04R\x06taskId\x12\x0e\n" +
+	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\x12\x1f\n" +
+	"\vduration_ns\x18\x05 \x01(\x03R\n" +
+	"durationNs\"\xa3\x01\n" +
+	"\x11RepairPollRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x126\n" +
+	"\aresults\x18\x02 \x03(\v2\x1c.rdmafs.meta.v1.RepairResultR\aresults\x12\x12\n" +
+	"\x04want\x18\x03 \x01(\rR\x04want\x122\n" +
+	"\acorrupt\x18\x04 \x03(\v2\x18.rdmafs.meta.v1.ChunkRefR\acorrupt\"c\n" +
+	"\x0fRepairPollReply\x120\n" +
+	"\x05tasks\x18\x01 \x03(\v2\x1a.rdmafs.meta.v1.RepairTaskR\x05tasks\x12\x1e\n" +
+	"\n" +
+	"reregister\x18\x02 \x01(\bR\n" +
+	"reregister\"2\n" +
+	"\fDrainRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04undo\x18\x02 \x01(\bR\x04undo\"\x12\n" +
+	"\x10RebalanceRequest\"5\n" +
+	"\x0eRebalanceReply\x12#\n" +
+	"\rmoves_planned\x18\x01 \x01(\x04R\fmovesPlanned\"\xab\x03\n" +
+	"\fRepairStatus\x12'\n" +
+	"\x0fhealthy_stripes\x18\x01 \x01(\x04R\x0ehealthyStripes\x12)\n" +
+	"\x10degraded_stripes\x18\x02 \x01(\x04R\x0fdegradedStripes\x12!\n" +
+	"\flost_stripes\x18\x03 \x01(\x04R\vlostStripes\x12\x16\n" +
+	"\x06queued\x18\x04 \x01(\x04R\x06queued\x12\x1b\n" +
+	"\tin_flight\x18\x05 \x01(\x04R\binFlight\x12\x12\n" +
+	"\x04done\x18\x06 \x01(\x04R\x04done\x12\x16\n" +
+	"\x06failed\x18\a \x01(\x04R\x06failed\x12\x14\n" +
+	"\x05stale\x18\b \x01(\x04R\x05stale\x12#\n" +
+	"\rbytes_rebuilt\x18\t \x01(\x04R\fbytesRebuilt\x12(\n" +
+	"\x10bytes_per_second\x18\n" +
+	" \x01(\x01R\x0ebytesPerSecond\x12!\n" +
+	"\fmoves_queued\x18\v \x01(\x04R\vmovesQueued\x12\x19\n" +
+	"\bgrace_ms\x18\f \x01(\x03R\agraceMs\x12 \n" +
+	"\flast_scan_ns\x18\r \x01(\x03R\n" +
+	"lastScanNs*]\n" +
 	"\n" +
 	"RenameFlag\x12\x0f\n" +
 	"\vRENAME_NONE\x10\x00\x12\x14\n" +
@@ -4823,7 +5496,7 @@ const file_meta_proto_rawDesc = "" +
 	"\n" +
 	"XATTR_NONE\x10\x00\x12\x10\n" +
 	"\fXATTR_CREATE\x10\x01\x12\x11\n" +
-	"\rXATTR_REPLACE\x10\x022\xc7\x11\n" +
+	"\rXATTR_REPLACE\x10\x022\xa6\x13\n" +
 	"\x04Meta\x12C\n" +
 	"\x06Lookup\x12\x1d.rdmafs.meta.v1.LookupRequest\x1a\x1a.rdmafs.meta.v1.EntryReply\x12D\n" +
 	"\aGetAttr\x12\x1e.rdmafs.meta.v1.GetAttrRequest\x1a\x19.rdmafs.meta.v1.AttrReply\x12D\n" +
@@ -4857,7 +5530,11 @@ const file_meta_proto_rawDesc = "" +
 	"GetStripes\x12!.rdmafs.meta.v1.GetStripesRequest\x1a\x1f.rdmafs.meta.v1.GetStripesReply\x12J\n" +
 	"\bRegister\x12\x1f.rdmafs.meta.v1.RegisterRequest\x1a\x1d.rdmafs.meta.v1.RegisterReply\x12M\n" +
 	"\tHeartbeat\x12 .rdmafs.meta.v1.HeartbeatRequest\x1a\x1e.rdmafs.meta.v1.HeartbeatReply\x12D\n" +
-	"\x06Status\x12\x1d.rdmafs.meta.v1.StatusRequest\x1a\x1b.rdmafs.meta.v1.StatusReplyB&Z$github.com/rdmafs/rdmafs/meta/metapbb\x06proto3"
+	"\x06Status\x12\x1d.rdmafs.meta.v1.StatusRequest\x1a\x1b.rdmafs.meta.v1.StatusReply\x12P\n" +
+	"\n" +
+	"RepairPoll\x12!.rdmafs.meta.v1.RepairPollRequest\x1a\x1f.rdmafs.meta.v1.RepairPollReply\x12<\n" +
+	"\x05Drain\x12\x1c.rdmafs.meta.v1.DrainRequest\x1a\x15.rdmafs.meta.v1.Empty\x12M\n" +
+	"\tRebalance\x12 .rdmafs.meta.v1.RebalanceRequest\x1a\x1e.rdmafs.meta.v1.RebalanceReplyB&Z$github.com/rdmafs/rdmafs/meta/metapbb\x06proto3"
 
 var (
 	file_meta_proto_rawDescOnce sync.Once
@@ -4872,7 +5549,7 @@ func file_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
+var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
 var file_meta_proto_goTypes = []any{
 	(RenameFlag)(0),              // 0: rdmafs.meta.v1.RenameFlag
 	(XattrFlag)(0),               // 1: rdmafs.meta.v1.XattrFlag
@@ -4942,6 +5619,14 @@ var file_meta_proto_goTypes = []any{
 	(*ChunkserverRecord)(nil),    // 65: rdmafs.meta.v1.ChunkserverRecord
 	(*SessionRecord)(nil),        // 66: rdmafs.meta.v1.SessionRecord
 	(*ClusterRecord)(nil),        // 67: rdmafs.meta.v1.ClusterRecord
+	(*RepairTask)(nil),           // 68: rdmafs.meta.v1.RepairTask
+	(*RepairResult)(nil),         // 69: rdmafs.meta.v1.RepairResult
+	(*RepairPollRequest)(nil),    // 70: rdmafs.meta.v1.RepairPollRequest
+	(*RepairPollReply)(nil),      // 71: rdmafs.meta.v1.RepairPollReply
+	(*DrainRequest)(nil),         // 72: rdmafs.meta.v1.DrainRequest
+	(*RebalanceRequest)(nil),     // 73: rdmafs.meta.v1.RebalanceRequest
+	(*RebalanceReply)(nil),       // 74: rdmafs.meta.v1.RebalanceReply
+	(*RepairStatus)(nil),         // 75: rdmafs.meta.v1.RepairStatus
 }
 var file_meta_proto_depIdxs = []int32{
 	3,  // 0: rdmafs.meta.v1.Attr.layout:type_name -> rdmafs.meta.v1.Layout
@@ -4982,80 +5667,92 @@ var file_meta_proto_depIdxs = []int32{
 	54, // 35: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
 	3,  // 36: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
 	58, // 37: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
-	4,  // 38: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
-	3,  // 39: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
-	3,  // 40: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	42, // 41: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	42, // 42: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	3,  // 43: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	3,  // 44: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
-	6,  // 45: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
-	8,  // 46: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
-	10, // 47: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
-	11, // 48: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
-	12, // 49: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
-	13, // 50: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
-	14, // 51: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
-	15, // 52: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
-	17, // 53: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
-	18, // 54: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
-	19, // 55: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
-	21, // 56: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
-	22, // 57: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
-	25, // 58: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
-	27, // 59: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
-	28, // 60: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
-	30, // 61: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
-	31, // 62: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
-	33, // 63: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
-	35, // 64: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
-	36, // 65: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
-	37, // 66: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
-	38, // 67: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
-	39, // 68: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
-	40, // 69: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
-	43, // 70: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
-	47, // 71: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
-	49, // 72: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
-	52, // 73: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
-	55, // 74: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
-	57, // 75: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
-	7,  // 76: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
-	9,  // 77: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	9,  // 78: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	7,  // 79: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
-	7,  // 80: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
-	7,  // 81: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
-	7,  // 82: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
-	16, // 83: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
-	7,  // 84: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
-	20, // 85: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.Empty
-	20, // 86: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.Empty
-	20, // 87: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
-	24, // 88: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
-	26, // 89: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
-	20, // 90: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
-	29, // 91: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
-	20, // 92: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
-	32, // 93: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
-	34, // 94: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
-	20, // 95: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
-	20, // 96: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
-	9,  // 97: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
-	20, // 98: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
-	20, // 99: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
-	41, // 100: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
-	45, // 101: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
-	48, // 102: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
-	51, // 103: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
-	53, // 104: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
-	56, // 105: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
-	59, // 106: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
-	76, // [76:107] is the sub-list for method output_type
-	45, // [45:76] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	75, // 38: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
+	4,  // 39: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
+	3,  // 40: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
+	3,  // 41: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	42, // 42: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	42, // 43: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	3,  // 44: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	3,  // 45: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
+	3,  // 46: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
+	42, // 47: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
+	69, // 48: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
+	54, // 49: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
+	68, // 50: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
+	6,  // 51: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
+	8,  // 52: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
+	10, // 53: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
+	11, // 54: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
+	12, // 55: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
+	13, // 56: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
+	14, // 57: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
+	15, // 58: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
+	17, // 59: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
+	18, // 60: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
+	19, // 61: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
+	21, // 62: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
+	22, // 63: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
+	25, // 64: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
+	27, // 65: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
+	28, // 66: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
+	30, // 67: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
+	31, // 68: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
+	33, // 69: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
+	35, // 70: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
+	36, // 71: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
+	37, // 72: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
+	38, // 73: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
+	39, // 74: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
+	40, // 75: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
+	43, // 76: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
+	47, // 77: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
+	49, // 78: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
+	52, // 79: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
+	55, // 80: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
+	57, // 81: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
+	70, // 82: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
+	72, // 83: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
+	73, // 84: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
+	7,  // 85: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
+	9,  // 86: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	9,  // 87: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	7,  // 88: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
+	7,  // 89: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
+	7,  // 90: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
+	7,  // 91: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
+	16, // 92: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
+	7,  // 93: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
+	20, // 94: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.Empty
+	20, // 95: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.Empty
+	20, // 96: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
+	24, // 97: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
+	26, // 98: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
+	20, // 99: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
+	29, // 100: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
+	20, // 101: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
+	32, // 102: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
+	34, // 103: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
+	20, // 104: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
+	20, // 105: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
+	9,  // 106: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
+	20, // 107: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
+	20, // 108: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
+	41, // 109: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
+	45, // 110: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
+	48, // 111: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
+	51, // 112: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
+	53, // 113: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
+	56, // 114: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
+	59, // 115: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
+	71, // 116: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
+	20, // 117: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
+	74, // 118: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
+	85, // [85:119] is the sub-list for method output_type
+	51, // [51:85] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_meta_proto_init() }
@@ -5069,7 +5766,7 @@ func file_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_proto_rawDesc), len(file_meta_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   66,
+			NumMessages:   74,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

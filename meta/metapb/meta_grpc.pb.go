@@ -54,6 +54,9 @@ const (
 	Meta_Register_FullMethodName      = "/rdmafs.meta.v1.Meta/Register"
 	Meta_Heartbeat_FullMethodName     = "/rdmafs.meta.v1.Meta/Heartbeat"
 	Meta_Status_FullMethodName        = "/rdmafs.meta.v1.Meta/Status"
+	Meta_RepairPoll_FullMethodName    = "/rdmafs.meta.v1.Meta/RepairPoll"
+	Meta_Drain_FullMethodName         = "/rdmafs.meta.v1.Meta/Drain"
+	Meta_Rebalance_FullMethodName     = "/rdmafs.meta.v1.Meta/Rebalance"
 )
 
 // MetaClient is the client API for Meta service.
@@ -94,6 +97,10 @@ type MetaClient interface {
 	Register(ctx context.Context, in *RegisterRequest, opts ...grpc.CallOption) (*RegisterReply, error)
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatReply, error)
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusReply, error)
+	// ---- repair ----
+	RepairPoll(ctx context.Context, in *RepairPollRequest, opts ...grpc.CallOption) (*RepairPollReply, error)
+	Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (*Empty, error)
+	Rebalance(ctx context.Context, in *RebalanceRequest, opts ...grpc.CallOption) (*RebalanceReply, error)
 }
 
 type metaClient struct {
@@ -414,6 +421,36 @@ func (c *metaClient) Status(ctx context.Context, in *StatusRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *metaClient) RepairPoll(ctx context.Context, in *RepairPollRequest, opts ...grpc.CallOption) (*RepairPollReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RepairPollReply)
+	err := c.cc.Invoke(ctx, Meta_RepairPoll_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *metaClient) Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Meta_Drain_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *metaClient) Rebalance(ctx context.Context, in *RebalanceRequest, opts ...grpc.CallOption) (*RebalanceReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RebalanceReply)
+	err := c.cc.Invoke(ctx, Meta_Rebalance_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MetaServer is the server API for Meta service.
 // All implementations must embed UnimplementedMetaServer
 // for forward compatibility.
@@ -452,6 +489,10 @@ type MetaServer interface {
 	Register(context.Context, *RegisterRequest) (*RegisterReply, error)
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatReply, error)
 	Status(context.Context, *StatusRequest) (*StatusReply, error)
+	// ---- repair ----
+	RepairPoll(context.Context, *RepairPollRequest) (*RepairPollReply, error)
+	Drain(context.Context, *DrainRequest) (*Empty, error)
+	Rebalance(context.Context, *RebalanceRequest) (*RebalanceReply, error)
 	mustEmbedUnimplementedMetaServer()
 }
 
@@ -554,6 +595,15 @@ func (UnimplementedMetaServer) Heartbeat(context.Context, *HeartbeatRequest) (*H
 }
 func (UnimplementedMetaServer) Status(context.Context, *StatusRequest) (*StatusReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedMetaServer) RepairPoll(context.Context, *RepairPollRequest) (*RepairPollReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method RepairPoll not implemented")
+}
+func (UnimplementedMetaServer) Drain(context.Context, *DrainRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method Drain not implemented")
+}
+func (UnimplementedMetaServer) Rebalance(context.Context, *RebalanceRequest) (*RebalanceReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Rebalance not implemented")
 }
 func (UnimplementedMetaServer) mustEmbedUnimplementedMetaServer() {}
 func (UnimplementedMetaServer) testEmbeddedByValue()              {}
@@ -1134,6 +1184,60 @@ func _Meta_Status_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Meta_RepairPoll_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RepairPollRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).RepairPoll(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_RepairPoll_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).RepairPoll(ctx, req.(*RepairPollRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Meta_Drain_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrainRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).Drain(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_Drain_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).Drain(ctx, req.(*DrainRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Meta_Rebalance_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RebalanceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).Rebalance(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_Rebalance_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).Rebalance(ctx, req.(*RebalanceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Meta_ServiceDesc is the grpc.ServiceDesc for Meta service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1264,6 +1368,18 @@ var Meta_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _Meta_Status_Handler,
+		},
+		{
+			MethodName: "RepairPoll",
+			Handler:    _Meta_RepairPoll_Handler,
+		},
+		{
+			MethodName: "Drain",
+			Handler:    _Meta_Drain_Handler,
+		},
+		{
+			MethodName: "Rebalance",
+			Handler:    _Meta_Rebalance_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -69,6 +69,9 @@ type Config struct {
 	HeartbeatTimeout time.Duration
 	SessionTTL       time.Duration
 	GrantTTL         time.Duration
+	// RepairGrace and RepairTaskTimeout are passed to core.Config.
+	RepairGrace       time.Duration
+	RepairTaskTimeout time.Duration
 	// Logger receives logs (default slog.Default()).
 	Logger *slog.Logger
 	// Registry receives the metrics (default: a new registry).
@@ -109,11 +112,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	svc, err := core.New(ctx, core.Config{Store: store, Logger: cfg.Logger, HeartbeatTimeout: cfg.HeartbeatTimeout,
-		SessionTTL: cfg.SessionTTL, GrantTTL: cfg.GrantTTL, OnRetry: m.retries.Inc})
+		SessionTTL: cfg.SessionTTL, GrantTTL: cfg.GrantTTL, OnRetry: m.retries.Inc,
+		RepairGrace: cfg.RepairGrace, RepairTaskTimeout: cfg.RepairTaskTimeout})
 	if err != nil {
 		store.Close()
 		return nil, err
 	}
+	registerRepairMetrics(cfg.Registry, svc)
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		store.Close()
@@ -235,4 +240,35 @@ func (m *metrics) unaryInterceptor(ctx context.Context, req any, info *grpc.Unar
 	m.latency.WithLabelValues(method).Observe(time.Since(start).Seconds())
 	m.ops.WithLabelValues(method, status.Code(err).String()).Inc()
 	return resp, err
+}
+
+// registerRepairMetrics exports the state of repair: the queue, stripes by
+// health (as of the last scan) and the tasks done and failed.
+func registerRepairMetrics(reg prometheus.Registerer, svc *core.Service) {
+	const ns, sub = "rdmafs", "meta"
+	gauge := func(name, help string, f func(core.RepairStats) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help},
+			func() float64 { return f(svc.RepairStats()) })
+	}
+	counter := func(name, help string, f func(core.RepairStats) float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help},
+			func() float64 { return f(svc.RepairStats()) })
+	}
+	health := func(h string, f func(core.Health) uint64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "stripes",
+			Help: "Stripes by health as of the last repair scan.", ConstLabels: prometheus.Labels{"health": h}},
+			func() float64 { return float64(f(svc.RepairStats().Health)) })
+	}
+	reg.MustRegister(
+		gauge("repair_queue", "Shards waiting to be rebuilt or moved.", func(r core.RepairStats) float64 { return float64(r.Queued) }),
+		gauge("repair_in_flight", "Repair tasks assigned to chunkservers.", func(r core.RepairStats) float64 { return float64(r.InFlight) }),
+		gauge("repair_bytes_per_second", "Recent repair throughput (bytes of rebuilt shards committed).", func(r core.RepairStats) float64 { return r.BytesPerSecond }),
+		counter("repairs_done_total", "Repair tasks committed.", func(r core.RepairStats) float64 { return float64(r.Done) }),
+		counter("repairs_failed_total", "Repair tasks failed or timed out.", func(r core.RepairStats) float64 { return float64(r.Failed) }),
+		counter("repairs_stale_total", "Repair results rejected because the stripe changed.", func(r core.RepairStats) float64 { return float64(r.Stale) }),
+		counter("repair_bytes_total", "Bytes of rebuilt shards committed.", func(r core.RepairStats) float64 { return float64(r.BytesRebuilt) }),
+		health("healthy", func(h core.Health) uint64 { return h.Healthy }),
+		health("degraded", func(h core.Health) uint64 { return h.Degraded }),
+		health("lost", func(h core.Health) uint64 { return h.Lost }),
+	)
 }

@@ -1,0 +1,460 @@
+package chunkserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"sync"
+	"time"
+
+	"github.com/klauspost/reedsolomon"
+
+	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	"github.com/rdmafs/rdmafs/chunkserver/client"
+	"github.com/rdmafs/rdmafs/chunkserver/mempool"
+	"github.com/rdmafs/rdmafs/chunkserver/store"
+	"github.com/rdmafs/rdmafs/rdma"
+)
+
+// RepairPlanner is where chunkd's repair worker gets its work: the metadata
+// service. Each poll reports the tasks finished since the last one and the
+// chunk versions found corrupt, and asks for up to want new tasks.
+type RepairPlanner interface {
+	RepairPoll(ctx context.Context, id string, results []RepairResult, corrupt []chunk.Key, want int) ([]RepairTask, error)
+}
+
+// RepairTask asks chunkd to build shard Shard of a k+m stripe and store it
+// here as version Key, from the other shards (Sources, indexed by shard).
+type RepairTask struct {
+	ID      uint64
+	Key     chunk.Key // the version to create in this chunkd's store
+	Shard   int
+	K, M    int
+	Sources []ShardSource
+}
+
+// ShardSource is where one shard of the stripe lives.
+type ShardSource struct {
+	Addr      string    // chunkd address; empty: unknown
+	Key       chunk.Key // the shard's chunk version
+	Available bool      // false: do not read it (lost, down or being rebuilt)
+}
+
+// RepairResult reports a finished task.
+type RepairResult struct {
+	ID       uint64
+	Err      error // nil: the shard is stored durably
+	Bytes    int
+	Duration time.Duration
+}
+
+// RepairConfig configures chunkd's repair worker.
+type RepairConfig struct {
+	// Planner hands out repair tasks; nil disables repair.
+	Planner RepairPlanner
+	// Bandwidth bounds the bytes per second repair reads from other
+	// chunkservers, so that foreground I/O keeps working (0: unlimited).
+	Bandwidth int64
+	// Parallel is the number of tasks run at once (default 2).
+	Parallel int
+	// MemBytes is the registered memory repair reads into, allocated and
+	// registered once (default 32 MiB). A task needs (k+1) shards of it.
+	MemBytes int
+	// PollInterval is the time between polls while idle (default the
+	// heartbeat interval).
+	PollInterval time.Duration
+}
+
+// repairer runs repair tasks with its own protection domain, registered
+// buffer pool and connections to the other chunkservers.
+type repairer struct {
+	s     *Server
+	cfg   RepairConfig
+	pd    rdma.ProtectionDomain
+	mem   *mempool.Pool
+	conns *client.Pool
+	limit *rateLimiter
+
+	mu    sync.Mutex
+	codes map[[2]int]reedsolomon.Encoder
+}
+
+func newRepairer(s *Server, cfg RepairConfig) (*repairer, error) {
+	if cfg.Parallel <= 0 {
+		cfg.Parallel = 2
+	}
+	if cfg.MemBytes <= 0 {
+		cfg.MemBytes = 32 << 20
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = s.cfg.HeartbeatInterval
+	}
+	pd, err := s.cfg.Device.AllocPD()
+	if err != nil {
+		return nil, fmt.Errorf("chunkserver: repair pd: %w", err)
+	}
+	mem, err := mempool.New(pd, "chunkd-repair", cfg.MemBytes)
+	if err != nil {
+		pd.Close()
+		return nil, fmt.Errorf("chunkserver: repair memory of %d bytes: %w", cfg.MemBytes, err)
+	}
+	return &repairer{s: s, cfg: cfg, pd: pd, mem: mem,
+		conns: client.NewPool(s.cfg.Device, pd, client.Options{Secret: s.cfg.Secret}),
+		limit: newRateLimiter(cfg.Bandwidth), codes: map[[2]int]reedsolomon.Encoder{}}, nil
+}
+
+func (r *repairer) close() {
+	r.conns.Close()
+	if err := r.mem.Close(); err != nil {
+		r.s.log.Error("chunkd: release repair memory", "err", err)
+	}
+	r.pd.Close()
+}
+
+// loop polls the planner and runs up to Parallel tasks at once. A finished
+// task makes it poll at once, to report and take the next.
+func (r *repairer) loop(ctx context.Context) {
+	defer r.s.wg.Done()
+	s := r.s
+	done := make(chan RepairResult, r.cfg.Parallel)
+	var report []RepairResult
+	running := 0
+	t := time.NewTimer(0)
+	defer t.Stop()
+	failures := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case res := <-done:
+			running--
+			report = append(report, res)
+		case <-t.C:
+		}
+		for more := true; more; {
+			select {
+			case res := <-done:
+				running--
+				report = append(report, res)
+			default:
+				more = false
+			}
+		}
+		tasks, err := r.cfg.Planner.RepairPoll(ctx, s.ID(), report, s.corruptKeys(), r.cfg.Parallel-running)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if failures++; !errors.Is(err, ErrNotRegistered) && (failures == 1 || failures%100 == 0) {
+				s.log.Warn("chunkd: repair poll", "err", err, "failures", failures)
+			}
+			t.Reset(r.cfg.PollInterval)
+			continue
+		}
+		failures = 0
+		report = report[:0]
+		for _, task := range tasks {
+			running++
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				done <- r.run(ctx, task)
+			}()
+		}
+		t.Reset(r.cfg.PollInterval)
+	}
+}
+
+// run builds one shard and stores it durably.
+func (r *repairer) run(ctx context.Context, t RepairTask) RepairResult {
+	start := time.Now()
+	n, err := r.build(ctx, t)
+	d := time.Since(start)
+	res := RepairResult{ID: t.ID, Err: err, Bytes: n, Duration: d}
+	m := r.s.metrics
+	if err != nil {
+		m.Repairs.WithLabelValues("failed").Inc()
+		r.s.log.Warn("chunkd: repair failed", "task", t.ID, "chunk", t.Key, "shard", t.Shard, "err", err)
+		return res
+	}
+	m.Repairs.WithLabelValues("done").Inc()
+	m.RepairBytes.Add(float64(n))
+	m.RepairSeconds.Observe(d.Seconds())
+	r.s.log.Debug("chunkd: shard rebuilt", "task", t.ID, "chunk", t.Key, "shard", t.Shard, "bytes", n, "took", d)
+	return res
+}
+
+// errRepairMemory is returned when the repair buffer pool cannot hold a task.
+var errRepairMemory = errors.New("chunkserver: repair memory exhausted")
+
+// build reads the shard itself when it is readable (a move), otherwise k
+// other shards, rebuilds it with Reed-Solomon, and stores it.
+func (r *repairer) build(ctx context.Context, t RepairTask) (int, error) {
+	n := t.K + t.M
+	if t.K < 1 || len(t.Sources) != n || t.Shard < 0 || t.Shard >= n {
+		return 0, fmt.Errorf("repair task %d: bad shape: k=%d m=%d shard %d of %d sources", t.ID, t.K, t.M, t.Shard, len(t.Sources))
+	}
+	if src := t.Sources[t.Shard]; src.Available && src.Addr != "" {
+		nb, err := r.copyShard(ctx, t, src)
+		if err == nil {
+			return nb, nil
+		}
+		r.s.log.Info("chunkd: repair: copying the shard failed, rebuilding it from the others", "task", t.ID, "err", err)
+	}
+	var cands []int
+	for i, src := range t.Sources {
+		if i != t.Shard && src.Available && src.Addr != "" {
+			cands = append(cands, i)
+		}
+	}
+	if len(cands) < t.K {
+		return 0, fmt.Errorf("repair task %d: %d readable shards, %d needed", t.ID, len(cands), t.K)
+	}
+	// The first readable lease tells the shard length (all shards of a
+	// stripe have the same).
+	var length int
+	var firstErr error
+	for _, i := range cands {
+		l, err := r.lease(ctx, t.Sources[i])
+		if err == nil {
+			length = int(l.Length)
+			r.release(ctx, t.Sources[i], l)
+			break
+		}
+		firstErr = err
+	}
+	if length == 0 {
+		return 0, fmt.Errorf("repair task %d: no shard readable: %w", t.ID, firstErr)
+	}
+	buf, ok := r.mem.Alloc((t.K + 1) * length)
+	if !ok {
+		return 0, fmt.Errorf("repair task %d: %d bytes: %w", t.ID, (t.K+1)*length, errRepairMemory)
+	}
+	defer r.mem.Free(buf)
+	b := r.mem.Bytes(buf)
+	// k readers take candidates in order until each has read one shard.
+	var mu sync.Mutex
+	next := 0
+	got := make([]int, t.K) // slot -> shard index
+	read := make([]bool, t.K)
+	var wg sync.WaitGroup
+	errs := make([]error, t.K)
+	for slot := 0; slot < t.K; slot++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				if next >= len(cands) {
+					mu.Unlock()
+					return
+				}
+				i := cands[next]
+				next++
+				mu.Unlock()
+				err := r.readInto(ctx, t.Sources[i], buf, slot*length, length)
+				if err == nil {
+					got[slot], read[slot] = i, true
+					return
+				}
+				errs[slot] = fmt.Errorf("shard %d at %s: %w", i, t.Sources[i].Addr, err)
+			}
+		}()
+	}
+	wg.Wait()
+	shards := make([][]byte, n)
+	for slot := 0; slot < t.K; slot++ {
+		if !read[slot] {
+			var last error
+			for _, e := range errs {
+				if e != nil {
+					last = e
+				}
+			}
+			return 0, fmt.Errorf("repair task %d: fewer than %d shards readable (last error: %v)", t.ID, t.K, last)
+		}
+		shards[got[slot]] = b[slot*length : (slot+1)*length]
+	}
+	out := b[t.K*length : (t.K+1)*length : (t.K+1)*length]
+	if t.K == 1 {
+		copy(out, shards[got[0]])
+	} else {
+		enc, err := r.codec(t.K, t.M)
+		if err != nil {
+			return 0, err
+		}
+		shards[t.Shard] = out[:0]
+		required := make([]bool, n)
+		required[t.Shard] = true
+		if err := enc.ReconstructSome(shards, required); err != nil {
+			return 0, fmt.Errorf("repair task %d: reconstruct shard %d: %w", t.ID, t.Shard, err)
+		}
+		if len(shards[t.Shard]) != length {
+			return 0, fmt.Errorf("repair task %d: reconstructed %d bytes, want %d", t.ID, len(shards[t.Shard]), length)
+		}
+		if &shards[t.Shard][0] != &out[0] {
+			copy(out, shards[t.Shard])
+		}
+	}
+	return length, r.store(t, out)
+}
+
+// copyShard moves a readable shard as is (drain and rebalance).
+func (r *repairer) copyShard(ctx context.Context, t RepairTask, src ShardSource) (int, error) {
+	l, err := r.lease(ctx, src)
+	if err != nil {
+		return 0, err
+	}
+	length := int(l.Length)
+	r.release(ctx, src, l)
+	buf, ok := r.mem.Alloc(max(length, 1))
+	if !ok {
+		return 0, fmt.Errorf("%d bytes: %w", length, errRepairMemory)
+	}
+	defer r.mem.Free(buf)
+	if err := r.readInto(ctx, src, buf, 0, length); err != nil {
+		return 0, err
+	}
+	return length, r.store(t, r.mem.Bytes(buf)[:length])
+}
+
+func (r *repairer) store(t RepairTask, data []byte) error {
+	crc := store.Checksum(data)
+	err := r.s.store.Put(t.Key, data, crc)
+	if errors.Is(err, store.ErrExists) {
+		if info, serr := r.s.store.Stat(t.Key); serr == nil && info.CRC == crc {
+			err = nil // a retried task
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("repair task %d: store %v: %w", t.ID, t.Key, err)
+	}
+	r.s.metrics.BytesWritten.Add(float64(len(data)))
+	r.s.updateStoreGauges()
+	return nil
+}
+
+func (r *repairer) lease(ctx context.Context, src ShardSource) (client.Lease, error) {
+	c, err := r.conns.Get(ctx, src.Addr)
+	if err != nil {
+		return client.Lease{}, err
+	}
+	return c.ReadLease(ctx, src.Key)
+}
+
+func (r *repairer) release(ctx context.Context, src ShardSource, l client.Lease) {
+	if c, err := r.conns.Get(ctx, src.Addr); err == nil {
+		c.ReleaseLease(ctx, l)
+	}
+}
+
+// readInto reads a whole shard with RDMA_READ into buf at off, within the
+// bandwidth bound, and checks it against the checksum its chunkd holds.
+func (r *repairer) readInto(ctx context.Context, src ShardSource, buf mempool.Buf, off, length int) error {
+	c, err := r.conns.Get(ctx, src.Addr)
+	if err != nil {
+		return err
+	}
+	l, err := c.ReadLease(ctx, src.Key)
+	if err != nil {
+		return err
+	}
+	defer c.ReleaseLease(ctx, l)
+	if int(l.Length) != length {
+		return fmt.Errorf("%v is %d bytes, the stripe's shards %d", src.Key, l.Length, length)
+	}
+	if err := r.limit.wait(ctx, length); err != nil {
+		return err
+	}
+	if length > 0 {
+		if err := c.Read(ctx, l, 0, []rdma.SGE{r.mem.SGE(buf, off, length)}); err != nil {
+			return err
+		}
+	}
+	data := r.mem.Bytes(buf)[off : off+length]
+	if crc := crc32.Checksum(data, crcTable); crc != l.CRC {
+		return fmt.Errorf("%v read with crc32c %08x, its chunkd holds %08x", src.Key, crc, l.CRC)
+	}
+	r.s.metrics.RepairReadBytes.Add(float64(length))
+	return nil
+}
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+func (r *repairer) codec(k, m int) (reedsolomon.Encoder, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if enc, ok := r.codes[[2]int{k, m}]; ok {
+		return enc, nil
+	}
+	enc, err := reedsolomon.New(k, m)
+	if err != nil {
+		return nil, fmt.Errorf("chunkserver: %d+%d code: %w", k, m, err)
+	}
+	r.codes[[2]int{k, m}] = enc
+	return enc, nil
+}
+
+// rateLimiter bounds a byte rate: each wait reserves n bytes and sleeps
+// until the reservation is covered (debt is allowed, so any size passes).
+type rateLimiter struct {
+	rate float64 // bytes per second; 0: unlimited
+	mu   sync.Mutex
+	next time.Time // when the bytes reserved so far are paid for
+}
+
+func newRateLimiter(bytesPerSecond int64) *rateLimiter {
+	return &rateLimiter{rate: float64(max(bytesPerSecond, 0))}
+}
+
+func (l *rateLimiter) wait(ctx context.Context, n int) error {
+	if l.rate == 0 || n <= 0 {
+		return nil
+	}
+	now := time.Now()
+	l.mu.Lock()
+	// Allow a burst of 100ms worth of idle time, no more.
+	if l.next.Before(now.Add(-100 * time.Millisecond)) {
+		l.next = now.Add(-100 * time.Millisecond)
+	}
+	start := l.next
+	l.next = l.next.Add(time.Duration(float64(n) / l.rate * float64(time.Second)))
+	l.mu.Unlock()
+	if d := start.Sub(now); d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// noteCorrupt records a stored version that failed its checksum; the repair
+// worker reports it until garbage collection deletes it.
+func (s *Server) noteCorrupt(key chunk.Key) {
+	s.mu.Lock()
+	_, known := s.corrupt[key]
+	s.corrupt[key] = struct{}{}
+	s.mu.Unlock()
+	if !known {
+		s.metrics.Errors.WithLabelValues("corrupt").Inc()
+		s.log.Error("chunkd: stored chunk version is corrupt: reporting it for repair", "chunk", key)
+	}
+}
+
+func (s *Server) corruptKeys() []chunk.Key {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.corrupt) == 0 {
+		return nil
+	}
+	out := make([]chunk.Key, 0, len(s.corrupt))
+	for k := range s.corrupt {
+		out = append(out, k)
+	}
+	return out
+}
