@@ -44,7 +44,8 @@ type ShardSource struct {
 // RepairResult reports a finished task.
 type RepairResult struct {
 	ID       uint64
-	Err      error // nil: the shard is stored durably
+	Key      chunk.Key // the version the task built (RepairTask.Key)
+	Err      error     // nil: the shard is stored durably
 	Bytes    int
 	Duration time.Duration
 }
@@ -171,7 +172,7 @@ func (r *repairer) run(ctx context.Context, t RepairTask) RepairResult {
 	start := time.Now()
 	n, err := r.build(ctx, t)
 	d := time.Since(start)
-	res := RepairResult{ID: t.ID, Err: err, Bytes: n, Duration: d}
+	res := RepairResult{ID: t.ID, Key: t.Key, Err: err, Bytes: n, Duration: d}
 	m := r.s.metrics
 	if err != nil {
 		m.Repairs.WithLabelValues("failed").Inc()
@@ -356,6 +357,11 @@ func (r *repairer) readInto(ctx context.Context, src ShardSource, buf mempool.Bu
 	if err != nil {
 		return err
 	}
+	// Wait for bandwidth before taking the lease: a lease pins the shard in
+	// the source's memory, and a long wait could outlast it.
+	if err := r.limit.wait(ctx, length); err != nil {
+		return err
+	}
 	l, err := c.ReadLease(ctx, src.Key)
 	if err != nil {
 		return err
@@ -363,9 +369,6 @@ func (r *repairer) readInto(ctx context.Context, src ShardSource, buf mempool.Bu
 	defer c.ReleaseLease(ctx, l)
 	if int(l.Length) != length {
 		return fmt.Errorf("%v is %d bytes, the stripe's shards %d", src.Key, l.Length, length)
-	}
-	if err := r.limit.wait(ctx, length); err != nil {
-		return err
 	}
 	if length > 0 {
 		if err := c.Read(ctx, l, 0, []rdma.SGE{r.mem.SGE(buf, off, length)}); err != nil {
@@ -446,14 +449,24 @@ func (s *Server) noteCorrupt(key chunk.Key) {
 	}
 }
 
+// maxCorruptPerPoll is how many corrupt versions one repair poll reports: the
+// metadata service takes no more (core.MaxDeletesPerHeartbeat).
+const maxCorruptPerPoll = 4096
+
+// corruptKeys returns the corrupt versions to report in the next poll: all of
+// them, or maxCorruptPerPoll of them picked at random (map order), so that a
+// failing disk with many bad chunks reports them all over a few polls.
 func (s *Server) corruptKeys() []chunk.Key {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.corrupt) == 0 {
 		return nil
 	}
-	out := make([]chunk.Key, 0, len(s.corrupt))
+	out := make([]chunk.Key, 0, min(len(s.corrupt), maxCorruptPerPoll))
 	for k := range s.corrupt {
+		if len(out) == maxCorruptPerPoll {
+			break
+		}
 		out = append(out, k)
 	}
 	return out

@@ -64,7 +64,8 @@ var _ chunkserver.RepairPlanner = (*Member)(nil)
 func (m *Member) RepairPoll(ctx context.Context, id string, results []chunkserver.RepairResult, corrupt []chunk.Key, want int) ([]chunkserver.RepairTask, error) {
 	req := &metapb.RepairPollRequest{Id: id, Want: uint32(max(want, 0))}
 	for _, res := range results {
-		r := &metapb.RepairResult{TaskId: res.ID, Ok: res.Err == nil, Bytes: uint64(max(res.Bytes, 0)), DurationNs: res.Duration.Nanoseconds()}
+		r := &metapb.RepairResult{TaskId: res.ID, Ok: res.Err == nil, Bytes: uint64(max(res.Bytes, 0)), DurationNs: res.Duration.Nanoseconds(),
+			NewChunkId: res.Key.Chunk, Version: res.Key.Version}
 		if res.Err != nil {
 			r.Error = res.Err.Error()
 		}

@@ -486,31 +486,23 @@ func (e *Engine) refreshStripe(ctx context.Context, ino uint64, si *metapb.Strip
 		return nil, nil
 	}
 	fresh := r.Stripes[0]
-	if fresh.Version == si.Version && sameShards(fresh.Shards, si.Shards) {
+	if fresh.Version == si.Version && metapb.SameShards(fresh.Shards, si.Shards) {
 		return nil, nil
 	}
-	f := e.file(ino)
-	f.mu.Lock()
-	if f.stripes[si.Stripe] == si {
-		f.stripes[si.Stripe] = fresh
-	}
-	f.mu.Unlock()
+	// Cache it for later reads. Not here: the caller may hold the file's lock
+	// (a partial overwrite merging with committed data reads under it).
+	go func() {
+		f := e.file(ino)
+		f.mu.Lock()
+		if f.stripes[si.Stripe] == si {
+			f.stripes[si.Stripe] = fresh
+		}
+		f.mu.Unlock()
+	}()
 	if fresh.Version != si.Version && fresh.Length < si.Length {
 		return nil, nil // rewritten shorter meanwhile: let the caller fail and retry
 	}
 	return fresh, nil
-}
-
-func sameShards(a, b []*metapb.Shard) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i].ChunkId != b[i].ChunkId || a[i].ServerId != b[i].ServerId {
-			return false
-		}
-	}
-	return true
 }
 
 // readStripeDegraded reads every shard it can reach of a committed stripe and

@@ -245,7 +245,7 @@ func TestStripeGrantsAndCommits(t *testing.T) {
 		if err != nil || len(gs.Stripes) != 1 || gs.Stripes[0].Version != g1.Version || gs.Stripes[0].Length != 1000 || gs.Size != 1000 {
 			t.Fatalf("stripes %v %v", gs, err)
 		}
-		if !sameShards(gs.Stripes[0].Shards, g1.Shards) || gs.Stripes[0].Shards[0].Address == "" {
+		if !metapb.SameShards(gs.Stripes[0].Shards, g1.Shards) || gs.Stripes[0].Shards[0].Address == "" {
 			t.Fatalf("stripe placement %v, granted %v", gs.Stripes[0].Shards, g1.Shards)
 		}
 		// The loser's chunks are garbage.

@@ -563,7 +563,9 @@ func containsInt(xs []int, x int) bool {
 func (s *Service) finishRepair(ctx context.Context, from string, res *metapb.RepairResult) error {
 	s.repMu.Lock()
 	t, ok := s.rep.inflight[res.TaskId]
-	if ok && t.target != from {
+	// Task ids restart after a meta restart; the chunk a task builds is
+	// allocated from the durable counter, so it names the task for certain.
+	if ok && (t.target != from || t.newChunk != res.NewChunkId || t.version != res.Version) {
 		ok = false
 	}
 	if ok {
@@ -572,7 +574,15 @@ func (s *Service) finishRepair(ctx context.Context, from string, res *metapb.Rep
 	}
 	s.repMu.Unlock()
 	if !ok {
-		return nil // timed out and already collected, or from before a restart
+		// Timed out and already collected, or from before a restart: what it
+		// built is referenced by no stripe.
+		if !res.Ok || res.NewChunkId == 0 {
+			return nil
+		}
+		if err := s.update(ctx, func(tx kv.Txn) error { return tx.Put(keys.GC(from, res.NewChunkId, res.Version), nil) }); err != nil {
+			return fmt.Errorf("repair: collect the chunk of unknown task %d: %w", res.TaskId, err)
+		}
+		return nil
 	}
 	log := s.log.With("task", t.id, "ino", t.key.ino, "stripe", t.key.stripe, "version", t.version, "shard", t.shard,
 		"from", t.oldServer, "to", t.target)

@@ -179,6 +179,7 @@ func TestRepairCommitIsVersionConditioned(t *testing.T) {
 			e.store.Update(e.ctx, func(t kv.Txn) error { return t.Delete(keys.Stripe(20, 0)) })
 		}, true, true},
 		{"target failed", func(e *env) {}, false, false},
+		{"another task's chunk", func(e *env) {}, true, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -194,14 +195,24 @@ func TestRepairCommitIsVersionConditioned(t *testing.T) {
 				}
 				tk := tasks[0]
 				tt.meanwhile(e)
-				res := &metapb.RepairResult{TaskId: tk.TaskId, Ok: tt.ok, Bytes: 4096}
+				res := &metapb.RepairResult{TaskId: tk.TaskId, Ok: tt.ok, Bytes: 4096, NewChunkId: tk.NewChunkId, Version: tk.Version}
 				if !tt.ok {
 					res.Error = "injected"
+				}
+				if tt.name == "another task's chunk" {
+					// The same task id after a meta restart, for a chunk this
+					// task did not ask for: not applied, and that chunk collected.
+					res.NewChunkId = tk.NewChunkId + 1000
 				}
 				e.poll(6, []*metapb.RepairResult{res}, nil, 0)
 				rs := e.s.RepairStats()
 				st := e.stripe(20, 0)
 				switch {
+				case tt.name == "another task's chunk":
+					if rs.Done != 0 || rs.InFlight != 1 || st.Shards[0].ServerId != csID(0) || !e.hasGC(csID(6), tk.NewChunkId+1000, 1) {
+						t.Fatalf("result for another chunk: stats %+v, shard 0 = %v, its chunk collected %v",
+							rs, st.Shards[0], e.hasGC(csID(6), tk.NewChunkId+1000, 1))
+					}
 				case !tt.ok:
 					if rs.Failed != 1 || !e.hasGC(csID(6), tk.NewChunkId, 1) || st.Shards[0].ServerId != csID(0) {
 						t.Fatalf("failed task: stats %+v, shard 0 on %s", rs, st.Shards[0].ServerId)
@@ -255,7 +266,7 @@ func TestCorruptShardRepaired(t *testing.T) {
 		if len(tasks) != 1 || tasks[0].Shard != 2 || len(tasks[0].Unavailable) != 1 || tasks[0].Unavailable[0] != 2 {
 			t.Fatalf("tasks %v, want shard 2 with the corrupt copy unavailable", tasks)
 		}
-		e.poll(6, []*metapb.RepairResult{{TaskId: tasks[0].TaskId, Ok: true, Bytes: 4096}}, nil, 0)
+		e.poll(6, []*metapb.RepairResult{{TaskId: tasks[0].TaskId, Ok: true, Bytes: 4096, NewChunkId: tasks[0].NewChunkId, Version: tasks[0].Version}}, nil, 0)
 		st := e.stripe(30, 0)
 		if st.Shards[2].ServerId != csID(6) || !e.hasGC(csID(2), 3002, 3) {
 			t.Fatalf("shard 2 on %s, gc of the corrupt copy %v", st.Shards[2].ServerId, e.hasGC(csID(2), 3002, 3))

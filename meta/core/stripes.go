@@ -191,7 +191,7 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 			if !ok {
 				return metaerr.New(syscall.EINVAL, "no outstanding grant for inode %d stripe %d version %d (expired or never granted)", req.Ino, sc.Stripe, sc.Version)
 			}
-			if len(sc.Shards) > 0 && !sameShards(sc.Shards, g.Shards) {
+			if len(sc.Shards) > 0 && !metapb.SameShards(sc.Shards, g.Shards) {
 				return metaerr.New(syscall.EINVAL, "stripe %d: committed placement differs from the grant", sc.Stripe)
 			}
 			if sc.Length > stripeBytes(g.Layout) {
@@ -270,18 +270,6 @@ func containsU64(xs []uint64, x uint64) bool {
 		}
 	}
 	return false
-}
-
-func sameShards(a, b []*metapb.Shard) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i].ChunkId != b[i].ChunkId || a[i].ServerId != b[i].ServerId {
-			return false
-		}
-	}
-	return true
 }
 
 // GetStripes implements metapb.MetaServer: the committed stripes in

@@ -4606,12 +4606,17 @@ func (x *RepairTask) GetUnavailable() []uint32 {
 
 // RepairResult reports how a task ended.
 type RepairResult struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TaskId        uint64                 `protobuf:"varint,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
-	Ok            bool                   `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
-	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`  // when !ok
-	Bytes         uint64                 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"` // bytes of the rebuilt shard
-	DurationNs    int64                  `protobuf:"varint,5,opt,name=duration_ns,json=durationNs,proto3" json:"duration_ns,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	TaskId     uint64                 `protobuf:"varint,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Ok         bool                   `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
+	Error      string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`  // when !ok
+	Bytes      uint64                 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"` // bytes of the rebuilt shard
+	DurationNs int64                  `protobuf:"varint,5,opt,name=duration_ns,json=durationNs,proto3" json:"duration_ns,omitempty"`
+	// The chunk version the task built (its new_chunk_id and version): meta
+	// applies a result only to the task that asked for exactly this chunk, so a
+	// task id reused after a meta restart can never commit a chunk never built.
+	NewChunkId    uint64 `protobuf:"varint,6,opt,name=new_chunk_id,json=newChunkId,proto3" json:"new_chunk_id,omitempty"`
+	Version       uint64 `protobuf:"varint,7,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4677,6 +4682,20 @@ func (x *RepairResult) GetBytes() uint64 {
 func (x *RepairResult) GetDurationNs() int64 {
 	if x != nil {
 		return x.DurationNs
+	}
+	return 0
+}
+
+func (x *RepairResult) GetNewChunkId() uint64 {
+	if x != nil {
+		return x.NewChunkId
+	}
+	return 0
+}
+
+func (x *RepairResult) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
 	}
 	return 0
 }
@@ -5446,14 +5465,17 @@ const file_meta_proto_rawDesc = "" +
 	"\fnew_chunk_id\x18\a \x01(\x04R\n" +
 	"newChunkId\x12/\n" +
 	"\asources\x18\b \x03(\v2\x15.rdmafs.meta.v1.ShardR\asources\x12 \n" +
-	"\vunavailable\x18\t \x03(\rR\vunavailable\"\x84\x01\n" +
+	"\vunavailable\x18\t \x03(\rR\vunavailable\"\xc0\x01\n" +
 	"\fRepairResult\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\x04R\x06taskId\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x14\n" +
 	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\x12\x1f\n" +
 	"\vduration_ns\x18\x05 \x01(\x03R\n" +
-	"durationNs\"\xa3\x01\n" +
+	"durationNs\x12 \n" +
+	"\fnew_chunk_id\x18\x06 \x01(\x04R\n" +
+	"newChunkId\x12\x18\n" +
+	"\aversion\x18\a \x01(\x04R\aversion\"\xa3\x01\n" +
 	"\x11RepairPollRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x126\n" +
 	"\aresults\x18\x02 \x03(\v2\x1c.rdmafs.meta.v1.RepairResultR\aresults\x12\x12\n" +
