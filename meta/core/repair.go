@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"syscall"
 	"time"
@@ -476,8 +477,26 @@ func (s *Service) assignRepairs(target string, want int) []plannedTask {
 				zones[zoneOf(t.target)]++
 			}
 		}
-		ok := !holders[target] && tmb.free >= it.layout.Unit
-		if ok {
+		// A server may rebuild a shard of its own whose copy is corrupt (it
+		// is polling, so it is up): the rebuilt shard is a new chunk. Without
+		// this a cluster of exactly k+m servers could never repair one.
+		own := -1
+		if it.moveFrom == nil {
+			for i, sh := range it.shards {
+				if sh.ServerId == target && containsInt(it.work, i) {
+					own = i
+				}
+			}
+		}
+		ok := (!holders[target] || own >= 0) && tmb.free >= it.layout.Unit
+		if ok && own >= 0 {
+			for _, t := range r.inflight {
+				if t.key == it.key && t.target == target {
+					ok = false // already rebuilding a shard of this stripe
+				}
+			}
+		}
+		if ok && own < 0 {
 			minZone := -1
 			for id, mb := range s.members.byID {
 				if !mb.up || mb.retiring() || holders[id] {
@@ -498,7 +517,10 @@ func (s *Service) assignRepairs(target string, want int) []plannedTask {
 			continue
 		}
 		idx := it.work[0]
-		it.work = it.work[1:]
+		if own >= 0 {
+			idx = own
+		}
+		it.work = slices.DeleteFunc(it.work, func(i int) bool { return i == idx })
 		r.nextTask++
 		t := &repairTask{id: r.nextTask, key: it.key, version: it.version, shard: idx,
 			oldChunk: it.shards[idx].ChunkId, oldServer: it.shards[idx].ServerId, target: target,
@@ -639,8 +661,8 @@ func commitRepair(tx kv.Txn, t *repairTask) (stale bool, err error) {
 	stale = !ok || st.Version != t.version || t.shard >= len(st.Shards) ||
 		st.Shards[t.shard].ChunkId != t.oldChunk || st.Shards[t.shard].ServerId != t.oldServer
 	if !stale {
-		for _, sh := range st.Shards {
-			if sh.ServerId == t.target {
+		for i, sh := range st.Shards {
+			if sh.ServerId == t.target && i != t.shard {
 				stale = true // another task placed a shard there meanwhile
 			}
 		}

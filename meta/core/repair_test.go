@@ -277,3 +277,35 @@ func TestCorruptShardRepaired(t *testing.T) {
 		}
 	})
 }
+
+// TestCorruptShardRepairedInPlace: with exactly k+m chunkservers there is no
+// other server for a corrupt shard, so the one holding the bad copy rebuilds
+// it as a new chunk; other servers are not given it.
+func TestCorruptShardRepairedInPlace(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		e.chunkservers(6)
+		e.putStripe(31, 0, 3, 0, 1, 2, 3, 4, 5)
+		bad := &metapb.ChunkRef{ChunkId: 3100 + 2, Version: 3}
+		e.poll(2, nil, []*metapb.ChunkRef{bad}, 0)
+		e.plan()
+		if tasks := e.poll(4, nil, nil, 4); len(tasks) != 0 {
+			t.Fatalf("a server holding another shard of the stripe got %v", tasks)
+		}
+		tasks := e.poll(2, nil, nil, 4)
+		if len(tasks) != 1 || tasks[0].Shard != 2 {
+			t.Fatalf("tasks for the holder of the corrupt copy: %v, want shard 2", tasks)
+		}
+		if again := e.poll(2, nil, nil, 4); len(again) != 0 {
+			t.Fatalf("a second task for the same stripe: %v", again)
+		}
+		e.poll(2, []*metapb.RepairResult{{TaskId: tasks[0].TaskId, Ok: true, Bytes: 4096, NewChunkId: tasks[0].NewChunkId, Version: tasks[0].Version}}, nil, 0)
+		st := e.stripe(31, 0)
+		if st.Shards[2].ServerId != csID(2) || st.Shards[2].ChunkId != tasks[0].NewChunkId || !e.hasGC(csID(2), 3102, 3) {
+			t.Fatalf("shard 2 = %v, gc of the corrupt copy %v", st.Shards[2], e.hasGC(csID(2), 3102, 3))
+		}
+		e.plan()
+		if h := e.s.RepairStats().Health; h.Healthy != 1 {
+			t.Fatalf("after repair: %+v", h)
+		}
+	})
+}
