@@ -104,7 +104,11 @@ func (q *queuePair) buildBatch() bool {
 	last := q.sqNext
 	q.wItems, q.out = q.out, q.wItems[:0]
 	q.checkLocalErrLocked()
-	q.mu.Unlock()
+	// The slots are read under q.mu: once on the wire, their ACK can arrive
+	// and be handled (completeSendLocked clears them) before this goroutine
+	// takes the lock again, and only the lock orders the two for the memory
+	// model.
+	defer q.mu.Unlock()
 	if first == last && len(q.wItems) == 0 {
 		return false
 	}
