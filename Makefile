@@ -54,7 +54,7 @@ bench-meta:
 	$(BIN)/rdmafs bench meta
 
 bench-fs:
-	$(BIN)/rdmafs bench fs
+	$(BIN)/rdmafs bench fs --transport tcp
 
 clean:
 	rm -rf $(BIN)
