@@ -37,7 +37,7 @@ type Options struct {
 	// (default a quarter of the lease time).
 	LeaseMargin time.Duration
 	// MaxCachedLeases bounds the leases the connection keeps cached (default
-	// 32); the least recently used one is released beyond it, so that chunkd
+	// 128); the least recently used one is released beyond it, so that chunkd
 	// does not keep memory pinned for versions this client no longer reads.
 	// When chunkd answers busy (its memory all leased), the connection
 	// releases its least recently used leases and asks again.
@@ -152,7 +152,7 @@ func Dial(ctx context.Context, dev rdma.Device, pd rdma.ProtectionDomain, addr s
 		opts.MaxSendWR = 256
 	}
 	if opts.MaxCachedLeases <= 0 {
-		opts.MaxCachedLeases = 32
+		opts.MaxCachedLeases = 128
 	}
 	c := &Client{
 		addr: addr, maxSGE: rdma.MaxSGELimit,
