@@ -46,6 +46,10 @@ func Mount(mountpoint string, root *Node, opts MountOptions) (*fuse.Server, erro
 			Options:                  []string{"default_permissions"},
 			Debug:                    opts.Debug,
 			ExplicitDataCacheControl: false,
+			// Read data is in memory already: splicing it through a pipe
+			// costs three system calls where one writev does (a fifth of the
+			// mount's CPU in 4 KiB random reads, perf).
+			DisableSplice: true,
 		},
 		EntryTimeout:    &timeout,
 		AttrTimeout:     &attrTimeout,
