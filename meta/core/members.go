@@ -40,10 +40,16 @@ type members struct {
 
 func (m *members) init() { m.byID = map[string]*member{} }
 
-func (m *members) load(rec *metapb.ChunkserverRecord) {
+// load adds a stored registration. With takeover the chunkserver counts as
+// up, as if it had sent a heartbeat at now (see Config.Takeover).
+func (m *members) load(rec *metapb.ChunkserverRecord, takeover bool, now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.byID[rec.Id] = &member{rec: rec, used: rec.Used, free: rec.Capacity - min(rec.Used, rec.Capacity)}
+	mb := &member{rec: rec, used: rec.Used, free: rec.Capacity - min(rec.Used, rec.Capacity)}
+	if takeover {
+		mb.up, mb.lastHB = true, now
+	}
+	m.byID[rec.Id] = mb
 }
 
 // sweep marks down the chunkservers whose heartbeats stopped.

@@ -97,6 +97,15 @@ type Config struct {
 	// OnRetry, when set, is called whenever a transaction is run again after
 	// a conflict (for metrics).
 	OnRetry func()
+	// RequestTTL is how long the outcome of a mutating request with a
+	// request id is kept for retries (default 10m).
+	RequestTTL time.Duration
+	// Takeover says that the store was being served by another metadata
+	// server until now (etcd, after winning the election): the registered
+	// chunkservers count as up until they miss one heartbeat timeout,
+	// because their recent heartbeats went to the previous server. Without
+	// it liveness is learnt afresh from heartbeats.
+	Takeover bool
 }
 
 // Service implements metapb.MetaServer.
@@ -183,6 +192,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.GrantTTL <= 0 {
 		cfg.GrantTTL = 10 * time.Minute
 	}
+	if cfg.RequestTTL <= 0 {
+		cfg.RequestTTL = 10 * time.Minute
+	}
 	s := &Service{store: cfg.Store, log: cfg.Logger, now: cfg.Now, cfg: cfg,
 		sessions: map[uint64]time.Time{}, sessTTL: map[uint64]time.Duration{}}
 	s.members.init()
@@ -202,7 +214,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 			if err := proto.Unmarshal(v, rec); err != nil {
 				return fmt.Errorf("chunkserver record %q: %w", k, err)
 			}
-			s.members.load(rec)
+			s.members.load(rec, cfg.Takeover, start)
 			return nil
 		}); err != nil {
 			return err
@@ -253,6 +265,7 @@ func (s *Service) Run(ctx context.Context) error {
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	lastGrantScan := time.Time{}
+	lastRequestScan := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -267,6 +280,12 @@ func (s *Service) Run(ctx context.Context) error {
 			lastGrantScan = time.Now()
 			if err := s.expireGrants(ctx); err != nil && ctx.Err() == nil {
 				s.log.Error("expire grants", "err", err)
+			}
+		}
+		if time.Since(lastRequestScan) > s.requestSweepEvery() {
+			lastRequestScan = time.Now()
+			if err := s.expireRequests(ctx); err != nil && ctx.Err() == nil {
+				s.log.Error("expire request records", "err", err)
 			}
 		}
 	}

@@ -254,3 +254,13 @@ func DecodeUint64(b []byte) (uint64, error) {
 	}
 	return binary.BigEndian.Uint64(b), nil
 }
+
+// PrefixRequest is the prefix of exactly-once request records:
+// E client seq -> RequestRecord.
+const PrefixRequest = 'E'
+
+// Request is the key of the outcome of request seq of client.
+func Request(client, seq uint64) []byte { return u64s(PrefixRequest, client, seq) }
+
+// RequestPrefix is the prefix of all request records.
+func RequestPrefix() []byte { return []byte{PrefixRequest} }

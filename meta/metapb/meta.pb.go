@@ -4462,6 +4462,259 @@ func (x *ClusterRecord) GetCreatedNs() int64 {
 	return 0
 }
 
+// RequestRecord is the stored outcome of a mutating request that carried a
+// request id (gRPC metadata rdmafs-request-id): a retry of the request after
+// a failover returns reply instead of running the operation again.
+type RequestRecord struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	CommittedNs int64                  `protobuf:"varint,1,opt,name=committed_ns,json=committedNs,proto3" json:"committed_ns,omitempty"`
+	// reply is the marshalled reply message of the original call.
+	Reply         []byte `protobuf:"bytes,2,opt,name=reply,proto3" json:"reply,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequestRecord) Reset() {
+	*x = RequestRecord{}
+	mi := &file_meta_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestRecord) ProtoMessage() {}
+
+func (x *RequestRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestRecord.ProtoReflect.Descriptor instead.
+func (*RequestRecord) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *RequestRecord) GetCommittedNs() int64 {
+	if x != nil {
+		return x.CommittedNs
+	}
+	return 0
+}
+
+func (x *RequestRecord) GetReply() []byte {
+	if x != nil {
+		return x.Reply
+	}
+	return nil
+}
+
+// DumpRecord is one record of an `rdmafs admin dump` stream (see
+// docs/metadata-dump.md): a header first, then key/value pairs.
+type DumpRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// header is set on the first record only.
+	Header *DumpHeader `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
+	Key    []byte      `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Value  []byte      `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	// trailer is set on the last record only.
+	Trailer       *DumpTrailer `protobuf:"bytes,4,opt,name=trailer,proto3" json:"trailer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DumpRecord) Reset() {
+	*x = DumpRecord{}
+	mi := &file_meta_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DumpRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DumpRecord) ProtoMessage() {}
+
+func (x *DumpRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DumpRecord.ProtoReflect.Descriptor instead.
+func (*DumpRecord) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *DumpRecord) GetHeader() *DumpHeader {
+	if x != nil {
+		return x.Header
+	}
+	return nil
+}
+
+func (x *DumpRecord) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *DumpRecord) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *DumpRecord) GetTrailer() *DumpTrailer {
+	if x != nil {
+		return x.Trailer
+	}
+	return nil
+}
+
+// DumpTrailer ends a dump; a dump without it is truncated.
+type DumpTrailer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// records is the number of key/value records in the dump.
+	Records uint64 `protobuf:"varint,1,opt,name=records,proto3" json:"records,omitempty"`
+	// sha256 is the SHA-256 of every key and value in order, each preceded
+	// by its length as a big-endian uint32.
+	Sha256        []byte `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DumpTrailer) Reset() {
+	*x = DumpTrailer{}
+	mi := &file_meta_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DumpTrailer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DumpTrailer) ProtoMessage() {}
+
+func (x *DumpTrailer) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DumpTrailer.ProtoReflect.Descriptor instead.
+func (*DumpTrailer) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *DumpTrailer) GetRecords() uint64 {
+	if x != nil {
+		return x.Records
+	}
+	return 0
+}
+
+func (x *DumpTrailer) GetSha256() []byte {
+	if x != nil {
+		return x.Sha256
+	}
+	return nil
+}
+
+// DumpHeader describes a dump.
+type DumpHeader struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	FormatVersion uint32                 `protobuf:"varint,1,opt,name=format_version,json=formatVersion,proto3" json:"format_version,omitempty"`
+	ClusterId     string                 `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	CreatedNs     int64                  `protobuf:"varint,3,opt,name=created_ns,json=createdNs,proto3" json:"created_ns,omitempty"`
+	Source        string                 `protobuf:"bytes,4,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DumpHeader) Reset() {
+	*x = DumpHeader{}
+	mi := &file_meta_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DumpHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DumpHeader) ProtoMessage() {}
+
+func (x *DumpHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DumpHeader.ProtoReflect.Descriptor instead.
+func (*DumpHeader) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *DumpHeader) GetFormatVersion() uint32 {
+	if x != nil {
+		return x.FormatVersion
+	}
+	return 0
+}
+
+func (x *DumpHeader) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *DumpHeader) GetCreatedNs() int64 {
+	if x != nil {
+		return x.CreatedNs
+	}
+	return 0
+}
+
+func (x *DumpHeader) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
 var File_meta_proto protoreflect.FileDescriptor
 
 const file_meta_proto_rawDesc = "" +
@@ -4812,7 +5065,27 @@ const file_meta_proto_rawDesc = "" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12=\n" +
 	"\x0edefault_layout\x18\x02 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\rdefaultLayout\x12\x1d\n" +
 	"\n" +
-	"created_ns\x18\x03 \x01(\x03R\tcreatedNs*]\n" +
+	"created_ns\x18\x03 \x01(\x03R\tcreatedNs\"H\n" +
+	"\rRequestRecord\x12!\n" +
+	"\fcommitted_ns\x18\x01 \x01(\x03R\vcommittedNs\x12\x14\n" +
+	"\x05reply\x18\x02 \x01(\fR\x05reply\"\x9f\x01\n" +
+	"\n" +
+	"DumpRecord\x122\n" +
+	"\x06header\x18\x01 \x01(\v2\x1a.rdmafs.meta.v1.DumpHeaderR\x06header\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\fR\x05value\x125\n" +
+	"\atrailer\x18\x04 \x01(\v2\x1b.rdmafs.meta.v1.DumpTrailerR\atrailer\"?\n" +
+	"\vDumpTrailer\x12\x18\n" +
+	"\arecords\x18\x01 \x01(\x04R\arecords\x12\x16\n" +
+	"\x06sha256\x18\x02 \x01(\fR\x06sha256\"\x89\x01\n" +
+	"\n" +
+	"DumpHeader\x12%\n" +
+	"\x0eformat_version\x18\x01 \x01(\rR\rformatVersion\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x02 \x01(\tR\tclusterId\x12\x1d\n" +
+	"\n" +
+	"created_ns\x18\x03 \x01(\x03R\tcreatedNs\x12\x16\n" +
+	"\x06source\x18\x04 \x01(\tR\x06source*]\n" +
 	"\n" +
 	"RenameFlag\x12\x0f\n" +
 	"\vRENAME_NONE\x10\x00\x12\x14\n" +
@@ -4872,7 +5145,7 @@ func file_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
+var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
 var file_meta_proto_goTypes = []any{
 	(RenameFlag)(0),              // 0: rdmafs.meta.v1.RenameFlag
 	(XattrFlag)(0),               // 1: rdmafs.meta.v1.XattrFlag
@@ -4942,6 +5215,10 @@ var file_meta_proto_goTypes = []any{
 	(*ChunkserverRecord)(nil),    // 65: rdmafs.meta.v1.ChunkserverRecord
 	(*SessionRecord)(nil),        // 66: rdmafs.meta.v1.SessionRecord
 	(*ClusterRecord)(nil),        // 67: rdmafs.meta.v1.ClusterRecord
+	(*RequestRecord)(nil),        // 68: rdmafs.meta.v1.RequestRecord
+	(*DumpRecord)(nil),           // 69: rdmafs.meta.v1.DumpRecord
+	(*DumpTrailer)(nil),          // 70: rdmafs.meta.v1.DumpTrailer
+	(*DumpHeader)(nil),           // 71: rdmafs.meta.v1.DumpHeader
 }
 var file_meta_proto_depIdxs = []int32{
 	3,  // 0: rdmafs.meta.v1.Attr.layout:type_name -> rdmafs.meta.v1.Layout
@@ -4989,73 +5266,75 @@ var file_meta_proto_depIdxs = []int32{
 	42, // 42: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
 	3,  // 43: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
 	3,  // 44: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
-	6,  // 45: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
-	8,  // 46: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
-	10, // 47: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
-	11, // 48: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
-	12, // 49: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
-	13, // 50: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
-	14, // 51: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
-	15, // 52: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
-	17, // 53: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
-	18, // 54: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
-	19, // 55: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
-	21, // 56: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
-	22, // 57: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
-	25, // 58: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
-	27, // 59: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
-	28, // 60: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
-	30, // 61: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
-	31, // 62: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
-	33, // 63: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
-	35, // 64: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
-	36, // 65: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
-	37, // 66: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
-	38, // 67: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
-	39, // 68: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
-	40, // 69: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
-	43, // 70: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
-	47, // 71: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
-	49, // 72: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
-	52, // 73: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
-	55, // 74: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
-	57, // 75: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
-	7,  // 76: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
-	9,  // 77: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	9,  // 78: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	7,  // 79: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
-	7,  // 80: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
-	7,  // 81: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
-	7,  // 82: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
-	16, // 83: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
-	7,  // 84: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
-	20, // 85: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.Empty
-	20, // 86: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.Empty
-	20, // 87: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
-	24, // 88: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
-	26, // 89: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
-	20, // 90: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
-	29, // 91: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
-	20, // 92: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
-	32, // 93: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
-	34, // 94: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
-	20, // 95: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
-	20, // 96: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
-	9,  // 97: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
-	20, // 98: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
-	20, // 99: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
-	41, // 100: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
-	45, // 101: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
-	48, // 102: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
-	51, // 103: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
-	53, // 104: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
-	56, // 105: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
-	59, // 106: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
-	76, // [76:107] is the sub-list for method output_type
-	45, // [45:76] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	71, // 45: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
+	70, // 46: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
+	6,  // 47: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
+	8,  // 48: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
+	10, // 49: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
+	11, // 50: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
+	12, // 51: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
+	13, // 52: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
+	14, // 53: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
+	15, // 54: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
+	17, // 55: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
+	18, // 56: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
+	19, // 57: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
+	21, // 58: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
+	22, // 59: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
+	25, // 60: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
+	27, // 61: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
+	28, // 62: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
+	30, // 63: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
+	31, // 64: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
+	33, // 65: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
+	35, // 66: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
+	36, // 67: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
+	37, // 68: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
+	38, // 69: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
+	39, // 70: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
+	40, // 71: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
+	43, // 72: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
+	47, // 73: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
+	49, // 74: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
+	52, // 75: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
+	55, // 76: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
+	57, // 77: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
+	7,  // 78: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
+	9,  // 79: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	9,  // 80: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	7,  // 81: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
+	7,  // 82: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
+	7,  // 83: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
+	7,  // 84: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
+	16, // 85: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
+	7,  // 86: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
+	20, // 87: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.Empty
+	20, // 88: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.Empty
+	20, // 89: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
+	24, // 90: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
+	26, // 91: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
+	20, // 92: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
+	29, // 93: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
+	20, // 94: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
+	32, // 95: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
+	34, // 96: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
+	20, // 97: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
+	20, // 98: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
+	9,  // 99: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
+	20, // 100: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
+	20, // 101: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
+	41, // 102: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
+	45, // 103: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
+	48, // 104: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
+	51, // 105: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
+	53, // 106: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
+	56, // 107: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
+	59, // 108: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
+	78, // [78:109] is the sub-list for method output_type
+	47, // [47:78] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_meta_proto_init() }
@@ -5069,7 +5348,7 @@ func file_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_proto_rawDesc), len(file_meta_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   66,
+			NumMessages:   70,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-
 	"github.com/rdmafs/rdmafs/meta/kv"
 	"github.com/rdmafs/rdmafs/meta/kv/etcdkv"
 	"github.com/rdmafs/rdmafs/meta/kv/etcdkv/etcdtest"
