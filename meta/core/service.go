@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rdmafs/rdmafs/meta/keys"
@@ -320,6 +322,10 @@ func wrapErr(err error) error {
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
+	}
+	if errors.Is(err, kv.ErrNotLeader) {
+		// Nothing was applied: the client retries on the new leader.
+		return grpcstatus.Error(codes.Unavailable, err.Error())
 	}
 	return metaerr.New(syscall.EIO, "metadata store: %v", err)
 }

@@ -39,7 +39,7 @@ const DefaultPrefix = "rdmafs"
 // ErrFenced reports that a commit was refused because the fence key (the
 // leader key of this process) no longer exists with the expected revision:
 // another metadata server has taken over.
-var ErrFenced = errors.New("etcdkv: this server is no longer the leader (fence key lost)")
+var ErrFenced = fmt.Errorf("etcdkv: fence key lost: %w", kv.ErrNotLeader)
 
 // Options configures a Store.
 type Options struct {
