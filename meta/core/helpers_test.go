@@ -41,7 +41,7 @@ var backends = map[string]storeFactory{
 			t.Fatal("no etcd server: TestMain did not start one")
 		}
 		s, err := etcdkv.Open(context.Background(), etcdkv.Options{Endpoints: []string{testEtcd.Endpoint()},
-			Prefix: fmt.Sprintf("core-%x", sha256.Sum256([]byte(dir))), Batch: true, PageSize: 64})
+			Prefix: fmt.Sprintf("core-%x", sha256.Sum256([]byte(dir))), Batch: true, PageSize: 64, CacheEntries: 1000})
 		if err != nil {
 			t.Fatal(err)
 		}

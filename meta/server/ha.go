@@ -30,12 +30,15 @@ import (
 // lost its lease cannot write even before it notices. When the leader dies
 // its lease expires after ElectionTTL and a standby takes over.
 
-func openEtcd(ctx context.Context, kvURL string, logger *slog.Logger) (*etcdkv.Store, error) {
+// cacheEntries is the value cache of a serving meta server's etcd store.
+const cacheEntries = 1 << 18
+
+func openEtcd(ctx context.Context, kvURL string, logger *slog.Logger, cache int) (*etcdkv.Store, error) {
 	ec, err := etcdkv.ParseURL(kvURL)
 	if err != nil {
 		return nil, err
 	}
-	return etcdkv.Open(ctx, etcdkv.Options{Endpoints: ec.Endpoints, Prefix: ec.Prefix, Batch: true, Logger: logger})
+	return etcdkv.Open(ctx, etcdkv.Options{Endpoints: ec.Endpoints, Prefix: ec.Prefix, Batch: true, Logger: logger, CacheEntries: cache})
 }
 
 type ha struct {
@@ -62,7 +65,7 @@ func startHA(ctx context.Context, cfg Config, m *metrics) (*Server, error) {
 		cfg.ElectionTTL = 5 * time.Second
 	}
 	cfg.ElectionTTL = max(cfg.ElectionTTL, time.Second)
-	store, err := openEtcd(ctx, cfg.KV, cfg.Logger)
+	store, err := openEtcd(ctx, cfg.KV, cfg.Logger, cacheEntries)
 	if err != nil {
 		return nil, err
 	}

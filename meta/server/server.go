@@ -77,7 +77,7 @@ func OpenStore(ctx context.Context, dataDir, kvURL string, logger *slog.Logger) 
 		logger = slog.Default()
 	}
 	if kvURL != "" {
-		return openEtcd(ctx, kvURL, logger)
+		return openEtcd(ctx, kvURL, logger, 0)
 	}
 	if dataDir == "" {
 		return nil, errors.New("server: no metadata store: give a data directory (--data) or an etcd URL (--kv)")

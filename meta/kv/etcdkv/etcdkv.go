@@ -24,6 +24,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -56,6 +57,14 @@ type Options struct {
 	Batch bool
 	// MaxBatch bounds the transactions committed together (default 256).
 	MaxBatch int
+	// CacheEntries, when positive, keeps up to this many values in memory
+	// (see cache.go). Only for a store that is the only writer of its
+	// prefix, as the elected meta server is; with other writers, reads in
+	// View may be stale.
+	CacheEntries int
+	// Linger bounds how long the committer waits for the transactions of
+	// clients that are between two calls (default 1ms; negative: off).
+	Linger time.Duration
 	// Logger receives warnings (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -121,6 +130,16 @@ type Store struct {
 	fenceKey string
 	fenceRev int64
 
+	// lastRev is the highest revision this store has committed or read:
+	// a snapshot at least this new contains every write acknowledged by
+	// this store, so reads may be served by any member (serializable)
+	// when it is that far.
+	lastRev atomic.Int64
+	cache   *cache // nil without Options.CacheEntries
+
+	inflight atomic.Int64 // Update calls not yet returned (batch mode)
+	peak     atomic.Int64 // highest inflight since the committer last reset it
+
 	mu       sync.RWMutex // guards closed against sends on reqs
 	closed   bool
 	reqs     chan *request
@@ -153,6 +172,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.Linger == 0 {
+		opts.Linger = time.Millisecond
+	}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:          opts.Endpoints,
 		DialTimeout:        opts.DialTimeout,
@@ -170,7 +192,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("etcdkv: etcd at %v does not answer: %w", opts.Endpoints, err)
 	}
 	p := DataPrefix(opts.Prefix)
-	s := &Store{cli: cli, opts: opts, prefix: p, end: string(kv.PrefixEnd([]byte(p))), finished: make(chan struct{})}
+	s := &Store{cli: cli, opts: opts, prefix: p, end: string(kv.PrefixEnd([]byte(p))), finished: make(chan struct{}), cache: newCache(opts.CacheEntries)}
 	if opts.Batch {
 		s.reqs = make(chan *request, opts.MaxBatch)
 		go s.committer()
@@ -191,6 +213,11 @@ func (s *Store) SetFence(key string, createRev int64) {
 	s.fenceMu.Lock()
 	s.fenceKey, s.fenceRev = key, createRev
 	s.fenceMu.Unlock()
+	// Whoever wrote while this store was not the writer is not in the
+	// cache.
+	if s.cache != nil {
+		s.cache.reset()
+	}
 }
 
 func (s *Store) fence() (string, int64) {
@@ -208,7 +235,14 @@ func (s *Store) View(ctx context.Context, fn func(kv.Reader) error) error {
 		if s.isClosed() {
 			return kv.ErrClosed
 		}
-		t := &txn{o: &occ{s: s, ctx: ctx, readOnly: true}}
+		o := &occ{s: s, readOnly: true}
+		if s.cache != nil && attempt == 0 {
+			// Read at the revision of this store's last commit, from the
+			// cache while no later commit happens (see cache).
+			o.rev = s.cache.generation()
+			o.gen = o.rev
+		}
+		t := &txn{o: o, ctx: ctx}
 		err := fn(t)
 		if !errors.Is(err, errSnapshotGone) || attempt >= 100 {
 			return err
@@ -222,6 +256,10 @@ func (s *Store) Update(ctx context.Context, fn func(kv.Txn) error) error {
 		return err
 	}
 	if s.opts.Batch {
+		n := s.inflight.Add(1)
+		for p := s.peak.Load(); n > p && !s.peak.CompareAndSwap(p, n); p = s.peak.Load() {
+		}
+		defer s.inflight.Add(-1)
 		r := &request{ctx: ctx, fn: fn, done: make(chan error, 1)}
 		s.mu.RLock()
 		if s.closed {
@@ -237,8 +275,8 @@ func (s *Store) Update(ctx context.Context, fn func(kv.Txn) error) error {
 		return kv.ErrClosed
 	}
 	for attempt := 0; ; attempt++ {
-		o := &occ{s: s, ctx: ctx}
-		t := &txn{o: o, writes: map[string][]byte{}}
+		o := &occ{s: s}
+		t := &txn{o: o, ctx: ctx, writes: map[string][]byte{}}
 		err := callSafely(fn, t)
 		if err == nil {
 			err = o.commit(ctx, t.writes)
@@ -297,6 +335,7 @@ func (s *Store) Close() error {
 func (s *Store) committer() {
 	defer close(s.finished)
 	batch := make([]*request, 0, s.opts.MaxBatch)
+	peakReset := time.Now()
 	for {
 		r, ok := <-s.reqs
 		if !ok {
@@ -315,6 +354,29 @@ func (s *Store) committer() {
 				break drain
 			}
 		}
+		// As in the bbolt backend: under concurrent load, wait briefly
+		// for the writers of the previous batch, whose next transactions
+		// are on their way, so that they share the round trips.
+		if time.Since(peakReset) > 50*time.Millisecond {
+			s.peak.Store(s.inflight.Load())
+			peakReset = time.Now()
+		}
+		if want := min(int(s.peak.Load()), s.opts.MaxBatch); len(batch) < want && s.opts.Linger > 0 {
+			timer := time.NewTimer(s.opts.Linger)
+		linger:
+			for len(batch) < want {
+				select {
+				case r, ok := <-s.reqs:
+					if !ok {
+						break linger
+					}
+					batch = append(batch, r)
+				case <-timer.C:
+					break linger
+				}
+			}
+			timer.Stop()
+		}
 		s.runBatch(batch)
 	}
 }
@@ -322,39 +384,61 @@ func (s *Store) committer() {
 // runBatch runs the batch's transactions one after another on one snapshot,
 // each seeing the writes of those before it, and commits the union of their
 // writes at once. A conflict with another writer reruns the whole batch.
+//
+// Before that serial pass, a prefetch pass runs every transaction of the
+// batch concurrently on the same snapshot with its writes thrown away: it
+// only fills the batch's caches of values and scan pages, so that the
+// serial pass rarely waits for etcd.
 func (s *Store) runBatch(batch []*request) {
 	results := make([]error, len(batch))
 	ctx := context.Background()
 	for attempt := 0; ; attempt++ {
-		o := &occ{s: s, ctx: ctx}
-		merged := map[string][]byte{}
+		o := &occ{s: s, pages: map[[2]string]*clientv3.GetResponse{}}
+		var err error
 		retry := false
+		if len(batch) > 1 {
+			if _, err = o.get(ctx, s.prefix, clientv3.WithCountOnly()); err == nil {
+				var wg sync.WaitGroup
+				for _, r := range batch {
+					if r.ctx.Err() != nil {
+						continue
+					}
+					wg.Add(1)
+					go func(r *request) {
+						defer wg.Done()
+						callSafely(r.fn, &txn{o: o, ctx: r.ctx, writes: map[string][]byte{}})
+					}(r)
+				}
+				wg.Wait()
+			}
+		}
+		merged := map[string][]byte{}
 		for i, r := range batch {
+			if err != nil {
+				break
+			}
 			results[i] = r.ctx.Err()
 			if results[i] != nil {
 				continue
 			}
-			o.ctx = r.ctx
-			t := &txn{o: o, base: merged, writes: map[string][]byte{}}
-			err := callSafely(r.fn, t)
-			if errors.Is(err, errSnapshotGone) {
+			t := &txn{o: o, ctx: r.ctx, base: merged, writes: map[string][]byte{}}
+			ferr := callSafely(r.fn, t)
+			if errors.Is(ferr, errSnapshotGone) {
 				retry = true
 				break
 			}
-			results[i] = err
-			if err == nil {
+			results[i] = ferr
+			if ferr == nil {
 				for k, v := range t.writes {
 					merged[k] = v
 				}
 			}
 		}
-		var err error
-		if !retry {
-			o.ctx = ctx
+		if err == nil && !retry {
 			err = o.commit(ctx, merged)
-			if errors.Is(err, kv.ErrConflict) {
-				retry = true
-			}
+		}
+		if errors.Is(err, kv.ErrConflict) {
+			retry = true
 		}
 		if retry {
 			if attempt < maxAttempts {
@@ -391,12 +475,17 @@ var errSnapshotGone = fmt.Errorf("etcdkv: snapshot revision unavailable: %w", kv
 // and what it read.
 type occ struct {
 	s        *Store
-	ctx      context.Context
 	readOnly bool
-	rev      int64            // snapshot revision, 0 before the first read
-	reads    map[string]int64 // full key -> mod revision seen (0: absent)
-	ranges   [][2]string      // scanned ranges [start, end) of full keys
-	values   map[string]cached
+
+	// mu guards the fields below: the prefetch pass of a batch reads
+	// from several goroutines.
+	mu     sync.Mutex
+	rev    int64            // snapshot revision, 0 before the first read
+	gen    int64            // views: cache generation the view reads at (0: no cache)
+	reads  map[string]int64 // full key -> mod revision seen (0: absent)
+	ranges [][2]string      // scanned ranges [start, end) of full keys
+	values map[string]cached
+	pages  map[[2]string]*clientv3.GetResponse // scan pages by (from, end), batches only
 }
 
 type cached struct {
@@ -405,31 +494,97 @@ type cached struct {
 }
 
 func (o *occ) get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
-	if o.rev != 0 {
-		opts = append(opts, clientv3.WithRev(o.rev), clientv3.WithSerializable())
-	}
-	resp, err := o.s.cli.Get(ctx, key, opts...)
-	if err != nil {
-		if errors.Is(err, rpctypes.ErrCompacted) || errors.Is(err, rpctypes.ErrFutureRev) {
-			return nil, errSnapshotGone
+	o.mu.Lock()
+	rev := o.rev
+	o.mu.Unlock()
+	if rev != 0 {
+		resp, err := o.s.cli.Get(ctx, key, append(opts, clientv3.WithRev(rev), clientv3.WithSerializable())...)
+		if err != nil {
+			if errors.Is(err, rpctypes.ErrCompacted) || errors.Is(err, rpctypes.ErrFutureRev) {
+				return nil, errSnapshotGone
+			}
+			return nil, fmt.Errorf("etcdkv: read: %w", err)
 		}
+		return resp, nil
+	}
+	// The first read fixes the snapshot. A serializable read is enough if
+	// the member answering has every write this store acknowledged;
+	// otherwise read again through the raft leader (linearizable).
+	resp, err := o.s.cli.Get(ctx, key, append(opts, clientv3.WithSerializable())...)
+	if err == nil && resp.Header.Revision < o.s.lastRev.Load() {
+		resp, err = o.s.cli.Get(ctx, key, opts...)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("etcdkv: read: %w", err)
 	}
+	o.s.observe(resp.Header.Revision)
+	o.mu.Lock()
 	if o.rev == 0 {
 		o.rev = resp.Header.Revision
+	} else if o.rev != resp.Header.Revision {
+		// Another goroutine of the batch fixed the snapshot first.
+		o.mu.Unlock()
+		return o.get(ctx, key, opts...)
+	}
+	o.mu.Unlock()
+	return resp, nil
+}
+
+// observe raises lastRev to rev.
+func (s *Store) observe(rev int64) {
+	for cur := s.lastRev.Load(); rev > cur && !s.lastRev.CompareAndSwap(cur, rev); cur = s.lastRev.Load() {
+	}
+}
+
+// getPage reads one page of a scan, from the batch's page cache if the
+// prefetch pass read it already.
+func (o *occ) getPage(ctx context.Context, from, end string) (*clientv3.GetResponse, error) {
+	k := [2]string{from, end}
+	o.mu.Lock()
+	if r, ok := o.pages[k]; ok {
+		o.mu.Unlock()
+		return r, nil
+	}
+	cache := o.pages != nil
+	o.mu.Unlock()
+	resp, err := o.get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(int64(o.s.opts.PageSize)))
+	if err != nil {
+		return nil, err
+	}
+	if cache {
+		o.mu.Lock()
+		o.pages[k] = resp
+		o.mu.Unlock()
 	}
 	return resp, nil
 }
 
-func (o *occ) getKey(full string) ([]byte, bool, error) {
-	if c, ok := o.values[full]; ok {
+func (o *occ) getKey(ctx context.Context, full string) ([]byte, bool, error) {
+	o.mu.Lock()
+	c, ok := o.values[full]
+	o.mu.Unlock()
+	if ok {
 		return c.v, c.ok, nil
 	}
-	resp, err := o.get(o.ctx, full)
+	if sc := o.s.cache; sc != nil {
+		if e, gen, hit := sc.get(full); hit && (!o.readOnly || gen == o.gen) {
+			if !o.readOnly {
+				o.mu.Lock()
+				o.record(full, e.mod)
+				if o.values == nil {
+					o.values = map[string]cached{}
+				}
+				o.values[full] = cached{v: e.v, ok: e.ok}
+				o.mu.Unlock()
+			}
+			return e.v, e.ok, nil
+		}
+	}
+	resp, err := o.get(ctx, full)
 	if err != nil {
 		return nil, false, err
 	}
-	var c cached
+	c = cached{}
 	var mod int64
 	if len(resp.Kvs) > 0 {
 		c = cached{v: resp.Kvs[0].Value, ok: true}
@@ -438,16 +593,25 @@ func (o *occ) getKey(full string) ([]byte, bool, error) {
 		}
 		mod = resp.Kvs[0].ModRevision
 	}
+	if o.s.cache != nil {
+		o.mu.Lock()
+		snap := o.rev
+		o.mu.Unlock()
+		o.s.cache.fill(full, cacheEntry{v: c.v, ok: c.ok, mod: mod}, snap)
+	}
 	if !o.readOnly {
+		o.mu.Lock()
 		o.record(full, mod)
 		if o.values == nil {
 			o.values = map[string]cached{}
 		}
 		o.values[full] = c
+		o.mu.Unlock()
 	}
 	return c.v, c.ok, nil
 }
 
+// record notes a read for the commit's compares; o.mu must be held.
 func (o *occ) record(full string, mod int64) {
 	if o.reads == nil {
 		o.reads = map[string]int64{}
@@ -486,10 +650,18 @@ func (o *occ) commit(ctx context.Context, writes map[string][]byte) error {
 		els = append(els, clientv3.OpGet(fkey))
 	}
 	resp, err := o.s.cli.Txn(ctx).If(cmps...).Then(ops...).Else(els...).Commit()
+	if o.s.cache != nil {
+		if err == nil && resp.Succeeded {
+			o.s.cache.committed(writes, o.s.prefix, resp.Header.Revision)
+		} else {
+			o.s.cache.clear()
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("etcdkv: commit %d writes with %d compares: %w", len(ops), len(cmps), err)
 	}
 	if resp.Succeeded {
+		o.s.observe(resp.Header.Revision)
 		return nil
 	}
 	if fkey != "" {
@@ -504,6 +676,7 @@ func (o *occ) commit(ctx context.Context, writes map[string][]byte) error {
 // txn implements kv.Txn (and kv.Reader for View) on an occ.
 type txn struct {
 	o      *occ
+	ctx    context.Context
 	base   map[string][]byte // writes of earlier transactions of the batch (read-only)
 	writes map[string][]byte // this transaction's writes; nil value: deleted
 }
@@ -526,7 +699,7 @@ func (t *txn) Get(key []byte) ([]byte, bool, error) {
 		}
 		return bytes.Clone(v), true, nil
 	}
-	v, ok, err := t.o.getKey(t.o.s.prefix + string(key))
+	v, ok, err := t.o.getKey(t.ctx, t.o.s.prefix+string(key))
 	if err != nil || !ok {
 		return nil, false, err
 	}
@@ -605,7 +778,7 @@ func (t *txn) Scan(start, end []byte, limit int, fn func(k, v []byte) error) err
 	err := func() error {
 		from := fullStart
 		for {
-			resp, err := o.get(o.ctx, from, clientv3.WithRange(fullEnd), clientv3.WithLimit(int64(o.s.opts.PageSize)))
+			resp, err := o.getPage(t.ctx, from, fullEnd)
 			if err != nil {
 				return err
 			}
@@ -624,7 +797,9 @@ func (t *txn) Scan(start, end []byte, limit int, fn func(k, v []byte) error) err
 					continue // shadowed by a pending write
 				}
 				if !o.readOnly {
+					o.mu.Lock()
 					o.record(string(ekv.Key), ekv.ModRevision)
+					o.mu.Unlock()
 				}
 				v := ekv.Value
 				if v == nil {
@@ -648,6 +823,8 @@ func (t *txn) Scan(start, end []byte, limit int, fn func(k, v []byte) error) err
 		}
 		return nil
 	}()
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	if !o.readOnly && o.rev != 0 {
 		// Phantoms: no key may appear in the part of the range the
 		// caller looked at.
