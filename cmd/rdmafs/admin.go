@@ -18,5 +18,8 @@ func newAdminCommand() *cobra.Command {
 
 // adminSubcommands lists the admin subcommands. Add one line per subcommand.
 func adminSubcommands() []*cobra.Command {
-	return []*cobra.Command{}
+	return []*cobra.Command{
+		newAdminDumpCommand(),
+		newAdminLoadCommand(),
+	}
 }
