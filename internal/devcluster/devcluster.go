@@ -34,6 +34,14 @@ type Config struct {
 	Mount        bool   // also mount at Dir/mnt
 	// HeartbeatTimeout marks a chunkserver down (default 10s; short in tests).
 	HeartbeatTimeout time.Duration
+	// KV, when set, is an etcd://host:port/prefix URL: the file system is
+	// formatted in etcd and Metas meta servers run on it (one elected,
+	// the others standing by); chunkd and the mount get all addresses.
+	KV string
+	// Metas is the number of meta servers with KV (default 2).
+	Metas int
+	// ElectionTTL is the meta leader lease with KV (default 2s).
+	ElectionTTL time.Duration
 }
 
 // Proc is a process of the cluster.
@@ -52,6 +60,8 @@ type Cluster struct {
 	SecretFile string `json:"secret_file"`
 	Transport  string `json:"transport"`
 	Meta       Proc   `json:"meta"`
+	// Metas are all meta servers (with an etcd store; Meta is Metas[0]).
+	Metas []Proc `json:"metas,omitempty"`
 	Chunk      []Proc `json:"chunk"`
 	Mount      *Proc  `json:"mount,omitempty"`
 	MountPoint string `json:"mount_point,omitempty"`
@@ -106,6 +116,9 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 			c.Down(context.Background())
 		}
 	}()
+	if cfg.KV != "" {
+		return c, c.upEtcd(ctx, cfg)
+	}
 	metaData := filepath.Join(dir, "meta")
 	c.SecretFile = filepath.Join(metaData, "secret")
 	if _, err := os.Stat(c.SecretFile); errors.Is(err, os.ErrNotExist) {
@@ -319,6 +332,12 @@ func (c *Cluster) Down(ctx context.Context) error {
 	if c.Meta.PID != 0 {
 		keep(stop(c.Meta.PID, syscall.SIGTERM, 10*time.Second))
 		c.Meta.PID = 0
+	}
+	for i := range c.Metas {
+		if c.Metas[i].PID != 0 {
+			keep(stop(c.Metas[i].PID, syscall.SIGTERM, 10*time.Second))
+			c.Metas[i].PID = 0
+		}
 	}
 	c.save()
 	return first
