@@ -191,6 +191,10 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		cli.Close()
 		return nil, fmt.Errorf("etcdkv: etcd at %v does not answer: %w", opts.Endpoints, err)
 	}
+	if err := checkTxnOps(cctx, cli); err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("etcdkv: etcd at %v: %w", opts.Endpoints, err)
+	}
 	p := DataPrefix(opts.Prefix)
 	s := &Store{cli: cli, opts: opts, prefix: p, end: string(kv.PrefixEnd([]byte(p))), finished: make(chan struct{}), cache: newCache(opts.CacheEntries)}
 	if opts.Batch {
@@ -200,6 +204,28 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		close(s.finished)
 	}
 	return s, nil
+}
+
+// MinTxnOps is the smallest --max-txn-ops of the etcd server that Open
+// accepts. A metadata transaction commits one compare per key read and one
+// operation per key written, and group commit puts many of them into one
+// etcd transaction; etcd's default of 128 is far too small.
+const MinTxnOps = 4096
+
+// checkTxnOps fails clearly when etcd limits transactions to fewer than
+// MinTxnOps operations, instead of failing later on the first large commit.
+func checkTxnOps(ctx context.Context, cli *clientv3.Client) error {
+	cmps := make([]clientv3.Cmp, MinTxnOps)
+	for i := range cmps {
+		cmps[i] = clientv3.Compare(clientv3.CreateRevision("rdmafs-probe"), "=", 0)
+	}
+	if _, err := cli.Txn(ctx).If(cmps...).Commit(); err != nil {
+		if errors.Is(err, rpctypes.ErrTooManyOps) {
+			return fmt.Errorf("the server allows too few operations per transaction: start etcd with --max-txn-ops %d or more (65536 recommended, see docs/meta-etcd.md)", MinTxnOps)
+		}
+		return fmt.Errorf("probe transaction: %w", err)
+	}
+	return nil
 }
 
 // Client returns the etcd client (for elections and leases); it is closed

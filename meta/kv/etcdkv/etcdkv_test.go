@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -203,5 +204,19 @@ func TestCacheStaysSafe(t *testing.T) {
 				t.Fatalf("n = %q after three increments, want xxx (a stale cached value was committed)", v)
 			}
 		})
+	}
+}
+
+// TestTooFewTxnOps checks that an etcd started with the default
+// --max-txn-ops is refused at Open with a message saying what to change.
+func TestTooFewTxnOps(t *testing.T) {
+	srv, err := etcdtest.Start(context.Background(), etcdtest.Options{MaxTxnOps: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	_, err = etcdkv.Open(context.Background(), etcdkv.Options{Endpoints: []string{srv.Endpoint()}})
+	if err == nil || !strings.Contains(err.Error(), "--max-txn-ops") {
+		t.Fatalf("Open on an etcd with --max-txn-ops 128: %v", err)
 	}
 }

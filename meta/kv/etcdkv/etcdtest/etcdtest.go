@@ -58,6 +58,8 @@ type Options struct {
 	// Log receives the server's output (default: discarded, but the tail is
 	// kept for error messages).
 	Log *os.File
+	// MaxTxnOps overrides the --max-txn-ops of the server (default MaxTxnOps).
+	MaxTxnOps int
 }
 
 // Server is a running etcd process.
@@ -89,6 +91,10 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	txnOps := opts.MaxTxnOps
+	if txnOps <= 0 {
+		txnOps = MaxTxnOps
+	}
 	client := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
 	peer := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
 	args := []string{
@@ -98,7 +104,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
 		"--initial-cluster", "rdmafs-test=" + peer,
 		"--initial-cluster-state", "new",
-		"--max-txn-ops", fmt.Sprint(MaxTxnOps),
+		"--max-txn-ops", fmt.Sprint(txnOps),
 		"--max-request-bytes", fmt.Sprint(MaxRequestBytes),
 		"--quota-backend-bytes", fmt.Sprint(int64(8) << 30),
 		"--auto-compaction-mode", "revision", "--auto-compaction-retention", "100000",
