@@ -61,7 +61,7 @@ type Cluster struct {
 	Transport  string `json:"transport"`
 	Meta       Proc   `json:"meta"`
 	// Metas are all meta servers (with an etcd store; Meta is Metas[0]).
-	Metas []Proc `json:"metas,omitempty"`
+	Metas      []Proc `json:"metas,omitempty"`
 	Chunk      []Proc `json:"chunk"`
 	Mount      *Proc  `json:"mount,omitempty"`
 	MountPoint string `json:"mount_point,omitempty"`
