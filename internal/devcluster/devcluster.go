@@ -25,7 +25,7 @@ import (
 type Config struct {
 	Dir          string // everything lives here (created)
 	Bin          string // directory holding the rdmafs and chunkd binaries
-	Chunkservers int    // default 6
+	Chunkservers int    // default 6; negative: none (metadata-only tests)
 	EC           string // default "4+2"
 	Unit         string // default "1MiB"
 	Transport    string // rdma transport for chunkd and the client (default "auto")
@@ -70,6 +70,9 @@ type Cluster struct {
 func (c *Config) defaults() {
 	if c.Chunkservers == 0 {
 		c.Chunkservers = 6
+	}
+	if c.Chunkservers < 0 {
+		c.Chunkservers = 0 // metadata only
 	}
 	if c.EC == "" {
 		c.EC = "4+2"
