@@ -316,6 +316,9 @@ func (s *Store) Update(ctx context.Context, fn func(kv.Txn) error) error {
 	}
 }
 
+// maxPage bounds the keys fetched per request by a scan with a limit.
+const maxPage = 4096
+
 // maxAttempts bounds the retries of a conflicting transaction.
 const maxAttempts = 1000
 
@@ -564,7 +567,7 @@ func (s *Store) observe(rev int64) {
 
 // getPage reads one page of a scan, from the batch's page cache if the
 // prefetch pass read it already.
-func (o *occ) getPage(ctx context.Context, from, end string) (*clientv3.GetResponse, error) {
+func (o *occ) getPage(ctx context.Context, from, end string, size int) (*clientv3.GetResponse, error) {
 	k := [2]string{from, end}
 	o.mu.Lock()
 	if r, ok := o.pages[k]; ok {
@@ -573,7 +576,7 @@ func (o *occ) getPage(ctx context.Context, from, end string) (*clientv3.GetRespo
 	}
 	cache := o.pages != nil
 	o.mu.Unlock()
-	resp, err := o.get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(int64(o.s.opts.PageSize)))
+	resp, err := o.get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(int64(size)))
 	if err != nil {
 		return nil, err
 	}
@@ -785,6 +788,12 @@ func (t *txn) Scan(start, end []byte, limit int, fn func(k, v []byte) error) err
 	if end != nil {
 		fullEnd = p + string(end)
 	}
+	// A scan with a limit fetches at most that many keys per request
+	// (plus the pending deletions that may hide some), up to maxPage.
+	pageSize := o.s.opts.PageSize
+	if limit > 0 {
+		pageSize = min(max(limit+len(pend), 1), max(pageSize, maxPage))
+	}
 	n := 0
 	lastSeen := "" // last user key passed to fn
 	stopped := false
@@ -804,7 +813,7 @@ func (t *txn) Scan(start, end []byte, limit int, fn func(k, v []byte) error) err
 	err := func() error {
 		from := fullStart
 		for {
-			resp, err := o.getPage(t.ctx, from, fullEnd)
+			resp, err := o.getPage(t.ctx, from, fullEnd, pageSize)
 			if err != nil {
 				return err
 			}
