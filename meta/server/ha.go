@@ -242,6 +242,7 @@ type connMux struct {
 
 func newConnMux(l net.Listener) *connMux { return &connMux{l: l} }
 
+// Addr returns the shared listener's address.
 func (m *connMux) Addr() net.Addr { return m.l.Addr() }
 
 func (m *connMux) run() {
@@ -272,6 +273,7 @@ func (m *connMux) next() *subListener {
 	return s
 }
 
+// Close closes the shared listener.
 func (m *connMux) Close() error { return m.l.Close() }
 
 type subListener struct {
