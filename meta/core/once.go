@@ -30,7 +30,7 @@ func updateOnce[T proto.Message](s *Service, ctx context.Context, out *T, fn fun
 	if !ok {
 		return false, s.update(ctx, fn)
 	}
-	key := keys.Request(id.Client, id.Seq)
+	key := keys.Request(id.Minute, id.Client, id.Seq)
 	err = s.update(ctx, func(t kv.Txn) error {
 		replayed = false
 		if id.Retry {
@@ -78,7 +78,7 @@ func storedReply[T proto.Message](s *Service, ctx context.Context) (T, bool, err
 	found := false
 	if err := s.view(ctx, func(r kv.Reader) error {
 		var err error
-		found, err = getMsg(r, keys.Request(id.Client, id.Seq), rec)
+		found, err = getMsg(r, keys.Request(id.Minute, id.Client, id.Seq), rec)
 		return err
 	}); err != nil || !found {
 		return zero, false, err
@@ -93,23 +93,19 @@ func storedReply[T proto.Message](s *Service, ctx context.Context) (T, bool, err
 // maxRequestDeletes bounds the request records deleted per transaction.
 const maxRequestDeletes = 1000
 
-// expireRequests deletes request records older than RequestTTL: a client
-// retries a request within seconds, never after that long.
+// expireRequests deletes the request records of requests first sent more
+// than RequestTTL ago: a client retries a request within its failover
+// timeout, never after that long. Records are keyed by that minute, so only
+// expired records are read.
 func (s *Service) expireRequests(ctx context.Context) error {
-	cutoff := s.now().Add(-s.cfg.RequestTTL).UnixNano()
+	cutoff := uint64(s.now().Add(-s.cfg.RequestTTL).Unix() / 60)
+	start, end := keys.RequestPrefix(), keys.RequestsBefore(cutoff)
 	for {
 		var old [][]byte
-		prefix := keys.RequestPrefix()
 		if err := s.view(ctx, func(r kv.Reader) error {
 			old = old[:0]
-			return r.Scan(prefix, kv.PrefixEnd(prefix), 0, func(k, v []byte) error {
-				rec := &metapb.RequestRecord{}
-				if err := proto.Unmarshal(v, rec); err != nil || rec.CommittedNs < cutoff {
-					old = append(old, append([]byte{}, k...))
-				}
-				if len(old) >= maxRequestDeletes {
-					return kv.ErrStop
-				}
+			return r.Scan(start, end, maxRequestDeletes, func(k, v []byte) error {
+				old = append(old, append([]byte{}, k...))
 				return nil
 			})
 		}); err != nil {

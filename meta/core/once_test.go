@@ -74,7 +74,7 @@ func TestExactlyOnce(t *testing.T) {
 		}
 		for _, tt := range tests {
 			seq++
-			id := reqid.ID{Client: 0xfeed, Seq: seq}
+			id := reqid.ID{Client: 0xfeed, Seq: seq, Minute: uint64(e.clock.Now().Unix() / 60)}
 			first, err := tt.call(reqid.NewIncoming(e.ctx, id))
 			if err != nil {
 				t.Fatalf("%s: first attempt: %v", tt.name, err)
@@ -97,7 +97,7 @@ func TestExactlyOnce(t *testing.T) {
 			t.Fatalf("created file missing: %v", err)
 		}
 		// A retry whose first attempt never committed runs normally.
-		ctx := reqid.NewIncoming(e.ctx, reqid.ID{Client: 0xfeed, Seq: 1000, Retry: true})
+		ctx := reqid.NewIncoming(e.ctx, reqid.ID{Client: 0xfeed, Seq: 1000, Minute: uint64(e.clock.Now().Unix() / 60), Retry: true})
 		if _, err := e.s.Mkdir(ctx, &metapb.MkdirRequest{Caller: root, Parent: RootIno, Name: "fresh", Mode: 0o755}); err != nil {
 			t.Fatalf("retry of an unknown request: %v", err)
 		}
@@ -105,11 +105,11 @@ func TestExactlyOnce(t *testing.T) {
 		_, err = e.s.Mkdir(e.ctx, &metapb.MkdirRequest{Caller: root, Parent: RootIno, Name: "fresh", Mode: 0o755})
 		wantErrno(t, err, syscall.EEXIST)
 		// Records expire after RequestTTL.
-		e.clock.Advance(11 * time.Minute)
+		e.clock.Advance(11 * time.Minute) // past RequestTTL (5m)
 		if err := e.s.expireRequests(e.ctx); err != nil {
 			t.Fatal(err)
 		}
-		ctx = reqid.NewIncoming(e.ctx, reqid.ID{Client: 0xfeed, Seq: 1, Retry: true})
+		ctx = reqid.NewIncoming(e.ctx, reqid.ID{Client: 0xfeed, Seq: 1, Minute: uint64(e.clock.Now().Unix()/60) - 11, Retry: true})
 		_, err = e.s.Create(ctx, &metapb.CreateRequest{Caller: root, Parent: RootIno, Name: "new", Mode: 0o644, Exclusive: true})
 		wantErrno(t, err, syscall.EEXIST)
 		// A malformed id is refused clearly.

@@ -100,7 +100,8 @@ type Config struct {
 	// a conflict (for metrics).
 	OnRetry func()
 	// RequestTTL is how long the outcome of a mutating request with a
-	// request id is kept for retries (default 10m).
+	// request id is kept for retries (default 5m; clients retry for at most
+	// client.DefaultFailoverTimeout, 2m, by default).
 	RequestTTL time.Duration
 	// Takeover says that the store was being served by another metadata
 	// server until now (etcd, after winning the election): the registered
@@ -195,7 +196,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		cfg.GrantTTL = 10 * time.Minute
 	}
 	if cfg.RequestTTL <= 0 {
-		cfg.RequestTTL = 10 * time.Minute
+		cfg.RequestTTL = 5 * time.Minute
 	}
 	s := &Service{store: cfg.Store, log: cfg.Logger, now: cfg.Now, cfg: cfg,
 		sessions: map[uint64]time.Time{}, sessTTL: map[uint64]time.Duration{}}

@@ -14,8 +14,9 @@ import (
 
 // Metadata keys.
 const (
-	// HeaderID carries "<client hex>-<seq>"; client is random per client
-	// process and seq counts its requests.
+	// HeaderID carries "<client hex>-<seq>-<minute>"; client is random per
+	// client process, seq counts its requests and minute is the Unix minute
+	// of the first attempt (the server expires outcomes by it).
 	HeaderID = "rdmafs-request-id"
 	// HeaderRetry is "1" on the second and later attempts of a request.
 	HeaderRetry = "rdmafs-retry"
@@ -24,19 +25,22 @@ const (
 // ID identifies one request.
 type ID struct {
 	Client, Seq uint64
+	// Minute is the Unix time in minutes of the first attempt.
+	Minute uint64
 	// Retry is set when the request may have been executed already.
 	Retry bool
 }
 
 // String formats the id as sent in HeaderID.
-func (id ID) String() string { return fmt.Sprintf("%016x-%d", id.Client, id.Seq) }
+func (id ID) String() string { return fmt.Sprintf("%016x-%d-%d", id.Client, id.Seq, id.Minute) }
 
 // Parse parses a HeaderID value.
 func Parse(s string) (ID, error) {
-	c, q, ok := strings.Cut(s, "-")
-	if !ok || len(c) != 16 {
-		return ID{}, fmt.Errorf("reqid: malformed request id %q (want 16 hex digits, '-', sequence number)", s)
+	parts := strings.Split(s, "-")
+	if len(parts) != 3 || len(parts[0]) != 16 {
+		return ID{}, fmt.Errorf("reqid: malformed request id %q (want 16 hex digits, '-', sequence number, '-', minute)", s)
 	}
+	c, q := parts[0], parts[1]
 	client, err := strconv.ParseUint(c, 16, 64)
 	if err != nil {
 		return ID{}, fmt.Errorf("reqid: malformed client in request id %q: %w", s, err)
@@ -45,7 +49,11 @@ func Parse(s string) (ID, error) {
 	if err != nil {
 		return ID{}, fmt.Errorf("reqid: malformed sequence number in request id %q: %w", s, err)
 	}
-	return ID{Client: client, Seq: seq}, nil
+	minute, err := strconv.ParseUint(parts[2], 10, 64)
+	if err != nil {
+		return ID{}, fmt.Errorf("reqid: malformed minute in request id %q: %w", s, err)
+	}
+	return ID{Client: client, Seq: seq, Minute: minute}, nil
 }
 
 // AppendOutgoing adds id to the outgoing metadata of ctx.
