@@ -5,14 +5,21 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/core"
 	"github.com/rdmafs/rdmafs/meta/kv/etcdkv/etcdtest"
 	"github.com/rdmafs/rdmafs/meta/metapb"
+	"github.com/rdmafs/rdmafs/meta/reqid"
 	"github.com/rdmafs/rdmafs/meta/server"
 )
 
@@ -102,5 +109,68 @@ func waitLeader(t *testing.T, s *server.Server) {
 			t.Fatal("no leader after 15s")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestLostReplyIsReplayed makes the first attempt of every mutating call
+// lose its reply after the server committed it (as when the server dies
+// right after the commit): the client's retry must get the original
+// outcome, not EEXIST or ENOENT, on both backends.
+func TestLostReplyIsReplayed(t *testing.T) {
+	etcd := etcdtest.StartT(t)
+	ctx := context.Background()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, kvURL := range []string{"", etcd.URL("lost")} {
+		t.Run(fmt.Sprintf("etcd=%v", kvURL != ""), func(t *testing.T) {
+			dir := t.TempDir()
+			sf := dir + "/secret"
+			if _, err := server.FormatStore(ctx, dir, kvURL, sf, core.StandardLayout()); err != nil {
+				t.Fatal(err)
+			}
+			secret, err := auth.ReadSecretFile(sf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := server.Start(ctx, server.Config{DataDir: dir, KV: kvURL, Listen: "127.0.0.1:0", Secret: secret, Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Stop(ctx)
+			waitLeader(t, s)
+			var lost atomic.Int64
+			drop := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				err := invoker(ctx, method, req, reply, cc, opts...)
+				if md, _ := metadata.FromOutgoingContext(ctx); err == nil && len(md.Get(reqid.HeaderRetry)) == 0 && len(md.Get(reqid.HeaderID)) > 0 {
+					lost.Add(1)
+					return status.Error(codes.Unavailable, "reply lost (test)")
+				}
+				return err
+			}
+			c, err := client.Dial(s.Addr(), secret, grpc.WithUnaryInterceptor(drop))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			e, err := c.Create(ctx, &metapb.CreateRequest{Parent: core.RootIno, Name: "f", Mode: 0o644, Exclusive: true})
+			if err != nil {
+				t.Fatalf("create whose first reply was lost: %v", err)
+			}
+			if _, err := c.Mkdir(ctx, &metapb.MkdirRequest{Parent: core.RootIno, Name: "d", Mode: 0o755}); err != nil {
+				t.Fatalf("mkdir whose first reply was lost: %v", err)
+			}
+			if _, err := c.Rename(ctx, &metapb.RenameRequest{Parent: core.RootIno, Name: "f", NewParent: core.RootIno, NewName: "g"}); err != nil {
+				t.Fatalf("rename whose first reply was lost: %v", err)
+			}
+			if _, err := c.Unlink(ctx, &metapb.UnlinkRequest{Parent: core.RootIno, Name: "g"}); err != nil {
+				t.Fatalf("unlink whose first reply was lost: %v", err)
+			}
+			if lost.Load() != 4 {
+				t.Fatalf("%d replies dropped, want 4", lost.Load())
+			}
+			r, err := c.ReadDir(ctx, &metapb.ReadDirRequest{Ino: core.RootIno})
+			if err != nil || len(r.Entries) != 1 || r.Entries[0].Name != "d" || e.Attr.Ino == 0 {
+				t.Fatalf("namespace after the replays: %v %v", r, err)
+			}
+		})
 	}
 }
