@@ -175,7 +175,11 @@ func (h *ha) term(ctx context.Context, standby *grpc.Server) (*grpc.Server, erro
 	select {
 	case <-ctx.Done():
 	case <-sess.Done():
-		lost = errors.New("lost the etcd leader lease; standing by")
+		// The session also ends when Stop cancels ctx: that is a clean
+		// stop, not a lost lease.
+		if ctx.Err() == nil {
+			lost = errors.New("lost the etcd leader lease; standing by")
+		}
 	}
 	h.mu.Lock()
 	h.svc = nil
