@@ -62,7 +62,7 @@ func newCommand() *cobra.Command {
 	fl.StringVar(&f.data, "data", "", "data directory (required)")
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:7400", "address to serve the chunk protocol on")
 	fl.StringVar(&f.advertise, "advertise", "", "address registered with the metadata service (default: the listen address)")
-	fl.StringVar(&f.meta, "meta", "", "metadata service address (empty: standalone)")
+	fl.StringVar(&f.meta, "meta", "", "metadata service address, or several comma-separated (meta servers on one etcd; empty: standalone)")
 	fl.StringVar(&f.mem, "mem", "", "registered memory for resident chunks and staging, e.g. 512MiB (default min(RAM/8, 4GiB))")
 	fl.StringVar(&f.transport, "transport", "auto", "rdma transport: "+strings.Join(transport.Names(), ", "))
 	fl.StringVar(&f.zone, "zone", "", "failure-domain label")

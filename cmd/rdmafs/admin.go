@@ -22,5 +22,7 @@ func adminSubcommands() []*cobra.Command {
 		newAdminRepairCommand(),
 		newAdminDrainCommand(),
 		newAdminRebalanceCommand(),
+		newAdminDumpCommand(),
+		newAdminLoadCommand(),
 	}
 }

@@ -14,15 +14,39 @@ import (
 
 // newFormatCommand is `rdmafs format META`: initialize a metadata data directory.
 func newFormatCommand() *cobra.Command {
-	var ec, unit, secretFile string
+	var ec, unit, secretFile, kvURL string
 	cmd := &cobra.Command{
-		Use:   "format META-DATA-DIR",
+		Use:   "format [META-DATA-DIR]",
 		Short: "Create a new file system in a metadata data directory",
 		Long: "Create a new file system: initialize the metadata store in META-DATA-DIR with the default\n" +
 			"erasure-coding layout (--ec k+m, --unit) and generate the cluster secret file that the\n" +
-			"meta server, chunkservers and clients must present. Refuses an already formatted directory.",
-		Args: cobra.ExactArgs(1),
+			"meta server, chunkservers and clients must present. Refuses an already formatted directory.\n" +
+			"With --kv etcd://host:port/prefix the file system is created in etcd instead (then\n" +
+			"--secret-file is required and META-DATA-DIR is not used).",
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if kvURL != "" {
+				if len(args) != 0 {
+					return fmt.Errorf("format: give either META-DATA-DIR or --kv, not both")
+				}
+				if secretFile == "" {
+					return fmt.Errorf("format: --kv needs --secret-file")
+				}
+				l, err := parseLayout(ec, unit)
+				if err != nil {
+					return err
+				}
+				id, err := server.FormatStore(cmd.Context(), "", kvURL, secretFile, l)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "formatted %s: cluster %s, layout %d+%d, unit %d bytes, secret in %s\n",
+					kvURL, id, l.K, l.M, l.Unit, secretFile)
+				return nil
+			}
+			if len(args) != 1 {
+				return fmt.Errorf("format: give META-DATA-DIR (bbolt) or --kv etcd://... (etcd)")
+			}
 			l, err := parseLayout(ec, unit)
 			if err != nil {
 				return err
@@ -41,6 +65,7 @@ func newFormatCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&ec, "ec", "4+2", "erasure coding k+m (k=1: replication with m+1 copies)")
 	cmd.Flags().StringVar(&unit, "unit", "1MiB", "shard unit size (multiple of 4KiB)")
+	cmd.Flags().StringVar(&kvURL, "kv", "", "create the file system in etcd: etcd://host:port[,host:port]/prefix")
 	cmd.Flags().StringVar(&secretFile, "secret-file", "", "where to write the cluster secret (default META-DATA-DIR/secret)")
 	return cmd
 }

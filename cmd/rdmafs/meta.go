@@ -16,23 +16,33 @@ import (
 // newMetaCommand is `rdmafs meta`: the metadata server.
 func newMetaCommand() *cobra.Command {
 	var (
-		dataDir, listen, secretFile, metricsListen, logLevel string
-		hbTimeout, sessionTTL, grantTTL                      time.Duration
-		repairGrace, repairTaskTimeout                       time.Duration
+		dataDir, kvURL, listen, secretFile, metricsListen, logLevel string
+		hbTimeout, sessionTTL, grantTTL, electionTTL                time.Duration
+		repairGrace, repairTaskTimeout                              time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "meta",
 		Short: "Run the metadata server",
 		Long: "Run the metadata server on a data directory prepared by `rdmafs format`. It serves the\n" +
 			"namespace, layouts, the stripe table and chunkserver membership over gRPC, refuses\n" +
-			"requests without the cluster secret, and stops cleanly on SIGTERM.",
+			"requests without the cluster secret, and stops cleanly on SIGTERM.\n\n" +
+			"With --kv etcd://host:port[,host:port]/prefix the state lives in etcd (formatted with\n" +
+			"`rdmafs format --kv`) and several meta servers may run on it: one is elected and serves,\n" +
+			"the others stand by and take over when it dies (docs/meta-etcd.md). Give clients and\n" +
+			"chunkservers all their addresses, comma-separated.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			logger, err := newLogger(logLevel)
 			if err != nil {
 				return err
 			}
+			if dataDir == "" && kvURL == "" {
+				return fmt.Errorf("meta: give --data DIR (bbolt) or --kv etcd://... (etcd)")
+			}
 			if secretFile == "" {
+				if dataDir == "" {
+					return fmt.Errorf("meta: --kv needs --secret-file (there is no data directory to find it in)")
+				}
 				secretFile = server.DefaultSecretFile(dataDir)
 			}
 			secret, err := auth.ReadSecretFile(secretFile)
@@ -40,7 +50,7 @@ func newMetaCommand() *cobra.Command {
 				return err
 			}
 			ctx := cmd.Context()
-			srv, err := server.Start(ctx, server.Config{DataDir: dataDir, Listen: listen, Secret: secret,
+			srv, err := server.Start(ctx, server.Config{DataDir: dataDir, KV: kvURL, ElectionTTL: electionTTL, Listen: listen, Secret: secret,
 				MetricsListen: metricsListen, HeartbeatTimeout: hbTimeout, SessionTTL: sessionTTL,
 				GrantTTL: grantTTL, Logger: logger, RepairGrace: repairGrace, RepairTaskTimeout: repairTaskTimeout})
 			if err != nil {
@@ -55,6 +65,8 @@ func newMetaCommand() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&dataDir, "data", "", "metadata data directory (formatted by rdmafs format)")
+	f.StringVar(&kvURL, "kv", "", "metadata store in etcd: etcd://host:port[,host:port]/prefix (default: bbolt in --data)")
+	f.DurationVar(&electionTTL, "election-ttl", 5*time.Second, "with --kv: leader lease; a standby takes over this long after the leader dies")
 	f.StringVar(&listen, "listen", "127.0.0.1:7400", "gRPC listen address")
 	f.StringVar(&secretFile, "secret-file", "", "cluster secret file (default DATA/secret)")
 	f.StringVar(&metricsListen, "metrics", "", "Prometheus metrics listen address, e.g. 127.0.0.1:7401 (off when empty)")
@@ -64,7 +76,6 @@ func newMetaCommand() *cobra.Command {
 	f.DurationVar(&repairGrace, "repair-grace", 10*time.Minute, "rebuild the shards of a chunkserver elsewhere once it has been down this long")
 	f.DurationVar(&repairTaskTimeout, "repair-task-timeout", 2*time.Minute, "give a repair task to another chunkserver if its target has not finished it within this time")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	cmd.MarkFlagRequired("data")
 	return cmd
 }
 

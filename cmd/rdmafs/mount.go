@@ -46,7 +46,8 @@ func newMountCommand() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "mount META MOUNTPOINT",
 		Short: "Mount an rdmafs file system (FUSE)",
-		Long: `Mounts the file system whose metadata service is at META (host:port) on
+		Long: `Mounts the file system whose metadata service is at META (host:port, or
+several comma-separated meta servers sharing one etcd: calls fail over among them) on
 MOUNTPOINT. File data moves between this host's registered buffers and the
 chunkservers with one-sided RDMA over the chosen transport. Runs in the
 foreground until unmounted or sent SIGTERM/SIGINT, which flushes dirty data and

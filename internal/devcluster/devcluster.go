@@ -25,7 +25,7 @@ import (
 type Config struct {
 	Dir          string // everything lives here (created)
 	Bin          string // directory holding the rdmafs and chunkd binaries
-	Chunkservers int    // default 6
+	Chunkservers int    // default 6; negative: none (metadata-only tests)
 	EC           string // default "4+2"
 	Unit         string // default "1MiB"
 	Transport    string // rdma transport for chunkd and the client (default "auto")
@@ -38,6 +38,14 @@ type Config struct {
 	// chunkd (e.g. --repair-grace, --repair-bw).
 	MetaArgs   []string
 	ChunkdArgs []string
+	// KV, when set, is an etcd://host:port/prefix URL: the file system is
+	// formatted in etcd and Metas meta servers run on it (one elected,
+	// the others standing by); chunkd and the mount get all addresses.
+	KV string
+	// Metas is the number of meta servers with KV (default 2).
+	Metas int
+	// ElectionTTL is the meta leader lease with KV (default 2s).
+	ElectionTTL time.Duration
 }
 
 // Proc is a process of the cluster.
@@ -50,12 +58,14 @@ type Proc struct {
 
 // Cluster is a running cluster; its state is kept in Dir/cluster.json.
 type Cluster struct {
-	Dir        string   `json:"dir"`
-	Bin        string   `json:"bin"`
-	MetaAddr   string   `json:"meta_addr"`
-	SecretFile string   `json:"secret_file"`
-	Transport  string   `json:"transport"`
-	Meta       Proc     `json:"meta"`
+	Dir        string `json:"dir"`
+	Bin        string `json:"bin"`
+	MetaAddr   string `json:"meta_addr"`
+	SecretFile string `json:"secret_file"`
+	Transport  string `json:"transport"`
+	Meta       Proc   `json:"meta"`
+	// Metas are all meta servers (with an etcd store; Meta is Metas[0]).
+	Metas      []Proc   `json:"metas,omitempty"`
 	Chunk      []Proc   `json:"chunk"`
 	Mount      *Proc    `json:"mount,omitempty"`
 	MountPoint string   `json:"mount_point,omitempty"`
@@ -65,6 +75,9 @@ type Cluster struct {
 func (c *Config) defaults() {
 	if c.Chunkservers == 0 {
 		c.Chunkservers = 6
+	}
+	if c.Chunkservers < 0 {
+		c.Chunkservers = 0 // metadata only
 	}
 	if c.EC == "" {
 		c.EC = "4+2"
@@ -111,6 +124,9 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 			c.Down(context.Background())
 		}
 	}()
+	if cfg.KV != "" {
+		return c, c.upEtcd(ctx, cfg)
+	}
 	metaData := filepath.Join(dir, "meta")
 	c.SecretFile = filepath.Join(metaData, "secret")
 	if _, err := os.Stat(c.SecretFile); errors.Is(err, os.ErrNotExist) {
@@ -326,6 +342,12 @@ func (c *Cluster) Down(ctx context.Context) error {
 	if c.Meta.PID != 0 {
 		keep(stop(c.Meta.PID, syscall.SIGTERM, 10*time.Second))
 		c.Meta.PID = 0
+	}
+	for i := range c.Metas {
+		if c.Metas[i].PID != 0 {
+			keep(stop(c.Metas[i].PID, syscall.SIGTERM, 10*time.Second))
+			c.Metas[i].PID = 0
+		}
 	}
 	c.save()
 	return first

@@ -7,11 +7,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/rdmafs/rdmafs/meta/auth"
@@ -23,25 +26,64 @@ import (
 // methods are available on it directly.
 type Client struct {
 	metapb.MetaClient
-	conn *grpc.ClientConn
+	fo *failover
 }
 
-// Dial connects to the metadata server at addr (host:port) with the cluster
-// secret. The connection is established lazily; extra grpc options are
-// appended.
-func Dial(addr, secret string, opts ...grpc.DialOption) (*Client, error) {
+// Dial connects to the metadata service at addrs: one host:port, or several
+// separated by commas (meta servers sharing one etcd, of which one serves).
+// Calls go to the server that answered last; on Unavailable or a connection
+// error they move on to the next address and are retried, for up to
+// FailoverTimeout (or the call's deadline). Mutating calls carry a request
+// id, so that a retry of a call whose first attempt committed returns the
+// original outcome. Connections are established lazily; extra grpc options
+// are appended.
+func Dial(addrs, secret string, opts ...grpc.DialOption) (*Client, error) {
 	if secret == "" {
 		return nil, errors.New("client: empty cluster secret")
+	}
+	list, err := SplitAddrs(addrs)
+	if err != nil {
+		return nil, err
 	}
 	all := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithPerRPCCredentials(auth.Credentials{Secret: secret}),
+		// A server that was down (or a standby) must be retried soon
+		// after it comes back, not after grpc's default backoff of up to
+		// two minutes.
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond,
+			Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}, MinConnectTimeout: 2 * time.Second}),
 	}, opts...)
-	conn, err := grpc.NewClient(addr, all...)
-	if err != nil {
-		return nil, fmt.Errorf("client: dial meta at %s: %w", addr, err)
+	fo := &failover{client: randomClientID()}
+	for _, a := range list {
+		conn, err := grpc.NewClient(a, all...)
+		if err != nil {
+			fo.close()
+			return nil, fmt.Errorf("client: dial meta at %s: %w", a, err)
+		}
+		fo.conns = append(fo.conns, conn)
+		fo.addrs = append(fo.addrs, a)
 	}
-	return &Client{MetaClient: metapb.NewMetaClient(conn), conn: conn}, nil
+	return &Client{MetaClient: metapb.NewMetaClient(fo), fo: fo}, nil
+}
+
+// SplitAddrs splits a comma-separated list of host:port addresses.
+func SplitAddrs(addrs string) ([]string, error) {
+	var out []string
+	for _, a := range strings.Split(addrs, ",") {
+		a = strings.TrimSpace(a)
+		if a == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return nil, fmt.Errorf("client: meta address %q: want host:port: %w", a, err)
+		}
+		out = append(out, a)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("client: no meta address in %q", addrs)
+	}
+	return out, nil
 }
 
 // DialSecretFile is Dial with the secret read from a file.
@@ -53,8 +95,15 @@ func DialSecretFile(addr, secretFile string, opts ...grpc.DialOption) (*Client, 
 	return Dial(addr, secret, opts...)
 }
 
-// Close closes the connection.
-func (c *Client) Close() error { return c.conn.Close() }
+// Close closes the connections.
+func (c *Client) Close() error { return c.fo.close() }
+
+// SetFailoverTimeout bounds how long a call keeps trying the meta servers
+// when its context has no deadline (default 2 minutes).
+func (c *Client) SetFailoverTimeout(d time.Duration) { c.fo.timeout.Store(int64(d)) }
+
+// Current returns the address calls go to now.
+func (c *Client) Current() string { return c.fo.addrs[c.fo.cur.Load()%int64(len(c.fo.addrs))] }
 
 // Errno returns the POSIX errno an error from any RPC stands for (0 for nil,
 // EIO for errors without a POSIX meaning).

@@ -2,8 +2,11 @@ package core
 
 import (
 	"context"
+	"crypto/sha256"
+	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sync"
 	"syscall"
 	"testing"
@@ -11,6 +14,8 @@ import (
 
 	"github.com/rdmafs/rdmafs/meta/kv"
 	"github.com/rdmafs/rdmafs/meta/kv/bolt"
+	"github.com/rdmafs/rdmafs/meta/kv/etcdkv"
+	"github.com/rdmafs/rdmafs/meta/kv/etcdkv/etcdtest"
 	"github.com/rdmafs/rdmafs/meta/metaerr"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
@@ -28,6 +33,37 @@ var backends = map[string]storeFactory{
 		}
 		return s
 	},
+	// etcd: one real etcd server for the package (TestMain); each test
+	// directory gets its own key prefix, so reopening finds the same data.
+	// The store runs with group commit, as the meta server runs it.
+	"etcd": func(t *testing.T, dir string) kv.Store {
+		if testEtcd == nil {
+			t.Fatal("no etcd server: TestMain did not start one")
+		}
+		s, err := etcdkv.Open(context.Background(), etcdkv.Options{Endpoints: []string{testEtcd.Endpoint()},
+			Prefix: fmt.Sprintf("core-%x", sha256.Sum256([]byte(dir))), Batch: true, PageSize: 64, CacheEntries: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	},
+}
+
+// testEtcd is the etcd server of this package's tests, started by TestMain.
+var testEtcd *etcdtest.Server
+
+func TestMain(m *testing.M) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	srv, err := etcdtest.Start(ctx, etcdtest.Options{})
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "meta/core tests need etcd for the etcd backend:", err)
+		os.Exit(1)
+	}
+	testEtcd = srv
+	code := m.Run()
+	srv.Stop()
+	os.Exit(code)
 }
 
 type clock struct {

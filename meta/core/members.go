@@ -47,10 +47,17 @@ type members struct {
 
 func (m *members) init() { m.byID = map[string]*member{} }
 
-func (m *members) load(rec *metapb.ChunkserverRecord, now time.Time) {
+// load adds a stored registration, down since now (the repair grace period
+// counts from a restart). With takeover the chunkserver counts as up, as if
+// it had sent a heartbeat at now (see Config.Takeover).
+func (m *members) load(rec *metapb.ChunkserverRecord, takeover bool, now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.byID[rec.Id] = &member{rec: rec, used: rec.Used, free: rec.Capacity - min(rec.Used, rec.Capacity), downSince: now}
+	mb := &member{rec: rec, used: rec.Used, free: rec.Capacity - min(rec.Used, rec.Capacity), downSince: now}
+	if takeover {
+		mb.up, mb.lastHB = true, now
+	}
+	m.byID[rec.Id] = mb
 }
 
 // sweep marks down the chunkservers whose heartbeats stopped.

@@ -93,7 +93,7 @@ func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, n
 	}
 	var out *metapb.EntryReply
 	created := false
-	err := s.update(ctx, func(t kv.Txn) error {
+	_, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		created = false
 		now := s.now().UnixNano()
 		p, err := getDir(t, parent)
@@ -261,7 +261,7 @@ func (s *Service) Link(ctx context.Context, req *metapb.LinkRequest) (*metapb.En
 	}
 	c := caller(req.Caller)
 	var out *metapb.EntryReply
-	err := s.update(ctx, func(t kv.Txn) error {
+	_, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		now := s.now().UnixNano()
 		src, err := getInode(t, req.Ino)
 		if err != nil {
@@ -344,7 +344,8 @@ func (s *Service) remove(ctx context.Context, c *metapb.Caller, parent uint64, n
 		return err
 	}
 	var purged int64
-	err := s.update(ctx, func(t kv.Txn) error {
+	out := &metapb.Empty{}
+	_, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		purged = 0
 		now := s.now().UnixNano()
 		p, err := getDir(t, parent)
@@ -452,7 +453,8 @@ func (s *Service) Rename(ctx context.Context, req *metapb.RenameRequest) (*metap
 	}
 	c := caller(req.Caller)
 	var purged int64
-	err := s.update(ctx, func(t kv.Txn) error {
+	out := &metapb.Empty{}
+	_, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		purged = 0
 		now := s.now().UnixNano()
 		sp, err := getDir(t, req.Parent)

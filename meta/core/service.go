@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rdmafs/rdmafs/meta/keys"
@@ -109,6 +111,16 @@ type Config struct {
 	// OnRetry, when set, is called whenever a transaction is run again after
 	// a conflict (for metrics).
 	OnRetry func()
+	// RequestTTL is how long the outcome of a mutating request with a
+	// request id is kept for retries (default 5m; clients retry for at most
+	// client.DefaultFailoverTimeout, 2m, by default).
+	RequestTTL time.Duration
+	// Takeover says that the store was being served by another metadata
+	// server until now (etcd, after winning the election): the registered
+	// chunkservers count as up until they miss one heartbeat timeout,
+	// because their recent heartbeats went to the previous server. Without
+	// it liveness is learnt afresh from heartbeats.
+	Takeover bool
 }
 
 // Service implements metapb.MetaServer.
@@ -211,6 +223,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.RepairBackoff <= 0 {
 		cfg.RepairBackoff = 5 * time.Second
 	}
+	if cfg.RequestTTL <= 0 {
+		cfg.RequestTTL = 5 * time.Minute
+	}
 	s := &Service{store: cfg.Store, log: cfg.Logger, now: cfg.Now, cfg: cfg,
 		sessions: map[uint64]time.Time{}, sessTTL: map[uint64]time.Duration{}, repKick: make(chan struct{}, 1)}
 	s.members.init()
@@ -231,7 +246,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 			if err := proto.Unmarshal(v, rec); err != nil {
 				return fmt.Errorf("chunkserver record %q: %w", k, err)
 			}
-			s.members.load(rec, start)
+			s.members.load(rec, cfg.Takeover, start)
 			return nil
 		}); err != nil {
 			return err
@@ -283,6 +298,7 @@ func (s *Service) Run(ctx context.Context) error {
 	defer t.Stop()
 	lastGrantScan := time.Time{}
 	lastRepair := time.Time{}
+	lastRequestScan := time.Now()
 	for {
 		kicked := false
 		select {
@@ -308,6 +324,12 @@ func (s *Service) Run(ctx context.Context) error {
 			lastGrantScan = time.Now()
 			if err := s.expireGrants(ctx); err != nil && ctx.Err() == nil {
 				s.log.Error("expire grants", "err", err)
+			}
+		}
+		if time.Since(lastRequestScan) > s.requestSweepEvery() {
+			lastRequestScan = time.Now()
+			if err := s.expireRequests(ctx); err != nil && ctx.Err() == nil {
+				s.log.Error("expire request records", "err", err)
 			}
 		}
 	}
@@ -342,6 +364,10 @@ func wrapErr(err error) error {
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
+	}
+	if errors.Is(err, kv.ErrNotLeader) {
+		// Nothing was applied: the client retries on the new leader.
+		return grpcstatus.Error(codes.Unavailable, err.Error())
 	}
 	return metaerr.New(syscall.EIO, "metadata store: %v", err)
 }

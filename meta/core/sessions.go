@@ -53,6 +53,9 @@ func (s *Service) KeepAlive(ctx context.Context, req *metapb.KeepAliveRequest) (
 // CloseSession implements metapb.MetaServer: it releases every open of the
 // session, deleting unlinked files nobody else holds open.
 func (s *Service) CloseSession(ctx context.Context, req *metapb.CloseSessionRequest) (*metapb.Empty, error) {
+	if out, ok, err := storedReply[*metapb.Empty](s, ctx); err != nil || ok {
+		return out, err
+	}
 	if err := s.checkSession(req.SessionId); err != nil {
 		return nil, err
 	}
@@ -70,7 +73,8 @@ func (s *Service) checkSession(id uint64) error {
 
 func (s *Service) endSession(ctx context.Context, id uint64, why string) error {
 	var purged int64
-	err := s.update(ctx, func(t kv.Txn) error {
+	out := &metapb.Empty{}
+	_, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		purged = 0
 		var inos []uint64
 		prefix := keys.SessionOpenPrefix(id)
@@ -138,7 +142,7 @@ func (s *Service) Open(ctx context.Context, req *metapb.OpenRequest) (*metapb.At
 		return nil, err
 	}
 	var out *metapb.AttrReply
-	err := s.update(ctx, func(t kv.Txn) error {
+	_, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		rec, err := getInode(t, req.Ino)
 		if err != nil {
 			return err
@@ -197,7 +201,8 @@ func addOpen(t kv.Txn, ino, session uint64) error {
 // session; the last release of an unlinked file deletes it.
 func (s *Service) Release(ctx context.Context, req *metapb.ReleaseRequest) (*metapb.Empty, error) {
 	var purged int64
-	err := s.update(ctx, func(t kv.Txn) error {
+	out := &metapb.Empty{}
+	_, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		purged = 0
 		v, ok, err := t.Get(keys.Open(req.Ino, req.SessionId))
 		if err != nil {

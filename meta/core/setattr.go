@@ -14,7 +14,7 @@ import (
 func (s *Service) SetAttr(ctx context.Context, req *metapb.SetAttrRequest) (*metapb.AttrReply, error) {
 	c := caller(req.Caller)
 	var out *metapb.AttrReply
-	err := s.update(ctx, func(t kv.Txn) error {
+	_, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		now := s.now().UnixNano()
 		rec, err := getInode(t, req.Ino)
 		if err != nil {

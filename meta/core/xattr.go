@@ -98,7 +98,8 @@ func (s *Service) SetXattr(ctx context.Context, req *metapb.SetXattrRequest) (*m
 		return nil, metaerr.New(syscall.EINVAL, "setxattr: invalid flags %#x", req.Flags)
 	}
 	c := caller(req.Caller)
-	return &metapb.Empty{}, s.update(ctx, func(t kv.Txn) error {
+	out := &metapb.Empty{}
+	if _, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		rec, err := getInode(t, req.Ino)
 		if err != nil {
 			return err
@@ -121,7 +122,10 @@ func (s *Service) SetXattr(ctx context.Context, req *metapb.SetXattrRequest) (*m
 		}
 		rec.Attr.CtimeNs = s.now().UnixNano()
 		return putInode(t, rec)
-	})
+	}); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // ListXattr implements metapb.MetaServer; trusted attributes are listed for
@@ -160,7 +164,8 @@ func (s *Service) RemoveXattr(ctx context.Context, req *metapb.RemoveXattrReques
 		return nil, err
 	}
 	c := caller(req.Caller)
-	return &metapb.Empty{}, s.update(ctx, func(t kv.Txn) error {
+	out := &metapb.Empty{}
+	if _, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		rec, err := getInode(t, req.Ino)
 		if err != nil {
 			return err
@@ -178,5 +183,8 @@ func (s *Service) RemoveXattr(ctx context.Context, req *metapb.RemoveXattrReques
 		}
 		rec.Attr.CtimeNs = s.now().UnixNano()
 		return putInode(t, rec)
-	})
+	}); err != nil {
+		return nil, err
+	}
+	return out, nil
 }

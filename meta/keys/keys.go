@@ -254,3 +254,19 @@ func DecodeUint64(b []byte) (uint64, error) {
 	}
 	return binary.BigEndian.Uint64(b), nil
 }
+
+// PrefixRequest is the prefix of exactly-once request records:
+// E minute client seq -> RequestRecord, ordered by the minute of the
+// request's first attempt so that expiry reads only expired records.
+const PrefixRequest = 'E'
+
+// Request is the key of the outcome of request seq of client, first sent in
+// the given Unix minute.
+func Request(minute, client, seq uint64) []byte { return u64s(PrefixRequest, minute, client, seq) }
+
+// RequestPrefix is the prefix of all request records.
+func RequestPrefix() []byte { return []byte{PrefixRequest} }
+
+// RequestsBefore is the end of the range of request records first sent
+// before the given Unix minute.
+func RequestsBefore(minute uint64) []byte { return u64s(PrefixRequest, minute) }

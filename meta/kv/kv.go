@@ -16,6 +16,11 @@ var ErrStop = errors.New("kv: stop scan")
 // Store.Update retries such transactions itself; it is exported for backends.
 var ErrConflict = errors.New("kv: transaction conflict")
 
+// ErrNotLeader is returned (wrapped) by a Store that may no longer write
+// because another metadata server has taken the store over. Nothing of the
+// refused transaction was applied; the client should retry elsewhere.
+var ErrNotLeader = errors.New("kv: this server is no longer the writer of the store")
+
 // ErrClosed is returned by a Store after Close.
 var ErrClosed = errors.New("kv: store closed")
 

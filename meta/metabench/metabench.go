@@ -231,3 +231,27 @@ func Print(w io.Writer, results []Result) {
 	}
 	tw.Flush()
 }
+
+// PrintComparison writes, for every operation and concurrency level found
+// in both runs, the throughput of base and of other and their ratio
+// other/base.
+func PrintComparison(w io.Writer, baseName string, base []Result, otherName string, other []Result) {
+	type key struct {
+		op      string
+		clients int
+	}
+	idx := map[key]Result{}
+	for _, r := range base {
+		idx[key{r.Op, r.Clients}] = r
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "op\tclients\t%s ops/s\t%s ops/s\t%s/%s\t\n", baseName, otherName, otherName, baseName)
+	for _, r := range other {
+		b, ok := idx[key{r.Op, r.Clients}]
+		if !ok || b.PerSecond() == 0 {
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f\t%.2fx\t\n", r.Op, r.Clients, b.PerSecond(), r.PerSecond(), r.PerSecond()/b.PerSecond())
+	}
+	tw.Flush()
+}

@@ -5099,6 +5099,259 @@ func (x *RepairStatus) GetLastScanNs() int64 {
 	return 0
 }
 
+// RequestRecord is the stored outcome of a mutating request that carried a
+// request id (gRPC metadata rdmafs-request-id): a retry of the request after
+// a failover returns reply instead of running the operation again.
+type RequestRecord struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	CommittedNs int64                  `protobuf:"varint,1,opt,name=committed_ns,json=committedNs,proto3" json:"committed_ns,omitempty"`
+	// reply is the marshalled reply message of the original call.
+	Reply         []byte `protobuf:"bytes,2,opt,name=reply,proto3" json:"reply,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequestRecord) Reset() {
+	*x = RequestRecord{}
+	mi := &file_meta_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestRecord) ProtoMessage() {}
+
+func (x *RequestRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestRecord.ProtoReflect.Descriptor instead.
+func (*RequestRecord) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *RequestRecord) GetCommittedNs() int64 {
+	if x != nil {
+		return x.CommittedNs
+	}
+	return 0
+}
+
+func (x *RequestRecord) GetReply() []byte {
+	if x != nil {
+		return x.Reply
+	}
+	return nil
+}
+
+// DumpRecord is one record of an `rdmafs admin dump` stream (see
+// docs/metadata-dump.md): a header first, then key/value pairs.
+type DumpRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// header is set on the first record only.
+	Header *DumpHeader `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
+	Key    []byte      `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Value  []byte      `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	// trailer is set on the last record only.
+	Trailer       *DumpTrailer `protobuf:"bytes,4,opt,name=trailer,proto3" json:"trailer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DumpRecord) Reset() {
+	*x = DumpRecord{}
+	mi := &file_meta_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DumpRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DumpRecord) ProtoMessage() {}
+
+func (x *DumpRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DumpRecord.ProtoReflect.Descriptor instead.
+func (*DumpRecord) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *DumpRecord) GetHeader() *DumpHeader {
+	if x != nil {
+		return x.Header
+	}
+	return nil
+}
+
+func (x *DumpRecord) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *DumpRecord) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *DumpRecord) GetTrailer() *DumpTrailer {
+	if x != nil {
+		return x.Trailer
+	}
+	return nil
+}
+
+// DumpTrailer ends a dump; a dump without it is truncated.
+type DumpTrailer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// records is the number of key/value records in the dump.
+	Records uint64 `protobuf:"varint,1,opt,name=records,proto3" json:"records,omitempty"`
+	// sha256 is the SHA-256 of every key and value in order, each preceded
+	// by its length as a big-endian uint32.
+	Sha256        []byte `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DumpTrailer) Reset() {
+	*x = DumpTrailer{}
+	mi := &file_meta_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DumpTrailer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DumpTrailer) ProtoMessage() {}
+
+func (x *DumpTrailer) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DumpTrailer.ProtoReflect.Descriptor instead.
+func (*DumpTrailer) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *DumpTrailer) GetRecords() uint64 {
+	if x != nil {
+		return x.Records
+	}
+	return 0
+}
+
+func (x *DumpTrailer) GetSha256() []byte {
+	if x != nil {
+		return x.Sha256
+	}
+	return nil
+}
+
+// DumpHeader describes a dump.
+type DumpHeader struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	FormatVersion uint32                 `protobuf:"varint,1,opt,name=format_version,json=formatVersion,proto3" json:"format_version,omitempty"`
+	ClusterId     string                 `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	CreatedNs     int64                  `protobuf:"varint,3,opt,name=created_ns,json=createdNs,proto3" json:"created_ns,omitempty"`
+	Source        string                 `protobuf:"bytes,4,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DumpHeader) Reset() {
+	*x = DumpHeader{}
+	mi := &file_meta_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DumpHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DumpHeader) ProtoMessage() {}
+
+func (x *DumpHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DumpHeader.ProtoReflect.Descriptor instead.
+func (*DumpHeader) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *DumpHeader) GetFormatVersion() uint32 {
+	if x != nil {
+		return x.FormatVersion
+	}
+	return 0
+}
+
+func (x *DumpHeader) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *DumpHeader) GetCreatedNs() int64 {
+	if x != nil {
+		return x.CreatedNs
+	}
+	return 0
+}
+
+func (x *DumpHeader) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
 var File_meta_proto protoreflect.FileDescriptor
 
 const file_meta_proto_rawDesc = "" +
@@ -5507,7 +5760,27 @@ const file_meta_proto_rawDesc = "" +
 	"\fmoves_queued\x18\v \x01(\x04R\vmovesQueued\x12\x19\n" +
 	"\bgrace_ms\x18\f \x01(\x03R\agraceMs\x12 \n" +
 	"\flast_scan_ns\x18\r \x01(\x03R\n" +
-	"lastScanNs*]\n" +
+	"lastScanNs\"H\n" +
+	"\rRequestRecord\x12!\n" +
+	"\fcommitted_ns\x18\x01 \x01(\x03R\vcommittedNs\x12\x14\n" +
+	"\x05reply\x18\x02 \x01(\fR\x05reply\"\x9f\x01\n" +
+	"\n" +
+	"DumpRecord\x122\n" +
+	"\x06header\x18\x01 \x01(\v2\x1a.rdmafs.meta.v1.DumpHeaderR\x06header\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\fR\x05value\x125\n" +
+	"\atrailer\x18\x04 \x01(\v2\x1b.rdmafs.meta.v1.DumpTrailerR\atrailer\"?\n" +
+	"\vDumpTrailer\x12\x18\n" +
+	"\arecords\x18\x01 \x01(\x04R\arecords\x12\x16\n" +
+	"\x06sha256\x18\x02 \x01(\fR\x06sha256\"\x89\x01\n" +
+	"\n" +
+	"DumpHeader\x12%\n" +
+	"\x0eformat_version\x18\x01 \x01(\rR\rformatVersion\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x02 \x01(\tR\tclusterId\x12\x1d\n" +
+	"\n" +
+	"created_ns\x18\x03 \x01(\x03R\tcreatedNs\x12\x16\n" +
+	"\x06source\x18\x04 \x01(\tR\x06source*]\n" +
 	"\n" +
 	"RenameFlag\x12\x0f\n" +
 	"\vRENAME_NONE\x10\x00\x12\x14\n" +
@@ -5571,7 +5844,7 @@ func file_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
+var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
 var file_meta_proto_goTypes = []any{
 	(RenameFlag)(0),              // 0: rdmafs.meta.v1.RenameFlag
 	(XattrFlag)(0),               // 1: rdmafs.meta.v1.XattrFlag
@@ -5649,6 +5922,10 @@ var file_meta_proto_goTypes = []any{
 	(*RebalanceRequest)(nil),     // 73: rdmafs.meta.v1.RebalanceRequest
 	(*RebalanceReply)(nil),       // 74: rdmafs.meta.v1.RebalanceReply
 	(*RepairStatus)(nil),         // 75: rdmafs.meta.v1.RepairStatus
+	(*RequestRecord)(nil),        // 76: rdmafs.meta.v1.RequestRecord
+	(*DumpRecord)(nil),           // 77: rdmafs.meta.v1.DumpRecord
+	(*DumpTrailer)(nil),          // 78: rdmafs.meta.v1.DumpTrailer
+	(*DumpHeader)(nil),           // 79: rdmafs.meta.v1.DumpHeader
 }
 var file_meta_proto_depIdxs = []int32{
 	3,  // 0: rdmafs.meta.v1.Attr.layout:type_name -> rdmafs.meta.v1.Layout
@@ -5702,79 +5979,81 @@ var file_meta_proto_depIdxs = []int32{
 	69, // 48: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
 	54, // 49: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
 	68, // 50: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
-	6,  // 51: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
-	8,  // 52: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
-	10, // 53: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
-	11, // 54: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
-	12, // 55: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
-	13, // 56: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
-	14, // 57: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
-	15, // 58: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
-	17, // 59: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
-	18, // 60: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
-	19, // 61: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
-	21, // 62: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
-	22, // 63: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
-	25, // 64: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
-	27, // 65: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
-	28, // 66: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
-	30, // 67: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
-	31, // 68: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
-	33, // 69: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
-	35, // 70: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
-	36, // 71: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
-	37, // 72: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
-	38, // 73: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
-	39, // 74: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
-	40, // 75: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
-	43, // 76: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
-	47, // 77: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
-	49, // 78: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
-	52, // 79: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
-	55, // 80: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
-	57, // 81: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
-	70, // 82: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
-	72, // 83: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
-	73, // 84: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
-	7,  // 85: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
-	9,  // 86: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	9,  // 87: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	7,  // 88: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
-	7,  // 89: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
-	7,  // 90: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
-	7,  // 91: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
-	16, // 92: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
-	7,  // 93: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
-	20, // 94: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.Empty
-	20, // 95: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.Empty
-	20, // 96: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
-	24, // 97: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
-	26, // 98: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
-	20, // 99: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
-	29, // 100: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
-	20, // 101: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
-	32, // 102: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
-	34, // 103: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
-	20, // 104: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
-	20, // 105: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
-	9,  // 106: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
-	20, // 107: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
-	20, // 108: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
-	41, // 109: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
-	45, // 110: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
-	48, // 111: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
-	51, // 112: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
-	53, // 113: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
-	56, // 114: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
-	59, // 115: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
-	71, // 116: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
-	20, // 117: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
-	74, // 118: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
-	85, // [85:119] is the sub-list for method output_type
-	51, // [51:85] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	79, // 51: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
+	78, // 52: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
+	6,  // 53: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
+	8,  // 54: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
+	10, // 55: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
+	11, // 56: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
+	12, // 57: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
+	13, // 58: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
+	14, // 59: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
+	15, // 60: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
+	17, // 61: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
+	18, // 62: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
+	19, // 63: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
+	21, // 64: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
+	22, // 65: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
+	25, // 66: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
+	27, // 67: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
+	28, // 68: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
+	30, // 69: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
+	31, // 70: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
+	33, // 71: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
+	35, // 72: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
+	36, // 73: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
+	37, // 74: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
+	38, // 75: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
+	39, // 76: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
+	40, // 77: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
+	43, // 78: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
+	47, // 79: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
+	49, // 80: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
+	52, // 81: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
+	55, // 82: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
+	57, // 83: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
+	70, // 84: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
+	72, // 85: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
+	73, // 86: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
+	7,  // 87: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
+	9,  // 88: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	9,  // 89: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	7,  // 90: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
+	7,  // 91: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
+	7,  // 92: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
+	7,  // 93: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
+	16, // 94: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
+	7,  // 95: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
+	20, // 96: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.Empty
+	20, // 97: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.Empty
+	20, // 98: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
+	24, // 99: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
+	26, // 100: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
+	20, // 101: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
+	29, // 102: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
+	20, // 103: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
+	32, // 104: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
+	34, // 105: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
+	20, // 106: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
+	20, // 107: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
+	9,  // 108: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
+	20, // 109: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
+	20, // 110: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
+	41, // 111: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
+	45, // 112: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
+	48, // 113: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
+	51, // 114: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
+	53, // 115: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
+	56, // 116: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
+	59, // 117: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
+	71, // 118: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
+	20, // 119: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
+	74, // 120: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
+	87, // [87:121] is the sub-list for method output_type
+	53, // [53:87] is the sub-list for method input_type
+	53, // [53:53] is the sub-list for extension type_name
+	53, // [53:53] is the sub-list for extension extendee
+	0,  // [0:53] is the sub-list for field type_name
 }
 
 func init() { file_meta_proto_init() }
@@ -5788,7 +6067,7 @@ func file_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_proto_rawDesc), len(file_meta_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   74,
+			NumMessages:   78,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -21,6 +21,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/core"
+	"github.com/rdmafs/rdmafs/meta/kv"
 	"github.com/rdmafs/rdmafs/meta/kv/bolt"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
@@ -35,12 +36,25 @@ func DefaultSecretFile(dataDir string) string { return filepath.Join(dataDir, Se
 // and generates the cluster secret into secretFile (default: in dataDir).
 // It returns the cluster id.
 func Format(ctx context.Context, dataDir, secretFile string, layout core.Layout) (string, error) {
+	return FormatStore(ctx, dataDir, "", secretFile, layout)
+}
+
+// FormatStore is Format for either store: bbolt in dataDir, or the etcd
+// URL kvURL when it is set (then secretFile is required).
+func FormatStore(ctx context.Context, dataDir, kvURL, secretFile string, layout core.Layout) (string, error) {
 	if secretFile == "" {
+		if dataDir == "" {
+			return "", errors.New("server: format needs a secret file path (--secret-file) or a data directory")
+		}
 		secretFile = DefaultSecretFile(dataDir)
 	}
-	store, err := bolt.Open(dataDir, bolt.Options{})
+	store, err := OpenStore(ctx, dataDir, kvURL, nil)
 	if err != nil {
 		return "", err
+	}
+	where := dataDir
+	if kvURL != "" {
+		where = kvURL
 	}
 	id, err := core.Format(ctx, store, layout, time.Now())
 	if cerr := store.Close(); err == nil && cerr != nil {
@@ -50,15 +64,38 @@ func Format(ctx context.Context, dataDir, secretFile string, layout core.Layout)
 		return "", err
 	}
 	if _, err := auth.GenerateSecretFile(secretFile); err != nil {
-		return "", fmt.Errorf("formatted %s but: %w", dataDir, err)
+		return "", fmt.Errorf("formatted %s but: %w", where, err)
 	}
 	return id, nil
 }
 
+// OpenStore opens the metadata store: the etcd URL kvURL when set (with
+// group commit, as the server uses it), else bbolt in dataDir. For tools
+// (format, dump, load) that use the store while no server writes to it.
+func OpenStore(ctx context.Context, dataDir, kvURL string, logger *slog.Logger) (kv.Store, error) {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	if kvURL != "" {
+		return openEtcd(ctx, kvURL, logger, 0)
+	}
+	if dataDir == "" {
+		return nil, errors.New("server: no metadata store: give a data directory (--data) or an etcd URL (--kv)")
+	}
+	return bolt.Open(dataDir, bolt.Options{Logger: logger})
+}
+
 // Config configures a Server.
 type Config struct {
-	// DataDir holds the bbolt database.
+	// DataDir holds the bbolt database (unless KV is set).
 	DataDir string
+	// KV, when set, is an etcd://host:port[,host:port]/prefix URL: the
+	// state lives in etcd and several servers may run on it, one serving
+	// (the elected leader) and the others standing by (see ha.go).
+	KV string
+	// ElectionTTL is the lease of the leader in an etcd election: how long
+	// a dead leader blocks its successor (default 5s, at least 1s).
+	ElectionTTL time.Duration
 	// Listen is the gRPC address, e.g. "127.0.0.1:7400" (":0" picks a port).
 	Listen string
 	// Secret is the cluster secret clients must present.
@@ -81,8 +118,9 @@ type Config struct {
 // Server is a running metadata server.
 type Server struct {
 	cfg     Config
-	store   *bolt.Store
+	store   kv.Store
 	svc     *core.Service
+	ha      *ha // etcd mode only
 	grpc    *grpc.Server
 	lis     net.Listener
 	metrics *http.Server
@@ -104,6 +142,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.Registry = prometheus.NewRegistry()
 	}
 	m := newMetrics(cfg.Registry)
+	if cfg.KV != "" {
+		return startHA(ctx, cfg, m)
+	}
 	store, err := bolt.Open(cfg.DataDir, bolt.Options{Logger: cfg.Logger, OnCommit: func(n int, d time.Duration) {
 		m.groupCommit.Observe(float64(n))
 		m.commitSeconds.Observe(d.Seconds())
@@ -168,7 +209,12 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 }
 
 // Addr returns the gRPC listen address.
-func (s *Server) Addr() string { return s.lis.Addr().String() }
+func (s *Server) Addr() string {
+	if s.ha != nil {
+		return s.ha.mux.Addr().String()
+	}
+	return s.lis.Addr().String()
+}
 
 // MetricsAddr returns the metrics listen address, or "" without metrics.
 func (s *Server) MetricsAddr() string {
@@ -178,13 +224,23 @@ func (s *Server) MetricsAddr() string {
 	return s.mlis.Addr().String()
 }
 
-// Service returns the service the server runs.
-func (s *Server) Service() *core.Service { return s.svc }
+// Service returns the service the server runs (in etcd mode: the service of
+// the current leadership term, nil on a standby).
+func (s *Server) Service() *core.Service {
+	if s.ha != nil {
+		return s.ha.service()
+	}
+	return s.svc
+}
 
 // Stop stops accepting calls, waits for running calls up to ctx's deadline
 // (then cancels them), stops background work and closes the store.
 func (s *Server) Stop(ctx context.Context) error {
 	var err error
+	if s.ha != nil {
+		s.once.Do(func() { err = s.ha.stop(ctx) })
+		return err
+	}
 	s.once.Do(func() {
 		done := make(chan struct{})
 		go func() {

@@ -1,0 +1,128 @@
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/rdmafs/rdmafs/meta/reqid"
+)
+
+// DefaultFailoverTimeout bounds the retries of a call without a deadline.
+const DefaultFailoverTimeout = 2 * time.Minute
+
+// failover is a grpc.ClientConnInterface over several meta servers.
+type failover struct {
+	conns   []*grpc.ClientConn
+	addrs   []string
+	cur     atomic.Int64 // index (mod len) of the server that answered last
+	client  uint64       // random id of this client for request ids
+	seq     atomic.Uint64
+	timeout atomic.Int64 // time.Duration; 0: DefaultFailoverTimeout
+}
+
+func randomClientID() uint64 {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		// crypto/rand does not fail on Linux; a time-based id is still
+		// unique enough to tell clients apart.
+		return uint64(time.Now().UnixNano())
+	}
+	return binary.BigEndian.Uint64(b[:])
+}
+
+func (f *failover) close() error {
+	var errs []error
+	for _, c := range f.conns {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// readOnly reports the methods that change nothing and need no request id.
+func readOnly(method string) bool {
+	switch method {
+	case "Lookup", "GetAttr", "Readlink", "ReadDir", "GetXattr", "ListXattr", "StatFS",
+		"Status", "GetLayout", "GetStripes", "KeepAlive", "Heartbeat":
+		return true
+	}
+	return false
+}
+
+// retryable reports whether err means that the server could not be
+// reached or is not the serving one, so another server should be tried.
+func retryable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable:
+		return true
+	}
+	return false
+}
+
+// Invoke implements grpc.ClientConnInterface.
+func (f *failover) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	short := method[strings.LastIndexByte(method, '/')+1:]
+	var id reqid.ID
+	withID := !readOnly(short)
+	if withID {
+		id = reqid.ID{Client: f.client, Seq: f.seq.Add(1), Minute: uint64(time.Now().Unix() / 60)}
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		to := time.Duration(f.timeout.Load())
+		if to <= 0 {
+			to = DefaultFailoverTimeout
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, to)
+		defer cancel()
+	}
+	n := int64(len(f.conns))
+	start := f.cur.Load()
+	var last error
+	for attempt := 0; ; attempt++ {
+		i := (start + int64(attempt)) % n
+		cctx := ctx
+		if withID {
+			id.Retry = attempt > 0
+			cctx = reqid.AppendOutgoing(ctx, id)
+		}
+		err := f.conns[i].Invoke(cctx, method, args, reply, opts...)
+		if err == nil {
+			if f.cur.Load() != i {
+				f.cur.Store(i)
+			}
+			return nil
+		}
+		if !retryable(err) || ctx.Err() != nil {
+			if last != nil && ctx.Err() != nil {
+				return fmt.Errorf("meta servers %v unavailable (last: %v): %w", f.addrs, last, err)
+			}
+			return err
+		}
+		last = err
+		// After a full round over all servers, wait a little: the
+		// servers may be electing a new leader.
+		if int64(attempt+1)%n == 0 {
+			d := time.Duration(min(attempt+1, 20)) * 25 * time.Millisecond
+			select {
+			case <-ctx.Done():
+				return status.Error(codes.Unavailable, fmt.Sprintf("meta servers %v unavailable: %v", f.addrs, last))
+			case <-time.After(d):
+			}
+		}
+	}
+}
+
+// NewStream implements grpc.ClientConnInterface; streams are not retried.
+func (f *failover) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	return f.conns[f.cur.Load()%int64(len(f.conns))].NewStream(ctx, desc, method, opts...)
+}
