@@ -323,21 +323,28 @@ func (s *Server) handshake(ctx context.Context, req rdma.ConnRequest) {
 		reject("auth", "chunkd: not authorized: connect token replayed")
 		return
 	}
-	s.mu.Lock()
-	full := len(s.conns) >= s.cfg.MaxConns
-	closed := s.closed
-	s.mu.Unlock()
-	if closed {
-		reject("shutdown", "chunkd: shutting down")
-		return
-	}
-	if full {
-		reject("busy", fmt.Sprintf("chunkd: busy: %d connections", s.cfg.MaxConns))
-		return
-	}
 	c, err := s.newConn(ctx, log)
 	if err != nil {
 		reject("busy", "chunkd: busy: "+err.Error())
+		return
+	}
+	// The connection takes its place before it is accepted: a client may
+	// connect again the moment it has our accept, and must find it counted.
+	s.mu.Lock()
+	full := len(s.conns) >= s.cfg.MaxConns
+	closed := s.closed
+	if !full && !closed {
+		s.conns[c] = struct{}{}
+		s.metrics.Connections.Set(float64(len(s.conns)))
+	}
+	s.mu.Unlock()
+	if closed || full {
+		c.destroy()
+		if closed {
+			reject("shutdown", "chunkd: shutting down")
+		} else {
+			reject("busy", fmt.Sprintf("chunkd: busy: %d connections", s.cfg.MaxConns))
+		}
 		return
 	}
 	accept := proto.EncodeAccept(s.cfg.Secret, req.PrivateData(), proto.AcceptData{
@@ -346,18 +353,13 @@ func (s *Server) handshake(ctx context.Context, req rdma.ConnRequest) {
 	})
 	if err := req.Accept(c.qp, accept); err != nil {
 		log.Warn("chunkd: accept", "err", err)
-		c.destroy()
-		return
-	}
-	s.mu.Lock()
-	if s.closed {
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.metrics.Connections.Set(float64(len(s.conns)))
 		s.mu.Unlock()
 		c.destroy()
 		return
 	}
-	s.conns[c] = struct{}{}
-	s.metrics.Connections.Set(float64(len(s.conns)))
-	s.mu.Unlock()
 	log.Debug("chunkd: connected")
 	c.run()
 	s.mu.Lock()
