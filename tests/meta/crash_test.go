@@ -48,6 +48,9 @@ func TestKill9KeepsAcknowledgedChanges(t *testing.T) {
 		}
 		metatest.FakeChunkservers(t, c, 6, 200*time.Millisecond)
 		const workers = 8
+		// The workers' calls end when the server is killed: the client would
+		// otherwise retry an unavailable server for minutes.
+		workCtx, stopWork := context.WithCancel(ctx)
 		results := make([]*acked, workers)
 		var wg sync.WaitGroup
 		var ops atomic.Int64
@@ -61,7 +64,7 @@ func TestKill9KeepsAcknowledgedChanges(t *testing.T) {
 			wg.Add(1)
 			go func(w int) {
 				defer wg.Done()
-				work(ctx, c, a, w, &ops)
+				work(workCtx, c, a, w, &ops)
 			}(w)
 		}
 		// Let the workers run, then kill -9 in the middle of their traffic.
@@ -74,6 +77,9 @@ func TestKill9KeepsAcknowledgedChanges(t *testing.T) {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatalf("kill -9 %d: %v", pid, err)
 		}
+		// Give calls in flight a moment to be answered or fail, then stop retries.
+		time.Sleep(200 * time.Millisecond)
+		stopWork()
 		wg.Wait()
 		c.Close()
 		t.Logf("round %d: killed pid %d after %d acknowledged operations", round, pid, ops.Load())
