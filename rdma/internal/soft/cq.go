@@ -6,6 +6,7 @@ package soft
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/rdmafs/rdmafs/rdma"
 )
@@ -20,6 +21,10 @@ type CQ struct {
 	n      int
 	notify chan struct{}
 	closed bool
+	// unnotified is set by Add: completions are queued that no waiter has
+	// been told of yet.
+	unnotified atomic.Bool
+	handler    atomic.Pointer[func() bool]
 }
 
 // NewCQ returns a completion queue with room for depth entries before it grows.
@@ -39,6 +44,54 @@ func (q *CQ) Push(wc rdma.WorkCompletion) {
 	q.ring[(q.head+q.n)%len(q.ring)] = wc
 	q.n++
 	q.mu.Unlock()
+	select {
+	case q.notify <- struct{}{}:
+	default:
+	}
+}
+
+// Add appends a completion without waking a waiter: the caller promises to
+// call Notify soon (before it blocks). A transport's engine uses it to wake
+// the application only once it has nothing more to do itself, so the woken
+// goroutine can take over its thread.
+func (q *CQ) Add(wc rdma.WorkCompletion) {
+	q.mu.Lock()
+	if q.n == len(q.ring) {
+		q.grow()
+	}
+	q.ring[(q.head+q.n)%len(q.ring)] = wc
+	q.n++
+	q.mu.Unlock()
+	q.unnotified.Store(true)
+}
+
+// SetEventHandler makes Notify call fn, on the goroutine of the transport's
+// engine that produced the completions, instead of waking a Wait: fn polls
+// the queue and dispatches what it finds, saving a goroutine switch per
+// completion. fn must not block; it runs while the engine reads nothing. It
+// returns false when it could not poll (another goroutine is polling): Notify
+// then wakes a Wait as it would without a handler. Completions produced
+// elsewhere (by the application's own calls, or at teardown) always wake Wait,
+// so a poller must keep waiting. nil removes the handler. It is the software
+// transports' form of a completion channel whose events are handled in place;
+// other transports do not offer it, and callers find it with a type assertion.
+func (q *CQ) SetEventHandler(fn func() bool) {
+	if fn == nil {
+		q.handler.Store(nil)
+		return
+	}
+	q.handler.Store(&fn)
+}
+
+// Notify tells of the completions added by Add since the last Notify: it calls
+// the event handler if there is one, and wakes a waiter otherwise.
+func (q *CQ) Notify() {
+	if !q.unnotified.Swap(false) {
+		return
+	}
+	if h := q.handler.Load(); h != nil && (*h)() {
+		return
+	}
 	select {
 	case q.notify <- struct{}{}:
 	default:

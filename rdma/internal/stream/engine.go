@@ -53,6 +53,9 @@ func (q *queuePair) writeLoop() {
 // the responses, until nothing is queued (true) or, when !blocking, the socket would
 // block (false). The caller holds q.wmu.
 func (q *queuePair) push(blocking bool) bool {
+	if q.wBroken {
+		return true
+	}
 	for {
 		if len(q.wIOV) == 0 && !q.buildBatch() {
 			return true
@@ -68,7 +71,7 @@ func (q *queuePair) push(blocking bool) bool {
 			q.wIOV = trimIOV(q.wIOV, n)
 		}
 		if err != nil {
-			q.fail(rdma.WCRetryExcErr)
+			q.writeFailed()
 			return true
 		}
 		if len(q.wIOV) > 0 {
@@ -80,6 +83,22 @@ func (q *queuePair) push(blocking bool) bool {
 			return true
 		}
 	}
+}
+
+// writeErrGrace is how long a queue pair whose socket refused a write waits
+// for its reader to report why before it fails with RETRY_EXC_ERR.
+const writeErrGrace = 100 * time.Millisecond
+
+// writeFailed handles a socket that refused a write: nothing more is written.
+// The peer may have closed after a NAK that the reader has yet to read, and
+// that NAK's status is the one to report; the reader also sees the end of the
+// stream. Only if neither fails the queue pair soon does it fail with
+// RETRY_EXC_ERR. The caller holds q.wmu.
+func (q *queuePair) writeFailed() {
+	q.wBroken = true
+	q.wIOV = q.wIOV[:0]
+	q.finishBatch()
+	time.AfterFunc(min(writeErrGrace, q.attr.RetryTimeout), func() { q.fail(rdma.WCRetryExcErr) })
 }
 
 // buildBatch moves the send queue's waiting requests and the queued responses
@@ -221,6 +240,7 @@ func (q *queuePair) respond(it outItem) {
 // buffered.
 func (q *queuePair) readLoop(rd *frameReader) {
 	defer q.exit()
+	defer q.notifyCQs()
 	var (
 		h          header
 		ackPending bool
@@ -259,21 +279,21 @@ func (q *queuePair) readLoop(rd *frameReader) {
 		case opReadResp:
 			ok = q.readResponse(rd, &h)
 		case opAck:
-			q.mu.Lock()
+			q.lockReader()
 			ok = q.ackThroughLocked(h.psn)
 			q.checkLocalErrLocked()
-			q.mu.Unlock()
+			q.unlockReader()
 			if !ok {
 				q.fail(rdma.WCBadRespErr)
 			}
 		case opNak:
-			q.mu.Lock()
+			q.lockReader()
 			if q.ackBeforeLocked(h.psn) {
 				q.failLocked(rdma.WCStatus(h.status))
 			} else {
 				q.failLocked(rdma.WCBadRespErr)
 			}
-			q.mu.Unlock()
+			q.unlockReader()
 			return
 		case opGrant:
 			ok = q.acceptGrant(rd, &h)
@@ -316,6 +336,7 @@ func (q *queuePair) waitRecv() bool {
 			return true
 		}
 		if timer == nil {
+			q.notifyCQs() // the application may be waiting for completions to post receives
 			timer = time.NewTimer(rnr)
 		}
 		select {
@@ -346,9 +367,9 @@ func (q *queuePair) serveSend(rd *frameReader, h *header) bool {
 			st, remote = s.localErr, rdma.WCRemOpErr
 		}
 		rd.discard(h.length)
-		q.mu.Lock()
+		q.lockReader()
 		q.completeRecvLocked(st, rdma.WCRecv, 0, 0, false)
-		q.mu.Unlock()
+		q.unlockReader()
 		q.nak(h.psn, remote)
 		return false
 	}
@@ -356,9 +377,9 @@ func (q *queuePair) serveSend(rd *frameReader, h *header) bool {
 		q.fail(rdma.WCRetryExcErr)
 		return false
 	}
-	q.mu.Lock()
+	q.lockReader()
 	q.completeRecvLocked(rdma.WCSuccess, rdma.WCRecv, h.length, h.imm, withImm)
-	q.mu.Unlock()
+	q.unlockReader()
 	return true
 }
 
@@ -387,9 +408,9 @@ func (q *queuePair) serveWrite(rd *frameReader, h *header) bool {
 		}
 	}
 	if withImm {
-		q.mu.Lock()
+		q.lockReader()
 		q.completeRecvLocked(rdma.WCSuccess, rdma.WCRecvRDMAWithImm, h.length, h.imm, true)
-		q.mu.Unlock()
+		q.unlockReader()
 	}
 	return true
 }
@@ -413,14 +434,14 @@ func (q *queuePair) serveRead(h *header) bool {
 
 // readResponse scatters an RDMA_READ response into the request's local SGEs.
 func (q *queuePair) readResponse(rd *frameReader, h *header) bool {
-	q.mu.Lock()
+	q.lockReader()
 	ok := q.ackBeforeLocked(h.psn)
 	var s *sendSlot
 	if ok {
 		s = &q.sq[q.sqHead%uint64(len(q.sq))]
 		ok = s.op == rdma.OpRDMARead && s.length == h.length
 	}
-	q.mu.Unlock()
+	q.unlockReader()
 	if !ok {
 		q.fail(rdma.WCBadRespErr)
 		return false
@@ -429,9 +450,9 @@ func (q *queuePair) readResponse(rd *frameReader, h *header) bool {
 		q.fail(rdma.WCRetryExcErr)
 		return false
 	}
-	q.mu.Lock()
+	q.lockReader()
 	q.completeSendLocked(rdma.WCSuccess, h.length)
 	q.checkLocalErrLocked()
-	q.mu.Unlock()
+	q.unlockReader()
 	return true
 }

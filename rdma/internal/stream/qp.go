@@ -96,6 +96,7 @@ type queuePair struct {
 	iovecs   []unix.Iovec
 	wn       int
 	werr     error
+	wBroken  bool // a write failed: nothing more is written
 	writevFn func(fd uintptr) bool
 
 	failStatus   rdma.WCStatus
@@ -107,6 +108,12 @@ type queuePair struct {
 	progress     atomic.Uint64
 
 	shm *shmState // set on shared-memory connections
+
+	// quiet is set (under mu) while the reader goroutine completes work
+	// requests: their completions are added to the CQs without waking a
+	// waiter, and the reader notifies the CQs after its next read system
+	// call, just before it would park (see frameReader).
+	quiet bool
 
 	destroyed bool // Close has run: posting fails with rdma.ErrClosed
 }
@@ -182,7 +189,7 @@ func (q *queuePair) start(conn net.Conn, peerRNR time.Duration) error {
 	q.state = rdma.QPStateRTS
 	q.running.Store(2)
 	q.mu.Unlock()
-	go q.readLoop(newFrameReader(conn, &q.progress))
+	go q.readLoop(newFrameReader(raw, &q.progress, q.notifyCQs))
 	go q.writeLoop()
 	go q.watchdog()
 	return nil
@@ -367,7 +374,7 @@ func (q *queuePair) completeSendLocked(status rdma.WCStatus, byteLen uint32) {
 		}
 	}
 	if status != rdma.WCSuccess || s.signaled {
-		q.sendCQ.Push(rdma.WorkCompletion{ID: s.id, Status: status, Opcode: s.op.CompletionOpcode(), ByteLen: byteLen, QPNum: q.num})
+		q.pushLocked(q.sendCQ, rdma.WorkCompletion{ID: s.id, Status: status, Opcode: s.op.CompletionOpcode(), ByteLen: byteLen, QPNum: q.num})
 	}
 	q.sqHead++
 	if q.sqNext < q.sqHead {
@@ -506,7 +513,37 @@ func (q *queuePair) completeRecvLocked(status rdma.WCStatus, op rdma.WCOpcode, b
 		wc.Flags = rdma.WCWithImm
 	}
 	q.rqHead++
-	q.recvCQ.Push(wc)
+	q.pushLocked(q.recvCQ, wc)
+}
+
+// pushLocked queues a completion, waking a waiter unless the reader goroutine
+// is completing (q.quiet) and will notify before it waits.
+func (q *queuePair) pushLocked(cq *soft.CQ, wc rdma.WorkCompletion) {
+	if q.quiet {
+		cq.Add(wc)
+	} else {
+		cq.Push(wc)
+	}
+}
+
+// notifyCQs wakes the waiters of completions the reader added quietly.
+func (q *queuePair) notifyCQs() {
+	q.sendCQ.Notify()
+	if q.recvCQ != q.sendCQ {
+		q.recvCQ.Notify()
+	}
+}
+
+// lockReader and unlockReader take q.mu for the reader goroutine: completions
+// made meanwhile are added quietly.
+func (q *queuePair) lockReader() {
+	q.mu.Lock()
+	q.quiet = true
+}
+
+func (q *queuePair) unlockReader() {
+	q.quiet = false
+	q.mu.Unlock()
 }
 
 // watchdog fails the queue pair with RETRY_EXC_ERR when requests are outstanding

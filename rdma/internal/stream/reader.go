@@ -1,8 +1,11 @@
 package stream
 
 import (
-	"net"
+	"io"
 	"sync/atomic"
+	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // directThreshold is the size from which payload bytes are read from the socket
@@ -13,15 +16,67 @@ const directThreshold = 8 << 10
 // frameReader reads frames from a connection: headers through a buffer, payloads
 // straight into registered memory (only bytes that arrived together with a header
 // are copied out of the buffer).
+//
+// Reads are non-blocking system calls made through the connection's RawConn, so
+// that the reader knows when it is about to wait for input: it calls idle after
+// every read system call, before it parks on an empty socket. The queue pair
+// delivers completion notifications there, so that the goroutine they wake runs
+// on this thread as soon as the reader parks, rather than being stolen by
+// another thread woken for it while the reader is still in a system call.
 type frameReader struct {
-	conn     net.Conn
+	raw      syscall.RawConn
 	buf      []byte
 	r, w     int
 	progress *atomic.Uint64 // counts reads, for the retry watchdog
+	idle     func()         // called after every read system call (may be nil)
+
+	// The read in progress, for readFn: destination, result.
+	p      []byte
+	n      int
+	err    error
+	readFn func(fd uintptr) bool
 }
 
-func newFrameReader(conn net.Conn, progress *atomic.Uint64) *frameReader {
-	return &frameReader{conn: conn, buf: make([]byte, 64<<10), progress: progress}
+func newFrameReader(raw syscall.RawConn, progress *atomic.Uint64, idle func()) *frameReader {
+	rd := &frameReader{raw: raw, buf: make([]byte, 64<<10), progress: progress, idle: idle}
+	rd.readFn = rd.tryRead
+	return rd
+}
+
+// read reads into p like net.Conn.Read: at least one byte, or an error.
+func (rd *frameReader) read(p []byte) (int, error) {
+	rd.p, rd.n, rd.err = p, 0, nil
+	err := rd.raw.Read(rd.readFn)
+	rd.p = nil
+	rd.progress.Add(1)
+	if err != nil {
+		return 0, err
+	}
+	return rd.n, rd.err
+}
+
+// tryRead is the RawConn callback of read: one non-blocking read(2). It reports
+// false, making the caller wait for input, when the socket is empty.
+func (rd *frameReader) tryRead(fd uintptr) bool {
+	for {
+		n, err := unix.Read(int(fd), rd.p)
+		if rd.idle != nil {
+			rd.idle()
+		}
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return false
+		case err != nil:
+			rd.err = err
+		case n == 0:
+			rd.err = io.EOF
+		default:
+			rd.n = n
+		}
+		return true
+	}
 }
 
 func (rd *frameReader) buffered() int { return rd.w - rd.r }
@@ -36,9 +91,8 @@ func (rd *frameReader) header() ([]byte, error) {
 			rd.r = 0
 		}
 		for rd.w-rd.r < headerSize {
-			n, err := rd.conn.Read(rd.buf[rd.w:])
+			n, err := rd.read(rd.buf[rd.w:])
 			rd.w += n
-			rd.progress.Add(1)
 			if err != nil && rd.w-rd.r < headerSize {
 				return nil, err
 			}
@@ -56,8 +110,7 @@ func (rd *frameReader) readInto(dst []byte) error {
 	dst = dst[n:]
 	for len(dst) > 0 {
 		if len(dst) >= directThreshold {
-			m, err := rd.conn.Read(dst)
-			rd.progress.Add(1)
+			m, err := rd.read(dst)
 			dst = dst[m:]
 			if err != nil && len(dst) > 0 {
 				return err
@@ -65,8 +118,7 @@ func (rd *frameReader) readInto(dst []byte) error {
 			continue
 		}
 		rd.r, rd.w = 0, 0
-		m, err := rd.conn.Read(rd.buf)
-		rd.progress.Add(1)
+		m, err := rd.read(rd.buf)
 		rd.w = m
 		c := copy(dst, rd.buf[:m])
 		rd.r = c
@@ -103,8 +155,7 @@ func (rd *frameReader) discard(n uint32) error {
 	for left > 0 {
 		if rd.r == rd.w {
 			rd.r, rd.w = 0, 0
-			m, err := rd.conn.Read(rd.buf)
-			rd.progress.Add(1)
+			m, err := rd.read(rd.buf)
 			rd.w = m
 			if err != nil && m == 0 {
 				return err
