@@ -33,6 +33,8 @@ type conn struct {
 	mws       chan rdma.MemoryWindow // free windows
 	work      chan received
 	sendFree  chan int
+	pollMu    sync.Mutex              // serializes polling cq
+	wcs       [32]rdma.WorkCompletion // the poll buffer, under pollMu
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -91,6 +93,9 @@ func (s *Server) newConn(ctx context.Context, log *slog.Logger) (_ *conn, err er
 	}()
 	if c.cq, err = cfg.Device.CreateCQ(cfg.Credits + c.sendSlots + 8); err != nil {
 		return nil, fmt.Errorf("create cq: %w", err)
+	}
+	if h, ok := c.cq.(eventHandlerSetter); ok {
+		h.SetEventHandler(c.handleEvents)
 	}
 	c.qp, err = s.pd.CreateQP(rdma.QPAttr{
 		SendCQ: c.cq, RecvCQ: c.cq,
@@ -196,34 +201,68 @@ func (c *conn) destroy() {
 	}
 }
 
-// poll dispatches completions: received messages to the workers, finished reply
-// sends back to the free list.
+// eventHandlerSetter is a completion queue that can hand its completions to a
+// function on the transport's own goroutine (the software transports' CQs).
+type eventHandlerSetter interface {
+	SetEventHandler(fn func() bool)
+}
+
+// handleEvents dispatches completions on the transport's goroutine, where they
+// were produced: a request reaches its worker with one goroutine switch
+// instead of two. Dispatching never blocks (the channels hold a slot per
+// credit and per reply buffer). When the poller holds the queue it reports
+// false, and the queue wakes the poller instead.
+func (c *conn) handleEvents() bool {
+	if !c.pollMu.TryLock() {
+		return false
+	}
+	defer c.pollMu.Unlock()
+	for {
+		n := c.cq.Poll(c.wcs[:])
+		if !c.dispatch(c.wcs[:n]) || n < len(c.wcs) {
+			return true
+		}
+	}
+}
+
+// poll dispatches completions that were not handled where they were produced.
 func (c *conn) poll() {
 	defer c.wg.Done()
-	var wcs [32]rdma.WorkCompletion
 	for {
-		n := c.cq.Poll(wcs[:])
+		c.pollMu.Lock()
+		n := c.cq.Poll(c.wcs[:])
+		ok := c.dispatch(c.wcs[:n])
+		c.pollMu.Unlock()
+		if !ok {
+			return
+		}
 		if n == 0 {
 			if err := c.cq.Wait(c.ctx); err != nil {
 				return
 			}
-			continue
-		}
-		for _, wc := range wcs[:n] {
-			if wc.Status != rdma.WCSuccess {
-				if wc.Status != rdma.WCWRFlushErr {
-					c.log.Warn("chunkd: connection failed", "status", wc.Status, "opcode", wc.Opcode)
-				}
-				c.fail()
-				return
-			}
-			if wc.ID&sendTag != 0 {
-				c.sendFree <- int(wc.ID &^ sendTag)
-				continue
-			}
-			c.work <- received{slot: int(wc.ID), n: int(wc.ByteLen)}
 		}
 	}
+}
+
+// dispatch hands received messages to the workers and finished reply sends
+// back to the free list; it reports false when a completion failed the
+// connection. The caller holds c.pollMu.
+func (c *conn) dispatch(wcs []rdma.WorkCompletion) bool {
+	for _, wc := range wcs {
+		if wc.Status != rdma.WCSuccess {
+			if wc.Status != rdma.WCWRFlushErr {
+				c.log.Warn("chunkd: connection failed", "status", wc.Status, "opcode", wc.Opcode)
+			}
+			c.fail()
+			return false
+		}
+		if wc.ID&sendTag != 0 {
+			c.sendFree <- int(wc.ID &^ sendTag)
+			continue
+		}
+		c.work <- received{slot: int(wc.ID), n: int(wc.ByteLen)}
+	}
+	return true
 }
 
 // reap revokes expired leases and staging grants.
