@@ -74,7 +74,7 @@ func (f *failover) Invoke(ctx context.Context, method string, args, reply any, o
 	var id reqid.ID
 	withID := !readOnly(short)
 	if withID {
-		id = reqid.ID{Client: f.client, Seq: f.seq.Add(1), Minute: uint64(time.Now().Unix() / 60)}
+		id = reqid.ID{Client: f.client, Seq: f.seq.Add(1), Millis: uint64(time.Now().UnixMilli())}
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		to := time.Duration(f.timeout.Load())

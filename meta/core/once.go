@@ -30,7 +30,7 @@ func updateOnce[T proto.Message](s *Service, ctx context.Context, out *T, fn fun
 	if !ok {
 		return false, s.update(ctx, fn)
 	}
-	key := keys.Request(id.Minute, id.Client, id.Seq)
+	key := keys.Request(id.Millis, id.Client, id.Seq)
 	err = s.update(ctx, func(t kv.Txn) error {
 		replayed = false
 		if id.Retry {
@@ -78,7 +78,7 @@ func storedReply[T proto.Message](s *Service, ctx context.Context) (T, bool, err
 	found := false
 	if err := s.view(ctx, func(r kv.Reader) error {
 		var err error
-		found, err = getMsg(r, keys.Request(id.Minute, id.Client, id.Seq), rec)
+		found, err = getMsg(r, keys.Request(id.Millis, id.Client, id.Seq), rec)
 		return err
 	}); err != nil || !found {
 		return zero, false, err
@@ -95,10 +95,10 @@ const maxRequestDeletes = 1000
 
 // expireRequests deletes the request records of requests first sent more
 // than RequestTTL ago: a client retries a request within its failover
-// timeout, never after that long. Records are keyed by that minute, so only
-// expired records are read.
+// timeout, never after that long. Records are keyed by the time of the first
+// attempt, so only expired records are read.
 func (s *Service) expireRequests(ctx context.Context) error {
-	cutoff := uint64(s.now().Add(-s.cfg.RequestTTL).Unix() / 60)
+	cutoff := uint64(max(s.now().Add(-s.cfg.RequestTTL).UnixMilli(), 0))
 	start, end := keys.RequestPrefix(), keys.RequestsBefore(cutoff)
 	for {
 		var old [][]byte

@@ -72,9 +72,13 @@ func TestExactlyOnce(t *testing.T) {
 				return e.s.CloseSession(ctx, &metapb.CloseSessionRequest{SessionId: sid})
 			}},
 		}
+		var createID reqid.ID
 		for _, tt := range tests {
 			seq++
-			id := reqid.ID{Client: 0xfeed, Seq: seq, Minute: uint64(e.clock.Now().Unix() / 60)}
+			id := reqid.ID{Client: 0xfeed, Seq: seq, Millis: uint64(e.clock.Now().UnixMilli())}
+			if tt.name == "create" {
+				createID = id
+			}
 			first, err := tt.call(reqid.NewIncoming(e.ctx, id))
 			if err != nil {
 				t.Fatalf("%s: first attempt: %v", tt.name, err)
@@ -97,21 +101,31 @@ func TestExactlyOnce(t *testing.T) {
 			t.Fatalf("created file missing: %v", err)
 		}
 		// A retry whose first attempt never committed runs normally.
-		ctx := reqid.NewIncoming(e.ctx, reqid.ID{Client: 0xfeed, Seq: 1000, Minute: uint64(e.clock.Now().Unix() / 60), Retry: true})
+		ctx := reqid.NewIncoming(e.ctx, reqid.ID{Client: 0xfeed, Seq: 1000, Millis: uint64(e.clock.Now().UnixMilli()), Retry: true})
 		if _, err := e.s.Mkdir(ctx, &metapb.MkdirRequest{Caller: root, Parent: RootIno, Name: "fresh", Mode: 0o755}); err != nil {
 			t.Fatalf("retry of an unknown request: %v", err)
 		}
 		// Without a request id nothing is deduplicated: EEXIST as before.
 		_, err = e.s.Mkdir(e.ctx, &metapb.MkdirRequest{Caller: root, Parent: RootIno, Name: "fresh", Mode: 0o755})
 		wantErrno(t, err, syscall.EEXIST)
-		// Records expire after RequestTTL.
-		e.clock.Advance(11 * time.Minute) // past RequestTTL (5m)
+		// Records expire after RequestTTL, not before.
+		createID.Retry = true
+		retryCreate := func() error {
+			_, err := e.s.Create(reqid.NewIncoming(e.ctx, createID), &metapb.CreateRequest{Caller: root, Parent: RootIno, Name: "new", Mode: 0o644, Exclusive: true})
+			return err
+		}
+		e.clock.Advance(4 * time.Minute) // within RequestTTL (5m)
 		if err := e.s.expireRequests(e.ctx); err != nil {
 			t.Fatal(err)
 		}
-		ctx = reqid.NewIncoming(e.ctx, reqid.ID{Client: 0xfeed, Seq: 1, Minute: uint64(e.clock.Now().Unix()/60) - 11, Retry: true})
-		_, err = e.s.Create(ctx, &metapb.CreateRequest{Caller: root, Parent: RootIno, Name: "new", Mode: 0o644, Exclusive: true})
-		wantErrno(t, err, syscall.EEXIST)
+		if err := retryCreate(); err != nil {
+			t.Fatalf("retry of the create within RequestTTL: %v", err)
+		}
+		e.clock.Advance(7 * time.Minute) // past RequestTTL
+		if err := e.s.expireRequests(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		wantErrno(t, retryCreate(), syscall.EEXIST)
 		// A malformed id is refused clearly.
 		bad := reqid.NewIncoming(e.ctx, reqid.ID{})
 		bad = withBadID(bad)

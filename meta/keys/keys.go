@@ -256,17 +256,20 @@ func DecodeUint64(b []byte) (uint64, error) {
 }
 
 // PrefixRequest is the prefix of exactly-once request records:
-// E minute client seq -> RequestRecord, ordered by the minute of the
-// request's first attempt so that expiry reads only expired records.
+// E millis client seq -> RequestRecord, ordered by the time (Unix
+// milliseconds) of the request's first attempt. Concurrent requests thus get
+// adjacent keys after all older ones, so the records of a group commit fill
+// one or two pages at the end of the range instead of dirtying a page per
+// client, and expiry reads only expired records.
 const PrefixRequest = 'E'
 
-// Request is the key of the outcome of request seq of client, first sent in
-// the given Unix minute.
-func Request(minute, client, seq uint64) []byte { return u64s(PrefixRequest, minute, client, seq) }
+// Request is the key of the outcome of request seq of client, first sent at
+// the given Unix time in milliseconds.
+func Request(millis, client, seq uint64) []byte { return u64s(PrefixRequest, millis, client, seq) }
 
 // RequestPrefix is the prefix of all request records.
 func RequestPrefix() []byte { return []byte{PrefixRequest} }
 
 // RequestsBefore is the end of the range of request records first sent
-// before the given Unix minute.
-func RequestsBefore(minute uint64) []byte { return u64s(PrefixRequest, minute) }
+// before the given Unix time in milliseconds.
+func RequestsBefore(millis uint64) []byte { return u64s(PrefixRequest, millis) }

@@ -107,3 +107,16 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestRequestOrder checks that request records sort by the time of the first
+// attempt before the client, so that records of concurrent clients written
+// together are adjacent, and that RequestsBefore splits by that time.
+func TestRequestOrder(t *testing.T) {
+	if bytes.Compare(Request(1000, ^uint64(0), 9), Request(1001, 0, 1)) >= 0 {
+		t.Fatal("request records of different clients are not ordered by time")
+	}
+	if end := RequestsBefore(1001); bytes.Compare(Request(1000, ^uint64(0), ^uint64(0)), end) >= 0 ||
+		bytes.Compare(Request(1001, 0, 0), end) < 0 || !bytes.HasPrefix(end, RequestPrefix()) {
+		t.Fatal("RequestsBefore does not split at the time")
+	}
+}

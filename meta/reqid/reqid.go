@@ -14,9 +14,10 @@ import (
 
 // Metadata keys.
 const (
-	// HeaderID carries "<client hex>-<seq>-<minute>"; client is random per
-	// client process, seq counts its requests and minute is the Unix minute
-	// of the first attempt (the server expires outcomes by it).
+	// HeaderID carries "<client hex>-<seq>-<millis>"; client is random per
+	// client process, seq counts its requests and millis is the Unix time
+	// in milliseconds of the first attempt (the server orders and expires
+	// outcomes by it).
 	HeaderID = "rdmafs-request-id"
 	// HeaderRetry is "1" on the second and later attempts of a request.
 	HeaderRetry = "rdmafs-retry"
@@ -25,20 +26,22 @@ const (
 // ID identifies one request.
 type ID struct {
 	Client, Seq uint64
-	// Minute is the Unix time in minutes of the first attempt.
-	Minute uint64
+	// Millis is the Unix time in milliseconds of the first attempt. The
+	// server keys the stored outcome by it first, so that the outcomes of
+	// the requests committed together sit next to each other.
+	Millis uint64
 	// Retry is set when the request may have been executed already.
 	Retry bool
 }
 
 // String formats the id as sent in HeaderID.
-func (id ID) String() string { return fmt.Sprintf("%016x-%d-%d", id.Client, id.Seq, id.Minute) }
+func (id ID) String() string { return fmt.Sprintf("%016x-%d-%d", id.Client, id.Seq, id.Millis) }
 
 // Parse parses a HeaderID value.
 func Parse(s string) (ID, error) {
 	parts := strings.Split(s, "-")
 	if len(parts) != 3 || len(parts[0]) != 16 {
-		return ID{}, fmt.Errorf("reqid: malformed request id %q (want 16 hex digits, '-', sequence number, '-', minute)", s)
+		return ID{}, fmt.Errorf("reqid: malformed request id %q (want 16 hex digits, '-', sequence number, '-', milliseconds)", s)
 	}
 	c, q := parts[0], parts[1]
 	client, err := strconv.ParseUint(c, 16, 64)
@@ -49,11 +52,11 @@ func Parse(s string) (ID, error) {
 	if err != nil {
 		return ID{}, fmt.Errorf("reqid: malformed sequence number in request id %q: %w", s, err)
 	}
-	minute, err := strconv.ParseUint(parts[2], 10, 64)
+	millis, err := strconv.ParseUint(parts[2], 10, 64)
 	if err != nil {
-		return ID{}, fmt.Errorf("reqid: malformed minute in request id %q: %w", s, err)
+		return ID{}, fmt.Errorf("reqid: malformed time in request id %q: %w", s, err)
 	}
-	return ID{Client: client, Seq: seq, Minute: minute}, nil
+	return ID{Client: client, Seq: seq, Millis: millis}, nil
 }
 
 // AppendOutgoing adds id to the outgoing metadata of ctx.
@@ -67,11 +70,7 @@ func AppendOutgoing(ctx context.Context, id ID) context.Context {
 
 // FromIncoming returns the request id of an incoming call, if it has one.
 func FromIncoming(ctx context.Context) (ID, bool, error) {
-	md, ok := metadata.FromIncomingContext(ctx)
-	if !ok {
-		return ID{}, false, nil
-	}
-	v := md.Get(HeaderID)
+	v := metadata.ValueFromIncomingContext(ctx, HeaderID)
 	if len(v) == 0 {
 		return ID{}, false, nil
 	}
@@ -79,7 +78,7 @@ func FromIncoming(ctx context.Context) (ID, bool, error) {
 	if err != nil {
 		return ID{}, false, err
 	}
-	r := md.Get(HeaderRetry)
+	r := metadata.ValueFromIncomingContext(ctx, HeaderRetry)
 	id.Retry = len(r) > 0 && r[0] == "1"
 	return id, true, nil
 }

@@ -11,8 +11,9 @@ func TestParse(t *testing.T) {
 		want    ID
 		wantErr bool
 	}{
-		{"00000000000000ff-7-29000000", ID{Client: 255, Seq: 7, Minute: 29000000}, false},
-		{"ffffffffffffffff-18446744073709551615-0", ID{Client: ^uint64(0), Seq: ^uint64(0)}, false},
+		{"00000000000000ff-7-1740000000123", ID{Client: 255, Seq: 7, Millis: 1740000000123}, false},
+		{"ffffffffffffffff-18446744073709551615-18446744073709551615", ID{Client: ^uint64(0), Seq: ^uint64(0), Millis: ^uint64(0)}, false},
+		{"00000000000000ff-7-0", ID{Client: 255, Seq: 7}, false},
 		{"ff-7-1", ID{}, true},
 		{"00000000000000ff-7", ID{}, true},
 		{"00000000000000ff", ID{}, true},
@@ -31,7 +32,7 @@ func TestParse(t *testing.T) {
 }
 
 func TestRoundTrip(t *testing.T) {
-	for _, id := range []ID{{Client: 1, Seq: 2, Minute: 5}, {Client: 3, Seq: 4, Minute: 6, Retry: true}} {
+	for _, id := range []ID{{Client: 1, Seq: 2, Millis: 1740000000005}, {Client: 3, Seq: 4, Millis: 1740000000006, Retry: true}} {
 		got, ok, err := FromIncoming(NewIncoming(context.Background(), id))
 		if err != nil || !ok || got != id {
 			t.Errorf("round trip of %v: %v %v %v", id, got, ok, err)
@@ -43,7 +44,7 @@ func TestRoundTrip(t *testing.T) {
 }
 
 func FuzzParse(f *testing.F) {
-	f.Add("00000000000000ff-7-29000000")
+	f.Add("00000000000000ff-7-1740000000123")
 	f.Add("x-1")
 	f.Fuzz(func(t *testing.T, s string) {
 		id, err := Parse(s)
