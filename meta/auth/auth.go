@@ -70,8 +70,7 @@ var ErrNoSecret = errors.New("missing cluster secret: pass the secret file gener
 
 // check verifies the secret in the incoming metadata, in constant time.
 func check(ctx context.Context, secret string) error {
-	md, _ := metadata.FromIncomingContext(ctx)
-	vals := md.Get(MetadataKey)
+	vals := metadata.ValueFromIncomingContext(ctx, MetadataKey)
 	if len(vals) == 0 {
 		return status.Error(codes.Unauthenticated, ErrNoSecret.Error())
 	}

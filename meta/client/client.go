@@ -22,6 +22,13 @@ import (
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
+// Flow-control windows for what the server sends (replies of ReadDir and
+// GetStripes can be large).
+const (
+	streamWindow = 1 << 20
+	connWindow   = 8 << 20
+)
+
 // Client is a connection to the metadata service. All metapb.MetaClient
 // methods are available on it directly.
 type Client struct {
@@ -53,6 +60,11 @@ func Dial(addrs, secret string, opts ...grpc.DialOption) (*Client, error) {
 		// two minutes.
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond,
 			Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}, MinConnectTimeout: 2 * time.Second}),
+		// Static flow-control windows: metadata messages are small, and
+		// the dynamic window's bandwidth probe (a PING and a WINDOW_UPDATE
+		// after most messages received) doubled the frames, syscalls and
+		// wake-ups of every call.
+		grpc.WithStaticStreamWindowSize(streamWindow), grpc.WithStaticConnWindowSize(connWindow),
 	}, opts...)
 	fo := &failover{client: randomClientID()}
 	for _, a := range list {

@@ -166,10 +166,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("server: listen on %s: %w", cfg.Listen, err)
 	}
 	s := &Server{cfg: cfg, store: store, svc: svc, lis: lis}
-	s.grpc = grpc.NewServer(
-		grpc.ChainUnaryInterceptor(auth.UnaryServerInterceptor(cfg.Secret), m.unaryInterceptor),
-		grpc.ChainStreamInterceptor(auth.StreamServerInterceptor(cfg.Secret)),
-	)
+	s.grpc = newGRPC(cfg, m)
 	metapb.RegisterMetaServer(s.grpc, svc)
 	if cfg.MetricsListen != "" {
 		mlis, err := net.Listen("tcp", cfg.MetricsListen)
