@@ -7,10 +7,12 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/rdmafs/rdmafs/meta/kv"
 	"github.com/rdmafs/rdmafs/meta/kv/kvtest"
@@ -143,5 +145,150 @@ func TestPreallocation(t *testing.T) {
 	s.db.View(func(tx *bbolt.Tx) error { used = tx.Size(); return nil })
 	if got := size(); got-used < 1<<19 || used < 4<<20 {
 		t.Fatalf("file %d bytes, %d used: slack not kept", got, used)
+	}
+}
+
+// TestPipeline checks that a transaction sees the writes of the transactions
+// that ran before it while their group is still being committed, and that
+// it is answered only after that group is durable.
+func TestPipeline(t *testing.T) {
+	ctx := context.Background()
+	release := make(chan struct{})
+	var once sync.Once
+	s, err := Open(t.TempDir(), Options{OnCommit: func(int, time.Duration) {
+		// Hold the first group's answers until the second transaction ran.
+		once.Do(func() { <-release })
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	first := make(chan error, 1)
+	go func() { first <- s.Update(ctx, func(tx kv.Txn) error { return tx.Put([]byte("a"), []byte("1")) }) }()
+	// Wait until the first group is committed (its answers held back).
+	for {
+		var ok bool
+		s.View(ctx, func(r kv.Reader) (err error) { _, ok, err = r.Get([]byte("a")); return err })
+		if ok {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	second := make(chan error, 1)
+	var seen string
+	ran := make(chan struct{})
+	go func() {
+		second <- s.Update(ctx, func(tx kv.Txn) error {
+			v, _, err := tx.Get([]byte("a"))
+			seen = string(v)
+			close(ran)
+			if err != nil {
+				return err
+			}
+			return tx.Put([]byte("b"), v)
+		})
+	}()
+	<-ran
+	select {
+	case err := <-second:
+		t.Fatalf("second transaction answered before the first was: %v", err)
+	case err := <-first:
+		t.Fatalf("first transaction answered before OnCommit returned: %v", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; err != nil {
+		t.Fatal(err)
+	}
+	if seen != "1" {
+		t.Fatalf("second transaction read a = %q, want the first's write", seen)
+	}
+}
+
+// TestFailedCommit makes a group commit fail (the file may not grow): its
+// transactions get the error, and a transaction that ran meanwhile on top of
+// its writes runs again without them.
+func TestFailedCommit(t *testing.T) {
+	ctx := context.Background()
+	committed, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	s, err := Open(t.TempDir(), Options{Slack: -1, maxSize: 1 << 20, OnCommit: func(int, time.Duration) {
+		// Hold the first group's answers until the second transaction ran.
+		once.Do(func() {
+			close(committed)
+			<-release
+		})
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	big := make([]byte, 2<<20)
+	first := make(chan error, 1)
+	var firstRuns atomic.Int32
+	go func() {
+		first <- s.Update(ctx, func(tx kv.Txn) error {
+			firstRuns.Add(1)
+			return tx.Put([]byte("big"), big)
+		})
+	}()
+	<-committed
+	var seen []bool
+	secondRan := make(chan struct{}, 2)
+	second := make(chan error, 1)
+	go func() {
+		second <- s.Update(ctx, func(tx kv.Txn) error {
+			_, ok, err := tx.Get([]byte("big"))
+			seen = append(seen, ok)
+			secondRan <- struct{}{}
+			if err != nil {
+				return err
+			}
+			if ok {
+				return errBoom // as a create would fail with EEXIST
+			}
+			return tx.Put([]byte("small"), []byte("v"))
+		})
+	}()
+	<-secondRan
+	close(release)
+	if err := <-first; err == nil || !errors.Is(err, bolterrors.ErrMaxSizeReached) {
+		t.Fatalf("first transaction: %v, want the commit's error", err)
+	}
+	if err := <-second; err != nil {
+		t.Fatalf("second transaction: %v (saw big: %v), want success after running again", err, seen)
+	}
+	if len(seen) != 2 || !seen[0] || seen[1] {
+		t.Fatalf("second transaction saw big: %v, want [true false] (ran on the failed write, then again without it)", seen)
+	}
+	if firstRuns.Load() != 1 {
+		t.Fatalf("first transaction ran %d times", firstRuns.Load())
+	}
+	s.View(ctx, func(r kv.Reader) error {
+		if _, ok, _ := r.Get([]byte("big")); ok {
+			t.Error("the failed write is stored")
+		}
+		if v, _, _ := r.Get([]byte("small")); string(v) != "v" {
+			t.Errorf("small = %q", v)
+		}
+		return nil
+	})
+}
+
+// TestTooLarge checks that keys bbolt refuses fail their transaction alone.
+func TestTooLarge(t *testing.T) {
+	s, err := Open(t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	err = s.Update(context.Background(), func(tx kv.Txn) error {
+		return tx.Put(make([]byte, bbolt.MaxKeySize+1), []byte("v"))
+	})
+	if err == nil {
+		t.Fatal("a key over bbolt's limit was accepted")
 	}
 }
