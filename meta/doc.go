@@ -5,7 +5,8 @@
 //   - metaerr: errors that carry a POSIX errno across gRPC
 //   - keys: the key layout shared by every KV backend
 //   - kv, kv/bolt, kv/kvtest: the transactional KV interface, the embedded
-//     bbolt backend with group commit, and the backend conformance suite
+//     bbolt backend (write-ahead log, pipelined group commit), and the
+//     backend conformance suite
 //   - placement: choosing chunkservers for the shards of a stripe
 //   - core: the namespace, layouts, stripe table, sessions, membership and
 //     garbage collection, as an implementation of metapb.MetaServer

@@ -1,22 +1,28 @@
-// Package bolt is the embedded kv.Store backend on bbolt, with pipelined
-// group commit: transactions run one after another as they arrive, against
-// the durable state plus the writes of the transactions before them that are
-// not durable yet, while a single writer commits the previous group with one
-// bbolt transaction and one fsync. Each transaction keeps its own
-// all-or-nothing semantics, and its outcome is reported only once it and
-// everything it read are durable.
+// Package bolt is the embedded kv.Store backend: a bbolt file with a
+// write-ahead log in front of it and pipelined group commit.
+//
+// Transactions run one after another as they arrive, against the state the
+// transactions before them left, including those not durable yet. A single
+// writer appends the writes of each group of transactions to the log with
+// one sequential write and one fdatasync, and only then answers them: an
+// acknowledged transaction is durable, and so is everything it read. (A
+// bbolt commit costs two fdatasyncs and a scattered write per dirty page,
+// several times as long.) A checkpointer applies the logged
+// groups to bbolt in the background with bbolt's own durable commits, after
+// which their log space is reused; until then reads see them in memory.
+// Open replays the log into bbolt after a crash.
 package bolt
 
 import (
-	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,8 +35,12 @@ import (
 // FileName is the name of the database file inside the data directory.
 const FileName = "meta.db"
 
-// bucketName is the one bucket that holds every key.
-const bucketName = "rdmafs"
+// bucketName is the bucket that holds every key of the store; walBucket
+// holds the log's state: the last sequence number applied and the epoch.
+const (
+	bucketName = "rdmafs"
+	walBucket  = "rdmafs-log"
+)
 
 // Options tunes a Store.
 type Options struct {
@@ -45,6 +55,13 @@ type Options struct {
 	// MaxLinger bounds the whole wait before a group commit while
 	// transactions keep arriving (default 10×Linger).
 	MaxLinger time.Duration
+	// LogSegment is the size of each of the two log files (default 8 MiB).
+	// A group whose writes do not fit in half of it is committed to bbolt
+	// directly.
+	LogSegment int64
+	// CheckpointEvery is how long logged groups may wait before they are
+	// applied to bbolt (default 50ms; sooner when many are waiting).
+	CheckpointEvery time.Duration
 	// Slack is how many zero-filled bytes the database file keeps beyond
 	// the pages in use (default 4 MiB; negative disables it). bbolt grows
 	// its file sparsely, and writing into a hole makes every fdatasync a
@@ -60,11 +77,15 @@ type Options struct {
 	maxSize int
 }
 
-// Store is a kv.Store on a bbolt file.
+// checkpointGroups is how many logged groups start a checkpoint at once.
+const checkpointGroups = 32
+
+// Store is a kv.Store on a bbolt file and its log.
 type Store struct {
 	db   *bbolt.DB
 	opts Options
 	path string
+	log  *wal // the writer goroutine's
 
 	// mu serializes the execution of transactions and guards the fields
 	// up to kick. The writer takes it only between commits.
@@ -80,19 +101,33 @@ type Store struct {
 	kick     chan struct{} // wakes the writer (capacity 1)
 	finished chan struct{} // closed when the writer has exited
 
-	hwm      int64        // bytes of the file bbolt uses (writer only)
-	filesz   int64        // file size when last checked; the file never shrinks (writer only)
+	// ovMu guards logged: the durable groups not in bbolt yet, oldest
+	// first. Readers take a snapshot of it together with a bbolt read
+	// transaction; checkpoints replace it after their commit.
+	ovMu   sync.RWMutex
+	logged []*group
+
+	ckMu       sync.Mutex    // serializes checkpoints (bbolt's write transactions) and guards hwm, filesz
+	ckKick     chan struct{} // wakes the checkpointer (capacity 1)
+	ckStop     chan struct{} // closed when the writer has exited
+	ckFinished chan struct{} // closed when the checkpointer has exited
+	ckErr      error         // the checkpointer's last error (ckFinished)
+
+	hwm      int64        // bytes of the file bbolt uses
+	filesz   int64        // file size when last checked; the file never shrinks
 	inflight atomic.Int64 // Update calls not yet returned
 	peak     atomic.Int64 // highest inflight since the writer last reset it
 }
 
 // group is the transactions committed together.
 type group struct {
-	seq  uint64
+	seq  uint64 // order of the groups in this process
 	reqs []*request
 	// writes merges the writes of the group's successful transactions in
 	// the order they ran; a nil value is a deletion.
 	writes map[string][]byte
+	keys   []string // the keys of writes in order, once the writer took the group
+	lsn    uint64   // sequence number in the log, once logged
 }
 
 // pendingWrite is the latest value a run transaction wrote to a key that
@@ -111,7 +146,8 @@ type request struct {
 // failed to commit, so nothing of it was applied and it must run again.
 var errRunAgain = errors.New("bolt: run the transaction again")
 
-// Open opens (creating if needed) the database in dir.
+// Open opens (creating if needed) the database in dir and applies to it
+// what the log holds beyond it.
 func Open(dir string, opts Options) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("bolt: create data dir: %w", err)
@@ -124,13 +160,6 @@ func Open(dir string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bolt: open %s: %w", path, err)
 	}
-	if err := db.Update(func(tx *bbolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists([]byte(bucketName))
-		return err
-	}); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("bolt: create bucket: %w", err)
-	}
 	if opts.MaxBatch <= 0 {
 		opts.MaxBatch = 1024
 	}
@@ -140,6 +169,13 @@ func Open(dir string, opts Options) (*Store, error) {
 	if opts.MaxLinger <= 0 {
 		opts.MaxLinger = 10 * opts.Linger
 	}
+	if opts.LogSegment <= 0 {
+		opts.LogSegment = 8 << 20
+	}
+	opts.LogSegment = max(opts.LogSegment, 64<<10)
+	if opts.CheckpointEvery <= 0 {
+		opts.CheckpointEvery = 50 * time.Millisecond
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -147,36 +183,154 @@ func Open(dir string, opts Options) (*Store, error) {
 		opts.Slack = 4 << 20
 	}
 	s := &Store{db: db, opts: opts, path: path, open: newGroup(1), pending: map[string]pendingWrite{},
-		kick: make(chan struct{}, 1), finished: make(chan struct{})}
+		kick: make(chan struct{}, 1), finished: make(chan struct{}),
+		ckKick: make(chan struct{}, 1), ckStop: make(chan struct{}), ckFinished: make(chan struct{})}
 	s.taken = sync.NewCond(&s.mu)
-
-	if err := db.View(func(tx *bbolt.Tx) error { s.hwm = tx.Size(); return nil }); err != nil {
+	if s.log, err = openWAL(dir, opts.LogSegment); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("bolt: read size: %w", err)
+		return nil, err
+	}
+	if err := s.recover(); err != nil {
+		s.log.close()
+		db.Close()
+		return nil, err
 	}
 	if err := s.ensureSlack(); err != nil {
+		s.log.close()
 		db.Close()
 		return nil, err
 	}
 	go s.writer()
+	go s.checkpointer()
 	return s, nil
+}
+
+// recover applies the logged groups bbolt lacks and starts a new epoch of
+// the log, so that no record written before can be taken for a new one.
+func (s *Store) recover() error {
+	var applied, epoch uint64
+	if err := s.db.View(func(tx *bbolt.Tx) error {
+		if b := tx.Bucket([]byte(walBucket)); b != nil {
+			applied, _ = decodeU64(b.Get([]byte("applied")))
+			epoch, _ = decodeU64(b.Get([]byte("epoch")))
+		}
+		s.hwm = tx.Size()
+		return nil
+	}); err != nil {
+		return fmt.Errorf("bolt: read log state: %w", err)
+	}
+	var replay []record
+	if epoch != 0 {
+		recs, err := s.log.scan(epoch)
+		if err != nil {
+			return err
+		}
+		next := applied + 1
+		for _, r := range recs {
+			if r.lsn < next {
+				continue
+			}
+			if r.lsn > next {
+				s.opts.Logger.Warn("bolt: log records after a gap are ignored", "expected", next, "found", r.lsn)
+				break
+			}
+			replay = append(replay, r)
+			next++
+		}
+	}
+	var eb [8]byte
+	if _, err := rand.Read(eb[:]); err != nil {
+		return fmt.Errorf("bolt: log epoch: %w", err)
+	}
+	newEpoch := binary.BigEndian.Uint64(eb[:]) | 1 // never 0, which no log has
+	last := applied
+	if len(replay) > 0 {
+		last = replay[len(replay)-1].lsn
+	}
+	if err := s.db.Update(func(tx *bbolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists([]byte(bucketName))
+		if err != nil {
+			return err
+		}
+		for _, r := range replay {
+			for i, k := range r.keys {
+				if v := r.values[i]; v == nil {
+					err = b.Delete([]byte(k))
+				} else {
+					err = b.Put([]byte(k), v)
+				}
+				if err != nil {
+					return fmt.Errorf("replay record %d: %w", r.lsn, err)
+				}
+			}
+		}
+		if err := putLogState(tx, last, newEpoch); err != nil {
+			return err
+		}
+		s.hwm = tx.Size()
+		return nil
+	}); err != nil {
+		return fmt.Errorf("bolt: replay the log: %w", err)
+	}
+	if len(replay) > 0 {
+		s.opts.Logger.Info("bolt: replayed the log", "groups", len(replay), "last", last)
+	}
+	s.log.epoch, s.log.lsn = newEpoch, last
+	return nil
+}
+
+func putLogState(tx *bbolt.Tx, applied, epoch uint64) error {
+	b, err := tx.CreateBucketIfNotExists([]byte(walBucket))
+	if err != nil {
+		return err
+	}
+	if err := b.Put([]byte("applied"), binary.BigEndian.AppendUint64(nil, applied)); err != nil {
+		return err
+	}
+	if epoch != 0 {
+		return b.Put([]byte("epoch"), binary.BigEndian.AppendUint64(nil, epoch))
+	}
+	return nil
+}
+
+func decodeU64(b []byte) (uint64, bool) {
+	if len(b) != 8 {
+		return 0, false
+	}
+	return binary.BigEndian.Uint64(b), true
 }
 
 func newGroup(seq uint64) *group { return &group{seq: seq, writes: map[string][]byte{}} }
 
-// View implements kv.Store. It reads the durable state only.
+// View implements kv.Store. It reads the durable state.
 func (s *Store) View(ctx context.Context, fn func(kv.Reader) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.View(func(tx *bbolt.Tx) error {
-		return fn(&reader{b: tx.Bucket([]byte(bucketName))})
-	})
+	tx, logged, err := s.snapshot()
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	return fn(&reader{b: tx.Bucket([]byte(bucketName)), logged: logged})
+}
+
+// snapshot begins a bbolt read transaction and returns it with the logged
+// groups it lacks. Together they are the durable state of one moment: a
+// checkpoint removes groups from logged only after its commit.
+func (s *Store) snapshot() (*bbolt.Tx, []*group, error) {
+	s.ovMu.RLock()
+	defer s.ovMu.RUnlock()
+	tx, err := s.db.Begin(false)
+	if err != nil {
+		return nil, nil, fmt.Errorf("bolt: begin: %w", err)
+	}
+	return tx, s.logged, nil
 }
 
 // Update implements kv.Store. fn runs at once, serialized with the other
 // transactions, and joins the open group; Update returns when the writer
-// has committed that group.
+// has made that group durable.
 func (s *Store) Update(ctx context.Context, fn func(kv.Txn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -212,13 +366,14 @@ func (s *Store) run(ctx context.Context, fn func(kv.Txn) error, r *request) erro
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	// A read transaction per run: the writer may need every read
-	// transaction closed to grow the memory map while it commits.
-	tx, err := s.db.Begin(false)
+	// A read transaction per run: a checkpoint may need every read
+	// transaction closed to grow the memory map.
+	tx, logged, err := s.snapshot()
 	if err != nil {
-		return fmt.Errorf("bolt: begin: %w", err)
+		return err
 	}
-	t := &txn{reader: reader{b: tx.Bucket([]byte(bucketName))}, pending: s.pending, sorted: s.sorted, writes: map[string][]byte{}}
+	t := &txn{reader: reader{b: tx.Bucket([]byte(bucketName)), logged: logged},
+		pending: s.pending, sorted: s.sorted, writes: map[string][]byte{}}
 	r.err = callSafely(fn, t)
 	if err := tx.Rollback(); err != nil {
 		s.opts.Logger.Warn("bolt: close read transaction", "err", err)
@@ -247,7 +402,8 @@ func (s *Store) run(ctx context.Context, fn func(kv.Txn) error, r *request) erro
 	return nil
 }
 
-// Close waits for the transactions that ran and closes the database.
+// Close waits for the transactions that ran, applies the log to bbolt and
+// closes the files.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -262,10 +418,16 @@ func (s *Store) Close() error {
 	default:
 	}
 	<-s.finished
-	if err := s.db.Close(); err != nil {
-		return fmt.Errorf("bolt: close: %w", err)
+	close(s.ckStop)
+	<-s.ckFinished
+	err := s.ckErr
+	if cerr := s.log.close(); err == nil && cerr != nil {
+		err = fmt.Errorf("bolt: close log: %w", cerr)
 	}
-	return nil
+	if cerr := s.db.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("bolt: close: %w", cerr)
+	}
+	return err
 }
 
 // writer commits the open group whenever it is not empty, until the store
@@ -337,30 +499,12 @@ func (s *Store) commit(g *group) {
 	start := time.Now()
 	var err error
 	if len(g.writes) > 0 {
-		keys := make([]string, 0, len(g.writes))
+		g.keys = make([]string, 0, len(g.writes))
 		for k := range g.writes {
-			keys = append(keys, k)
+			g.keys = append(g.keys, k)
 		}
-		slices.Sort(keys) // bbolt inserts in key order fastest
-		err = s.db.Update(func(tx *bbolt.Tx) error {
-			b := tx.Bucket([]byte(bucketName))
-			for _, k := range keys {
-				var err error
-				if v := g.writes[k]; v == nil {
-					err = b.Delete([]byte(k))
-				} else {
-					err = b.Put([]byte(k), v)
-				}
-				if err != nil {
-					return fmt.Errorf("apply %q: %w", k, err)
-				}
-			}
-			s.hwm = tx.Size()
-			return nil
-		})
-		if err != nil {
-			err = fmt.Errorf("bolt: commit: %w", err)
-		}
+		slices.Sort(g.keys)
+		err = s.logGroup(g)
 	}
 	if s.opts.OnCommit != nil {
 		s.opts.OnCommit(len(g.reqs), time.Since(start))
@@ -368,7 +512,7 @@ func (s *Store) commit(g *group) {
 	var again []*request
 	s.mu.Lock()
 	if err == nil {
-		for k := range g.writes {
+		for _, k := range g.keys {
 			if p, ok := s.pending[k]; ok && p.seq == g.seq {
 				delete(s.pending, k)
 				if i, found := slices.BinarySearch(s.sorted, k); found {
@@ -390,28 +534,138 @@ func (s *Store) commit(g *group) {
 		r.done <- errRunAgain
 	}
 	for _, r := range g.reqs {
-		switch {
-		case err != nil:
+		if err != nil {
 			// What fn returned may rest on writes of g that were
 			// not applied.
 			r.done <- err
+			continue
+		}
+		r.done <- r.err
+	}
+}
+
+// logGroup makes g durable: appended to the log and visible in logged, or,
+// if it is too large for the log, committed to bbolt directly.
+func (s *Store) logGroup(g *group) error {
+	w := s.log
+	size := recordSize(g)
+	if size > w.max/2 {
+		g.lsn = w.lsn + 1
+		if err := s.checkpoint(g); err != nil {
+			return err
+		}
+		w.lsn = g.lsn
+		return nil
+	}
+	if !w.fits(size) {
+		// The other segment is reused once its records are in bbolt.
+		if err := s.checkpoint(nil); err != nil {
+			return err
+		}
+		w.switchSegment()
+	}
+	lsn := w.lsn + 1
+	if err := w.append(w.encode(g, lsn), lsn); err != nil {
+		return err
+	}
+	g.lsn = lsn
+	s.ovMu.Lock()
+	s.logged = append(s.logged, g)
+	n := len(s.logged)
+	s.ovMu.Unlock()
+	if n >= checkpointGroups {
+		select {
+		case s.ckKick <- struct{}{}:
 		default:
-			r.done <- r.err
 		}
 	}
-	if err == nil {
-		if err := s.ensureSlack(); err != nil {
-			// Commits stay durable without it, only slower.
-			s.opts.Logger.Warn("bolt: cannot preallocate the database file", "err", err)
+	return nil
+}
+
+// checkpointer applies the logged groups to bbolt when enough are waiting
+// or they have waited CheckpointEvery, and all of them when the store
+// closes.
+func (s *Store) checkpointer() {
+	defer close(s.ckFinished)
+	tick := time.NewTicker(s.opts.CheckpointEvery)
+	defer tick.Stop()
+	failing := false
+	for {
+		select {
+		case <-s.ckStop:
+			s.ckErr = s.checkpoint(nil)
+			return
+		case <-s.ckKick:
+		case <-tick.C:
 		}
+		err := s.checkpoint(nil)
+		if err != nil && !failing {
+			// The log keeps the groups; the writer reports the
+			// error once it needs the log space.
+			s.opts.Logger.Warn("bolt: checkpoint failed; retrying", "err", err)
+		}
+		failing = err != nil
 	}
+}
+
+// checkpoint applies the logged groups, and then extra if it is not nil
+// (a group too large for the log), to bbolt in one durable commit.
+func (s *Store) checkpoint(extra *group) error {
+	s.ckMu.Lock()
+	defer s.ckMu.Unlock()
+	s.ovMu.RLock()
+	groups := s.logged
+	s.ovMu.RUnlock()
+	if extra != nil {
+		groups = append(groups[:len(groups):len(groups)], extra)
+	}
+	if len(groups) == 0 {
+		return nil
+	}
+	last := groups[len(groups)-1].lsn
+	err := s.db.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket([]byte(bucketName))
+		for _, g := range groups {
+			for _, k := range g.keys {
+				var err error
+				if v := g.writes[k]; v == nil {
+					err = b.Delete([]byte(k))
+				} else {
+					err = b.Put([]byte(k), v)
+				}
+				if err != nil {
+					return fmt.Errorf("apply %q: %w", k, err)
+				}
+			}
+		}
+		if err := putLogState(tx, last, 0); err != nil {
+			return err
+		}
+		s.hwm = tx.Size()
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("bolt: commit: %w", err)
+	}
+	n := len(groups)
+	if extra != nil {
+		n--
+	}
+	s.ovMu.Lock()
+	s.logged = slices.Clone(s.logged[n:])
+	s.ovMu.Unlock()
+	if err := s.ensureSlack(); err != nil {
+		// Commits stay durable without it, only slower.
+		s.opts.Logger.Warn("bolt: cannot preallocate the database file", "err", err)
+	}
+	return nil
 }
 
 // ensureSlack extends the database file with written zeros when fewer than
 // Slack/2 bytes remain past the pages bbolt uses, so that bbolt overwrites
-// allocated blocks instead of filling holes. Only the committer (or Open)
-// calls it, so no bbolt write runs at the same time; bbolt does not touch
-// the file past its own size.
+// allocated blocks instead of filling holes. It runs in Open or under ckMu,
+// so no bbolt write runs at the same time; bbolt does not touch the file
+// past its own size.
 func (s *Store) ensureSlack() error {
 	if s.opts.Slack <= 0 || s.filesz-s.hwm >= s.opts.Slack/2 {
 		return nil
@@ -457,170 +711,4 @@ func callSafely(fn func(kv.Txn) error, t kv.Txn) (err error) {
 		}
 	}()
 	return fn(t)
-}
-
-// reader reads a bucket; it copies values out so they outlive the transaction.
-type reader struct {
-	b *bbolt.Bucket
-}
-
-// Get implements kv.Reader.
-func (r *reader) Get(key []byte) ([]byte, bool, error) {
-	v := r.b.Get(key)
-	if v == nil {
-		return nil, false, nil
-	}
-	return append([]byte{}, v...), true, nil
-}
-
-// Scan implements kv.Reader.
-func (r *reader) Scan(start, end []byte, limit int, fn func(k, v []byte) error) error {
-	c := r.b.Cursor()
-	n := 0
-	for k, v := c.Seek(start); k != nil; k, v = c.Next() {
-		if end != nil && bytes.Compare(k, end) >= 0 {
-			break
-		}
-		if limit > 0 && n >= limit {
-			break
-		}
-		n++
-		if err := fn(k, v); err != nil {
-			if errors.Is(err, kv.ErrStop) {
-				return nil
-			}
-			return err
-		}
-	}
-	return nil
-}
-
-// txn runs one transaction: reads see its own buffered writes first, then
-// the pending writes of the transactions that ran before it, then the
-// durable state.
-type txn struct {
-	reader
-	pending map[string]pendingWrite // not durable yet; read only
-	sorted  []string                // the keys of pending in order; read only
-	writes  map[string][]byte       // this transaction's; nil value: deleted
-}
-
-// Get implements kv.Reader, seeing the transaction's own writes.
-func (t *txn) Get(key []byte) ([]byte, bool, error) {
-	v, ok := t.writes[string(key)]
-	if !ok {
-		var p pendingWrite
-		if p, ok = t.pending[string(key)]; ok {
-			v = p.value
-		}
-	}
-	if ok {
-		if v == nil {
-			return nil, false, nil
-		}
-		return append([]byte{}, v...), true, nil
-	}
-	return t.reader.Get(key)
-}
-
-// Put implements kv.Txn. It refuses what bbolt would refuse, so that one
-// transaction cannot fail the commit of its whole group.
-func (t *txn) Put(key, value []byte) error {
-	switch {
-	case len(key) == 0:
-		return errors.New("bolt: empty key")
-	case len(key) > bbolt.MaxKeySize:
-		return fmt.Errorf("bolt: key of %d bytes exceeds %d", len(key), bbolt.MaxKeySize)
-	case int64(len(value)) > bbolt.MaxValueSize:
-		return fmt.Errorf("bolt: value of %d bytes exceeds %d", len(value), bbolt.MaxValueSize)
-	}
-	if value == nil {
-		value = []byte{}
-	}
-	t.writes[string(key)] = append([]byte{}, value...)
-	return nil
-}
-
-// Delete implements kv.Txn.
-func (t *txn) Delete(key []byte) error {
-	if len(key) == 0 || len(key) > bbolt.MaxKeySize {
-		return nil // no such key can exist
-	}
-	t.writes[string(key)] = nil // tombstone
-	return nil
-}
-
-// Scan merges the buffered and pending writes into the bucket's ordered
-// keys.
-func (t *txn) Scan(start, end []byte, limit int, fn func(k, v []byte) error) error {
-	type write struct {
-		key   string
-		value []byte
-	}
-	var over []write
-	in := func(k string) bool {
-		return k >= string(start) && (end == nil || k < string(end))
-	}
-	for k, v := range t.writes {
-		if in(k) {
-			over = append(over, write{k, v})
-		}
-	}
-	i, _ := slices.BinarySearch(t.sorted, string(start))
-	for _, k := range t.sorted[i:] {
-		if !in(k) {
-			break
-		}
-		if _, mine := t.writes[k]; !mine {
-			over = append(over, write{k, t.pending[k].value})
-		}
-	}
-	if len(over) == 0 {
-		return t.reader.Scan(start, end, limit, fn)
-	}
-	sort.Slice(over, func(i, j int) bool { return over[i].key < over[j].key })
-	n := 0
-	emit := func(k, v []byte) (bool, error) {
-		if limit > 0 && n >= limit {
-			return false, nil
-		}
-		n++
-		if err := fn(k, v); err != nil {
-			if errors.Is(err, kv.ErrStop) {
-				return false, nil
-			}
-			return false, err
-		}
-		return true, nil
-	}
-	c := t.b.Cursor()
-	k, v := c.Seek(start)
-	for {
-		if k != nil && end != nil && bytes.Compare(k, end) >= 0 {
-			k = nil
-		}
-		if k == nil && len(over) == 0 {
-			return nil
-		}
-		var cont bool
-		var err error
-		switch {
-		case len(over) > 0 && (k == nil || over[0].key <= string(k)):
-			w := over[0]
-			over = over[1:]
-			if k != nil && w.key == string(k) {
-				k, v = c.Next()
-			}
-			if w.value == nil {
-				continue
-			}
-			cont, err = emit([]byte(w.key), w.value)
-		default:
-			cont, err = emit(k, v)
-			k, v = c.Next()
-		}
-		if err != nil || !cont {
-			return err
-		}
-	}
 }

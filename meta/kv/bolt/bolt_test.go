@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -136,9 +138,8 @@ func TestPreallocation(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The committer preallocates after answering a group; the next
-	// (empty) transaction returns only after that.
-	if err := s.Update(context.Background(), func(tx kv.Txn) error { return nil }); err != nil {
+	// Checkpoints preallocate after their commit.
+	if err := s.checkpoint(nil); err != nil {
 		t.Fatal(err)
 	}
 	var used int64
@@ -215,7 +216,9 @@ func TestFailedCommit(t *testing.T) {
 	ctx := context.Background()
 	committed, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	s, err := Open(t.TempDir(), Options{Slack: -1, maxSize: 1 << 20, OnCommit: func(int, time.Duration) {
+	// A small log: the big write below goes to bbolt directly, where it
+	// exceeds the maximum size.
+	s, err := Open(t.TempDir(), Options{Slack: -1, maxSize: 1 << 20, LogSegment: 64 << 10, OnCommit: func(int, time.Duration) {
 		// Hold the first group's answers until the second transaction ran.
 		once.Do(func() {
 			close(committed)
@@ -290,5 +293,286 @@ func TestTooLarge(t *testing.T) {
 	})
 	if err == nil {
 		t.Fatal("a key over bbolt's limit was accepted")
+	}
+}
+
+// crashImage copies the store's files as they are on disk now, as a crash
+// would leave them: the log holds what was acknowledged since the last
+// checkpoint.
+func crashImage(t *testing.T, dir string) string {
+	t.Helper()
+	img := t.TempDir()
+	for _, name := range []string{FileName, LogFile0, LogFile1} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(img, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return img
+}
+
+func mustUpdate(t *testing.T, s *Store, fn func(tx kv.Txn) error) {
+	t.Helper()
+	if err := s.Update(context.Background(), fn); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func putKV(t *testing.T, s *Store, kvs ...string) {
+	t.Helper()
+	mustUpdate(t, s, func(tx kv.Txn) error {
+		for i := 0; i+1 < len(kvs); i += 2 {
+			if err := tx.Put([]byte(kvs[i]), []byte(kvs[i+1])); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// contents returns every key=value of the store, in order, as View sees
+// them, after checking that Get agrees with Scan.
+func contents(t *testing.T, s *Store) string {
+	t.Helper()
+	var out []string
+	err := s.View(context.Background(), func(r kv.Reader) error {
+		return r.Scan(nil, nil, 0, func(k, v []byte) error {
+			got, ok, err := r.Get(k)
+			if err != nil || !ok || string(got) != string(v) {
+				return fmt.Errorf("Get(%q) = %q %v %v, Scan says %q", k, got, ok, err, v)
+			}
+			out = append(out, string(k)+"="+string(v))
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(out, " ")
+}
+
+func reopen(t *testing.T, dir string, opts Options) *Store {
+	t.Helper()
+	s, err := Open(dir, opts)
+	if err != nil {
+		t.Fatalf("open after a crash: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestLogReplay checks that acknowledged transactions that were only in the
+// log when the process died are in the store after Open, on top of what was
+// checkpointed, and visible before any checkpoint.
+func TestLogReplay(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, Options{CheckpointEvery: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	putKV(t, s, "a", "1", "b", "1", "d", "1")
+	if err := s.checkpoint(nil); err != nil {
+		t.Fatal(err)
+	}
+	putKV(t, s, "a", "2")
+	mustUpdate(t, s, func(tx kv.Txn) error { return tx.Delete([]byte("b")) })
+	putKV(t, s, "c", "1", "e", "")
+	const want = "a=2 c=1 d=1 e="
+	if got := contents(t, s); got != want {
+		t.Fatalf("before a checkpoint: %s, want %s", got, want)
+	}
+	img := crashImage(t, dir)
+	r := reopen(t, img, Options{})
+	if got := contents(t, r); got != want {
+		t.Fatalf("after replay: %s, want %s", got, want)
+	}
+	putKV(t, r, "f", "1")
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r = reopen(t, img, Options{})
+	if got := contents(t, r); got != want+" f=1" {
+		t.Fatalf("after a clean reopen: %s", got)
+	}
+}
+
+// TestTornRecord checks that a record damaged by a crash during its write
+// (so never acknowledged) ends the replay, keeping what came before.
+func TestTornRecord(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, Options{CheckpointEvery: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	putKV(t, s, "a", "1")
+	putKV(t, s, "b", "1")
+	last := s.log.off // the writer is idle: Update returned
+	putKV(t, s, "c", "1")
+	img := crashImage(t, dir)
+	f, err := os.OpenFile(filepath.Join(img, LogFile0), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{0xff}, last+headerSize+1); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if got := contents(t, reopen(t, img, Options{})); got != "a=1 b=1" {
+		t.Fatalf("after a torn record: %s, want a=1 b=1", got)
+	}
+}
+
+// TestParseSegment checks the end of a log scan: a damaged record, a
+// record of another epoch (an earlier Open) and an older record left from
+// the segment's previous pass all end it.
+func TestParseSegment(t *testing.T) {
+	w := &wal{epoch: 7}
+	rec := func(lsn uint64, k string) []byte {
+		g := &group{writes: map[string][]byte{k: []byte("v")}, keys: []string{k}}
+		return append([]byte{}, w.encode(g, lsn)...)
+	}
+	lsns := func(data []byte, epoch uint64) []uint64 {
+		var out []uint64
+		for _, r := range parseSegment(data, epoch) {
+			out = append(out, r.lsn)
+		}
+		return out
+	}
+	good := slices.Concat(rec(3, "a"), rec(4, "b"))
+	if got := lsns(good, 7); !slices.Equal(got, []uint64{3, 4}) {
+		t.Fatalf("intact records: %v", got)
+	}
+	if got := lsns(good, 8); len(got) != 0 {
+		t.Fatalf("records of another epoch replayed: %v", got)
+	}
+	if got := lsns(slices.Concat(good, rec(2, "old"), rec(5, "c")), 7); !slices.Equal(got, []uint64{3, 4}) {
+		t.Fatalf("an older record did not end the scan: %v", got)
+	}
+	w.epoch = 6
+	stale := rec(5, "c")
+	w.epoch = 7
+	if got := lsns(slices.Concat(good, stale), 7); !slices.Equal(got, []uint64{3, 4}) {
+		t.Fatalf("a record of an earlier epoch did not end the scan: %v", got)
+	}
+	bad := slices.Concat(good, rec(5, "c"))
+	bad[len(bad)-1] ^= 1
+	if got := lsns(bad, 7); !slices.Equal(got, []uint64{3, 4}) {
+		t.Fatalf("a damaged record did not end the scan: %v", got)
+	}
+	if got := lsns(append(good, make([]byte, 100)...), 7); !slices.Equal(got, []uint64{3, 4}) {
+		t.Fatalf("zeros after the records: %v", got)
+	}
+}
+
+// TestLogSegments writes far more than the log holds, so that both segments
+// are reused several times, then replays a crash image.
+func TestLogSegments(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, Options{LogSegment: 64 << 10, CheckpointEvery: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	val := strings.Repeat("v", 2000)
+	want := map[string]string{}
+	for i := 0; i < 400; i++ {
+		k, v := fmt.Sprintf("k%02d", i%50), fmt.Sprintf("%s%d", val, i)
+		putKV(t, s, k, v)
+		want[k] = v
+	}
+	img := crashImage(t, dir)
+	r := reopen(t, img, Options{LogSegment: 64 << 10})
+	var keys []string
+	for k := range want {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var exp []string
+	for _, k := range keys {
+		exp = append(exp, k+"="+want[k])
+	}
+	if got := contents(t, r); got != strings.Join(exp, " ") {
+		t.Fatalf("after replay the store differs from what was acknowledged")
+	}
+}
+
+// TestLargeGroup checks that a group too large for the log is committed to
+// bbolt directly, after the logged groups before it and before those after.
+func TestLargeGroup(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{LogSegment: 64 << 10, CheckpointEvery: time.Hour}
+	s, err := Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	putKV(t, s, "k", "1", "x", "1")
+	big := strings.Repeat("b", 40<<10)
+	putKV(t, s, "k", "2", "big", big)
+	mustUpdate(t, s, func(tx kv.Txn) error { return tx.Delete([]byte("x")) })
+	want := "big=" + big + " k=2"
+	if got := contents(t, s); got != want {
+		t.Fatalf("live store differs")
+	}
+	if got := contents(t, reopen(t, crashImage(t, dir), opts)); got != want {
+		t.Fatalf("after replay the store differs")
+	}
+}
+
+// TestCloseCheckpoints checks that after Close bbolt holds everything, so
+// the log is not needed to read the database file.
+func TestCloseCheckpoints(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, Options{CheckpointEvery: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	putKV(t, s, "a", "1")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bbolt.Open(filepath.Join(dir, FileName), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.View(func(tx *bbolt.Tx) error {
+		if v := tx.Bucket([]byte(bucketName)).Get([]byte("a")); string(v) != "1" {
+			t.Errorf("bbolt after Close: a = %q", v)
+		}
+		return nil
+	})
+}
+
+// TestCheckpointFailureKeepsLog makes checkpoints fail (bbolt may not grow):
+// acknowledged transactions stay readable and in the log, Close reports
+// the failure, and the next Open applies them.
+func TestCheckpointFailureKeepsLog(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, Options{Slack: -1, maxSize: 1 << 20, CheckpointEvery: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	val := strings.Repeat("v", 50<<10)
+	for i := 0; i < 30; i++ {
+		putKV(t, s, fmt.Sprintf("k%02d", i), val)
+	}
+	if err := s.checkpoint(nil); err == nil {
+		t.Fatal("checkpoint of 1.5 MB into a database limited to 1 MiB succeeded")
+	}
+	if got := strings.Count(contents(t, s), "="); got != 30 {
+		t.Fatalf("%d keys readable after the failed checkpoint, want 30", got)
+	}
+	if err := s.Close(); err == nil {
+		t.Fatal("Close did not report the failed checkpoint")
+	}
+	r := reopen(t, dir, Options{})
+	if got := strings.Count(contents(t, r), "="); got != 30 {
+		t.Fatalf("%d keys after reopening, want 30", got)
 	}
 }
