@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/rdmafs/rdmafs/meta/auth"
@@ -48,6 +49,9 @@ func newBenchMetaCommand() *cobra.Command {
 			opts := metabench.Options{Clients: levels, Files: files, DirEntries: entries, Duration: dur}
 			fmt.Fprintf(out, "%d CPUs (GOMAXPROCS %d), %d files per level, readdir of %d entries\n",
 				runtime.NumCPU(), runtime.GOMAXPROCS(0), opts.Files, opts.DirEntries)
+			// The figures depend on what else runs on the machine: say so.
+			printLoad(out, "before")
+			defer printLoad(out, "after")
 			if addr != "" {
 				secret, err := auth.ReadSecretFile(secretFile)
 				if err != nil {
@@ -117,8 +121,9 @@ func benchInProcess(ctx context.Context, out io.Writer, opts metabench.Options, 
 	if err != nil {
 		return nil, err
 	}
+	reg := prometheus.NewRegistry()
 	srv, err := server.Start(ctx, server.Config{DataDir: dir, KV: kvURL, Listen: "127.0.0.1:0", Secret: secret,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: reg})
 	if err != nil {
 		return nil, err
 	}
@@ -134,9 +139,34 @@ func benchInProcess(ctx context.Context, out io.Writer, opts metabench.Options, 
 		fmt.Fprintf(out, "meta server in-process on %s, store %s (etcd, group commit)\n", srv.Addr(), kvURL)
 	}
 	opts.Addr, opts.Secret = srv.Addr(), secret
+	opts.Commits = func() (uint64, uint64) { return groupCommits(reg) }
 	res, err := metabench.Run(ctx, opts)
 	metabench.Print(out, res)
 	return res, err
+}
+
+// printLoad prints the load average (Linux), when it is available.
+func printLoad(w io.Writer, when string) {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		fmt.Fprintf(w, "load average %s the run: %s\n", when, strings.Join(f[:3], " "))
+	}
+}
+
+// groupCommits returns the durable group commits of the server's store and
+// the transactions in them, from its metrics (zero for etcd).
+func groupCommits(reg *prometheus.Registry) (commits, txns uint64) {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0, 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "rdmafs_meta_group_commit_txns" && len(mf.GetMetric()) > 0 {
+			h := mf.GetMetric()[0].GetHistogram()
+			return h.GetSampleCount(), uint64(h.GetSampleSum())
+		}
+	}
+	return 0, 0
 }
 
 func parseInts(s string) ([]int, error) {

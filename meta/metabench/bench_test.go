@@ -3,6 +3,7 @@ package metabench
 import (
 	"context"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,7 +14,12 @@ import (
 // itself is tested.
 func TestRunSmall(t *testing.T) {
 	m := metatest.Start(t, metatest.Options{})
-	res, err := Run(context.Background(), Options{Addr: m.Addr, Secret: m.Secret, Clients: []int{1, 3}, Files: 30, DirEntries: 25, Duration: 50 * time.Millisecond})
+	// A stand-in for the server's commit counters: every sample adds one
+	// commit of two transactions.
+	var samples atomic.Uint64
+	commits := func() (uint64, uint64) { n := samples.Add(1); return n, 2 * n }
+	res, err := Run(context.Background(), Options{Addr: m.Addr, Secret: m.Secret, Clients: []int{1, 3}, Files: 30, DirEntries: 25,
+		Duration: 50 * time.Millisecond, Commits: commits})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -23,6 +29,10 @@ func TestRunSmall(t *testing.T) {
 	for _, r := range res {
 		if r.Ops == 0 || r.PerSecond() <= 0 {
 			t.Fatalf("empty result %+v", r)
+		}
+		mutating := r.Op == "create" || r.Op == "rename" || r.Op == "unlink"
+		if mutating && (r.Commits != 1 || r.Txns != 2) || !mutating && r.Commits != 0 {
+			t.Fatalf("%s: %d commits of %d transactions, want the phase's difference", r.Op, r.Commits, r.Txns)
 		}
 	}
 	Print(os.Stdout, res)

@@ -30,6 +30,11 @@ type Options struct {
 	DirEntries int
 	// Duration bounds the stat and readdir phases (default 2s each).
 	Duration time.Duration
+	// Commits, when set, returns the number of durable group commits and of
+	// transactions in them so far (of a server whose store reports them),
+	// so that each mutating phase reports how well its transactions were
+	// batched.
+	Commits func() (commits, txns uint64)
 }
 
 // Result is the throughput of one operation at one concurrency level.
@@ -38,6 +43,9 @@ type Result struct {
 	Clients  int
 	Ops      int64
 	Duration time.Duration
+	// Commits and Txns are the group commits during the phase and the
+	// transactions in them (zero without Options.Commits).
+	Commits, Txns uint64
 }
 
 // PerSecond returns the operations per second.
@@ -89,12 +97,17 @@ func runLevel(ctx context.Context, o Options, n int) ([]Result, error) {
 		return nil, fmt.Errorf("metabench: mkdir: %w", err)
 	}
 	d := dir.Attr.Ino
+	commits := o.Commits
+	if commits == nil {
+		commits = func() (uint64, uint64) { return 0, 0 }
+	}
 	var results []Result
 	// parallel runs op(client, i) for i in [0, total) split over n clients.
 	parallel := func(name string, total int, op func(c *client.Client, i int) error) error {
 		var next atomic.Int64
 		var wg sync.WaitGroup
 		errs := make(chan error, n)
+		commits0, txns0 := commits()
 		start := time.Now()
 		for w := 0; w < n; w++ {
 			wg.Add(1)
@@ -117,7 +130,10 @@ func runLevel(ctx context.Context, o Options, n int) ([]Result, error) {
 		if err := <-errs; err != nil {
 			return err
 		}
-		results = append(results, Result{Op: name, Clients: n, Ops: int64(total), Duration: time.Since(start)})
+		d := time.Since(start)
+		commits1, txns1 := commits()
+		results = append(results, Result{Op: name, Clients: n, Ops: int64(total), Duration: d,
+			Commits: commits1 - commits0, Txns: txns1 - txns0})
 		return nil
 	}
 	// timed runs op repeatedly on every client for o.Duration.
@@ -222,12 +238,28 @@ func runLevel(ctx context.Context, o Options, n int) ([]Result, error) {
 	return results, nil
 }
 
-// Print writes the results as a table.
+// Print writes the results as a table; with commit counts, the mutating
+// phases also show the transactions per group commit.
 func Print(w io.Writer, results []Result) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "op\tclients\tops\tseconds\tops/s\t")
+	batched := false
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t%.0f\t\n", r.Op, r.Clients, r.Ops, r.Duration.Seconds(), r.PerSecond())
+		batched = batched || r.Commits > 0
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	if batched {
+		fmt.Fprintln(tw, "op\tclients\tops\tseconds\tops/s\ttxns/commit\t")
+	} else {
+		fmt.Fprintln(tw, "op\tclients\tops\tseconds\tops/s\t")
+	}
+	for _, r := range results {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t%.0f\t", r.Op, r.Clients, r.Ops, r.Duration.Seconds(), r.PerSecond())
+		switch {
+		case r.Commits > 0:
+			fmt.Fprintf(tw, "%.1f\t", float64(r.Txns)/float64(r.Commits))
+		case batched:
+			fmt.Fprint(tw, "\t")
+		}
+		fmt.Fprintln(tw)
 	}
 	tw.Flush()
 }
