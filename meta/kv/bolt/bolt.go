@@ -238,11 +238,10 @@ func (s *Store) recover() error {
 			next++
 		}
 	}
-	var eb [8]byte
-	if _, err := rand.Read(eb[:]); err != nil {
-		return fmt.Errorf("bolt: log epoch: %w", err)
+	newEpoch, err := randomEpoch()
+	if err != nil {
+		return err
 	}
-	newEpoch := binary.BigEndian.Uint64(eb[:]) | 1 // never 0, which no log has
 	last := applied
 	if len(replay) > 0 {
 		last = replay[len(replay)-1].lsn
@@ -277,6 +276,16 @@ func (s *Store) recover() error {
 	}
 	s.log.epoch, s.log.lsn = newEpoch, last
 	return nil
+}
+
+// randomEpoch returns a new epoch for the log: random, never 0 (which no
+// log has).
+func randomEpoch() (uint64, error) {
+	var eb [8]byte
+	if _, err := rand.Read(eb[:]); err != nil {
+		return 0, fmt.Errorf("bolt: log epoch: %w", err)
+	}
+	return binary.BigEndian.Uint64(eb[:]) | 1, nil
 }
 
 func putLogState(tx *bbolt.Tx, applied, epoch uint64) error {
@@ -548,10 +557,18 @@ func (s *Store) commit(g *group) {
 // if it is too large for the log, committed to bbolt directly.
 func (s *Store) logGroup(g *group) error {
 	w := s.log
+	if w.stale {
+		if err := s.renewEpoch(); err != nil {
+			return err
+		}
+	}
 	size := recordSize(g)
 	if size > w.max/2 {
 		g.lsn = w.lsn + 1
 		if err := s.checkpoint(g); err != nil {
+			// bbolt may have made the commit durable all the same,
+			// with g.lsn as the applied sequence number.
+			w.stale = true
 			return err
 		}
 		w.lsn = g.lsn
@@ -566,6 +583,10 @@ func (s *Store) logGroup(g *group) error {
 	}
 	lsn := w.lsn + 1
 	if err := w.append(w.encode(g, lsn), lsn); err != nil {
+		// The record may be whole on disk or in the page cache even
+		// though the write or fdatasync failed; the next group reuses
+		// its sequence number.
+		w.stale = true
 		return err
 	}
 	g.lsn = lsn
@@ -579,6 +600,31 @@ func (s *Store) logGroup(g *group) error {
 		default:
 		}
 	}
+	return nil
+}
+
+// renewEpoch is called by the writer after a group failed to be made
+// durable. That group's record may survive (a failed fdatasync does not say
+// that nothing reached the disk, and a restart after kill -9 reads the page
+// cache), under the sequence number the next group reuses: if both were
+// replayed, either could win. So every logged group is checkpointed, a new
+// epoch is stored with the applied sequence number in the same commit, and
+// the log goes on from the start of the other segment (whose records are
+// all in bbolt now), where a scan of the new epoch begins; the records of
+// the old epoch are never replayed.
+func (s *Store) renewEpoch() error {
+	w := s.log
+	epoch, err := randomEpoch()
+	if err != nil {
+		return err
+	}
+	if err := s.checkpointState(nil, epoch, w.lsn); err != nil {
+		return err
+	}
+	w.epoch = epoch
+	w.switchSegment()
+	w.stale = false
+	s.opts.Logger.Warn("bolt: log continues in a new epoch after a failed commit", "lsn", w.lsn)
 	return nil
 }
 
@@ -610,7 +656,12 @@ func (s *Store) checkpointer() {
 
 // checkpoint applies the logged groups, and then extra if it is not nil
 // (a group too large for the log), to bbolt in one durable commit.
-func (s *Store) checkpoint(extra *group) error {
+func (s *Store) checkpoint(extra *group) error { return s.checkpointState(extra, 0, 0) }
+
+// checkpointState is checkpoint that, when epoch is not 0, also stores it
+// as the log's epoch, with applied as the last applied sequence number if
+// no group is logged (the writer's last one: all are in bbolt then).
+func (s *Store) checkpointState(extra *group, epoch, applied uint64) error {
 	s.ckMu.Lock()
 	defer s.ckMu.Unlock()
 	s.ovMu.RLock()
@@ -619,10 +670,13 @@ func (s *Store) checkpoint(extra *group) error {
 	if extra != nil {
 		groups = append(groups[:len(groups):len(groups)], extra)
 	}
-	if len(groups) == 0 {
+	if len(groups) == 0 && epoch == 0 {
 		return nil
 	}
-	last := groups[len(groups)-1].lsn
+	last := applied
+	if len(groups) > 0 {
+		last = groups[len(groups)-1].lsn
+	}
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket([]byte(bucketName))
 		for _, g := range groups {
@@ -638,7 +692,7 @@ func (s *Store) checkpoint(extra *group) error {
 				}
 			}
 		}
-		if err := putLogState(tx, last, 0); err != nil {
+		if err := putLogState(tx, last, epoch); err != nil {
 			return err
 		}
 		s.hwm = tx.Size()

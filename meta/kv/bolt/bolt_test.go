@@ -576,3 +576,46 @@ func TestCheckpointFailureKeepsLog(t *testing.T) {
 		t.Fatalf("%d keys after reopening, want 30", got)
 	}
 }
+
+// TestFailedSyncThenSegmentSwitch makes the fdatasync of a record fail: its
+// transaction gets the error, although the record stays in the page cache
+// (and may be on disk). The next group reuses its sequence number and, too
+// large for the rest of the segment, goes to the other one. A restart must
+// replay the acknowledged group, not the failed one.
+func TestFailedSyncThenSegmentSwitch(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{LogSegment: 64 << 10, CheckpointEvery: time.Hour}
+	s, err := Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var fail atomic.Bool
+	errIO := errors.New("injected EIO")
+	s.log.sync = func(f *os.File) error {
+		if fail.Load() {
+			return errIO
+		}
+		return fdatasync(f)
+	}
+	val := strings.Repeat("v", 10000)
+	for i := 0; i < 5; i++ {
+		putKV(t, s, fmt.Sprintf("k%d", i), val)
+	}
+	fail.Store(true)
+	err = s.Update(context.Background(), func(tx kv.Txn) error { return tx.Put([]byte("failed"), []byte("x")) })
+	if !errors.Is(err, errIO) {
+		t.Fatalf("Update whose log record could not be synced: %v, want the sync error", err)
+	}
+	fail.Store(false)
+	putKV(t, s, "acked", strings.Repeat("a", 20000))
+	want := contents(t, s)
+	if strings.Contains(want, "failed=") || !strings.Contains(want, "acked=") {
+		t.Fatalf("live store: failed write visible or acknowledged one missing")
+	}
+	got := contents(t, reopen(t, crashImage(t, dir), opts))
+	if got != want {
+		t.Fatalf("after replay: acknowledged group present: %v, failed group present: %v (want true, false)",
+			strings.Contains(got, "acked="), strings.Contains(got, "failed="))
+	}
+}

@@ -66,11 +66,16 @@ type wal struct {
 	epoch uint64
 	max   int64 // segment size
 	buf   []byte
+	// stale is set when a group failed to be made durable: a record of it
+	// may be on disk or in the page cache under the sequence number the
+	// next group gets, so the log must go on in a new epoch (renewEpoch).
+	stale bool
+	sync  func(*os.File) error // fdatasync; tests inject failures
 }
 
 // openWAL opens (creating if needed) the two segments in dir.
 func openWAL(dir string, segment int64) (*wal, error) {
-	w := &wal{max: segment}
+	w := &wal{max: segment, sync: fdatasync}
 	created := false
 	for i, name := range []string{LogFile0, LogFile1} {
 		path := filepath.Join(dir, name)
@@ -183,7 +188,7 @@ func (w *wal) append(rec []byte, lsn uint64) error {
 	if _, err := f.WriteAt(rec, w.off); err != nil {
 		return fmt.Errorf("bolt: write log: %w", err)
 	}
-	if err := fdatasync(f); err != nil {
+	if err := w.sync(f); err != nil {
 		return fmt.Errorf("bolt: sync log: %w", err)
 	}
 	w.off = end
