@@ -426,7 +426,16 @@ func (s *Store) runBatch(batch []*request) {
 		var err error
 		retry := false
 		if len(batch) > 1 {
-			if _, err = o.get(ctx, s.prefix, clientv3.WithCountOnly()); err == nil {
+			// The snapshot: on a first attempt the revision of this
+			// store's last commit or read (no round trip; a member that
+			// has not applied it answers ErrFutureRev and the batch runs
+			// again), otherwise the revision a fresh read fixes.
+			if rev := s.lastRev.Load(); attempt == 0 && rev > 0 {
+				o.rev = rev
+			} else {
+				_, err = o.get(ctx, s.prefix, clientv3.WithCountOnly())
+			}
+			if err == nil {
 				var wg sync.WaitGroup
 				for _, r := range batch {
 					if r.ctx.Err() != nil {
