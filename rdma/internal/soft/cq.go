@@ -37,6 +37,14 @@ func NewCQ(depth int) *CQ {
 
 // Push appends a completion and wakes a waiter.
 func (q *CQ) Push(wc rdma.WorkCompletion) {
+	q.append(wc)
+	select {
+	case q.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (q *CQ) append(wc rdma.WorkCompletion) {
 	q.mu.Lock()
 	if q.n == len(q.ring) {
 		q.grow()
@@ -44,10 +52,6 @@ func (q *CQ) Push(wc rdma.WorkCompletion) {
 	q.ring[(q.head+q.n)%len(q.ring)] = wc
 	q.n++
 	q.mu.Unlock()
-	select {
-	case q.notify <- struct{}{}:
-	default:
-	}
 }
 
 // Add appends a completion without waking a waiter: the caller promises to
@@ -55,13 +59,7 @@ func (q *CQ) Push(wc rdma.WorkCompletion) {
 // the application only once it has nothing more to do itself, so the woken
 // goroutine can take over its thread.
 func (q *CQ) Add(wc rdma.WorkCompletion) {
-	q.mu.Lock()
-	if q.n == len(q.ring) {
-		q.grow()
-	}
-	q.ring[(q.head+q.n)%len(q.ring)] = wc
-	q.n++
-	q.mu.Unlock()
+	q.append(wc)
 	q.unnotified.Store(true)
 }
 
