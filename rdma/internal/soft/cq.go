@@ -19,7 +19,7 @@ type CQ struct {
 	ring   []rdma.WorkCompletion
 	head   int
 	n      int
-	notify chan struct{}
+	wake   *waker
 	closed bool
 	// unnotified is set by Add: completions are queued that no waiter has
 	// been told of yet.
@@ -32,16 +32,15 @@ func NewCQ(depth int) *CQ {
 	if depth < 16 {
 		depth = 16
 	}
-	return &CQ{ring: make([]rdma.WorkCompletion, depth), notify: make(chan struct{}, 1)}
+	q := &CQ{ring: make([]rdma.WorkCompletion, depth)}
+	q.wake = newWaker(q.ready)
+	return q
 }
 
 // Push appends a completion and wakes a waiter.
 func (q *CQ) Push(wc rdma.WorkCompletion) {
 	q.append(wc)
-	select {
-	case q.notify <- struct{}{}:
-	default:
-	}
+	q.wake.wake()
 }
 
 func (q *CQ) append(wc rdma.WorkCompletion) {
@@ -90,10 +89,7 @@ func (q *CQ) Notify() {
 	if h := q.handler.Load(); h != nil && (*h)() {
 		return
 	}
-	select {
-	case q.notify <- struct{}{}:
-	default:
-	}
+	q.wake.wake()
 }
 
 func (q *CQ) grow() {
@@ -137,22 +133,38 @@ func (q *CQ) Wait(ctx context.Context) error {
 		if closed {
 			return rdma.ErrClosed
 		}
-		select {
-		case <-q.notify:
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := q.wake.wait(ctx); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			q.mu.Lock()
+			closed := q.closed
+			q.mu.Unlock()
+			if closed {
+				return rdma.ErrClosed
+			}
+			return err
 		}
 	}
+}
+
+// ready reports whether a Wait may return: completions are queued or the queue
+// is closed.
+func (q *CQ) ready() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.n > 0 || q.closed
 }
 
 // Close implements rdma.CompletionQueue. Waiters return rdma.ErrClosed.
 func (q *CQ) Close() error {
 	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return nil
+	}
 	q.closed = true
 	q.mu.Unlock()
-	select {
-	case q.notify <- struct{}{}:
-	default:
-	}
+	q.wake.close()
 	return nil
 }
