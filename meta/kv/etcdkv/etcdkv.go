@@ -413,11 +413,8 @@ func (s *Store) committer() {
 // runBatch runs the batch's transactions one after another on one snapshot,
 // each seeing the writes of those before it, and commits the union of their
 // writes at once. A conflict with another writer reruns the whole batch.
-//
-// Before that serial pass, a prefetch pass runs every transaction of the
-// batch concurrently on the same snapshot with its writes thrown away: it
-// only fills the batch's caches of values and scan pages, so that the
-// serial pass rarely waits for etcd.
+// Before that serial pass, prefetch fills the batch's caches of values and
+// scan pages, so that the serial pass rarely waits for etcd.
 func (s *Store) runBatch(batch []*request) {
 	results := make([]error, len(batch))
 	ctx := context.Background()
@@ -436,18 +433,7 @@ func (s *Store) runBatch(batch []*request) {
 				_, err = o.get(ctx, s.prefix, clientv3.WithCountOnly())
 			}
 			if err == nil {
-				var wg sync.WaitGroup
-				for _, r := range batch {
-					if r.ctx.Err() != nil {
-						continue
-					}
-					wg.Add(1)
-					go func(r *request) {
-						defer wg.Done()
-						callSafely(r.fn, &txn{o: o, ctx: r.ctx, writes: map[string][]byte{}})
-					}(r)
-				}
-				wg.Wait()
+				err = o.prefetch(ctx, batch)
 			}
 		}
 		merged := map[string][]byte{}
@@ -495,6 +481,99 @@ func (s *Store) runBatch(batch []*request) {
 	}
 }
 
+// maxPrefetchRounds bounds the rounds of a batch's prefetch; what a
+// transaction reads after that many dependent misses it fetches itself.
+const maxPrefetchRounds = 4
+
+// prefetch reads what the batch's transactions will read, in rounds of one
+// etcd request each. A round runs every transaction on the snapshot with its
+// writes thrown away, each until its first read that is not cached yet (the
+// read is noted and the transaction abandoned); one read-only etcd
+// transaction then fetches everything noted, at the snapshot revision. A
+// transaction whose reads depend on what it read needs a round per step, so
+// a batch of creates takes one or two requests where reading separately
+// would take two per create: on a small machine the CPU of those requests,
+// in this process and in etcd, is what bounds the throughput.
+func (o *occ) prefetch(ctx context.Context, batch []*request) error {
+	o.collect = true
+	defer func() { o.collect = false }()
+	for range maxPrefetchRounds {
+		for _, r := range batch {
+			if r.ctx.Err() == nil {
+				callSafely(r.fn, &txn{o: o, ctx: r.ctx, writes: map[string][]byte{}})
+			}
+		}
+		if len(o.wantKeys) == 0 && len(o.wantPages) == 0 {
+			return nil
+		}
+		if err := o.fetchWanted(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fetchWanted reads the keys and scan pages noted by a prefetch round with
+// one read-only etcd transaction at the snapshot revision.
+func (o *occ) fetchWanted(ctx context.Context) error {
+	ops := make([]clientv3.Op, 0, len(o.wantKeys)+len(o.wantPages))
+	keys := make([]string, 0, len(o.wantKeys))
+	for k := range o.wantKeys {
+		keys = append(keys, k)
+		ops = append(ops, clientv3.OpGet(k, clientv3.WithRev(o.rev), clientv3.WithSerializable()))
+	}
+	pages := make([]pageWant, 0, len(o.wantPages))
+	for pw := range o.wantPages {
+		pages = append(pages, pw)
+		ops = append(ops, clientv3.OpGet(pw.from, clientv3.WithRange(pw.end), clientv3.WithLimit(int64(pw.size)),
+			clientv3.WithRev(o.rev), clientv3.WithSerializable()))
+	}
+	clear(o.wantKeys)
+	clear(o.wantPages)
+	resp, err := o.s.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		if errors.Is(err, rpctypes.ErrCompacted) || errors.Is(err, rpctypes.ErrFutureRev) {
+			return errSnapshotGone
+		}
+		return fmt.Errorf("etcdkv: prefetch %d reads: %w", len(ops), err)
+	}
+	if len(resp.Responses) != len(ops) {
+		return fmt.Errorf("etcdkv: prefetch: %d answers to %d reads", len(resp.Responses), len(ops))
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.values == nil {
+		o.values = map[string]cached{}
+	}
+	for i, k := range keys {
+		rr := resp.Responses[i].GetResponseRange()
+		if rr == nil {
+			return fmt.Errorf("etcdkv: prefetch: answer %d is not a read", i)
+		}
+		c, mod := cached{}, int64(0)
+		if len(rr.Kvs) > 0 {
+			c = cached{v: rr.Kvs[0].Value, ok: true}
+			if c.v == nil {
+				c.v = []byte{}
+			}
+			mod = rr.Kvs[0].ModRevision
+		}
+		o.values[k] = c
+		o.record(k, mod)
+		if o.s.cache != nil {
+			o.s.cache.fill(k, cacheEntry{v: c.v, ok: c.ok, mod: mod}, o.rev)
+		}
+	}
+	for i, pw := range pages {
+		rr := resp.Responses[len(keys)+i].GetResponseRange()
+		if rr == nil {
+			return fmt.Errorf("etcdkv: prefetch: answer %d is not a read", len(keys)+i)
+		}
+		o.pages[[2]string{pw.from, pw.end}] = (*clientv3.GetResponse)(rr)
+	}
+	return nil
+}
+
 func callSafely(fn func(kv.Txn) error, t kv.Txn) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -524,7 +603,23 @@ type occ struct {
 	ranges [][2]string      // scanned ranges [start, end) of full keys
 	values map[string]cached
 	pages  map[[2]string]*clientv3.GetResponse // scan pages by (from, end), batches only
+
+	// A prefetch round (collect) notes the reads it misses instead of
+	// making them.
+	collect   bool
+	wantKeys  map[string]struct{}
+	wantPages map[pageWant]struct{}
 }
+
+// pageWant is a scan page a prefetch round missed.
+type pageWant struct {
+	from, end string
+	size      int
+}
+
+// errPrefetchMiss abandons a transaction in a prefetch round at its first
+// read that is not cached yet.
+var errPrefetchMiss = errors.New("etcdkv: prefetch: read not cached yet")
 
 type cached struct {
 	v  []byte
@@ -584,6 +679,14 @@ func (o *occ) getPage(ctx context.Context, from, end string, size int) (*clientv
 		return r, nil
 	}
 	cache := o.pages != nil
+	if o.collect {
+		if o.wantPages == nil {
+			o.wantPages = map[pageWant]struct{}{}
+		}
+		o.wantPages[pageWant{from, end, size}] = struct{}{}
+		o.mu.Unlock()
+		return nil, errPrefetchMiss
+	}
 	o.mu.Unlock()
 	resp, err := o.get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(int64(size)))
 	if err != nil {
@@ -617,6 +720,15 @@ func (o *occ) getKey(ctx context.Context, full string) ([]byte, bool, error) {
 			}
 			return e.v, e.ok, nil
 		}
+	}
+	if o.collect {
+		o.mu.Lock()
+		if o.wantKeys == nil {
+			o.wantKeys = map[string]struct{}{}
+		}
+		o.wantKeys[full] = struct{}{}
+		o.mu.Unlock()
+		return nil, false, errPrefetchMiss
 	}
 	resp, err := o.get(ctx, full)
 	if err != nil {

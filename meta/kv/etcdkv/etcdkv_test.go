@@ -220,3 +220,94 @@ func TestTooFewTxnOps(t *testing.T) {
 		t.Fatalf("Open on an etcd with --max-txn-ops 128: %v", err)
 	}
 }
+
+// TestBatchDependentReads runs, in batch mode, transactions whose reads
+// depend on what they read (a key named by another key's value, and scans
+// paged two keys at a time), so that a batch's prefetch needs several rounds,
+// together with a shared counter that every transaction increments (each
+// sees the writes of those before it in its batch). Every transaction checks
+// what it reads against what the ones before it wrote.
+func TestBatchDependentReads(t *testing.T) {
+	srv := etcdtest.StartT(t)
+	ctx := context.Background()
+	for _, cache := range []int{0, 1000} {
+		t.Run(fmt.Sprintf("cache=%d", cache), func(t *testing.T) {
+			s, err := etcdkv.Open(ctx, etcdkv.Options{Endpoints: []string{srv.Endpoint()}, Prefix: fmt.Sprintf("dep%d", cache),
+				Batch: true, PageSize: 2, CacheEntries: cache})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			const workers, each = 8, 25
+			errs := make(chan error, workers)
+			for w := range workers {
+				go func() {
+					for i := range each {
+						err := s.Update(ctx, func(tx kv.Txn) error {
+							head, _, err := tx.Get([]byte(fmt.Sprintf("head/%d", w)))
+							if err != nil {
+								return err
+							}
+							n := 0
+							fmt.Sscan(string(head), &n)
+							if n != i {
+								return fmt.Errorf("worker %d step %d: head says %d", w, i, n)
+							}
+							if n > 0 {
+								last := fmt.Sprintf("node/%d/%04d", w, n-1)
+								v, ok, err := tx.Get([]byte(last))
+								if err != nil {
+									return err
+								}
+								if !ok || string(v) != fmt.Sprint(n-1) {
+									return fmt.Errorf("worker %d step %d: %s = %q, %v", w, i, last, v, ok)
+								}
+							}
+							count := 0
+							prefix := fmt.Sprintf("node/%d/", w)
+							if err := tx.Scan([]byte(prefix), kv.PrefixEnd([]byte(prefix)), 0, func(k, v []byte) error {
+								count++
+								return nil
+							}); err != nil {
+								return err
+							}
+							if count != n {
+								return fmt.Errorf("worker %d step %d: scan found %d nodes", w, i, count)
+							}
+							c, _, err := tx.Get([]byte("counter"))
+							if err != nil {
+								return err
+							}
+							total := 0
+							fmt.Sscan(string(c), &total)
+							if err := tx.Put([]byte("counter"), []byte(fmt.Sprint(total+1))); err != nil {
+								return err
+							}
+							if err := tx.Put([]byte(fmt.Sprintf("node/%d/%04d", w, n)), []byte(fmt.Sprint(n))); err != nil {
+								return err
+							}
+							return tx.Put([]byte(fmt.Sprintf("head/%d", w)), []byte(fmt.Sprint(n+1)))
+						})
+						if err != nil {
+							errs <- err
+							return
+						}
+					}
+					errs <- nil
+				}()
+			}
+			for range workers {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			var c []byte
+			if err := s.View(ctx, func(r kv.Reader) error { c, _, err = r.Get([]byte("counter")); return err }); err != nil {
+				t.Fatal(err)
+			}
+			if string(c) != fmt.Sprint(workers*each) {
+				t.Fatalf("counter = %s after %d increments", c, workers*each)
+			}
+		})
+	}
+}
