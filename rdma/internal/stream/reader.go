@@ -30,22 +30,40 @@ type frameReader struct {
 	progress *atomic.Uint64 // counts reads, for the retry watchdog
 	idle     func()         // called after every read system call (may be nil)
 
-	// The read in progress, for readFn: destination, result.
+	// The read in progress, for readFn: destination, bytes the stream
+	// still owes it (want), result.
 	p      []byte
+	want   int
 	n      int
 	err    error
 	readFn func(fd uintptr) bool
+
+	// lowat is the socket's SO_RCVLOWAT: 1, or raised while a large
+	// payload arrives so that the reader is woken once per lowat bytes
+	// rather than once per loopback segment (64 KiB). 0 means the socket
+	// refused it (not TCP): it is not tried again.
+	lowat int
 }
 
+// Receive low-water marks for large payloads: a payload of at least
+// lowatMin bytes still to come parks the reader until min(rest, lowatMax)
+// bytes are there. Every bit of a payload that was announced arrives, so
+// waiting for part of it cannot stall.
+const (
+	lowatMin = 128 << 10
+	lowatMax = 512 << 10
+)
+
 func newFrameReader(raw syscall.RawConn, progress *atomic.Uint64, idle func()) *frameReader {
-	rd := &frameReader{raw: raw, buf: make([]byte, 64<<10), progress: progress, idle: idle}
+	rd := &frameReader{raw: raw, buf: make([]byte, 64<<10), progress: progress, idle: idle, lowat: 1}
 	rd.readFn = rd.tryRead
 	return rd
 }
 
-// read reads into p like net.Conn.Read: at least one byte, or an error.
-func (rd *frameReader) read(p []byte) (int, error) {
-	rd.p, rd.n, rd.err = p, 0, nil
+// read reads into p like net.Conn.Read: at least one byte, or an error. want
+// is how many bytes the stream is known to hold for the reader (at least 1).
+func (rd *frameReader) read(p []byte, want int) (int, error) {
+	rd.p, rd.want, rd.n, rd.err = p, want, 0, nil
 	err := rd.raw.Read(rd.readFn)
 	rd.p = nil
 	rd.progress.Add(1)
@@ -67,6 +85,7 @@ func (rd *frameReader) tryRead(fd uintptr) bool {
 		case err == unix.EINTR:
 			continue
 		case err == unix.EAGAIN:
+			rd.setLowat(int(fd))
 			return false
 		case err != nil:
 			rd.err = err
@@ -77,6 +96,26 @@ func (rd *frameReader) tryRead(fd uintptr) bool {
 		}
 		return true
 	}
+}
+
+// setLowat sets the socket's receive low-water mark for the read about to
+// park: raised for a large payload, back to 1 otherwise.
+func (rd *frameReader) setLowat(fd int) {
+	if rd.lowat == 0 {
+		return
+	}
+	v := 1
+	if rd.want >= lowatMin {
+		v = min(rd.want, lowatMax)
+	}
+	if v == rd.lowat {
+		return
+	}
+	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, v) != nil {
+		rd.lowat = 0
+		return
+	}
+	rd.lowat = v
 }
 
 func (rd *frameReader) buffered() int { return rd.w - rd.r }
@@ -91,7 +130,7 @@ func (rd *frameReader) header() ([]byte, error) {
 			rd.r = 0
 		}
 		for rd.w-rd.r < headerSize {
-			n, err := rd.read(rd.buf[rd.w:])
+			n, err := rd.read(rd.buf[rd.w:], 1)
 			rd.w += n
 			if err != nil && rd.w-rd.r < headerSize {
 				return nil, err
@@ -110,7 +149,7 @@ func (rd *frameReader) readInto(dst []byte) error {
 	dst = dst[n:]
 	for len(dst) > 0 {
 		if len(dst) >= directThreshold {
-			m, err := rd.read(dst)
+			m, err := rd.read(dst, len(dst))
 			dst = dst[m:]
 			if err != nil && len(dst) > 0 {
 				return err
@@ -118,7 +157,7 @@ func (rd *frameReader) readInto(dst []byte) error {
 			continue
 		}
 		rd.r, rd.w = 0, 0
-		m, err := rd.read(rd.buf)
+		m, err := rd.read(rd.buf, len(dst))
 		rd.w = m
 		c := copy(dst, rd.buf[:m])
 		rd.r = c
@@ -155,7 +194,7 @@ func (rd *frameReader) discard(n uint32) error {
 	for left > 0 {
 		if rd.r == rd.w {
 			rd.r, rd.w = 0, 0
-			m, err := rd.read(rd.buf)
+			m, err := rd.read(rd.buf, min(left, len(rd.buf)))
 			rd.w = m
 			if err != nil && m == 0 {
 				return err
