@@ -18,17 +18,19 @@ const directThreshold = 8 << 10
 // are copied out of the buffer).
 //
 // Reads are non-blocking system calls made through the connection's RawConn, so
-// that the reader knows when it is about to wait for input: it calls idle after
-// every read system call, before it parks on an empty socket. The queue pair
-// delivers completion notifications there, so that the goroutine they wake runs
-// on this thread as soon as the reader parks, rather than being stolen by
-// another thread woken for it while the reader is still in a system call.
+// that the reader knows when it is about to wait for input: it calls idle when
+// a read finds the socket empty, just before it parks, and otherwise after every
+// idleBytes read, at the end of the stream and on errors. The queue pair
+// delivers completion notifications there: the goroutine they wake runs on this
+// thread as soon as the reader parks, and the completions of a burst of
+// responses wake a waiter once rather than once per read.
 type frameReader struct {
 	raw      syscall.RawConn
 	buf      []byte
 	r, w     int
 	progress *atomic.Uint64 // counts reads, for the retry watchdog
-	idle     func()         // called after every read system call (may be nil)
+	idle     func()         // called before parking (may be nil); see above
+	unidled  int            // bytes read since idle was last called
 
 	// The read in progress, for readFn: destination, bytes the stream
 	// still owes it (want), result.
@@ -50,6 +52,10 @@ type frameReader struct {
 // bytes are there. Every bit of a payload that was announced arrives, so
 // waiting for part of it cannot stall.
 const (
+	// idleBytes bounds how much a reader that never finds its socket empty
+	// reads before it delivers completion notifications anyway.
+	idleBytes = 256 << 10
+
 	lowatMin = 128 << 10
 	lowatMax = 512 << 10
 )
@@ -79,7 +85,13 @@ func (rd *frameReader) tryRead(fd uintptr) bool {
 	for {
 		n, err := unix.Read(int(fd), rd.p)
 		if rd.idle != nil {
-			rd.idle()
+			if n > 0 {
+				rd.unidled += n
+			}
+			if n <= 0 || rd.unidled >= idleBytes {
+				rd.unidled = 0
+				rd.idle()
+			}
 		}
 		switch {
 		case err == unix.EINTR:
