@@ -444,7 +444,7 @@ func (q *queuePair) failLocked(status rdma.WCStatus) {
 	q.failStatus = status
 	q.closeOnce.Do(func() { close(q.disconnected) })
 	if connected {
-		q.conn.Close()
+		q.shutdownConn()
 		q.kickWriter()
 	} else {
 		q.teardownLocked()
@@ -461,7 +461,17 @@ func (q *queuePair) exit() {
 		q.teardownLocked()
 		q.mu.Unlock()
 		q.wmu.Unlock()
+		q.conn.Close()
 	}
+}
+
+// shutdownConn ends both directions of the connection: the peer sees the end
+// of the stream, and this queue pair's reader and writer wake and stop (the
+// last of them closes the connection in exit). Closing it here instead would
+// wait, under the caller's locks, for the reader to leave its read callback,
+// where it may be delivering completions to a handler that needs those locks.
+func (q *queuePair) shutdownConn() {
+	q.raw.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) })
 }
 
 func (q *queuePair) teardownLocked() {
