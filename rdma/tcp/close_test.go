@@ -25,7 +25,7 @@ func TestCloseWhileHandlerPosts(t *testing.T) {
 		default:
 		}
 		time.Sleep(50 * time.Millisecond) // Close arrives meanwhile
-		b.QP.PostRecv(recv)                // fails once closed, but must return
+		b.QP.PostRecv(recv)               // fails once closed, but must return
 		b.RCQ.Poll(make([]rdma.WorkCompletion, 4))
 		return true
 	})
