@@ -469,15 +469,27 @@ func TestParseSegment(t *testing.T) {
 	}
 }
 
-// TestLogSegments writes far more than the log holds, so that both segments
-// are reused several times, then replays a crash image.
-func TestLogSegments(t *testing.T) {
+// smallLogOptions gives a store two 64 KiB log segments and no timed
+// checkpoint, so that tests fill and switch segments with little data.
+var smallLogOptions = Options{LogSegment: 64 << 10, CheckpointEvery: time.Hour}
+
+// openSmallLog opens a store with smallLogOptions in a new directory; it is
+// closed when the test ends.
+func openSmallLog(t *testing.T) (string, Options, *Store) {
+	t.Helper()
 	dir := t.TempDir()
-	s, err := Open(dir, Options{LogSegment: 64 << 10, CheckpointEvery: time.Hour})
+	s, err := Open(dir, smallLogOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	t.Cleanup(func() { s.Close() })
+	return dir, smallLogOptions, s
+}
+
+// TestLogSegments writes far more than the log holds, so that both segments
+// are reused several times, then replays a crash image.
+func TestLogSegments(t *testing.T) {
+	dir, _, s := openSmallLog(t)
 	val := strings.Repeat("v", 2000)
 	want := map[string]string{}
 	for i := 0; i < 400; i++ {
@@ -504,13 +516,7 @@ func TestLogSegments(t *testing.T) {
 // TestLargeGroup checks that a group too large for the log is committed to
 // bbolt directly, after the logged groups before it and before those after.
 func TestLargeGroup(t *testing.T) {
-	dir := t.TempDir()
-	opts := Options{LogSegment: 64 << 10, CheckpointEvery: time.Hour}
-	s, err := Open(dir, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	dir, opts, s := openSmallLog(t)
 	putKV(t, s, "k", "1", "x", "1")
 	big := strings.Repeat("b", 40<<10)
 	putKV(t, s, "k", "2", "big", big)
@@ -583,13 +589,7 @@ func TestCheckpointFailureKeepsLog(t *testing.T) {
 // large for the rest of the segment, goes to the other one. A restart must
 // replay the acknowledged group, not the failed one.
 func TestFailedSyncThenSegmentSwitch(t *testing.T) {
-	dir := t.TempDir()
-	opts := Options{LogSegment: 64 << 10, CheckpointEvery: time.Hour}
-	s, err := Open(dir, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	dir, opts, s := openSmallLog(t)
 	var fail atomic.Bool
 	errIO := errors.New("injected EIO")
 	s.log.sync = func(f *os.File) error {
@@ -603,7 +603,7 @@ func TestFailedSyncThenSegmentSwitch(t *testing.T) {
 		putKV(t, s, fmt.Sprintf("k%d", i), val)
 	}
 	fail.Store(true)
-	err = s.Update(context.Background(), func(tx kv.Txn) error { return tx.Put([]byte("failed"), []byte("x")) })
+	err := s.Update(context.Background(), func(tx kv.Txn) error { return tx.Put([]byte("failed"), []byte("x")) })
 	if !errors.Is(err, errIO) {
 		t.Fatalf("Update whose log record could not be synced: %v, want the sync error", err)
 	}

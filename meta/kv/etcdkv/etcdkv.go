@@ -550,14 +550,7 @@ func (o *occ) fetchWanted(ctx context.Context) error {
 		if rr == nil {
 			return fmt.Errorf("etcdkv: prefetch: answer %d is not a read", i)
 		}
-		c, mod := cached{}, int64(0)
-		if len(rr.Kvs) > 0 {
-			c = cached{v: rr.Kvs[0].Value, ok: true}
-			if c.v == nil {
-				c.v = []byte{}
-			}
-			mod = rr.Kvs[0].ModRevision
-		}
+		c, mod := valueOf((*clientv3.GetResponse)(rr))
 		o.values[k] = c
 		o.record(k, mod)
 		if o.s.cache != nil {
@@ -734,15 +727,7 @@ func (o *occ) getKey(ctx context.Context, full string) ([]byte, bool, error) {
 	if err != nil {
 		return nil, false, err
 	}
-	c = cached{}
-	var mod int64
-	if len(resp.Kvs) > 0 {
-		c = cached{v: resp.Kvs[0].Value, ok: true}
-		if c.v == nil {
-			c.v = []byte{}
-		}
-		mod = resp.Kvs[0].ModRevision
-	}
+	c, mod := valueOf(resp)
 	if o.s.cache != nil {
 		o.mu.Lock()
 		snap := o.rev
@@ -759,6 +744,19 @@ func (o *occ) getKey(ctx context.Context, full string) ([]byte, bool, error) {
 		o.mu.Unlock()
 	}
 	return c.v, c.ok, nil
+}
+
+// valueOf returns the value a single-key read found, and its mod revision
+// (0: absent).
+func valueOf(resp *clientv3.GetResponse) (cached, int64) {
+	if len(resp.Kvs) == 0 {
+		return cached{}, 0
+	}
+	c := cached{v: resp.Kvs[0].Value, ok: true}
+	if c.v == nil {
+		c.v = []byte{}
+	}
+	return c, resp.Kvs[0].ModRevision
 }
 
 // record notes a read for the commit's compares; o.mu must be held.
