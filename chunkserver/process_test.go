@@ -63,17 +63,18 @@ func TestCrashRecovery(t *testing.T) {
 					mu.Unlock()
 					// Delete the version before last, so that slots are
 					// freed and reused in place during the load too.
+					// From the moment the delete is sent, the version may be
+					// there (whole) or gone: a kill can land before, during or
+					// after the delete's work, and before or after its reply.
 					old := chunk.Key{Chunk: key.Chunk, Version: key.Version - 2}
 					mu.Lock()
 					_, had := acked[old]
+					delete(acked, old)
 					mu.Unlock()
 					if had {
 						if err := c.Delete(ctx, old); err != nil {
 							return // killed
 						}
-						mu.Lock()
-						delete(acked, old) // gone, or may reappear whole: both fine
-						mu.Unlock()
 					}
 				}
 			}(w)

@@ -25,7 +25,8 @@
 // 0644 marks a complete version. On open, 0644 slots are taken after a header
 // check, 0600 slots only if their whole data matches their checksum (a write that
 // completed but whose 0644 mark was lost, or a deleted version that reappears
-// after a crash, which garbage collection deletes again); the rest become free.
+// after a crash, which garbage collection deletes again); the rest, and every
+// slot whose header a delete cleared, become free.
 package store
 
 import (
@@ -303,6 +304,17 @@ func (s *Store) recoverDir(sub string, versions map[chunk.Key]found) error {
 		}
 		pending := fi.Mode().Perm()&0o044 == 0
 		info, seq, size, err := readHeaderFile(path)
+		if errors.Is(err, errFreedHeader) {
+			// Cleared by a delete (markFree) whose 0600 mark was lost.
+			if !pending {
+				s.log.Info("store: freeing the slot of a deleted version", "file", path)
+				if err := os.Chmod(path, pendingMode); err != nil {
+					return fmt.Errorf("store: mark %s free: %w", path, err)
+				}
+			}
+			s.addFree(n, fi.Size())
+			continue
+		}
 		if err == nil && size != FileSize(int(info.Length)) {
 			err = fmt.Errorf("%w: header says %d bytes of data, file is %d bytes", ErrCorrupt, info.Length, size)
 		}
@@ -837,19 +849,25 @@ func (s *Store) Delete(key chunk.Key) error {
 	return nil
 }
 
-// markFree turns a version's slot into a free one: its header is cleared, so the
-// version cannot reappear, and its mode becomes 0600. maintain makes both durable
-// before the slot is reused.
+// markFree turns a version's slot into a free one: its mode becomes 0600, then its
+// header is cleared, so the version cannot reappear. maintain makes both durable
+// before the slot is reused. In this order a process killed in between leaves a
+// 0600 slot that still holds the whole version, which recovery keeps (a deleted
+// version may reappear); the reverse order would leave a version marked complete
+// without a header, which recovery would have to call damaged. A power cut may
+// still persist the cleared header without the mode: recovery knows an all-zero
+// header as this mark and frees the slot.
 func (s *Store) markFree(path string) error {
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	if _, err := f.WriteAt(s.zeros[:blockSize], 0); err != nil {
+	if err := f.Chmod(pendingMode); err != nil {
 		return err
 	}
-	return f.Chmod(pendingMode)
+	_, err = f.WriteAt(s.zeros[:blockSize], 0)
+	return err
 }
 
 // Close stops the store's background work and releases the directory lock.
@@ -974,6 +992,9 @@ func pwriteAll(fd int, iov [][]byte, flags int) error {
 
 var errHalfWritten = errors.New("store: version was not completely written")
 
+// errFreedHeader is what readHeaderFile reports for a header cleared by markFree.
+var errFreedHeader = errors.New("store: slot header cleared by a delete")
+
 // verifyFile checks the data of a version file against its header's checksum.
 func verifyFile(path string, info chunk.Info) error {
 	f, err := os.Open(path)
@@ -1004,6 +1025,9 @@ func readHeaderFile(path string) (chunk.Info, uint64, int64, error) {
 	var hdr [HeaderLen]byte
 	if _, err := f.ReadAt(hdr[:], 0); err != nil {
 		return chunk.Info{}, 0, st.Size(), fmt.Errorf("%w: short header: %v", ErrCorrupt, err)
+	}
+	if hdr == ([HeaderLen]byte{}) {
+		return chunk.Info{}, 0, st.Size(), errFreedHeader
 	}
 	info, seq, err := decodeHeader(hdr[:])
 	if err != nil {

@@ -177,6 +177,10 @@ func TestRecovery(t *testing.T) {
 	writeRaw(t, dir, badcrcSlot, badcrc, 9002, randBytes(22, 5000), pendingMode, -1)
 	torn := filepath.Join(sub, fileName(tornSlot))
 	createRaw(t, torn, []byte("RDCK garbage"), 0o644)
+	// A delete cut short by a power cut: the cleared header reached the disk,
+	// the 0600 mark did not. The slot is free, not damaged.
+	cleared := filepath.Join(sub, fileName(slotAt(5)))
+	createRaw(t, cleared, make([]byte, FileSize(5000)), doneMode)
 	writeRaw(t, dir, olderSlot, lost, 1, randBytes(99, 5000), doneMode, 5000) // older copy
 
 	s2 := open(t, dir, Options{})
@@ -193,6 +197,12 @@ func TestRecovery(t *testing.T) {
 	}
 	if _, err := os.Stat(torn); err == nil {
 		t.Fatal("damaged slot not moved aside")
+	}
+	if fi, err := os.Stat(cleared); err != nil || fi.Mode().Perm() != pendingMode {
+		t.Fatalf("slot with a cleared header not kept as a free slot: %v %v", fi, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, corruptDir, fileName(slotAt(5)))); err == nil {
+		t.Fatal("slot with a cleared header moved aside as damaged")
 	}
 	if _, err := os.Stat(filepath.Join(sub, tmpName)); err == nil {
 		t.Fatal("temporary file not removed")
