@@ -4,6 +4,7 @@ import (
 	"io"
 	"sync/atomic"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -83,7 +84,7 @@ func (rd *frameReader) read(p []byte, want int) (int, error) {
 // false, making the caller wait for input, when the socket is empty.
 func (rd *frameReader) tryRead(fd uintptr) bool {
 	for {
-		n, err := unix.Read(int(fd), rd.p)
+		n, err := rawRead(fd, rd.p)
 		if rd.idle != nil {
 			if n > 0 {
 				rd.unidled += n
@@ -217,4 +218,14 @@ func (rd *frameReader) discard(n uint32) error {
 		left -= k
 	}
 	return nil
+}
+
+// rawRead is read(2) as a raw system call, for a non-blocking socket: see
+// queuePair.writev for why.
+func rawRead(fd uintptr, p []byte) (int, error) {
+	r, _, errno := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+	if errno != 0 {
+		return -1, errno
+	}
+	return int(r), nil
 }
