@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"strings"
 	"syscall"
@@ -36,7 +37,7 @@ const mountChildEnv = "RDMAFS_MOUNT_CHILD"
 type mountFlags struct {
 	secretFile, transport, memory, metrics, logLevel, logFile string
 	dirtyLimit, readaheadMem, kernelReadahead                 string
-	readaheadStripes                                          int
+	readaheadStripes, procs                                   int
 	attrTimeout, entryTimeout                                 time.Duration
 	background, debug, schedBatch                             bool
 	cpuProfile                                                string
@@ -71,10 +72,27 @@ unmounts; --background returns once the file system is mounted.`,
 	fl.StringVar(&f.logFile, "log-file", "", "log to this file (default stderr; --background: MOUNTPOINT's name in /tmp)")
 	fl.BoolVar(&f.background, "background", false, "return once mounted, serving in a background process")
 	fl.BoolVar(&f.schedBatch, "sched-batch", true, "run under SCHED_BATCH (no wake-up preemption: fewer context switches per request)")
+	fl.IntVar(&f.procs, "procs", 0, "Go scheduler processors for the mount (GOMAXPROCS; default $GOMAXPROCS, else the larger of 8 and the CPU count): FUSE reader threads hold one each while blocked reading /dev/fuse")
 	fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
 	fl.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the mount's lifetime to this file")
 	fl.MarkHidden("cpuprofile")
 	return c
+}
+
+// mountProcs is the default number of Go scheduler processors (GOMAXPROCS)
+// of a mount on a machine with cpus CPUs: more than the CPUs.
+//
+// go-fuse's request readers block in read(2) on /dev/fuse, each holding a
+// processor while it waits. With one processor per CPU they hold them all, so
+// the runtime's monitor thread keeps running every 20 µs to take them back,
+// and a reader woken by a request finds its processor gone and has to wait
+// for a thread to give it one: a futex wake and a context switch per request.
+// With spare processors neither happens. 4 KiB random reads, 4 jobs, tcp
+// transport, 2-core VM, fresh clusters alternating: 8.6-10.4k IOPS with 2
+// processors, 9.1-14.2k with 8 (12.0-12.2k with 16); the go-fuse loopback
+// ceiling gained nothing from the same change.
+func mountProcs(cpus int) int {
+	return max(8, cpus)
 }
 
 func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) error {
@@ -139,6 +157,14 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 		if err := sched.Batch(); err != nil {
 			logger.Warn("mount: staying under the default scheduling policy", "err", err)
 		}
+	}
+	switch {
+	case f.procs < 0:
+		return fmt.Errorf("mount: --procs %d: must be 0 (default) or more", f.procs)
+	case f.procs > 0:
+		runtime.GOMAXPROCS(f.procs)
+	case os.Getenv("GOMAXPROCS") == "":
+		runtime.GOMAXPROCS(mountProcs(runtime.NumCPU()))
 	}
 	secret, err := auth.ReadSecretFile(f.secretFile)
 	if err != nil {
