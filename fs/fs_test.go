@@ -1,7 +1,9 @@
 package fs_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -9,13 +11,17 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
 
 	"github.com/rdmafs/rdmafs/fs"
+	"github.com/rdmafs/rdmafs/fs/fstest"
+	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/meta/metatest"
 )
 
@@ -296,5 +302,67 @@ func TestPermissions(t *testing.T) {
 	}
 	if err := as(1000, "rm", filepath.Join(dir, "open", "mine")); err != nil {
 		t.Fatalf("the owner removing its file: %v", err)
+	}
+}
+
+// capsCounter counts the security.capability lookups that reach the metadata
+// service.
+type capsCounter struct {
+	metapb.MetaClient
+	n atomic.Int64
+}
+
+func (c *capsCounter) GetXattr(ctx context.Context, in *metapb.GetXattrRequest, opts ...grpc.CallOption) (*metapb.GetXattrReply, error) {
+	if in.Name == "security.capability" {
+		c.n.Add(1)
+	}
+	return c.MetaClient.GetXattr(ctx, in, opts...)
+}
+
+// TestFileCapabilities checks that file capabilities behave as on ext4 — set
+// and read back, dropped by a write — and that writes to a file without them
+// do not each ask the metadata service (the kernel asks the file system
+// before every write).
+func TestFileCapabilities(t *testing.T) {
+	counter := &capsCounter{}
+	dir := fstest.Start(t, fstest.Options{WrapMeta: func(c metapb.MetaClient) metapb.MetaClient {
+		counter.MetaClient = c
+		return counter
+	}}).Dir
+	p := filepath.Join(dir, "bin")
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	const writes = 20
+	for i := range writes {
+		if _, err := f.WriteAt(buf, int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := counter.n.Load(); n > 1 {
+		t.Fatalf("%d writes asked the metadata service for security.capability %d times, want at most once", writes, n)
+	}
+
+	// A version 2 capability set: cap_net_bind_service permitted+effective.
+	caps := make([]byte, 20)
+	binary.LittleEndian.PutUint32(caps[0:], 0x02000000|1) // VFS_CAP_REVISION_2 | VFS_CAP_FLAGS_EFFECTIVE
+	binary.LittleEndian.PutUint32(caps[4:], 1<<10)        // CAP_NET_BIND_SERVICE
+	if err := unix.Setxattr(p, "security.capability", caps, 0); err != nil {
+		t.Fatalf("set capabilities: %v", err)
+	}
+	got := make([]byte, 64)
+	n, err := unix.Getxattr(p, "security.capability", got)
+	if err != nil || !bytes.Equal(got[:n], caps) {
+		t.Fatalf("capabilities read back right after setting them: %x, %v; want %x", got[:n], err, caps)
+	}
+	// A write drops them, as on ext4.
+	if _, err := f.WriteAt([]byte("x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := unix.Getxattr(p, "security.capability", got); errnoOf(err) != syscall.ENODATA {
+		t.Fatalf("capabilities after a write: %v, want ENODATA", err)
 	}
 }

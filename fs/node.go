@@ -85,7 +85,17 @@ type Node struct {
 	opened    bool  // opened before in this mount
 	openMtime int64 // mtime and size at the last open
 	openSize  uint64
+	// noCapsUntil is when the cached answer "no security.capability"
+	// expires; see Getxattr. xattrGen counts changes of extended
+	// attributes through this mount, so that an answer fetched while one
+	// was being made is not cached.
+	noCapsUntil time.Time
+	xattrGen    uint64
 }
+
+// capsXattr is the extended attribute holding file capabilities. The kernel
+// asks for it before every write(2), to know whether the write must remove it.
+const capsXattr = "security.capability"
 
 var (
 	_ gofs.NodeLookuper       = (*Node)(nil)
@@ -325,11 +335,39 @@ func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 }
 
 // Getxattr implements gofs.NodeGetxattrer.
+//
+// The kernel asks for security.capability before every write(2) to the file
+// (to know whether the write must drop it); a file without one is remembered
+// for the attribute timeout, so that writes cost no metadata round trip.
+// Setting or removing an extended attribute through this mount forgets it at
+// once; one set through another mount shows within the attribute timeout, as
+// other attributes do.
 func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
 	ctx = uninterruptible(ctx)
+	caps := attr == capsXattr
+	if caps {
+		n.mu.Lock()
+		cached := time.Now().Before(n.noCapsUntil)
+		n.mu.Unlock()
+		if cached {
+			return 0, syscall.ENODATA
+		}
+	}
+	start := time.Now()
+	n.mu.Lock()
+	gen := n.xattrGen
+	n.mu.Unlock()
 	r, err := n.fsys.meta.GetXattr(ctx, &metapb.GetXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr})
 	if err != nil {
-		return 0, errno(err)
+		e := errno(err)
+		if caps && e == syscall.ENODATA {
+			n.mu.Lock()
+			if n.xattrGen == gen {
+				n.noCapsUntil = start.Add(n.fsys.opts.AttrTimeout)
+			}
+			n.mu.Unlock()
+		}
+		return 0, e
 	}
 	if len(dest) < len(r.Value) {
 		return uint32(len(r.Value)), syscall.ERANGE
@@ -340,6 +378,8 @@ func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 // Setxattr implements gofs.NodeSetxattrer.
 func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
 	ctx = uninterruptible(ctx)
+	n.forgetNoCaps()
+	defer n.forgetNoCaps()
 	_, err := n.fsys.meta.SetXattr(ctx, &metapb.SetXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr, Value: data, Flags: flags})
 	return errno(err)
 }
@@ -370,8 +410,20 @@ func (n *Node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 // Removexattr implements gofs.NodeRemovexattrer.
 func (n *Node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	ctx = uninterruptible(ctx)
+	n.forgetNoCaps()
+	defer n.forgetNoCaps()
 	_, err := n.fsys.meta.RemoveXattr(ctx, &metapb.RemoveXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr})
 	return errno(err)
+}
+
+// forgetNoCaps drops the cached absence of security.capability. Setxattr and
+// Removexattr call it before and after their change, so that a Getxattr
+// overlapping the change does not cache what it read.
+func (n *Node) forgetNoCaps() {
+	n.mu.Lock()
+	n.noCapsUntil = time.Time{}
+	n.xattrGen++
+	n.mu.Unlock()
 }
 
 // Statfs implements gofs.NodeStatfser.

@@ -25,6 +25,9 @@ type Options struct {
 	Chunkservers int
 	Layout       core.Layout
 	MemBytes     int
+	// WrapMeta, when set, wraps the metadata client the first mount's file
+	// system uses (to observe or alter its calls).
+	WrapMeta func(metapb.MetaClient) metapb.MetaClient
 }
 
 // Cluster is a running test file system.
@@ -68,13 +71,18 @@ func Start(t *testing.T, opts Options) *Cluster {
 	}
 	c.WaitUp(t, opts.Chunkservers)
 	c.opts = opts
-	c.Dir, c.Engine = c.Mount(t)
+	c.Dir, c.Engine = c.mount(t, opts.WrapMeta)
 	return c
 }
 
 // Mount mounts the cluster's file system once more, as another client would,
 // and returns the mount point and its engine; both go away with the test.
 func (c *Cluster) Mount(t *testing.T) (string, *fileio.Engine) {
+	t.Helper()
+	return c.mount(t, nil)
+}
+
+func (c *Cluster) mount(t *testing.T, wrap func(metapb.MetaClient) metapb.MetaClient) (string, *fileio.Engine) {
 	t.Helper()
 	ctx := context.Background()
 	mc := c.Meta.Client(t)
@@ -86,7 +94,11 @@ func (c *Cluster) Mount(t *testing.T) (string, *fileio.Engine) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, root := fs.New(fs.Options{Meta: mc, Session: sess.ID(), Data: eng})
+	var fsMeta metapb.MetaClient = mc
+	if wrap != nil {
+		fsMeta = wrap(mc)
+	}
+	_, root := fs.New(fs.Options{Meta: fsMeta, Session: sess.ID(), Data: eng})
 	dir, err := os.MkdirTemp("", "rdmafs-mnt-")
 	if err != nil {
 		t.Fatal(err)
