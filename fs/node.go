@@ -345,18 +345,18 @@ func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
 	ctx = uninterruptible(ctx)
 	caps := attr == capsXattr
+	var start time.Time
+	var gen uint64
 	if caps {
+		start = time.Now()
 		n.mu.Lock()
-		cached := time.Now().Before(n.noCapsUntil)
+		cached, g := start.Before(n.noCapsUntil), n.xattrGen
 		n.mu.Unlock()
 		if cached {
 			return 0, syscall.ENODATA
 		}
+		gen = g
 	}
-	start := time.Now()
-	n.mu.Lock()
-	gen := n.xattrGen
-	n.mu.Unlock()
 	r, err := n.fsys.meta.GetXattr(ctx, &metapb.GetXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr})
 	if err != nil {
 		e := errno(err)

@@ -54,10 +54,10 @@ func AllocMemory(name string, size int) (*Memory, error) {
 // and then touches every page from user code too (MAP_POPULATE has already
 // faulted the pages in).
 //
-// Both are needed on a virtual machine with separate shadow page tables for
-// the guest kernel and guest user code (PVM, the development machine): the
-// first access to a page from each side traps to the hypervisor, however
-// often the other side has touched it. The software transports have the
+// Both are needed on the development machine (a PVM guest): there the first
+// access to a page from each side — kernel and user code — is slow however
+// often the other side has touched it (separate shadow page tables for guest
+// kernel and guest user mode would explain it; we measured only the effect). The software transports have the
 // kernel copy between sockets and these pages (recv straight into a region,
 // writev out of one); chunkd and the client read and write them from Go
 // (checksums, erasure coding). Measured there, socket reads into 512 MiB

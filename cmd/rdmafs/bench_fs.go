@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -116,22 +117,9 @@ func runBenchFS(ctx context.Context, w io.Writer, jobs, size string, runtime int
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "job\trdmafs\tFUSE ceiling\tratio\trdmafs runs\tceiling runs\t")
 	for i, r := range ours.runs[0] {
-		var a, b []float64
-		unit := ""
-		for _, run := range ours.runs {
-			if i < len(run) {
-				var v float64
-				v, unit = figure(run[i])
-				a = append(a, v)
-			}
-		}
-		for _, run := range ceil.runs {
-			if i < len(run) {
-				v, _ := figure(run[i])
-				b = append(b, v)
-			}
-		}
-		if len(a) != len(ours.runs) || len(b) != len(ceil.runs) {
+		a, unit, aok := figures(ours.runs, i)
+		b, _, bok := figures(ceil.runs, i)
+		if !aok || !bok {
 			return fmt.Errorf("bench fs: job %s is missing from a run", r.Name)
 		}
 		fmt.Fprintf(tw, "%s\t%.0f %s\t%.0f %s\t%.2f\t%s\t%s\t\n", r.Name, mean(a), unit, mean(b), unit, mean(a)/mean(b), joinFigures(a), joinFigures(b))
@@ -139,17 +127,25 @@ func runBenchFS(ctx context.Context, w io.Writer, jobs, size string, runtime int
 	return tw.Flush()
 }
 
-// figure is the number a job is judged by: IOPS for the 4 KiB random read,
-// otherwise bandwidth in MiB/s.
-func figure(r fiorun.Result) (float64, string) {
-	switch {
-	case r.Name == "randread-4k":
-		return r.ReadIOPS, "IOPS"
-	case r.WriteBW > 0:
-		return r.WriteBW / (1 << 20), "MiB/s"
-	default:
-		return r.ReadBW / (1 << 20), "MiB/s"
+// figures returns job i's figure from each run — IOPS for the 4 KiB random
+// read, otherwise bandwidth in MiB/s — and its unit; ok is false when a run
+// lacks the job.
+func figures(runs [][]fiorun.Result, i int) (v []float64, unit string, ok bool) {
+	for _, run := range runs {
+		if i >= len(run) {
+			return nil, "", false
+		}
+		r := run[i]
+		switch {
+		case r.Name == "randread-4k":
+			v, unit = append(v, r.ReadIOPS), "IOPS"
+		case r.WriteBW > 0:
+			v, unit = append(v, r.WriteBW/(1<<20)), "MiB/s"
+		default:
+			v, unit = append(v, r.ReadBW/(1<<20)), "MiB/s"
+		}
 	}
+	return v, unit, true
 }
 
 func mean(v []float64) float64 {
@@ -161,12 +157,9 @@ func mean(v []float64) float64 {
 }
 
 func joinFigures(v []float64) string {
-	s := ""
+	s := make([]string, len(v))
 	for i, x := range v {
-		if i > 0 {
-			s += ", "
-		}
-		s += fmt.Sprintf("%.0f", x)
+		s[i] = fmt.Sprintf("%.0f", x)
 	}
-	return s
+	return strings.Join(s, ", ")
 }
