@@ -25,6 +25,7 @@ vet:
 ## test: the whole suite with the race detector (the README's test command)
 test: deps vet
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+	$(GO) test -count=1 -run 'Alloc' $(PKGS)
 	$(GO) test -tags verbs -count=1 ./rdma/verbs
 
 ## fuzz: run every fuzz target for FUZZTIME each
