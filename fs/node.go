@@ -35,6 +35,9 @@ type Data interface {
 	Flush(ctx context.Context, ino uint64) error
 	// Truncate drops buffered data of ino past size before the size changes.
 	Truncate(ctx context.Context, ino uint64, size uint64) error
+	// Size reports the size of ino as this mount sees it while it holds
+	// writes not yet committed (false: the metadata service's is current).
+	Size(ino uint64) (int64, bool)
 }
 
 // Options configure the file system.
@@ -157,10 +160,24 @@ func fillAttr(a *metapb.Attr, out *fuse.Attr) {
 	out.Ctime, out.Ctimensec = uint64(a.CtimeNs/1e9), uint32(a.CtimeNs%1e9)
 }
 
+// fillAttr converts the service's attributes of a file into the kernel's,
+// with the size this mount's uncommitted writes give the file: a process that
+// wrote sees the file that long, before close as after.
+func (fsys *FS) fillAttr(a *metapb.Attr, out *fuse.Attr) {
+	fillAttr(a, out)
+	if fsys.opts.Data == nil || a.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return
+	}
+	if size, ok := fsys.opts.Data.Size(a.Ino); ok {
+		out.Size = uint64(size)
+		out.Blocks = (out.Size + 511) / 512
+	}
+}
+
 // entry fills out for a new or found entry and returns its inode, reusing the
 // kernel's inode for a number it already knows.
 func (n *Node) entry(ctx context.Context, a *metapb.Attr, out *fuse.EntryOut) *gofs.Inode {
-	fillAttr(a, &out.Attr)
+	n.fsys.fillAttr(a, &out.Attr)
 	out.SetEntryTimeout(n.fsys.opts.EntryTimeout)
 	out.SetAttrTimeout(n.fsys.opts.AttrTimeout)
 	child := &Node{fsys: n.fsys, ino: a.Ino}
@@ -184,7 +201,7 @@ func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut
 	if err != nil {
 		return errno(err)
 	}
-	fillAttr(r.Attr, &out.Attr)
+	n.fsys.fillAttr(r.Attr, &out.Attr)
 	out.SetTimeout(n.fsys.opts.AttrTimeout)
 	return 0
 }
@@ -230,7 +247,7 @@ func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 	if err != nil {
 		return errno(err)
 	}
-	fillAttr(r.Attr, &out.Attr)
+	n.fsys.fillAttr(r.Attr, &out.Attr)
 	out.SetTimeout(n.fsys.opts.AttrTimeout)
 	return 0
 }

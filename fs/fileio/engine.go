@@ -214,7 +214,24 @@ type dirtyStripe struct {
 	// whole, as a sequential overwrite does, is never read.
 	committed *metapb.StripeInfo
 	fillEnd   int64
+	// The data area, buf.b[:dataLen], is zeroed lazily: [0, clean) holds
+	// written, filled or zeroed bytes and the rest whatever the buffer held
+	// before. A writer that covers the stripe in order, as sequential writes
+	// do, never has it cleared; anything else that reads or fills the buffer
+	// calls zero first.
+	clean, dataLen int64
 }
+
+// zeroTo clears the data area from clean up to end.
+func (d *dirtyStripe) zeroTo(end int64) {
+	if end > d.clean {
+		clear(d.buf.b[d.clean:end])
+		d.clean = end
+	}
+}
+
+// zero clears whatever of the data area is not yet written or cleared.
+func (d *dirtyStripe) zero() { d.zeroTo(d.dataLen) }
 
 // gaps calls fn for each range of [0, end) not covered by the extents.
 func (d *dirtyStripe) gaps(end int64, fn func(lo, hi int64) error) error {
@@ -612,7 +629,9 @@ func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (in
 		if err != nil {
 			return int(max(lo-off, 0)), err
 		}
+		d.zeroTo(so)
 		copy(d.buf.b[so:], p[lo-off:hi-off])
+		d.clean = max(d.clean, sh)
 		d.length = max(d.length, sh)
 		d.addExtent(so, sh)
 		if d.covers(ss) {
@@ -667,8 +686,7 @@ func (e *Engine) dirtyStripe(ctx context.Context, f *file, s uint64, lo, hi int6
 		if pf := f.cache[s]; pf != nil {
 			e.dropLocked(pf)
 		}
-		d := &dirtyStripe{buf: buf}
-		clear(buf.b[:f.lay.k*int(f.lay.unit)])
+		d := &dirtyStripe{buf: buf, dataLen: f.lay.stripeSize()}
 		if si := f.stripes[s]; si != nil {
 			d.base, d.length = si.Version, int64(si.Length)
 			if lo > 0 || hi < int64(si.Length) {
@@ -684,6 +702,7 @@ func (e *Engine) dirtyStripe(ctx context.Context, f *file, s uint64, lo, hi int6
 // fill reads the committed bytes of d that the writes have not covered into
 // its buffer, once. The caller holds f.mu and owns d (dirty, not flushing).
 func (e *Engine) fill(ctx context.Context, f *file, d *dirtyStripe) error {
+	d.zero()
 	if d.committed == nil {
 		return nil
 	}
@@ -1003,6 +1022,7 @@ func (e *Engine) rebase(ctx context.Context, f *file, conflicts []uint64) error 
 			e.pool.put(old.buf)
 			return err
 		}
+		d.zero()
 		for _, x := range old.extents {
 			copy(d.buf.b[x[0]:x[1]], old.buf.b[x[0]:x[1]])
 			d.length = max(d.length, x[1])
@@ -1012,4 +1032,22 @@ func (e *Engine) rebase(ctx context.Context, f *file, conflicts []uint64) error 
 		e.pool.put(old.buf)
 	}
 	return nil
+}
+
+// Size reports the size of ino as this engine sees it while it holds writes
+// not yet committed: the metadata service learns of them only when they are
+// (false: there are none, and the service's size is current).
+func (e *Engine) Size(ino uint64) (int64, bool) {
+	e.mu.Lock()
+	f := e.files[ino]
+	e.mu.Unlock()
+	if f == nil {
+		return 0, false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.size < 0 || len(f.dirty)+len(f.flushing) == 0 {
+		return 0, false
+	}
+	return f.size, true
 }

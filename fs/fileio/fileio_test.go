@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -476,4 +477,120 @@ func errnoOf(err error) syscall.Errno {
 		return e
 	}
 	return 0
+}
+
+// TestGapsInReusedBuffers writes sparse pieces into stripes whose buffers last
+// held other data: the buffer pool hands out memory uncleared and a stripe is
+// zeroed lazily, so every byte not written must still read as zero — from the
+// dirty buffer before the flush (O_DIRECT reads reach the engine) and from the
+// chunkservers after it.
+func TestGapsInReusedBuffers(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{})
+	const stripe = 4 * 64 << 10
+	type piece struct{ off, n int }
+	tests := []struct {
+		name   string
+		pieces []piece // written in this order
+	}{
+		{"one piece mid-stripe", []piece{{100_000, 5000}}},
+		{"high then low", []piece{{200_000, 4096}, {8192, 4096}}},
+		{"low, then the next stripe", []piece{{4096, 4096}, {stripe + 4096, 4096}}},
+		{"sequential then a jump", []piece{{0, 65536}, {65536, 65536}, {3*stripe - 4096, 4096}}},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			// Fill the pool's memory with non-zero bytes: buffers go back to
+			// the pool once this file is flushed.
+			junk := filepath.Join(c.Dir, fmt.Sprintf("junk-%d", i))
+			if err := os.WriteFile(junk, bytes.Repeat([]byte{0xA5}, 8*stripe), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(c.Dir, fmt.Sprintf("gaps-%d", i))
+			f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR|syscall.O_DIRECT, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			var want []byte
+			for j, pc := range tc.pieces {
+				buf, _ := unix.Mmap(-1, 0, pc.n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+				copy(buf, random(pc.n, uint64(100*i+j)))
+				if _, err := f.WriteAt(buf, int64(pc.off)); err != nil {
+					t.Fatal(err)
+				}
+				if end := pc.off + pc.n; end > len(want) {
+					want = append(want, make([]byte, end-len(want))...)
+				}
+				copy(want[pc.off:], buf)
+				unix.Munmap(buf)
+			}
+			check := func(when string) {
+				t.Helper()
+				n := (len(want) + 4095) / 4096 * 4096
+				got, _ := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+				defer unix.Munmap(got)
+				m, err := f.ReadAt(got, 0)
+				if err != nil && !errors.Is(err, io.EOF) {
+					t.Fatal(err)
+				}
+				if m != len(want) {
+					st, _ := f.Stat()
+					t.Fatalf("%s: read %d bytes (%v), want %d; size %d", when, m, err, len(want), st.Size())
+				}
+				if k := firstDiff(got[:m], want); k >= 0 {
+					t.Fatalf("%s: byte %d is %#x, want %#x", when, k, got[k], want[k])
+				}
+			}
+			check("before the flush")
+			if err := f.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			check("after fsync")
+		})
+	}
+}
+
+// firstDiff returns the first index where a and b differ, or -1.
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
+}
+
+// TestSizeBeforeClose stats a file whose writes are still buffered, after the
+// kernel's cached attributes expired: the size is what the writes made it, not
+// the committed size the metadata service still has.
+func TestSizeBeforeClose(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{})
+	p := filepath.Join(c.Dir, "growing")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(random(5000, 7), 100_000); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the attribute timeout is 1 s
+	for _, stat := range []func() (os.FileInfo, error){f.Stat, func() (os.FileInfo, error) { return os.Stat(p) }} {
+		st, err := stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Size() != 105_000 {
+			t.Fatalf("size before close %d, want 105000", st.Size())
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(p); err != nil || st.Size() != 105_000 {
+		t.Fatalf("size after close: %v %v", st, err)
+	}
 }

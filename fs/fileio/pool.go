@@ -14,10 +14,12 @@ import (
 // list; a caller that finds no room waits until something is freed, so a full
 // pool is backpressure, not a sleeping loop.
 type pool struct {
-	mr    rdma.MemoryRegion
-	mu    sync.Mutex
-	free  []extent // sorted by offset, coalesced
-	freed chan struct{}
+	mr      rdma.MemoryRegion
+	mu      sync.Mutex
+	free    []extent      // sorted by offset, coalesced
+	spare   []*buffer     // buffer records given back, reused (no allocation per I/O)
+	freed   chan struct{} // closed and replaced by a put while waiters > 0
+	waiters int           // gets waiting on freed
 }
 
 type extent struct{ off, n int }
@@ -45,14 +47,24 @@ func (p *pool) get(ctx context.Context, n int) (*buffer, error) {
 		p.mu.Lock()
 		b := p.takeLocked(n)
 		wait := p.freed
+		if b == nil {
+			p.waiters++
+		}
 		p.mu.Unlock()
 		if b != nil {
 			return b, nil
 		}
+		var err error
 		select {
 		case <-wait:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("waiting for %d bytes of buffer memory: %w", n, ctx.Err())
+			err = fmt.Errorf("waiting for %d bytes of buffer memory: %w", n, ctx.Err())
+		}
+		p.mu.Lock()
+		p.waiters--
+		p.mu.Unlock()
+		if err != nil {
+			return nil, err
 		}
 	}
 }
@@ -74,19 +86,28 @@ func (p *pool) takeLocked(n int) *buffer {
 			} else {
 				p.free[i] = extent{e.off + n, e.n - n}
 			}
-			return &buffer{p: p, off: e.off, b: p.mr.Bytes()[e.off : e.off+n : e.off+n]}
+			var b *buffer
+			if k := len(p.spare); k > 0 {
+				b, p.spare = p.spare[k-1], p.spare[:k-1]
+			} else {
+				b = &buffer{p: p}
+			}
+			b.off, b.b = e.off, p.mr.Bytes()[e.off:e.off+n:e.off+n]
+			return b
 		}
 	}
 	return nil
 }
 
-// put returns b to the pool and wakes the waiters.
+// put returns b to the pool and wakes the waiters. b must not be used after.
 func (p *pool) put(b *buffer) {
 	if b == nil {
 		return
 	}
 	p.mu.Lock()
 	e := extent{b.off, len(b.b)}
+	b.b = nil
+	p.spare = append(p.spare, b)
 	i := sort.Search(len(p.free), func(i int) bool { return p.free[i].off > e.off })
 	p.free = append(p.free, extent{})
 	copy(p.free[i+1:], p.free[i:])
@@ -100,8 +121,10 @@ func (p *pool) put(b *buffer) {
 		p.free[i-1].n += p.free[i].n
 		p.free = append(p.free[:i], p.free[i+1:]...)
 	}
-	close(p.freed)
-	p.freed = make(chan struct{})
+	if p.waiters > 0 {
+		close(p.freed)
+		p.freed = make(chan struct{})
+	}
 	p.mu.Unlock()
 }
 
