@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"sync"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -16,8 +17,16 @@ import (
 // readable until released.
 type fileHandle struct {
 	fsys  *FS
+	node  *Node
 	ino   uint64
 	flags uint32
+
+	// Drop-behind of a sequential writer (see Options.DropBehind): where the
+	// run of writes in sequence ends, how long it is, and the last write,
+	// whose pages are dropped once the next one is done.
+	seqMu            sync.Mutex
+	seqEnd, seqBytes int64
+	lastOff, lastLen int64
 }
 
 var (
@@ -60,7 +69,7 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			}
 		}
 	}
-	return &fileHandle{fsys: n.fsys, ino: n.ino, flags: flags}, fuseFlags, 0
+	return &fileHandle{fsys: n.fsys, node: n, ino: n.ino, flags: flags}, fuseFlags, 0
 }
 
 func (f *fileHandle) data() (Data, syscall.Errno) {
@@ -95,7 +104,46 @@ func (f *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 	if err != nil {
 		return uint32(n), errno(err)
 	}
+	f.dropBehind(off, int64(n))
 	return uint32(n), 0
+}
+
+// maxDropping bounds the page cache invalidations in flight per mount; one
+// that would exceed it is skipped (the pages merely stay cached).
+const maxDropping = 4
+
+// dropBehind notes a completed write of n bytes at off and, once the handle
+// has written DropBehind bytes in sequence, asks the kernel to drop the pages
+// of the write before this one (the first DropBehind bytes stay cached). The request goes from another goroutine: the
+// kernel holds the pages of the write being answered locked until the answer.
+func (f *fileHandle) dropBehind(off, n int64) {
+	limit := f.fsys.opts.DropBehind
+	if limit <= 0 || f.node == nil || f.flags&syscall.O_DIRECT != 0 {
+		return
+	}
+	f.seqMu.Lock()
+	if off != f.seqEnd {
+		f.seqBytes = 0
+	}
+	f.seqEnd, f.seqBytes = off+n, f.seqBytes+n
+	seq := f.seqBytes
+	dropOff, dropLen := f.lastOff, f.lastLen
+	f.lastOff, f.lastLen = off, n
+	f.seqMu.Unlock()
+	// The write before this one is dropped if it was in sequence and began
+	// at least limit bytes into the run.
+	if dropLen == 0 || dropOff+dropLen != off || seq-n-dropLen < limit {
+		return
+	}
+	fsys := f.fsys
+	if fsys.dropping.Add(1) > maxDropping {
+		fsys.dropping.Add(-1)
+		return
+	}
+	go func() {
+		defer fsys.dropping.Add(-1)
+		f.node.NotifyContent(dropOff, dropLen)
+	}()
 }
 
 // Flush implements gofs.FileFlusher: close(2) commits what was written, so that

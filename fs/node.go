@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -53,6 +54,12 @@ type Options struct {
 	AttrTimeout, EntryTimeout time.Duration
 	// Logger receives errors that do not reach an application (default: none).
 	Logger *slog.Logger
+	// DropBehind is how many bytes a file handle writes in sequence before
+	// the kernel's copy of what it writes is dropped from the page cache as
+	// each write completes (0: never). A streaming writer then reuses the
+	// same few pages instead of filling memory with data it will not read,
+	// as RWF_DONTCACHE does for local files.
+	DropBehind int64
 }
 
 // FS is a mounted rdmafs.
@@ -61,6 +68,8 @@ type FS struct {
 	meta    metapb.MetaClient
 	callers *callers
 	log     *slog.Logger
+
+	dropping atomic.Int32 // page cache invalidations in flight (drop-behind)
 }
 
 // New returns the file system and its root node.
@@ -269,7 +278,8 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 			return nil, nil, 0, errno(err)
 		}
 	}
-	return ino, &fileHandle{fsys: n.fsys, ino: r.Attr.Ino, flags: flags}, 0, 0
+	child, _ := ino.Operations().(*Node)
+	return ino, &fileHandle{fsys: n.fsys, node: child, ino: r.Attr.Ino, flags: flags}, 0, 0
 }
 
 // Mknod implements gofs.NodeMknoder.

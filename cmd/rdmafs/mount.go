@@ -36,7 +36,7 @@ const mountChildEnv = "RDMAFS_MOUNT_CHILD"
 
 type mountFlags struct {
 	secretFile, transport, memory, metrics, logLevel, logFile string
-	dirtyLimit, readaheadMem, kernelReadahead                 string
+	dirtyLimit, readaheadMem, kernelReadahead, dropBehind     string
 	readaheadStripes, procs                                   int
 	attrTimeout, entryTimeout                                 time.Duration
 	background, debug, schedBatch                             bool
@@ -65,6 +65,7 @@ unmounts; --background returns once the file system is mounted.`,
 	fl.IntVar(&f.readaheadStripes, "readahead-stripes", 8, "largest readahead window of a sequential reader, in stripes (0: no readahead)")
 	fl.StringVar(&f.readaheadMem, "readahead-mem", "", "memory for stripes read ahead, all files together (default a quarter of --mem)")
 	fl.StringVar(&f.kernelReadahead, "kernel-readahead", "1MiB", "the kernel's readahead window per file (FUSE max_readahead)")
+	fl.StringVar(&f.dropBehind, "drop-behind", "16MiB", "bytes a file handle writes in sequence before the kernel drops what it writes from its page cache (0: never)")
 	fl.DurationVar(&f.attrTimeout, "attr-timeout", time.Second, "how long the kernel caches attributes")
 	fl.DurationVar(&f.entryTimeout, "entry-timeout", time.Second, "how long the kernel caches names")
 	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (empty: off)")
@@ -138,6 +139,13 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 	if err != nil {
 		return err
 	}
+	dropBehind, err := bytesize.Parse(f.dropBehind)
+	if err == nil && dropBehind < 0 {
+		err = fmt.Errorf("must not be negative")
+	}
+	if err != nil {
+		return fmt.Errorf("mount: --drop-behind: %w", err)
+	}
 	kernelReadahead, err := optionalSize("kernel-readahead", f.kernelReadahead)
 	if err != nil {
 		return err
@@ -193,7 +201,8 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 		return fmt.Errorf("mount: %w", err)
 	}
 	defer eng.Close()
-	_, root := fs.New(fs.Options{Meta: mc, Session: sess.ID(), Data: eng, AttrTimeout: f.attrTimeout, EntryTimeout: f.entryTimeout, Logger: logger})
+	_, root := fs.New(fs.Options{Meta: mc, Session: sess.ID(), Data: eng, AttrTimeout: f.attrTimeout, EntryTimeout: f.entryTimeout, Logger: logger,
+		DropBehind: int64(dropBehind)})
 	srv, err := fs.Mount(mountpoint, root, fs.MountOptions{Debug: f.debug, MaxReadAhead: kernelReadahead})
 	if err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -592,5 +593,89 @@ func TestSizeBeforeClose(t *testing.T) {
 	}
 	if st, err := os.Stat(p); err != nil || st.Size() != 105_000 {
 		t.Fatalf("size after close: %v %v", st, err)
+	}
+}
+
+// TestDropBehind writes a file in sequence through one handle: past the
+// drop-behind threshold the kernel's pages of what was written are dropped
+// (mincore on a mapping of the file), before it they stay, and with the
+// feature off or for writes out of sequence all stay. The data reads back
+// whole either way.
+func TestDropBehind(t *testing.T) {
+	const mib = 1 << 20
+	tests := []struct {
+		name       string
+		dropBehind int64
+		sequential bool
+		dropped    bool // pages of [8 MiB, 30 MiB) leave the page cache
+	}{
+		{"sequential", 4 * mib, true, true},
+		{"off", 0, true, false},
+		{"out of sequence", 4 * mib, false, false},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fstest.Start(t, fstest.Options{DropBehind: tc.dropBehind})
+			p := filepath.Join(c.Dir, "stream")
+			data := random(32*mib, uint64(40+i))
+			f, err := os.Create(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			order := make([]int, 32)
+			for j := range order {
+				order[j] = j
+			}
+			if !tc.sequential { // pairs swapped: no write starts where the last ended
+				for j := 0; j+1 < len(order); j += 2 {
+					order[j], order[j+1] = order[j+1], order[j]
+				}
+			}
+			for _, j := range order {
+				if _, err := f.WriteAt(data[j*mib:(j+1)*mib], int64(j*mib)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			resident := func(lo, hi int) float64 {
+				m, err := unix.Mmap(int(f.Fd()), 0, len(data), unix.PROT_READ, unix.MAP_SHARED)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer unix.Munmap(m)
+				vec := make([]byte, len(data)/4096)
+				if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+					t.Fatalf("mincore: %v", e)
+				}
+				n := 0
+				for _, v := range vec[lo/4096 : hi/4096] {
+					n += int(v & 1)
+				}
+				return float64(n) / float64((hi-lo)/4096)
+			}
+			// The pages go asynchronously: wait for them a while.
+			var mid float64
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				mid = resident(8*mib, 30*mib)
+				if !tc.dropped || mid < 0.1 || time.Now().After(deadline) {
+					break
+				}
+			}
+			if head := resident(0, 4*mib); head < 0.9 {
+				t.Errorf("%.0f%% of the first 4 MiB cached, want them all", 100*head)
+			}
+			if tc.dropped && mid > 0.1 {
+				t.Errorf("%.0f%% of [8, 30) MiB still cached, want them dropped", 100*mid)
+			}
+			if !tc.dropped && mid < 0.9 {
+				t.Errorf("%.0f%% of [8, 30) MiB cached, want them all", 100*mid)
+			}
+			if err := f.Close(); err != nil {
+				t.Fatal(err)
+			}
+			got, err := os.ReadFile(p)
+			if err != nil || sha256.Sum256(got) != sha256.Sum256(data) {
+				t.Fatalf("read back: %v, %d bytes, or they differ", err, len(got))
+			}
+		})
 	}
 }

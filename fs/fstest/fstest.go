@@ -28,6 +28,8 @@ type Options struct {
 	// WrapMeta, when set, wraps the metadata client the first mount's file
 	// system uses (to observe or alter its calls).
 	WrapMeta func(metapb.MetaClient) metapb.MetaClient
+	// DropBehind is fs.Options.DropBehind for every mount.
+	DropBehind int64
 }
 
 // Cluster is a running test file system.
@@ -98,7 +100,7 @@ func (c *Cluster) mount(t *testing.T, wrap func(metapb.MetaClient) metapb.MetaCl
 	if wrap != nil {
 		fsMeta = wrap(mc)
 	}
-	_, root := fs.New(fs.Options{Meta: fsMeta, Session: sess.ID(), Data: eng})
+	_, root := fs.New(fs.Options{Meta: fsMeta, Session: sess.ID(), Data: eng, DropBehind: c.opts.DropBehind})
 	dir, err := os.MkdirTemp("", "rdmafs-mnt-")
 	if err != nil {
 		t.Fatal(err)
