@@ -114,8 +114,9 @@ const maxDropping = 4
 
 // dropBehind notes a completed write of n bytes at off and, once the handle
 // has written DropBehind bytes in sequence, asks the kernel to drop the pages
-// of the write before this one (the first DropBehind bytes stay cached). The request goes from another goroutine: the
-// kernel holds the pages of the write being answered locked until the answer.
+// of the write before this one (the first DropBehind bytes stay cached). The
+// request goes from another goroutine: the kernel holds the pages of the write
+// being answered locked until the answer.
 func (f *fileHandle) dropBehind(off, n int64) {
 	limit := f.fsys.opts.DropBehind
 	if limit <= 0 || f.node == nil || f.flags&syscall.O_DIRECT != 0 {
