@@ -679,3 +679,40 @@ func TestDropBehind(t *testing.T) {
 		})
 	}
 }
+
+// TestAppendAcrossAttrTimeout appends records with O_APPEND and never closes
+// in between, while another process stats the file after the attribute cache
+// expired: every append lands after the one before (the size the kernel
+// appends at survives the refreshed attributes), nothing is overwritten.
+func TestAppendAcrossAttrTimeout(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{})
+	p := filepath.Join(c.Dir, "log")
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var want []byte
+	for round := range 3 {
+		for i := range 10 {
+			rec := []byte(fmt.Sprintf("round %d record %02d %s\n", round, i, strings.Repeat("x", 70)))
+			if _, err := f.Write(rec); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, rec...)
+		}
+		time.Sleep(1200 * time.Millisecond) // the attribute timeout is 1 s
+		if st, err := os.Stat(p); err != nil {
+			t.Fatal(err)
+		} else if st.Size() != int64(len(want)) {
+			t.Errorf("round %d: stat says %d bytes, want %d", round, st.Size(), len(want))
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(p)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read back: %v, %d bytes, want %d, or they differ", err, len(got), len(want))
+	}
+}
