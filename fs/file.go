@@ -21,12 +21,12 @@ type fileHandle struct {
 	ino   uint64
 	flags uint32
 
-	// Drop-behind of a sequential writer (see Options.DropBehind): where the
-	// run of writes in sequence ends, how long it is, and the last write,
-	// whose pages are dropped once the next one is done.
+	// Drop-behind of a sequential writer (see Options.DropBehind): the last
+	// write, whose pages are dropped once the next one follows it, and the
+	// bytes of the run of writes in sequence that it ends.
 	seqMu            sync.Mutex
-	seqEnd, seqBytes int64
 	lastOff, lastLen int64
+	seqBytes         int64
 }
 
 var (
@@ -123,17 +123,17 @@ func (f *fileHandle) dropBehind(off, n int64) {
 		return
 	}
 	f.seqMu.Lock()
-	if off != f.seqEnd {
+	inSeq := f.lastLen > 0 && off == f.lastOff+f.lastLen
+	if !inSeq {
 		f.seqBytes = 0
 	}
-	f.seqEnd, f.seqBytes = off+n, f.seqBytes+n
-	seq := f.seqBytes
+	before := f.seqBytes // bytes of the run before this write
 	dropOff, dropLen := f.lastOff, f.lastLen
-	f.lastOff, f.lastLen = off, n
+	f.lastOff, f.lastLen, f.seqBytes = off, n, f.seqBytes+n
 	f.seqMu.Unlock()
-	// The write before this one is dropped if it was in sequence and began
-	// at least limit bytes into the run.
-	if dropLen == 0 || dropOff+dropLen != off || seq-n-dropLen < limit {
+	// The write before this one is dropped if this one follows it and it
+	// began at least limit bytes into the run.
+	if !inSeq || before-dropLen < limit {
 		return
 	}
 	fsys := f.fsys
