@@ -742,3 +742,42 @@ func TestLeaseCacheBounded(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestCloseDuringReplies closes clients while replies are arriving: the
+// transport's reader completes a receive and reposts it on the client's
+// behalf, and Close, which waits for that reader, must not hold what the
+// repost needs (it did, and a run of the suite hung for 26 minutes).
+func TestCloseDuringReplies(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{})
+	env := chunktest.NewClientEnv(t, 1<<20)
+	for i := range 200 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, err := client.Dial(ctx, env.Dev, env.PD, s.Addr(), client.Options{Secret: s.Secret})
+		if err != nil {
+			cancel()
+			t.Fatalf("dial %d: %v", i, err)
+		}
+		var callers sync.WaitGroup
+		for range 4 {
+			callers.Add(1)
+			go func() {
+				defer callers.Done()
+				for {
+					if _, err := c.Stat(ctx, chunk.Key{Chunk: 7, Version: 1}); errors.Is(err, client.ErrClosed) || ctx.Err() != nil {
+						return
+					}
+				}
+			}()
+		}
+		time.Sleep(time.Duration(i%5) * 100 * time.Microsecond)
+		closed := make(chan struct{})
+		go func() { c.Close(); close(closed) }()
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: Close still waiting after 10 s", i)
+		}
+		callers.Wait()
+		cancel()
+	}
+}

@@ -104,7 +104,8 @@ type Client struct {
 
 	opPool sync.Pool // *op, reused so that reads and writes do not allocate
 	// qpMu guards posting against Close: posts hold it shared and check
-	// qpClosed, Close holds it exclusively while it destroys the queue pair.
+	// qpClosed, Close sets qpClosed holding it exclusively (and only then
+	// closes the queue pair, without it).
 	qpMu     sync.RWMutex
 	qpClosed bool
 	pollMu   sync.Mutex              // serializes polling the completion queue
@@ -240,10 +241,14 @@ func (c *Client) Err() error {
 // Close disconnects. Outstanding calls fail with ErrClosed.
 func (c *Client) Close() error {
 	c.failAll(ErrClosed)
+	// No post starts once qpClosed is set; the queue pair is closed after the
+	// lock is released, because closing waits for the transport's reader,
+	// which may be completing a receive in handleEvents and reposting it
+	// (postRecv takes qpMu): holding the lock across Close deadlocked them.
 	c.qpMu.Lock()
 	c.qpClosed = true
-	c.qp.Close()
 	c.qpMu.Unlock()
+	c.qp.Close()
 	c.closeOnce2.Do(func() { close(c.closing) })
 	<-c.pollDone
 	c.release()
@@ -461,7 +466,17 @@ func (c *Client) Do(ctx context.Context, reqs []proto.Request) ([]proto.Reply, e
 		return nil, ctx.Err()
 	}
 	id := c.next.Add(1)
+	// The message memory is freed by Close: it is written only under qpMu,
+	// once Close has not begun.
+	c.qpMu.RLock()
+	if c.qpClosed {
+		c.qpMu.RUnlock()
+		c.slots <- slot
+		return nil, ErrClosed
+	}
 	n, err := proto.EncodeRequests(c.msgBytes(slot), id, reqs)
+	sge := [1]rdma.SGE{c.msgSGE(slot)}
+	c.qpMu.RUnlock()
 	if err != nil {
 		c.slots <- slot
 		return nil, fmt.Errorf("chunkserver client: %w", err)
@@ -475,7 +490,6 @@ func (c *Client) Do(ctx context.Context, reqs []proto.Request) ([]proto.Reply, e
 	}
 	c.calls[id] = cl
 	c.mu.Unlock()
-	sge := [1]rdma.SGE{c.msgSGE(slot)}
 	sge[0].Length = uint32(n)
 	wr := [1]rdma.SendWR{{ID: sendTag | id, Opcode: rdma.OpSend, Flags: rdma.SendSignaled, SGL: sge[:]}}
 	if err := c.post(ctx, wr[:]); err != nil {
