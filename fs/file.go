@@ -86,12 +86,51 @@ func (f *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	if e != 0 {
 		return nil, e
 	}
+	if ip, ok := d.(inPlaceReader); ok {
+		b, rel, err := ip.ReadInPlace(ctx, f.ino, dest, off)
+		if err != nil {
+			return nil, errno(err)
+		}
+		r := &inPlaceResult{rel: rel}
+		r.data[0] = b
+		return r, 0
+	}
 	n, err := d.Read(ctx, f.ino, dest, off)
 	if err != nil {
 		return nil, errno(err)
 	}
 	return fuse.ReadResultData(dest[:n]), 0
 }
+
+// inPlaceReader is a Data that can answer a read with bytes where they
+// already are in its own memory (fileio.Engine does for stripes it read
+// ahead), saving a copy into the reply buffer.
+type inPlaceReader interface {
+	// ReadInPlace reads like Read but returns the bytes, either p[:n] or
+	// memory of its own, which stay valid until release.Release.
+	ReadInPlace(ctx context.Context, ino uint64, p []byte, off int64) ([]byte, interface{ Release() }, error)
+}
+
+// inPlaceResult is a read reply whose bytes go to the kernel straight from
+// where the Data keeps them: go-fuse writes a result that has Slices with
+// writev and calls Done after the write, which releases the bytes.
+type inPlaceResult struct {
+	data [1][]byte
+	rel  interface{ Release() }
+}
+
+// Bytes implements fuse.ReadResult.
+func (r *inPlaceResult) Bytes(buf []byte) ([]byte, fuse.Status) { return r.data[0], fuse.OK }
+
+// Size implements fuse.ReadResult.
+func (r *inPlaceResult) Size() int { return len(r.data[0]) }
+
+// Done implements fuse.ReadResult.
+func (r *inPlaceResult) Done() { r.rel.Release() }
+
+// Slices makes go-fuse write the bytes with writev, without copying them,
+// and keep them until Done.
+func (r *inPlaceResult) Slices() ([][]byte, fuse.Status) { return r.data[:], fuse.OK }
 
 // Write implements gofs.FileWriter.
 func (f *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {

@@ -356,26 +356,56 @@ func (e *Engine) fetch(ctx context.Context, f *file, first, count uint64) error 
 // read: the RDMA reads run without it, so the kernel's parallel readahead
 // requests proceed in parallel.
 func (e *Engine) Read(ctx context.Context, ino uint64, p []byte, off int64) (int, error) {
+	n, _, _, err := e.read(ctx, ino, p, off, false)
+	return n, err
+}
+
+// ReadInPlace reads like Read, except that when the whole range lies in one
+// stripe already read ahead it returns those bytes where they are, in the
+// engine's registered memory, instead of copying them into p: a sequential
+// reader's data then crosses memory once less. The returned bytes are either
+// p[:n] or that memory, and stay valid until release.Release is called, which
+// must be called exactly once. A short count means end of file.
+func (e *Engine) ReadInPlace(ctx context.Context, ino uint64, p []byte, off int64) ([]byte, interface{ Release() }, error) {
+	n, view, pf, err := e.read(ctx, ino, p, off, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	if pf != nil {
+		return view, pf, nil
+	}
+	return p[:n], noRelease{}, nil
+}
+
+// noRelease is the release of bytes that live in the caller's buffer.
+type noRelease struct{}
+
+func (noRelease) Release() {}
+
+// read is Read and, with inPlace, ReadInPlace: when the range is one piece of
+// a stripe read ahead, it returns that stripe's bytes (view) and the reference
+// that keeps them (pf) instead of copying.
+func (e *Engine) read(ctx context.Context, ino uint64, p []byte, off int64, inPlace bool) (n int, view []byte, pf *prefetch, err error) {
 	if len(p) == 0 {
-		return 0, nil
+		return 0, nil, nil, nil
 	}
 	f := e.file(ino)
 	f.mu.Lock()
 	if err := e.fetch(ctx, f, 0, 0); err != nil {
 		f.mu.Unlock()
-		return 0, err
+		return 0, nil, nil, err
 	}
 	lay := f.lay
 	ss := lay.stripeSize()
 	end := min(off+int64(len(p)), f.size)
 	if off >= end {
 		f.mu.Unlock()
-		return 0, nil
+		return 0, nil, nil, nil
 	}
 	first, last := uint64(off/ss), uint64((end-1)/ss)
 	if err := e.fetch(ctx, f, first, last-first+1); err != nil {
 		f.mu.Unlock()
-		return 0, err
+		return 0, nil, nil, err
 	}
 	end = min(end, f.size)
 	type piece struct {
@@ -399,7 +429,7 @@ func (e *Engine) Read(ctx context.Context, ino uint64, p []byte, off int64) (int
 					}
 				}
 				f.mu.Unlock()
-				return 0, err
+				return 0, nil, nil, err
 			}
 		} else {
 			d = f.flushing[s]
@@ -413,7 +443,17 @@ func (e *Engine) Read(ctx context.Context, ino uint64, p []byte, off int64) (int
 	}
 	e.readaheadLocked(ctx, f, off, end)
 	f.mu.Unlock()
-	var err error
+	if inPlace && len(pieces) == 1 && pieces[0].pf != nil && len(pieces[0].dst) == int(end-off) {
+		pc := pieces[0]
+		view, err := e.prefetchedView(ctx, pc.pf, pc.so, len(pc.dst))
+		if err != nil {
+			e.unref(pc.pf)
+			return 0, nil, nil, err
+		}
+		if view != nil {
+			return len(view), view, pc.pf, nil
+		}
+	}
 	for _, pc := range pieces {
 		if err != nil {
 			if pc.pf != nil {
@@ -431,9 +471,9 @@ func (e *Engine) Read(ctx context.Context, ino uint64, p []byte, off int64) (int
 		}
 	}
 	if err != nil {
-		return 0, err
+		return 0, nil, nil, err
 	}
-	return int(end - off), nil
+	return int(end - off), nil, nil, nil
 }
 
 // readCommitted reads [so, so+len(dst)) of a committed stripe into dst; bytes

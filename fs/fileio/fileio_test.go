@@ -2,6 +2,7 @@ package fileio_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -714,5 +715,81 @@ func TestAppendAcrossAttrTimeout(t *testing.T) {
 	got, err := os.ReadFile(p)
 	if err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("read back: %v, %d bytes, want %d, or they differ", err, len(got), len(want))
+	}
+}
+
+// TestReadInPlace reads files sequentially through ReadInPlace, as the mount
+// answers the kernel's reads: reads served from stripes read ahead return
+// those bytes in place, equal to the file's, and they stay intact while held
+// even after the reader has moved on and the stripe left the cache. Releasing
+// them returns the memory: with readahead memory for 8 stripes, ten files read
+// one after another all keep being read ahead (a leaked reference would use it
+// up within a few).
+func TestReadInPlace(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{MemBytes: 8 << 20})
+	other, _ := c.Mount(t)
+	const stripe = 4 * 64 << 10
+	ctx := context.Background()
+	p := make([]byte, 64<<10)
+	for i := range 10 {
+		name := fmt.Sprintf("f%d", i)
+		data := random(12*stripe+777, uint64(100+i))
+		if err := os.WriteFile(filepath.Join(other, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		st, err := os.Stat(filepath.Join(c.Dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ino := st.Sys().(*syscall.Stat_t).Ino
+		var (
+			held     []byte // the first in-place view, kept to the end
+			heldOff  int64
+			heldRel  interface{ Release() }
+			inPlace  int
+			off      int64
+			previous interface{ Release() } // released after the next read, as replies overlap
+		)
+		for off < int64(len(data)) {
+			b, rel, err := c.Engine.ReadInPlace(ctx, ino, p, off)
+			if err != nil {
+				t.Fatalf("%s: read at %d: %v", name, off, err)
+			}
+			if len(b) == 0 {
+				t.Fatalf("%s: read at %d returned nothing before the end (%d)", name, off, len(data))
+			}
+			if !bytes.Equal(b, data[off:off+int64(len(b))]) {
+				t.Fatalf("%s: read at %d: bytes differ from the file's", name, off)
+			}
+			if unsafe.SliceData(b) != unsafe.SliceData(p) {
+				inPlace++
+				if held == nil {
+					held, heldOff, heldRel = b, off, rel
+					off += int64(len(b))
+					continue
+				}
+			}
+			if previous != nil {
+				previous.Release()
+			}
+			previous = rel
+			off += int64(len(b))
+		}
+		if previous != nil {
+			previous.Release()
+		}
+		if b, rel, err := c.Engine.ReadInPlace(ctx, ino, p, off); err != nil || len(b) != 0 {
+			t.Fatalf("%s: read at the end: %d bytes, %v", name, len(b), err)
+		} else {
+			rel.Release()
+		}
+		if inPlace == 0 {
+			t.Fatalf("%s: no read was served in place (readahead stripes %d, hits %d)", name,
+				c.Engine.Stats().ReadaheadStripes.Load(), c.Engine.Stats().ReadaheadHits.Load())
+		}
+		if !bytes.Equal(held, data[heldOff:heldOff+int64(len(held))]) {
+			t.Fatalf("%s: the bytes held from offset %d changed before they were released", name, heldOff)
+		}
+		heldRel.Release()
 	}
 }

@@ -29,6 +29,7 @@ import (
 // prefetch is one stripe's data fetched ahead of the reader. Its buffer holds
 // the stripe's data shards at their unit offsets, laid out as in the file.
 type prefetch struct {
+	e       *Engine
 	f       *file
 	stripe  uint64
 	version uint64
@@ -157,7 +158,7 @@ func (e *Engine) startPrefetchLocked(f *file, s uint64, si *metapb.StripeInfo) b
 		}
 	}
 	e.ra.used.Add(int64(len(buf.b)))
-	pf := &prefetch{f: f, stripe: s, version: si.Version, length: int64(si.Length), buf: buf, done: make(chan struct{})}
+	pf := &prefetch{e: e, f: f, stripe: s, version: si.Version, length: int64(si.Length), buf: buf, done: make(chan struct{})}
 	pf.refs.Store(2) // the cache's and the fetch's
 	f.cache[s] = pf
 	e.ra.mu.Lock()
@@ -235,6 +236,27 @@ func (e *Engine) fetchStripe(pf *prefetch, lay layout, si *metapb.StripeInfo) {
 		}
 	}
 }
+
+// prefetchedView waits for pf and returns its bytes [so, so+n), or nil when
+// they cannot be served in place (the fetch failed, or the range runs past
+// the stripe's data, whose rest reads as zeros): the caller then copies or
+// reads them. The caller's reference to pf stays with it either way.
+func (e *Engine) prefetchedView(ctx context.Context, pf *prefetch, so int64, n int) ([]byte, error) {
+	select {
+	case <-pf.done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if pf.err != nil || so+int64(n) > pf.length {
+		return nil, nil
+	}
+	e.stats.ReadaheadHits.Add(1)
+	return pf.buf.b[so : so+int64(n) : so+int64(n)], nil
+}
+
+// Release drops a reader's reference to pf, taken for bytes ReadInPlace
+// handed out.
+func (pf *prefetch) Release() { pf.e.unref(pf) }
 
 // copyPrefetched waits for pf and copies [so, so+len(dst)) of its stripe into
 // dst; it reports false if the fetch failed (the caller reads it itself).
