@@ -501,7 +501,7 @@ func (e *Engine) readCommitted(ctx context.Context, ino uint64, lay layout, si *
 		sh := si.Shards[shard]
 		c, err := e.conns.get(ctx, sh.Address)
 		if err == nil {
-			_, err = c.ReadAt(ctx, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, int(soff), []rdma.SGE{tmp.sge(int(done), int(l))})
+			_, err = c.ReadAt(ctx, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, int(soff), tmp.sgl(int(done), int(l)))
 		}
 		if err != nil {
 			e.log.Warn("fileio: shard read failed, reconstructing", "ino", ino, "stripe", si.Stripe, "shard", shard, "server", sh.Address, "err", err)

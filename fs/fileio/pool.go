@@ -29,6 +29,7 @@ type buffer struct {
 	p   *pool
 	off int
 	b   []byte
+	one [1]rdma.SGE // backs sgl
 }
 
 const poolAlign = 4096
@@ -131,4 +132,12 @@ func (p *pool) put(b *buffer) {
 // sge returns the SGE for [off, off+n) of the buffer.
 func (b *buffer) sge(off, n int) rdma.SGE {
 	return rdma.SGE{Addr: b.p.mr.Addr() + uint64(b.off+off), Length: uint32(n), LKey: b.p.mr.LKey()}
+}
+
+// sgl returns a one-entry scatter-gather list of [off, off+n) of b, stored in
+// b so that a read in a loop allocates nothing: it is valid until the next
+// call, so only one operation at a time may use it.
+func (b *buffer) sgl(off, n int) []rdma.SGE {
+	b.one[0] = b.sge(off, n)
+	return b.one[:]
 }
