@@ -91,6 +91,9 @@ func (f *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 		if err != nil {
 			return nil, errno(err)
 		}
+		if rel == nil {
+			return fuse.ReadResultData(b), 0
+		}
 		r := &inPlaceResult{rel: rel}
 		r.data[0] = b
 		return r, 0
@@ -106,8 +109,8 @@ func (f *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 // already are in its own memory (fileio.Engine does for stripes it read
 // ahead), saving a copy into the reply buffer.
 type inPlaceReader interface {
-	// ReadInPlace reads like Read but returns the bytes, either p[:n] or
-	// memory of its own, which stay valid until release.Release.
+	// ReadInPlace reads like Read but returns the bytes: p[:n] with a nil
+	// release, or memory of its own that stays valid until release.Release.
 	ReadInPlace(ctx context.Context, ino uint64, p []byte, off int64) ([]byte, interface{ Release() }, error)
 }
 

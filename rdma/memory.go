@@ -60,12 +60,12 @@ func AllocMemory(name string, size int) (*Memory, error) {
 // kernel and guest user mode would explain it; we measured only the effect).
 // The software transports have the kernel copy between sockets and these
 // pages (recv straight into a region, writev out of one); chunkd and the
-// client read and write them from Go
-// (checksums, erasure coding). Measured there, socket reads into 512 MiB
-// allocated 2 s earlier: 525-740 MiB/s after a user-space touch or memset
-// alone, 5.2-5.8 GiB/s after a read from /dev/zero; during a sequential
-// write chunkd spent a quarter of the machine in the receive copy with the
-// user touch alone, and as much in checksumming with the kernel's alone.
+// client read and write them from Go (checksums, erasure coding). Measured
+// there, socket reads into 512 MiB allocated 2 s earlier: 525-740 MiB/s after
+// a user-space touch or memset alone, 5.2-5.8 GiB/s after a read from
+// /dev/zero; during a sequential write chunkd spent a quarter of the machine
+// in the receive copy with the user touch alone, and as much in checksumming
+// with the kernel's alone.
 func prefault(buf []byte, page int) {
 	zero, err := unix.Open("/dev/zero", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err == nil {

@@ -363,24 +363,20 @@ func (e *Engine) Read(ctx context.Context, ino uint64, p []byte, off int64) (int
 // ReadInPlace reads like Read, except that when the whole range lies in one
 // stripe already read ahead it returns those bytes where they are, in the
 // engine's registered memory, instead of copying them into p: a sequential
-// reader's data then crosses memory once less. The returned bytes are either
-// p[:n] or that memory, and stay valid until release.Release is called, which
-// must be called exactly once. A short count means end of file.
+// reader's data then crosses memory once less. Such bytes stay valid until
+// release.Release is called, which must be called exactly once; release is nil
+// when the bytes are p[:n]. A short count means end of file.
 func (e *Engine) ReadInPlace(ctx context.Context, ino uint64, p []byte, off int64) ([]byte, interface{ Release() }, error) {
 	n, view, pf, err := e.read(ctx, ino, p, off, true)
-	if err != nil {
+	switch {
+	case err != nil:
 		return nil, nil, err
-	}
-	if pf != nil {
+	case pf != nil:
 		return view, pf, nil
+	default:
+		return p[:n], nil, nil
 	}
-	return p[:n], noRelease{}, nil
 }
-
-// noRelease is the release of bytes that live in the caller's buffer.
-type noRelease struct{}
-
-func (noRelease) Release() {}
 
 // read is Read and, with inPlace, ReadInPlace: when the range is one piece of
 // a stripe read ahead, it returns that stripe's bytes (view) and the reference

@@ -761,7 +761,11 @@ func TestReadInPlace(t *testing.T) {
 			if !bytes.Equal(b, data[off:off+int64(len(b))]) {
 				t.Fatalf("%s: read at %d: bytes differ from the file's", name, off)
 			}
-			if unsafe.SliceData(b) != unsafe.SliceData(p) {
+			if (unsafe.SliceData(b) != unsafe.SliceData(p)) != (rel != nil) {
+				t.Fatalf("%s: read at %d: in place %v, release %v: want a release exactly for bytes in place", name, off,
+					unsafe.SliceData(b) != unsafe.SliceData(p), rel)
+			}
+			if rel != nil {
 				inPlace++
 				if held == nil {
 					held, heldOff, heldRel = b, off, rel
@@ -778,10 +782,8 @@ func TestReadInPlace(t *testing.T) {
 		if previous != nil {
 			previous.Release()
 		}
-		if b, rel, err := c.Engine.ReadInPlace(ctx, ino, p, off); err != nil || len(b) != 0 {
-			t.Fatalf("%s: read at the end: %d bytes, %v", name, len(b), err)
-		} else {
-			rel.Release()
+		if b, rel, err := c.Engine.ReadInPlace(ctx, ino, p, off); err != nil || len(b) != 0 || rel != nil {
+			t.Fatalf("%s: read at the end: %d bytes, release %v, %v", name, len(b), rel, err)
 		}
 		if inPlace == 0 {
 			t.Fatalf("%s: no read was served in place (readahead stripes %d, hits %d)", name,
