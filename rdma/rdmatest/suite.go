@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
 
@@ -34,6 +35,8 @@ func Run(t *testing.T, open OpenFunc, opts Options) {
 		{"PrivateDataAndReject", testPrivateData},
 		{"SharedCQ", testSharedCQ},
 		{"Soak", testSoak},
+		{"SoakFromAcceptor", testSoakFromAcceptor},
+		{"ManyPairsBothWays", testManyPairs},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, open, opts) })
@@ -704,9 +707,26 @@ func testSharedCQ(t *testing.T, open OpenFunc, _ Options) {
 
 // testSoak runs 10,000 random operations in both directions and checks every byte
 // against a model of both memories.
+const soakSize = 256 << 10
+
+// testSoak runs soak with the connecting end as the initiator.
 func testSoak(t *testing.T, open OpenFunc, _ Options) {
-	const size = 256 << 10
-	a, b := Pair(t, open, PairConfig{MemSize: 2 * size, Attr: rdma.QPAttr{MaxSendWR: 64, MaxRecvWR: 64}})
+	a, b := Pair(t, open, PairConfig{MemSize: 2 * soakSize, Attr: rdma.QPAttr{MaxSendWR: 64, MaxRecvWR: 64}})
+	soak(t, a, b)
+}
+
+// testSoakFromAcceptor runs soak with the accepting end as the initiator: a
+// transport may run the two ends of a connection differently (the stream
+// transports read an accepted connection on a thread of its own).
+func testSoakFromAcceptor(t *testing.T, open OpenFunc, _ Options) {
+	a, b := Pair(t, open, PairConfig{MemSize: 2 * soakSize, Attr: rdma.QPAttr{MaxSendWR: 64, MaxRecvWR: 64}})
+	soak(t, b, a)
+}
+
+// soak runs random batches of WRITEs, READs and SENDs from a to b against a
+// model of b's memory.
+func soak(t *testing.T, a, b *End) {
+	const size = soakSize
 	// Each side's memory: [0, size) is the data the peer reads and writes, modelled;
 	// [size, 2*size) is local scratch for sources and sinks.
 	fill(a.Bytes(), 100)
@@ -771,5 +791,67 @@ func testSoak(t *testing.T, open OpenFunc, _ Options) {
 	}
 	if !bytes.Equal(b.Bytes()[:size], modelB) {
 		t.Fatal(fmt.Sprintf("after %d operations the target memory differs from the model", ops))
+	}
+}
+
+// testManyPairs keeps more queue pairs busy than the Go scheduler has
+// processors, with RDMA_READs in both directions of every pair at once, and
+// checks every byte read. A transport that parks a thread per connection must
+// not starve any of them.
+func testManyPairs(t *testing.T, open OpenFunc, _ Options) {
+	const (
+		data   = 64 << 10 // each end's memory [0, data) is what the peer reads
+		chunk  = 4 << 10
+		rounds = 200
+	)
+	pairs := 2*runtime.GOMAXPROCS(0) + 2
+	if testing.Short() {
+		pairs = runtime.GOMAXPROCS(0) + 1
+	}
+	type job struct{ from, to *End }
+	var jobs []job
+	for i := 0; i < pairs; i++ {
+		a, b := Pair(t, open, PairConfig{MemSize: 2 * data})
+		fill(a.Bytes()[:data], uint64(2*i+1))
+		fill(b.Bytes()[:data], uint64(2*i+2))
+		jobs = append(jobs, job{a, b}, job{b, a})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errc := make(chan error, len(jobs))
+	for j, jb := range jobs {
+		go func() {
+			r := rand.New(rand.NewPCG(uint64(j), 7))
+			wcs := make([]rdma.WorkCompletion, 1)
+			for i := 0; i < rounds; i++ {
+				remote := r.IntN(data - chunk)
+				sink := data + r.IntN(data-chunk)
+				wr := rdma.SendWR{ID: uint64(i), Opcode: rdma.OpRDMARead, Flags: rdma.SendSignaled, SGL: []rdma.SGE{jb.from.SGE(sink, chunk)}, RemoteAddr: jb.to.Addr(remote), RKey: jb.to.MR.RKey()}
+				if err := jb.from.QP.PostSend([]rdma.SendWR{wr}); err != nil {
+					errc <- fmt.Errorf("job %d round %d: post: %w", j, i, err)
+					return
+				}
+				for jb.from.SCQ.Poll(wcs) == 0 {
+					if err := jb.from.SCQ.Wait(ctx); err != nil {
+						errc <- fmt.Errorf("job %d round %d: waiting for the READ: %w", j, i, err)
+						return
+					}
+				}
+				if wcs[0].Status != rdma.WCSuccess || wcs[0].ID != uint64(i) {
+					errc <- fmt.Errorf("job %d round %d: completion %+v", j, i, wcs[0])
+					return
+				}
+				if !bytes.Equal(jb.from.Bytes()[sink:sink+chunk], jb.to.Bytes()[remote:remote+chunk]) {
+					errc <- fmt.Errorf("job %d round %d: READ of [%d,+%d) returned other bytes", j, i, remote, chunk)
+					return
+				}
+			}
+			errc <- nil
+		}()
+	}
+	for range jobs {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -212,7 +212,7 @@ func (d *Device) Connect(ctx context.Context, qp rdma.QueuePair, addr string, pr
 		return nil, fmt.Errorf("rdma: connect %s: %w: unexpected handshake kind %d", addr, errBadFrame, reply.kind)
 	}
 	conn.SetDeadline(time.Time{})
-	if err := q.start(conn, time.Duration(reply.rnrTimeoutMS)*time.Millisecond); err != nil {
+	if err := q.start(conn, time.Duration(reply.rnrTimeoutMS)*time.Millisecond, false); err != nil {
 		conn.Close()
 		return nil, err
 	}
@@ -398,7 +398,7 @@ func (r *connRequest) Accept(qp rdma.QueuePair, privateData []byte) error {
 		return fmt.Errorf("rdma: accept %s: %w", r.RemoteAddr(), err)
 	}
 	r.conn.SetWriteDeadline(time.Time{})
-	return q.start(r.conn, time.Duration(r.hello.rnrTimeoutMS)*time.Millisecond)
+	return q.start(r.conn, time.Duration(r.hello.rnrTimeoutMS)*time.Millisecond, true)
 }
 
 // Reject implements rdma.ConnRequest.

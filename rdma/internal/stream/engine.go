@@ -61,13 +61,20 @@ func (q *queuePair) push(blocking bool) bool {
 			return true
 		}
 		var err error
-		if blocking {
+		switch {
+		case blocking && q.fd < 0:
 			q.wBufs = q.wIOV
 			_, err = q.wBufs.WriteTo(q.conn)
 			q.wIOV = q.wIOV[:0]
-		} else {
+		case blocking:
+			for len(q.wIOV) > 0 && err == nil {
+				var n int
+				n, err = q.writevOnce(true)
+				q.wIOV = trimIOV(q.wIOV, n)
+			}
+		default:
 			var n int
-			n, err = q.writevOnce()
+			n, err = q.writevOnce(false)
 			q.wIOV = trimIOV(q.wIOV, n)
 		}
 		if err != nil {

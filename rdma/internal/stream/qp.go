@@ -93,6 +93,8 @@ type queuePair struct {
 	wHdrs    []byte    // arena of the current batch's headers
 	wBufs    net.Buffers
 	raw      syscall.RawConn
+	fd       int         // the detached socket, or -1 when it is read through the poller
+	msg      unix.Msghdr // sendmsg's header, for a detached socket
 	iovecs   []unix.Iovec
 	wn       int
 	werr     error
@@ -134,6 +136,7 @@ func (d *Device) newQP(pd *soft.PD, attr rdma.QPAttr) (rdma.QueuePair, error) {
 		kick:         make(chan struct{}, 1),
 		done:         make(chan struct{}),
 		disconnected: make(chan struct{}),
+		fd:           -1,
 	}
 	for i := range q.sq {
 		q.sq[i].segs = make([][]byte, 0, attr.MaxSGE)
@@ -166,8 +169,10 @@ func (q *queuePair) RemoteAddr() string {
 // Disconnected implements rdma.QueuePair.
 func (q *queuePair) Disconnected() <-chan struct{} { return q.disconnected }
 
-// start moves a connected queue pair to RTS and starts its engine.
-func (q *queuePair) start(conn net.Conn, peerRNR time.Duration) error {
+// start moves a connected queue pair to RTS and starts its engine. With
+// detach, the socket leaves the network poller and the reader sleeps in
+// read(2) on a thread of its own (see sock.go); conn is then closed.
+func (q *queuePair) start(conn net.Conn, peerRNR time.Duration, detach bool) error {
 	q.mu.Lock()
 	if q.state != rdma.QPStateInit {
 		q.mu.Unlock()
@@ -183,13 +188,27 @@ func (q *queuePair) start(conn net.Conn, peerRNR time.Duration) error {
 		q.mu.Unlock()
 		return fmt.Errorf("rdma: connection descriptor: %w", err)
 	}
-	q.raw = raw
-	q.writevFn = q.writev
-	q.conn, q.remote, q.peerRNR = conn, conn.RemoteAddr().String(), peerRNR
+	q.remote = conn.RemoteAddr().String()
+	if detach {
+		fd, err := detachSocket(raw)
+		if err != nil {
+			q.mu.Unlock()
+			return err
+		}
+		conn.Close()
+		q.fd = fd
+	} else {
+		q.raw = raw
+		q.writevFn = q.writev
+		q.conn = conn
+	}
+	q.peerRNR = peerRNR
 	q.state = rdma.QPStateRTS
 	q.running.Store(2)
 	q.mu.Unlock()
-	go q.readLoop(newFrameReader(raw, &q.progress, q.notifyCQs))
+	rd := newFrameReader(q.raw, &q.progress, q.notifyCQs)
+	rd.fd = q.fd
+	go q.readLoop(rd)
 	go q.writeLoop()
 	go q.watchdog()
 	return nil
@@ -461,7 +480,11 @@ func (q *queuePair) exit() {
 		q.teardownLocked()
 		q.mu.Unlock()
 		q.wmu.Unlock()
-		q.conn.Close()
+		if q.fd >= 0 {
+			unix.Close(q.fd)
+		} else {
+			q.conn.Close()
+		}
 	}
 }
 
@@ -471,6 +494,10 @@ func (q *queuePair) exit() {
 // wait, under the caller's locks, for the reader to leave its read callback,
 // where it may be delivering completions to a handler that needs those locks.
 func (q *queuePair) shutdownConn() {
+	if q.fd >= 0 {
+		unix.Shutdown(q.fd, unix.SHUT_RDWR)
+		return
+	}
 	q.raw.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) })
 }
 

@@ -2,8 +2,10 @@ package stream
 
 import (
 	"io"
+	"runtime"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -27,6 +29,7 @@ const directThreshold = 8 << 10
 // responses wake a waiter once rather than once per read.
 type frameReader struct {
 	raw      syscall.RawConn
+	fd       int // a detached socket read with blocking reads (sock.go), or -1
 	buf      []byte
 	r, w     int
 	progress *atomic.Uint64 // counts reads, for the retry watchdog
@@ -40,6 +43,10 @@ type frameReader struct {
 	n      int
 	err    error
 	readFn func(fd uintptr) bool
+
+	// yielded is when a reader of a detached socket last passed through the
+	// scheduler (see yieldEvery).
+	yielded time.Time
 
 	// lowat is the socket's SO_RCVLOWAT: 1, or raised while a large
 	// payload arrives so that the reader is woken once per lowat bytes
@@ -57,12 +64,23 @@ const (
 	// reads before it delivers completion notifications anyway.
 	idleBytes = 256 << 10
 
+	// yieldEvery is how often a reader of a detached socket, which never
+	// parks, passes through the scheduler. The runtime's monitor takes a
+	// goroutine that the scheduler has not switched for 10 ms for one that
+	// hogs its processor: it interrupts the thread with a signal and takes
+	// its processor away, and then polls every 20 µs for a millisecond. With
+	// the reader asleep in read(2) most of that time, that cost a chunkd
+	// about one nanosleep per request under a 4 KiB random-read load. A
+	// yield is not free either (it wakes an idle thread): every millisecond,
+	// yields took 13% of a chunkd's CPU in that load.
+	yieldEvery = 5 * time.Millisecond
+
 	lowatMin = 128 << 10
 	lowatMax = 512 << 10
 )
 
 func newFrameReader(raw syscall.RawConn, progress *atomic.Uint64, idle func()) *frameReader {
-	rd := &frameReader{raw: raw, buf: make([]byte, 64<<10), progress: progress, idle: idle, lowat: 1}
+	rd := &frameReader{raw: raw, fd: -1, buf: make([]byte, 64<<10), progress: progress, idle: idle, lowat: 1}
 	rd.readFn = rd.tryRead
 	return rd
 }
@@ -70,6 +88,9 @@ func newFrameReader(raw syscall.RawConn, progress *atomic.Uint64, idle func()) *
 // read reads into p like net.Conn.Read: at least one byte, or an error. want
 // is how many bytes the stream is known to hold for the reader (at least 1).
 func (rd *frameReader) read(p []byte, want int) (int, error) {
+	if rd.fd >= 0 {
+		return rd.readDetached(p, want)
+	}
 	rd.p, rd.want, rd.n, rd.err = p, want, 0, nil
 	err := rd.raw.Read(rd.readFn)
 	rd.p = nil
@@ -78,6 +99,35 @@ func (rd *frameReader) read(p []byte, want int) (int, error) {
 		return 0, err
 	}
 	return rd.n, rd.err
+}
+
+// readDetached is read for a detached socket: one read(2) that sleeps until
+// input arrives. The reader cannot tell beforehand whether it will sleep, so
+// it delivers completion notifications before every read, which still wakes a
+// waiter once per burst of responses that one read brought in.
+func (rd *frameReader) readDetached(p []byte, want int) (int, error) {
+	rd.want = want
+	if rd.idle != nil {
+		rd.idle()
+	}
+	if now := time.Now(); now.Sub(rd.yielded) >= yieldEvery {
+		rd.yielded = now
+		runtime.Gosched()
+	}
+	rd.setLowat(rd.fd)
+	for {
+		n, err := readBlocking(rd.fd, p)
+		rd.progress.Add(1)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return 0, err
+		case n == 0:
+			return 0, io.EOF
+		}
+		return n, nil
+	}
 }
 
 // tryRead is the RawConn callback of read: one non-blocking read(2). It reports

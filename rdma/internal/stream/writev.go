@@ -8,9 +8,10 @@ import (
 
 // writevOnce makes one non-blocking writev of q.wIOV (at most IOV_MAX entries) and
 // returns the bytes written; a socket that would block writes 0 without error.
-// The caller holds q.wmu. Nothing is allocated: the iovec array and the callback
-// live in the queue pair.
-func (q *queuePair) writevOnce() (int, error) {
+// On a detached socket (q.fd >= 0) wait makes it sleep until the socket takes
+// the bytes instead. The caller holds q.wmu. Nothing is allocated: the iovec
+// array, the message header and the callback live in the queue pair.
+func (q *queuePair) writevOnce(wait bool) (int, error) {
 	iov := q.iovecs[:0]
 	for _, b := range q.wIOV {
 		if len(b) == 0 {
@@ -24,6 +25,11 @@ func (q *queuePair) writevOnce() (int, error) {
 	q.iovecs = iov
 	if len(iov) == 0 {
 		return 0, nil
+	}
+	if q.fd >= 0 {
+		n, err := sendmsg(q.fd, &q.msg, iov, wait)
+		clear(iov)
+		return n, err
 	}
 	q.wn, q.werr = 0, nil
 	err := q.raw.Write(q.writevFn)
