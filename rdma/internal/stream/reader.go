@@ -101,12 +101,18 @@ func (rd *frameReader) read(p []byte, want int) (int, error) {
 	return rd.n, rd.err
 }
 
-// readDetached is read for a detached socket: one read(2) that sleeps until
+// readDetached is read for a detached socket: one recv(2) that sleeps until
 // input arrives. The reader cannot tell beforehand whether it will sleep, so
 // it delivers completion notifications before every read, which still wakes a
 // waiter once per burst of responses that one read brought in.
+//
+// A read of bytes the stream owes in full (a payload read straight into its
+// destination) waits for all of them (MSG_WAITALL): one system call per
+// payload. The receive low-water mark is not used here: a reader asleep in
+// recv(2) that has already copied part of its target is woken only once the
+// socket holds a whole low-water mark more, which the peer's window may never
+// allow (seen: 1 MiB RDMA_WRITEs stalled for seconds).
 func (rd *frameReader) readDetached(p []byte, want int) (int, error) {
-	rd.want = want
 	if rd.idle != nil {
 		rd.idle()
 	}
@@ -114,9 +120,8 @@ func (rd *frameReader) readDetached(p []byte, want int) (int, error) {
 		rd.yielded = now
 		runtime.Gosched()
 	}
-	rd.setLowat(rd.fd)
 	for {
-		n, err := readBlocking(rd.fd, p)
+		n, err := recvBlocking(rd.fd, p, want >= len(p))
 		rd.progress.Add(1)
 		switch {
 		case err == unix.EINTR:

@@ -53,10 +53,15 @@ func detachSocket(raw syscall.RawConn) (int, error) {
 	return fd, nil
 }
 
-// readBlocking is read(2) on a blocking socket: it sleeps until input arrives,
-// as a system call the scheduler knows of.
-func readBlocking(fd int, p []byte) (int, error) {
-	r, _, errno := unix.Syscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+// recvBlocking is recv(2) on a blocking socket: it sleeps until input arrives
+// (with all, until p is full or the stream ends), as a system call the
+// scheduler knows of.
+func recvBlocking(fd int, p []byte, all bool) (int, error) {
+	flags := 0
+	if all {
+		flags = unix.MSG_WAITALL
+	}
+	r, _, errno := unix.Syscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)), uintptr(flags), 0, 0)
 	if errno != 0 {
 		return -1, errno
 	}
