@@ -171,7 +171,7 @@ func (q *queuePair) Disconnected() <-chan struct{} { return q.disconnected }
 
 // start moves a connected queue pair to RTS and starts its engine. With
 // detach, the socket leaves the network poller and the reader sleeps in
-// read(2) on a thread of its own (see sock.go); conn is then closed.
+// recv(2) on a thread of its own (see sock.go); conn is then closed.
 func (q *queuePair) start(conn net.Conn, peerRNR time.Duration, detach bool) error {
 	q.mu.Lock()
 	if q.state != rdma.QPStateInit {

@@ -69,11 +69,15 @@ const (
 	// goroutine that the scheduler has not switched for 10 ms for one that
 	// hogs its processor: it interrupts the thread with a signal and takes
 	// its processor away, and then polls every 20 µs for a millisecond. With
-	// the reader asleep in read(2) most of that time, that cost a chunkd
+	// the reader asleep in recv(2) most of that time, that cost a chunkd
 	// about one nanosleep per request under a 4 KiB random-read load. A
 	// yield is not free either (it wakes an idle thread): every millisecond,
 	// yields took 13% of a chunkd's CPU in that load.
 	yieldEvery = 5 * time.Millisecond
+
+	// waitAllMax bounds a detached reader's MSG_WAITALL receive, so that
+	// the retry watchdog sees progress while a large payload trickles in.
+	waitAllMax = 256 << 10
 
 	lowatMin = 128 << 10
 	lowatMax = 512 << 10
@@ -107,11 +111,11 @@ func (rd *frameReader) read(p []byte, want int) (int, error) {
 // waiter once per burst of responses that one read brought in.
 //
 // A read of bytes the stream owes in full (a payload read straight into its
-// destination) waits for all of them (MSG_WAITALL): one system call per
-// payload. The receive low-water mark is not used here: a reader asleep in
-// recv(2) that has already copied part of its target is woken only once the
-// socket holds a whole low-water mark more, which the peer's window may never
-// allow (seen: 1 MiB RDMA_WRITEs stalled for seconds).
+// destination) waits for all of them, up to waitAllMax (MSG_WAITALL): a few
+// system calls per payload. The receive low-water mark is not used here: a
+// reader asleep in recv(2) that has already copied part of its target is
+// woken only once the socket holds a whole low-water mark more, which the
+// peer's window may never allow (seen: 1 MiB RDMA_WRITEs stalled for seconds).
 func (rd *frameReader) readDetached(p []byte, want int) (int, error) {
 	if rd.idle != nil {
 		rd.idle()
@@ -120,8 +124,12 @@ func (rd *frameReader) readDetached(p []byte, want int) (int, error) {
 		rd.yielded = now
 		runtime.Gosched()
 	}
+	all := want >= len(p)
+	if all && len(p) > waitAllMax {
+		p = p[:waitAllMax]
+	}
 	for {
-		n, err := recvBlocking(rd.fd, p, want >= len(p))
+		n, err := recvBlocking(rd.fd, p, all)
 		rd.progress.Add(1)
 		switch {
 		case err == unix.EINTR:
