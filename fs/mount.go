@@ -50,6 +50,10 @@ func Mount(mountpoint string, root *Node, opts MountOptions) (*fuse.Server, erro
 			// costs three system calls where one writev does (a fifth of the
 			// mount's CPU in 4 KiB random reads, perf).
 			DisableSplice: true,
+			// Asynchronous direct I/O: an application's O_DIRECT reads and
+			// writes through libaio or io_uring reach us concurrently
+			// instead of one at a time.
+			ExtraCapabilities: fuse.CAP_ASYNC_DIO,
 		},
 		EntryTimeout:    &timeout,
 		AttrTimeout:     &attrTimeout,

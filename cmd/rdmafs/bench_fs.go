@@ -128,7 +128,7 @@ func runBenchFS(ctx context.Context, w io.Writer, jobs, size string, runtime int
 }
 
 // figures returns job i's figure from each run — IOPS for the 4 KiB random
-// read, otherwise bandwidth in MiB/s — and its unit; ok is false when a run
+// reads, otherwise bandwidth in MiB/s — and its unit; ok is false when a run
 // lacks the job.
 func figures(runs [][]fiorun.Result, i int) (v []float64, unit string, ok bool) {
 	for _, run := range runs {
@@ -137,7 +137,7 @@ func figures(runs [][]fiorun.Result, i int) (v []float64, unit string, ok bool) 
 		}
 		r := run[i]
 		switch {
-		case r.Name == "randread-4k":
+		case strings.HasPrefix(r.Name, "randread-4k"):
 			v, unit = append(v, r.ReadIOPS), "IOPS"
 		case r.WriteBW > 0:
 			v, unit = append(v, r.WriteBW/(1<<20)), "MiB/s"

@@ -52,7 +52,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 }
 
 // Mount mounts dir at mountpoint with the same kernel options as rdmafs
-// (1 MiB writes and readahead) and returns the server.
+// (1 MiB writes and readahead, asynchronous direct I/O) and returns the server.
 func Mount(dir, mountpoint string) (*fuse.Server, error) {
 	var st syscall.Stat_t
 	if err := syscall.Stat(dir, &st); err != nil {
@@ -67,7 +67,7 @@ func Mount(dir, mountpoint string) (*fuse.Server, error) {
 	sec := time.Second
 	srv, err := gofs.Mount(mountpoint, rootNode, &gofs.Options{
 		MountOptions: fuse.MountOptions{FsName: "fuseceiling", Name: "fuseceiling", MaxWrite: 1 << 20, MaxReadAhead: 1 << 20,
-			MaxBackground: 64, DirectMount: true, AllowOther: true},
+			MaxBackground: 64, DirectMount: true, AllowOther: true, ExtraCapabilities: fuse.CAP_ASYNC_DIO},
 		EntryTimeout: &sec, AttrTimeout: &sec,
 	})
 	if err != nil {
