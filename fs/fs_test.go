@@ -29,6 +29,12 @@ import (
 // directory, unmounting it when the test ends.
 func mount(t *testing.T) string {
 	t.Helper()
+	return mountData(t, nil)
+}
+
+// mountData is mount with data as the file I/O engine (nil: none).
+func mountData(t *testing.T, data fs.Data) string {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("mounting needs root")
 	}
@@ -42,7 +48,7 @@ func mount(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, root := fs.New(fs.Options{Meta: c, Session: sess.ID()})
+	_, root := fs.New(fs.Options{Meta: c, Session: sess.ID(), Data: data})
 	// Not t.TempDir: its parent is 0700, and tests run commands as other users.
 	dir, err := os.MkdirTemp("", "rdmafs-mnt-")
 	if err != nil {
