@@ -43,7 +43,7 @@ func (d *pairedReads) Read(ctx context.Context, ino uint64, p []byte, off int64)
 	d.mu.Lock()
 	d.inFlight--
 	d.mu.Unlock()
-	n := min(len(p), int(fileSize-off))
+	n := max(0, min(len(p), int(fileSize-off)))
 	for i := range p[:n] {
 		p[i] = byte(off + int64(i))
 	}

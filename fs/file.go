@@ -94,8 +94,11 @@ func (f *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 		if rel == nil {
 			return fuse.ReadResultData(b), 0
 		}
-		r := &inPlaceResult{rel: rel}
-		r.data[0] = b
+		r, _ := f.fsys.inPlace.Get().(*inPlaceResult)
+		if r == nil {
+			r = &inPlaceResult{pool: &f.fsys.inPlace}
+		}
+		r.data[0], r.rel = b, rel
 		return r, 0
 	}
 	n, err := d.Read(ctx, f.ino, dest, off)
@@ -116,10 +119,12 @@ type inPlaceReader interface {
 
 // inPlaceResult is a read reply whose bytes go to the kernel straight from
 // where the Data keeps them: go-fuse writes a result that has Slices with
-// writev and calls Done after the write, which releases the bytes.
+// writev and calls Done once after the write, which releases the bytes and
+// returns the result to its pool.
 type inPlaceResult struct {
 	data [1][]byte
 	rel  interface{ Release() }
+	pool *sync.Pool
 }
 
 // Bytes implements fuse.ReadResult.
@@ -129,7 +134,11 @@ func (r *inPlaceResult) Bytes(buf []byte) ([]byte, fuse.Status) { return r.data[
 func (r *inPlaceResult) Size() int { return len(r.data[0]) }
 
 // Done implements fuse.ReadResult.
-func (r *inPlaceResult) Done() { r.rel.Release() }
+func (r *inPlaceResult) Done() {
+	r.rel.Release()
+	r.data[0], r.rel = nil, nil
+	r.pool.Put(r)
+}
 
 // Slices makes go-fuse write the bytes with writev, without copying them,
 // and keep them until Done.

@@ -70,6 +70,8 @@ type FS struct {
 	log     *slog.Logger
 
 	dropping atomic.Int32 // page cache invalidations in flight (drop-behind)
+
+	inPlace sync.Pool // of *inPlaceResult: a read reply costs no allocation
 }
 
 // New returns the file system and its root node.

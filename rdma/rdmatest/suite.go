@@ -706,8 +706,7 @@ func testSharedCQ(t *testing.T, open OpenFunc, _ Options) {
 	}
 }
 
-// testSoak runs 10,000 random operations in both directions and checks every byte
-// against a model of both memories.
+// soakSize is the memory each end of a soak reads and writes.
 const soakSize = 256 << 10
 
 // testSoak runs soak with the connecting end as the initiator.
@@ -724,8 +723,8 @@ func testSoakFromAcceptor(t *testing.T, open OpenFunc, _ Options) {
 	soak(t, b, a)
 }
 
-// soak runs random batches of WRITEs, READs and SENDs from a to b against a
-// model of b's memory.
+// soak runs 10,000 random WRITEs, READs and SENDs from a to b in batches and
+// checks every byte against a model of b's memory.
 func soak(t *testing.T, a, b *End) {
 	const size = soakSize
 	// Each side's memory: [0, size) is the data the peer reads and writes, modelled;

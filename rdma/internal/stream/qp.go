@@ -206,9 +206,7 @@ func (q *queuePair) start(conn net.Conn, peerRNR time.Duration, detach bool) err
 	q.state = rdma.QPStateRTS
 	q.running.Store(2)
 	q.mu.Unlock()
-	rd := newFrameReader(q.raw, &q.progress, q.notifyCQs)
-	rd.fd = q.fd
-	go q.readLoop(rd)
+	go q.readLoop(newFrameReader(q.raw, q.fd, &q.progress, q.notifyCQs))
 	go q.writeLoop()
 	go q.watchdog()
 	return nil

@@ -83,8 +83,10 @@ const (
 	lowatMax = 512 << 10
 )
 
-func newFrameReader(raw syscall.RawConn, progress *atomic.Uint64, idle func()) *frameReader {
-	rd := &frameReader{raw: raw, fd: -1, buf: make([]byte, 64<<10), progress: progress, idle: idle, lowat: 1}
+// newFrameReader returns a reader of raw through the network poller, or of the
+// detached socket fd when fd >= 0 (then raw is unused).
+func newFrameReader(raw syscall.RawConn, fd int, progress *atomic.Uint64, idle func()) *frameReader {
+	rd := &frameReader{raw: raw, fd: fd, buf: make([]byte, 64<<10), progress: progress, idle: idle, lowat: 1}
 	rd.readFn = rd.tryRead
 	return rd
 }
