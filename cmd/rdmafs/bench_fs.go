@@ -74,6 +74,9 @@ func runBenchFS(ctx context.Context, w io.Writer, jobs, size string, runtime int
 		return err
 	}
 	defer os.Remove(ceilMnt)
+	// The ceiling is served by this process: with the processors a mount
+	// gets, so that both daemons run under the same scheduler settings.
+	useMountProcs()
 	srv, err := fuseceiling.Mount(backing, ceilMnt)
 	if err != nil {
 		return fmt.Errorf("bench fs: %w", err)

@@ -73,7 +73,7 @@ unmounts; --background returns once the file system is mounted.`,
 	fl.StringVar(&f.logFile, "log-file", "", "log to this file (default stderr; --background: MOUNTPOINT's name in /tmp)")
 	fl.BoolVar(&f.background, "background", false, "return once mounted, serving in a background process")
 	fl.BoolVar(&f.schedBatch, "sched-batch", true, "run under SCHED_BATCH (no wake-up preemption: fewer context switches per request)")
-	fl.IntVar(&f.procs, "procs", 0, "Go scheduler processors for the mount (GOMAXPROCS; default $GOMAXPROCS, else the larger of 8 and the CPU count): FUSE reader threads hold one each while blocked reading /dev/fuse")
+	fl.IntVar(&f.procs, "procs", 0, "Go scheduler processors for the mount (GOMAXPROCS; default $GOMAXPROCS, else the larger of 16 and the CPU count): FUSE reader threads hold one each while blocked reading /dev/fuse")
 	fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
 	fl.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the mount's lifetime to this file")
 	fl.MarkHidden("cpuprofile")
@@ -84,16 +84,28 @@ unmounts; --background returns once the file system is mounted.`,
 // of a mount on a machine with cpus CPUs: more than the CPUs.
 //
 // go-fuse's request readers block in read(2) on /dev/fuse, each holding a
-// processor while it waits. With one processor per CPU they hold them all, so
-// the runtime's monitor thread keeps running every 20 µs to take them back,
-// and a reader woken by a request finds its processor gone and has to wait
-// for a thread to give it one: a futex wake and a context switch per request.
-// With spare processors neither happens. 4 KiB random reads, 4 jobs, tcp
-// transport, 2-core VM, fresh clusters alternating: 8.6-10.4k IOPS with 2
-// processors, 9.1-14.2k with 8 (12.0-12.2k with 16); the go-fuse loopback
-// ceiling gained nothing from the same change.
+// processor while it waits, and go-fuse runs as many readers as there are
+// processors (at most 16). With one processor per CPU the readers hold them
+// all, so the runtime's monitor thread keeps running every 20 µs to take them
+// back, and a reader woken by a request finds its processor gone and has to
+// wait for a thread to give it one: a futex wake and a context switch per
+// request. With spare processors neither happens, and with 16 a queue of 16
+// requests finds a reader for each. 4 KiB random reads over tcp on a 2-core
+// VM, fresh clusters alternating: 4 jobs 22.1-25.5k IOPS with 8 processors
+// (median 25.0k), 25.4-27.4k with 16 (median 26.6k); one job at queue depth
+// 16 gained little (35k either way); 32 gained nothing over 16. The go-fuse
+// loopback ceiling gains about as much (4 jobs: 67.7-77.4k with 2
+// processors, 75.3-78.9k with 16), so `rdmafs bench fs` serves it with as many.
 func mountProcs(cpus int) int {
-	return max(8, cpus)
+	return max(16, cpus)
+}
+
+// useMountProcs gives this process a mount's default number of scheduler
+// processors, unless $GOMAXPROCS sets it.
+func useMountProcs() {
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(mountProcs(runtime.NumCPU()))
+	}
 }
 
 func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) error {
@@ -171,8 +183,8 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 		return fmt.Errorf("mount: --procs %d: must be 0 (default) or more", f.procs)
 	case f.procs > 0:
 		runtime.GOMAXPROCS(f.procs)
-	case os.Getenv("GOMAXPROCS") == "":
-		runtime.GOMAXPROCS(mountProcs(runtime.NumCPU()))
+	default:
+		useMountProcs()
 	}
 	secret, err := auth.ReadSecretFile(f.secretFile)
 	if err != nil {
