@@ -91,11 +91,12 @@ unmounts; --background returns once the file system is mounted.`,
 // wait for a thread to give it one: a futex wake and a context switch per
 // request. With spare processors neither happens, and with 16 a queue of 16
 // requests finds a reader for each. 4 KiB random reads over tcp on a 2-core
-// VM, fresh clusters alternating: 4 jobs 22.1-25.5k IOPS with 8 processors
-// (median 25.0k), 25.4-27.4k with 16 (median 26.6k); one job at queue depth
-// 16 gained little (35k either way); 32 gained nothing over 16. The go-fuse
-// loopback ceiling gains about as much (4 jobs: 67.7-77.4k with 2
-// processors, 75.3-78.9k with 16), so `rdmafs bench fs` serves it with as many.
+// VM, fresh clusters alternating: 4 jobs 18.0-25.5k IOPS with 8 processors
+// (median 25.0k, 9 runs), 21.9-27.4k with 16 (median 26.6k, 15 runs); one
+// job at queue depth 16 gained little (35k either way); 32 gained nothing
+// over 16. The go-fuse loopback ceiling gains about as much (4 jobs:
+// 67.7-77.4k with 2 processors, 75.3-78.9k with 16), so `rdmafs bench fs`
+// serves it with as many.
 func mountProcs(cpus int) int {
 	return max(16, cpus)
 }
