@@ -81,7 +81,7 @@ func (f *fileHandle) data() (Data, syscall.Errno) {
 
 // Read implements gofs.FileReader.
 func (f *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	ctx = uninterruptible(ctx)
+	ctx = uninterruptibleData(ctx)
 	d, e := f.data()
 	if e != 0 {
 		return nil, e
@@ -92,7 +92,7 @@ func (f *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 			return nil, errno(err)
 		}
 		if rel == nil {
-			return fuse.ReadResultData(b), 0
+			return f.fsys.dataResult(b), 0
 		}
 		r, _ := f.fsys.inPlace.Get().(*inPlaceResult)
 		if r == nil {
@@ -105,7 +105,38 @@ func (f *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	if err != nil {
 		return nil, errno(err)
 	}
-	return fuse.ReadResultData(dest[:n]), 0
+	return f.fsys.dataResult(dest[:n]), 0
+}
+
+// dataResult returns a read reply of b, bytes in go-fuse's own reply buffer,
+// from the FS's pool: fuse.ReadResultData would allocate one per read.
+func (fsys *FS) dataResult(b []byte) *dataResult {
+	r, _ := fsys.dataResults.Get().(*dataResult)
+	if r == nil {
+		r = &dataResult{pool: &fsys.dataResults}
+	}
+	r.b = b
+	return r
+}
+
+// dataResult is a read reply of bytes in go-fuse's reply buffer. go-fuse
+// takes them with Bytes and calls Done once, before or after writing them;
+// Done returns the result to its pool.
+type dataResult struct {
+	b    []byte
+	pool *sync.Pool
+}
+
+// Bytes implements fuse.ReadResult.
+func (r *dataResult) Bytes(buf []byte) ([]byte, fuse.Status) { return r.b, fuse.OK }
+
+// Size implements fuse.ReadResult.
+func (r *dataResult) Size() int { return len(r.b) }
+
+// Done implements fuse.ReadResult.
+func (r *dataResult) Done() {
+	r.b = nil
+	r.pool.Put(r)
 }
 
 // inPlaceReader is a Data that can answer a read with bytes where they
@@ -120,7 +151,8 @@ type inPlaceReader interface {
 // inPlaceResult is a read reply whose bytes go to the kernel straight from
 // where the Data keeps them: go-fuse writes a result that has Slices with
 // writev and calls Done once after the write, which releases the bytes and
-// returns the result to its pool.
+// returns the result to its pool. (A result without Slices gets Done before
+// the write when splicing is off, too early for memory that Done releases.)
 type inPlaceResult struct {
 	data [1][]byte
 	rel  interface{ Release() }
@@ -146,7 +178,7 @@ func (r *inPlaceResult) Slices() ([][]byte, fuse.Status) { return r.data[:], fus
 
 // Write implements gofs.FileWriter.
 func (f *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
-	ctx = uninterruptible(ctx)
+	ctx = uninterruptibleData(ctx)
 	d, e := f.data()
 	if e != 0 {
 		return 0, e

@@ -71,7 +71,9 @@ type FS struct {
 
 	dropping atomic.Int32 // page cache invalidations in flight (drop-behind)
 
-	inPlace sync.Pool // of *inPlaceResult: a read reply costs no allocation
+	// Read replies, so that a read costs no allocation.
+	inPlace     sync.Pool // of *inPlaceResult
+	dataResults sync.Pool // of *dataResult
 }
 
 // New returns the file system and its root node.
@@ -152,6 +154,12 @@ func errno(err error) syscall.Errno {
 // on a hard NFS mount, or applications would see spurious errors. Hangs are
 // bounded by the transports' own timeouts.
 func uninterruptible(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
+// uninterruptibleData is uninterruptible for a file's reads and writes: the
+// data engine uses nothing of the request's context but its cancellation, so
+// it gets the background context, which unlike context.WithoutCancel costs no
+// allocation per request.
+func uninterruptibleData(context.Context) context.Context { return context.Background() }
 
 // fillAttr converts the service's attributes into the kernel's.
 func fillAttr(a *metapb.Attr, out *fuse.Attr) {
