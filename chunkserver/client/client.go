@@ -111,9 +111,14 @@ type Client struct {
 	pollMu   sync.Mutex              // serializes polling the completion queue
 	wcs      [64]rdma.WorkCompletion // the poll buffer, under pollMu
 
+	// opsMu guards ops, the one-sided operations in flight by work request
+	// ID. It is apart from mu so that completing a read does not contend
+	// with the lease cache that every read consults.
+	opsMu sync.Mutex
+	ops   map[uint64]*op
+
 	mu     sync.Mutex
 	calls  map[uint64]*call
-	ops    map[uint64]*op
 	err    error
 	leases map[chunk.Key]*cachedLease
 	lru    list.List // of *cachedLease, most recently used first
@@ -233,6 +238,11 @@ func (c *Client) Done() <-chan struct{} { return c.done }
 
 // Err returns why the connection ended, or nil while it is up.
 func (c *Client) Err() error {
+	select {
+	case <-c.done: // closed after err is set
+	default:
+		return nil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err
@@ -393,7 +403,7 @@ func (c *Client) complete(wc *rdma.WorkCompletion) {
 		}
 	case wc.ID&opTag != 0:
 		<-c.sq
-		c.mu.Lock()
+		c.opsMu.Lock()
 		o := c.ops[wc.ID]
 		if o != nil {
 			if wc.Status != rdma.WCSuccess && o.status == rdma.WCSuccess {
@@ -405,7 +415,7 @@ func (c *Client) complete(wc *rdma.WorkCompletion) {
 				o.done <- struct{}{}
 			}
 		}
-		c.mu.Unlock()
+		c.opsMu.Unlock()
 		if wc.Status != rdma.WCSuccess && wc.Status != rdma.WCWRFlushErr {
 			c.failAll(fmt.Errorf("%w: %v failed with %v", ErrClosed, wc.Opcode, wc.Status))
 		}
@@ -414,8 +424,8 @@ func (c *Client) complete(wc *rdma.WorkCompletion) {
 
 // failOps completes the one-sided operations nobody will complete any more.
 func (c *Client) failOps() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.opsMu.Lock()
+	defer c.opsMu.Unlock()
 	for id, o := range c.ops {
 		if o.status == rdma.WCSuccess {
 			o.status = rdma.WCWRFlushErr
@@ -907,15 +917,13 @@ func (c *Client) startOneSided(ctx context.Context, opcode rdma.Opcode, addr uin
 		o = &op{done: make(chan struct{}, 1)}
 	}
 	o.pending, o.status = nwr, rdma.WCSuccess
-	c.mu.Lock()
-	if c.err != nil {
-		err := c.err
-		c.mu.Unlock()
+	if err := c.Err(); err != nil {
 		c.opPool.Put(o)
 		return nil, err
 	}
+	c.opsMu.Lock()
 	c.ops[id] = o
-	c.mu.Unlock()
+	c.opsMu.Unlock()
 	wrs := o.wrs[:0]
 	remote := addr + uint64(off)
 	for i := 0; i < len(sgl); i += c.maxSGE {
@@ -926,10 +934,10 @@ func (c *Client) startOneSided(ctx context.Context, opcode rdma.Opcode, addr uin
 		}
 	}
 	if err := c.post(ctx, wrs); err != nil {
-		c.mu.Lock()
+		c.opsMu.Lock()
 		_, mine := c.ops[id]
 		delete(c.ops, id)
-		c.mu.Unlock()
+		c.opsMu.Unlock()
 		if mine {
 			c.opPool.Put(o)
 		}

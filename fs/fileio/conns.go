@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	chunkclient "github.com/rdmafs/rdmafs/chunkserver/client"
 	"github.com/rdmafs/rdmafs/rdma"
@@ -11,42 +12,65 @@ import (
 
 // conns keeps one connection per chunkserver and dials again when one fails.
 // Dials to one address are serialized so that concurrent users share one
-// connection instead of replacing each other's.
+// connection instead of replacing each other's. Finding a live connection, which
+// every read and write does, takes no exclusive lock.
 type conns struct {
 	dev    rdma.Device
 	pd     rdma.ProtectionDomain
 	secret []byte
-	mu     sync.Mutex
+	mu     sync.RWMutex
 	m      map[string]*peer
 }
 
 type peer struct {
-	mu sync.Mutex
-	c  *chunkclient.Client
+	mu sync.Mutex                         // serializes dialing
+	c  atomic.Pointer[chunkclient.Client] // the current connection, or nil
+}
+
+// live reports whether cl is a connection that has not failed or closed.
+func live(cl *chunkclient.Client) bool {
+	if cl == nil {
+		return false
+	}
+	select {
+	case <-cl.Done():
+		return false
+	default:
+		return true
+	}
 }
 
 func (c *conns) get(ctx context.Context, addr string) (*chunkclient.Client, error) {
-	c.mu.Lock()
+	c.mu.RLock()
 	p := c.m[addr]
-	if p == nil {
-		p = &peer{}
-		c.m[addr] = p
+	c.mu.RUnlock()
+	if p != nil {
+		if cl := p.c.Load(); live(cl) {
+			return cl, nil
+		}
+	} else {
+		c.mu.Lock()
+		if p = c.m[addr]; p == nil {
+			p = &peer{}
+			c.m[addr] = p
+		}
+		c.mu.Unlock()
 	}
-	c.mu.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.c != nil && p.c.Err() == nil {
-		return p.c, nil
+	old := p.c.Load()
+	if live(old) { // another caller dialed while this one waited
+		return old, nil
 	}
-	if p.c != nil {
-		p.c.Close()
-		p.c = nil
+	if old != nil {
+		old.Close()
+		p.c.Store(nil)
 	}
 	cl, err := chunkclient.Dial(ctx, c.dev, c.pd, addr, chunkclient.Options{Secret: c.secret})
 	if err != nil {
 		return nil, fmt.Errorf("fileio: connect to chunkserver %s: %w", addr, err)
 	}
-	p.c = cl
+	p.c.Store(cl)
 	return cl, nil
 }
 
@@ -55,8 +79,8 @@ func (c *conns) closeAll() {
 	defer c.mu.Unlock()
 	for addr, p := range c.m {
 		p.mu.Lock()
-		if p.c != nil {
-			p.c.Close()
+		if cl := p.c.Swap(nil); cl != nil {
+			cl.Close()
 		}
 		p.mu.Unlock()
 		delete(c.m, addr)

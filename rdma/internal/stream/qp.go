@@ -86,20 +86,23 @@ type queuePair struct {
 	kick chan struct{}
 
 	// The socket writer's state, guarded by wmu (taken before mu).
-	wmu      sync.Mutex
-	wIOV     [][]byte  // the unwritten rest of the current batch
-	wIOVBase [][]byte  // the backing array wIOV is a view of
-	wItems   []outItem // the responses of the current batch
-	wHdrs    []byte    // arena of the current batch's headers
-	wBufs    net.Buffers
-	raw      syscall.RawConn
-	fd       int         // the detached socket, or -1 when it is read through the poller
-	msg      unix.Msghdr // sendmsg's header, for a detached socket
-	iovecs   []unix.Iovec
-	wn       int
-	werr     error
-	wBroken  bool // a write failed: nothing more is written
-	writevFn func(fd uintptr) bool
+	wmu sync.Mutex
+	// flushWanted is set by a flush that may have found wmu taken; the
+	// holder flushes again after unlocking (see flush).
+	flushWanted atomic.Bool
+	wIOV        [][]byte  // the unwritten rest of the current batch
+	wIOVBase    [][]byte  // the backing array wIOV is a view of
+	wItems      []outItem // the responses of the current batch
+	wHdrs       []byte    // arena of the current batch's headers
+	wBufs       net.Buffers
+	raw         syscall.RawConn
+	fd          int         // the detached socket, or -1 when it is read through the poller
+	msg         unix.Msghdr // sendmsg's header, for a detached socket
+	iovecs      []unix.Iovec
+	wn          int
+	werr        error
+	wBroken     bool // a write failed: nothing more is written
+	writevFn    func(fd uintptr) bool
 
 	failStatus   rdma.WCStatus
 	running      atomic.Int32 // reader and writer goroutines alive
@@ -386,8 +389,11 @@ func (q *queuePair) completeSendLocked(status rdma.WCStatus, byteLen uint32) {
 	s.releaseRegions()
 	if s.op == rdma.OpRDMARead && q.sqHead < q.sqNext {
 		q.readsInFlight--
-		if q.readsInFlight == 0 && q.sqNext < q.sqTail {
-			q.kickWriter() // a fenced request may be waiting
+		if q.readsInFlight == 0 && q.sqNext < q.sqTail && q.sq[q.sqNext%uint64(len(q.sq))].fence {
+			// A fenced request was waiting for the reads. (Other requests
+			// queued but not written yet are their poster's to flush:
+			// kicking the writer for them woke it for nothing.)
+			q.kickWriter()
 		}
 	}
 	if status != rdma.WCSuccess || s.signaled {
