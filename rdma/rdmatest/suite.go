@@ -37,6 +37,7 @@ func Run(t *testing.T, open OpenFunc, opts Options) {
 		{"Soak", testSoak},
 		{"SoakFromAcceptor", testSoakFromAcceptor},
 		{"ManyPairsBothWays", testManyPairs},
+		{"ConcurrentPosters", testConcurrentPosters},
 		{"LargeTransfers", testLargeTransfers},
 	}
 	for _, c := range cases {
@@ -850,6 +851,98 @@ func testManyPairs(t *testing.T, open OpenFunc, _ Options) {
 		}()
 	}
 	for range jobs {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// testConcurrentPosters has several goroutines on each end of one pair post
+// small RDMA_READs at once, each waiting for its own, while the other end does
+// the same: posts race each other and the reader answering the peer for the
+// socket. A post whose request is never written (left to a writer that has
+// already looked) shows as a READ that does not complete.
+func testConcurrentPosters(t *testing.T, open OpenFunc, _ Options) {
+	const (
+		data    = 64 << 10 // each end's memory [0, data) is what the peer reads
+		posters = 8        // per end
+		n       = 512
+	)
+	rounds := 500
+	if testing.Short() {
+		rounds = 100
+	}
+	a, b := Pair(t, open, PairConfig{MemSize: data + posters*n, Attr: rdma.QPAttr{MaxSendWR: 2 * posters, MaxRecvWR: 16}})
+	fill(a.Bytes()[:data], 11)
+	fill(b.Bytes()[:data], 12)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errc := make(chan error, 2*posters+2)
+	for _, e := range []*End{a, b} {
+		// One goroutine polls the end's send CQ and hands each completion to
+		// the poster whose READ it is (the ID is the poster's index).
+		done := make([]chan rdma.WorkCompletion, posters)
+		for i := range done {
+			done[i] = make(chan rdma.WorkCompletion, 1)
+		}
+		go func() {
+			wcs := make([]rdma.WorkCompletion, 2*posters)
+			for got := 0; got < posters*rounds; {
+				k := e.SCQ.Poll(wcs)
+				if k == 0 {
+					if err := e.SCQ.Wait(ctx); err != nil {
+						errc <- fmt.Errorf("%d of %d READs completed: %w", got, posters*rounds, err)
+						return
+					}
+					continue
+				}
+				for _, wc := range wcs[:k] {
+					if wc.ID >= posters {
+						errc <- fmt.Errorf("completion %+v of no poster", wc)
+						return
+					}
+					done[wc.ID] <- wc
+				}
+				got += k
+			}
+			errc <- nil
+		}()
+		peer := b
+		if e == b {
+			peer = a
+		}
+		for p := range posters {
+			go func() {
+				r := rand.New(rand.NewPCG(uint64(p), uint64(len(e.Bytes()))))
+				sink := data + p*n
+				for i := range rounds {
+					l := 1 + r.IntN(n)
+					remote := r.IntN(data - l)
+					wr := rdma.SendWR{ID: uint64(p), Opcode: rdma.OpRDMARead, Flags: rdma.SendSignaled, SGL: []rdma.SGE{e.SGE(sink, l)}, RemoteAddr: peer.Addr(remote), RKey: peer.MR.RKey()}
+					if err := e.QP.PostSend([]rdma.SendWR{wr}); err != nil {
+						errc <- fmt.Errorf("poster %d round %d: post: %w", p, i, err)
+						return
+					}
+					select {
+					case wc := <-done[p]:
+						if wc.Status != rdma.WCSuccess {
+							errc <- fmt.Errorf("poster %d round %d: completion %+v", p, i, wc)
+							return
+						}
+					case <-ctx.Done():
+						errc <- fmt.Errorf("poster %d round %d: READ of [%d,+%d) never completed", p, i, remote, l)
+						return
+					}
+					if !bytes.Equal(e.Bytes()[sink:sink+l], peer.Bytes()[remote:remote+l]) {
+						errc <- fmt.Errorf("poster %d round %d: READ of [%d,+%d) returned other bytes", p, i, remote, l)
+						return
+					}
+				}
+				errc <- nil
+			}()
+		}
+	}
+	for range 2*posters + 2 {
 		if err := <-errc; err != nil {
 			t.Fatal(err)
 		}
