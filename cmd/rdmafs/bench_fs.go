@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -20,7 +21,7 @@ import (
 func newBenchFSCommand() *cobra.Command {
 	var (
 		size, jobs, transport, clusterDir string
-		runtime                           int
+		runtime, rounds                   int
 	)
 	c := &cobra.Command{
 		Use:   "fs",
@@ -30,24 +31,29 @@ mounts it, mounts go-fuse's loopback file system over a tmpfs directory with ker
 passthrough off (every byte through the daemon: the FUSE ceiling on this machine),
 runs the same fio job file against both and prints both with their ratio.
 
-Each job set runs twice per file system, in the order rdmafs, ceiling, ceiling,
-rdmafs, and the figures are the means of the two runs (both are printed): on a
-shared machine a run's speed depends on what ran just before it.`,
+Each round runs the job set twice per file system, in the order rdmafs, ceiling,
+ceiling, rdmafs, and a figure is the median of a file system's runs (all are
+printed): on a shared machine a run's speed depends on what ran just before it,
+and now and then on a neighbour that takes the CPU for a few seconds.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runBenchFS(cmd.Context(), cmd.OutOrStdout(), jobs, size, runtime, transport, clusterDir)
+			if rounds < 1 {
+				return fmt.Errorf("bench fs: --rounds %d: at least 1", rounds)
+			}
+			return runBenchFS(cmd.Context(), cmd.OutOrStdout(), jobs, size, runtime, rounds, transport, clusterDir)
 		},
 	}
 	fl := c.Flags()
 	fl.StringVar(&size, "size", "512M", "fio file size")
 	fl.IntVar(&runtime, "runtime", 10, "seconds of each timed job")
+	fl.IntVar(&rounds, "rounds", 2, "rounds of four runs (rdmafs, ceiling, ceiling, rdmafs)")
 	fl.StringVar(&jobs, "jobs", "bench/jobs.fio", "fio job file (uses DIR, SIZE, RUNTIME)")
 	fl.StringVar(&transport, "transport", "auto", "rdma transport")
 	fl.StringVar(&clusterDir, "dir", "", "cluster directory (default: a new one under /tmp, removed after)")
 	return c
 }
 
-func runBenchFS(ctx context.Context, w io.Writer, jobs, size string, runtime int, transport, clusterDir string) error {
+func runBenchFS(ctx context.Context, w io.Writer, jobs, size string, runtime, rounds int, transport, clusterDir string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -89,21 +95,28 @@ func runBenchFS(ctx context.Context, w io.Writer, jobs, size string, runtime int
 	env := func(dir string) []string {
 		return []string{"DIR=" + dir, "SIZE=" + size, fmt.Sprintf("RUNTIME=%d", runtime)}
 	}
-	fmt.Fprintf(w, "fio %s, %s file, %ds timed jobs; rdmafs: EC 4+2 over %d chunkd on 127.0.0.1 (%s transport), data on disk\n",
-		jobs, size, runtime, len(cl.Chunk), transport)
-	// Both job sets run twice, in the order rdmafs, ceiling, ceiling, rdmafs,
-	// each in a fresh directory removed afterwards, and a figure is the mean
-	// of a file system's two runs. On a shared VM a run's speed depends on
-	// what ran just before it — a 512 MiB tmpfs write measured 5.3 GiB/s on
-	// its own and 250 MiB/s right after rdmafs had written 1 GiB — so the
-	// order gives each file system one early and one late turn.
+	fmt.Fprintf(w, "fio %s, %s file, %ds timed jobs, median of %d runs each; rdmafs: EC 4+2 over %d chunkd on 127.0.0.1 (%s transport), data on disk\n",
+		jobs, size, runtime, 2*rounds, len(cl.Chunk), transport)
+	// Each round runs both job sets twice, in the order rdmafs, ceiling,
+	// ceiling, rdmafs, each in a fresh directory removed afterwards, and a
+	// figure is the median of a file system's runs. On a shared VM a run's
+	// speed depends on what ran just before it — a 512 MiB tmpfs write
+	// measured 5.3 GiB/s on its own and 250 MiB/s right after rdmafs had
+	// written 1 GiB — so the order gives each file system early and late
+	// turns; and a neighbour now and then takes the CPU for a few seconds
+	// (one rdmafs run at 24.5k IOPS between two at 34k), which the median
+	// of four runs shrugs off where the mean of two does not.
 	type target struct {
 		name, mnt string
 		runs      [][]fiorun.Result
 	}
 	ours := &target{name: "rdmafs", mnt: cl.MountPoint}
 	ceil := &target{name: "ceiling", mnt: ceilMnt}
-	for i, t := range []*target{ours, ceil, ceil, ours} {
+	var order []*target
+	for range rounds {
+		order = append(order, ours, ceil, ceil, ours)
+	}
+	for i, t := range order {
 		dir := filepath.Join(t.mnt, fmt.Sprintf("bench-%d", i))
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			return fmt.Errorf("bench fs: %s: %w", t.name, err)
@@ -125,7 +138,7 @@ func runBenchFS(ctx context.Context, w io.Writer, jobs, size string, runtime int
 		if !aok || !bok {
 			return fmt.Errorf("bench fs: job %s is missing from a run", r.Name)
 		}
-		fmt.Fprintf(tw, "%s\t%.0f %s\t%.0f %s\t%.2f\t%s\t%s\t\n", r.Name, mean(a), unit, mean(b), unit, mean(a)/mean(b), joinFigures(a), joinFigures(b))
+		fmt.Fprintf(tw, "%s\t%.0f %s\t%.0f %s\t%.2f\t%s\t%s\t\n", r.Name, median(a), unit, median(b), unit, median(a)/median(b), joinFigures(a), joinFigures(b))
 	}
 	return tw.Flush()
 }
@@ -151,12 +164,16 @@ func figures(runs [][]fiorun.Result, i int) (v []float64, unit string, ok bool) 
 	return v, unit, true
 }
 
-func mean(v []float64) float64 {
-	var sum float64
-	for _, x := range v {
-		sum += x
+// median returns the median of v (the mean of the middle two when len(v) is
+// even); v is not modified.
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
 	}
-	return sum / float64(len(v))
+	return (s[n/2-1] + s[n/2]) / 2
 }
 
 func joinFigures(v []float64) string {
