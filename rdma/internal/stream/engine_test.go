@@ -8,12 +8,15 @@ import (
 	"github.com/rdmafs/rdmafs/rdma/rdmatest"
 )
 
-func openTCP(t testing.TB) rdma.Device {
-	d, err := Open(Options{Name: "tcp", Mode: ModeTCP})
-	if err != nil {
-		t.Fatal(err)
+// opener returns what opens a device of the mode for the conformance helpers.
+func opener(name string, mode Mode) rdmatest.OpenFunc {
+	return func(t testing.TB) rdma.Device {
+		d, err := Open(Options{Name: name, Mode: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
 	}
-	return d
 }
 
 // TestPostWhileSocketLocked posts work requests while another goroutine holds
@@ -22,7 +25,7 @@ func openTCP(t testing.TB) rdma.Device {
 // holder does (unlock, then tryFlush). Nothing else would write them: the
 // connection is otherwise idle, so a post left behind never completes.
 func TestPostWhileSocketLocked(t *testing.T) {
-	a, b := rdmatest.Pair(t, openTCP, rdmatest.PairConfig{})
+	a, b := rdmatest.Pair(t, opener("tcp", ModeTCP), rdmatest.PairConfig{})
 	for i := range 4096 {
 		b.Bytes()[i] = byte(i*7 + 3)
 	}

@@ -10,13 +10,7 @@ import (
 	"github.com/rdmafs/rdmafs/rdma/rdmatest"
 )
 
-func openShm(t testing.TB) rdma.Device {
-	d, err := Open(Options{Name: "shm", Mode: ModeShm})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
+var openShm = opener("shm", ModeShm)
 
 // TestShmDirectAccess checks that once a key is granted, RDMA_READ and RDMA_WRITE
 // no longer reach the target's engine, that they move the right bytes, and that
