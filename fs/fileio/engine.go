@@ -676,11 +676,17 @@ func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (in
 	}
 	f.size = max(f.size, end)
 	for f.bufBytes > e.cfg.FileDirtyLimit {
-		if len(f.dirty) > 0 {
-			e.startFlush(f, keys(f.dirty))
-		}
+		// Wait for the flushes in progress before flushing stripes still
+		// being written: a stripe flushed half written is written again
+		// (and its first half read back) once the writer fills it. A
+		// sequential writer ahead of the disk rewrote one stripe in ten so.
 		if len(f.flushing) == 0 {
-			break // nothing could start: f.err says why, the next Flush reports it
+			if len(f.dirty) > 0 {
+				e.startFlush(f, keys(f.dirty))
+			}
+			if len(f.flushing) == 0 {
+				break // nothing could start: f.err says why, the next Flush reports it
+			}
 		}
 		f.cond.Wait()
 	}
@@ -767,6 +773,10 @@ func (e *Engine) getBuffer(ctx context.Context, f *file, n int) (*buffer, error)
 			return b, nil
 		}
 		switch {
+		case len(f.flushing) > 0:
+			// Flushes in progress free memory; flushing the stripes still
+			// being written would have them written twice (see Write).
+			f.cond.Wait()
 		case len(f.dirty) > 0:
 			e.startFlush(f, keys(f.dirty))
 			if len(f.flushing) == 0 {
@@ -777,8 +787,6 @@ func (e *Engine) getBuffer(ctx context.Context, f *file, n int) (*buffer, error)
 				}
 				return nil, err
 			}
-			f.cond.Wait()
-		case len(f.flushing) > 0:
 			f.cond.Wait()
 		default:
 			f.mu.Unlock()

@@ -421,6 +421,37 @@ func TestOverwriteMerge(t *testing.T) {
 	}
 }
 
+// TestSequentialWriteAheadOfFlushes writes a file in sequence faster than its
+// stripes are flushed, with a dirty limit of about one stripe: the writer
+// must wait for the flushes in progress, not flush the stripe it is filling
+// half written (which would be written again and read back to merge once
+// filled).
+func TestSequentialWriteAheadOfFlushes(t *testing.T) {
+	const unit = 64 << 10
+	const stripeBuf = 6 * unit // k+m shards of one stripe
+	c := fstest.Start(t, fstest.Options{FileDirtyLimit: stripeBuf + 1})
+	p := filepath.Join(c.Dir, "seq")
+	data := random(32*4*unit+12345, 41)
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for off := 0; off < len(data); off += unit {
+		if _, err := f.Write(data[off:min(off+unit, len(data))]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Engine.Stats().MergeReads.Load(); n != 0 {
+		t.Fatalf("a sequential write read %d stripes back to merge: they were flushed half written", n)
+	}
+	if got, err := os.ReadFile(p); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back: %v, %d bytes, or they differ", err, len(got))
+	}
+}
+
 // TestFallocate checks fallocate(2): mode 0 extends with zeros, KEEP_SIZE
 // leaves the size, PUNCH_HOLE zeroes a range and nothing else, more than the
 // cluster holds is ENOSPC, and modes without meaning here are EOPNOTSUPP.

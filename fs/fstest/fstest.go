@@ -30,6 +30,8 @@ type Options struct {
 	WrapMeta func(metapb.MetaClient) metapb.MetaClient
 	// DropBehind is fs.Options.DropBehind for every mount.
 	DropBehind int64
+	// FileDirtyLimit is fileio.Config.FileDirtyLimit (default: the engine's).
+	FileDirtyLimit int
 }
 
 // Cluster is a running test file system.
@@ -88,7 +90,7 @@ func (c *Cluster) mount(t *testing.T, wrap func(metapb.MetaClient) metapb.MetaCl
 	t.Helper()
 	ctx := context.Background()
 	mc := c.Meta.Client(t)
-	eng, err := fileio.New(fileio.Config{Meta: mc, Device: chunktest.NewDevice(t), Secret: []byte(c.Meta.Secret), MemBytes: c.opts.MemBytes})
+	eng, err := fileio.New(fileio.Config{Meta: mc, Device: chunktest.NewDevice(t), Secret: []byte(c.Meta.Secret), MemBytes: c.opts.MemBytes, FileDirtyLimit: c.opts.FileDirtyLimit})
 	if err != nil {
 		t.Fatal(err)
 	}
