@@ -28,17 +28,8 @@ type peer struct {
 }
 
 // live reports whether cl is a connection that has not failed or closed.
-func live(cl *chunkclient.Client) bool {
-	if cl == nil {
-		return false
-	}
-	select {
-	case <-cl.Done():
-		return false
-	default:
-		return true
-	}
-}
+// Client.Err takes no lock while the connection is up.
+func live(cl *chunkclient.Client) bool { return cl != nil && cl.Err() == nil }
 
 func (c *conns) get(ctx context.Context, addr string) (*chunkclient.Client, error) {
 	c.mu.RLock()

@@ -763,9 +763,10 @@ func (e *Engine) fill(ctx context.Context, f *file, d *dirtyStripe) error {
 	return nil
 }
 
-// getBuffer takes buffer memory. When the pool is short it flushes the file's
-// own stripes and waits for them, and only then waits for other files' flushes
-// with f.mu released, so no writer ever waits for memory it holds itself.
+// getBuffer takes buffer memory. When the pool is short it waits for the
+// file's flushes in progress, else flushes the file's dirty stripes and waits
+// for them, and only then waits for other files' flushes with f.mu released,
+// so no writer ever waits for memory it holds itself.
 // The caller holds f.mu.
 func (e *Engine) getBuffer(ctx context.Context, f *file, n int) (*buffer, error) {
 	for {

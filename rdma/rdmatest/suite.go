@@ -860,8 +860,10 @@ func testManyPairs(t *testing.T, open OpenFunc, _ Options) {
 // testConcurrentPosters has several goroutines on each end of one pair post
 // small RDMA_READs at once, each waiting for its own, while the other end does
 // the same: posts race each other and the reader answering the peer for the
-// socket. A post whose request is never written (left to a writer that has
-// already looked) shows as a READ that does not complete.
+// socket. Every READ must complete with the peer's bytes. (A request left
+// unwritten by a lost flush may still go out with the next flush the reader
+// makes, so this is not what catches one: a transport needs its own test of
+// that, as the stream engine's TestPostWhileSocketLocked.)
 func testConcurrentPosters(t *testing.T, open OpenFunc, _ Options) {
 	const (
 		data    = 64 << 10 // each end's memory [0, data) is what the peer reads
