@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/internal/devcluster"
 	"github.com/rdmafs/rdmafs/internal/fiorun"
@@ -20,16 +21,22 @@ import (
 
 func newBenchFSCommand() *cobra.Command {
 	var (
-		size, jobs, transport, clusterDir string
-		runtime, rounds                   int
+		size, jobs, transport, clusterDir, data string
+		runtime, rounds                         int
 	)
 	c := &cobra.Command{
 		Use:   "fs",
 		Short: "fio against rdmafs and against the FUSE ceiling (go-fuse loopback over tmpfs, no passthrough), same run",
-		Long: `Brings up a local cluster (meta + 6 chunkd on 127.0.0.1, EC 4+2, data on disk),
-mounts it, mounts go-fuse's loopback file system over a tmpfs directory with kernel
+		Long: `Brings up a local cluster (meta + 6 chunkd on 127.0.0.1, EC 4+2), mounts it,
+mounts go-fuse's loopback file system over a tmpfs directory with kernel
 passthrough off (every byte through the daemon: the FUSE ceiling on this machine),
 runs the same fio job file against both and prints both with their ratio.
+
+--data says where the cluster keeps its data: "memory" (the default) puts it
+on tmpfs under /dev/shm, like the ceiling's, so that the ratio measures the file
+systems and not the storage under them; "disk" puts it under $TMPDIR, where
+durable writes are bound by the disk (every commit is synced, and EC 4+2 writes
+1.5 bytes per byte of file data).
 
 Each round runs the job set twice per file system, in the order rdmafs, ceiling,
 ceiling, rdmafs, and a figure is the median of a file system's runs (all are
@@ -40,7 +47,14 @@ and now and then on a neighbour that takes the CPU for a few seconds.`,
 			if rounds < 1 {
 				return fmt.Errorf("bench fs: --rounds %d: at least 1", rounds)
 			}
-			return runBenchFS(cmd.Context(), cmd.OutOrStdout(), jobs, size, runtime, rounds, transport, clusterDir)
+			base, err := benchDataBase(data)
+			if err != nil {
+				return err
+			}
+			if clusterDir != "" && cmd.Flags().Changed("data") {
+				return fmt.Errorf("bench fs: --dir and --data: give one")
+			}
+			return runBenchFS(cmd.Context(), cmd.OutOrStdout(), jobs, size, runtime, rounds, transport, clusterDir, base)
 		},
 	}
 	fl := c.Flags()
@@ -49,18 +63,39 @@ and now and then on a neighbour that takes the CPU for a few seconds.`,
 	fl.IntVar(&rounds, "rounds", 2, "rounds of four runs (rdmafs, ceiling, ceiling, rdmafs)")
 	fl.StringVar(&jobs, "jobs", "bench/jobs.fio", "fio job file (uses DIR, SIZE, RUNTIME)")
 	fl.StringVar(&transport, "transport", "auto", "rdma transport")
-	fl.StringVar(&clusterDir, "dir", "", "cluster directory (default: a new one under /tmp, removed after)")
+	fl.StringVar(&clusterDir, "dir", "", "cluster directory (default: a new one where --data says, removed after)")
+	fl.StringVar(&data, "data", "memory", `where the cluster keeps its data: "memory" (tmpfs, like the ceiling) or "disk"`)
 	return c
 }
 
-func runBenchFS(ctx context.Context, w io.Writer, jobs, size string, runtime, rounds int, transport, clusterDir string) error {
+// benchDataBase returns the directory under which --data puts the cluster.
+func benchDataBase(data string) (string, error) {
+	switch data {
+	case "memory":
+		return "/dev/shm", nil
+	case "disk":
+		return os.TempDir(), nil
+	}
+	return "", fmt.Errorf(`bench fs: --data %q: "memory" or "disk"`, data)
+}
+
+// storageOf describes the file system under dir for the report.
+func storageOf(dir string) string {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err == nil && st.Type == unix.TMPFS_MAGIC {
+		return "data in memory (tmpfs, like the ceiling's)"
+	}
+	return "data on disk (" + dir + ")"
+}
+
+func runBenchFS(ctx context.Context, w io.Writer, jobs, size string, runtime, rounds int, transport, clusterDir, base string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
 	if clusterDir == "" {
-		if clusterDir, err = os.MkdirTemp("", "rdmafs-bench-"); err != nil {
-			return err
+		if clusterDir, err = os.MkdirTemp(base, "rdmafs-bench-"); err != nil {
+			return fmt.Errorf("bench fs: cluster directory: %w", err)
 		}
 		defer os.RemoveAll(clusterDir)
 	}
@@ -95,8 +130,8 @@ func runBenchFS(ctx context.Context, w io.Writer, jobs, size string, runtime, ro
 	env := func(dir string) []string {
 		return []string{"DIR=" + dir, "SIZE=" + size, fmt.Sprintf("RUNTIME=%d", runtime)}
 	}
-	fmt.Fprintf(w, "fio %s, %s file, %ds timed jobs, median of %d runs each; rdmafs: EC 4+2 over %d chunkd on 127.0.0.1 (%s transport), data on disk\n",
-		jobs, size, runtime, 2*rounds, len(cl.Chunk), transport)
+	fmt.Fprintf(w, "fio %s, %s file, %ds timed jobs, median of %d runs each; rdmafs: EC 4+2 over %d chunkd on 127.0.0.1 (%s transport), %s\n",
+		jobs, size, runtime, 2*rounds, len(cl.Chunk), transport, storageOf(clusterDir))
 	// Each round runs both job sets twice, in the order rdmafs, ceiling,
 	// ceiling, rdmafs, each in a fresh directory removed afterwards, and a
 	// figure is the median of a file system's runs. On a shared VM a run's
