@@ -56,6 +56,7 @@ bench-meta:
 
 bench-fs:
 	$(BIN)/rdmafs bench fs --transport tcp
+	$(BIN)/rdmafs bench fs --transport tcp --data disk --rounds 1
 
 clean:
 	rm -rf $(BIN)

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/rdmafs/rdmafs/internal/bytesize"
 	"github.com/rdmafs/rdmafs/internal/devcluster"
 	"github.com/rdmafs/rdmafs/internal/fiorun"
 	"github.com/rdmafs/rdmafs/internal/fuseceiling"
@@ -54,6 +55,11 @@ and now and then on a neighbour that takes the CPU for a few seconds.`,
 			if clusterDir != "" && cmd.Flags().Changed("data") {
 				return fmt.Errorf("bench fs: --dir and --data: give one")
 			}
+			if clusterDir == "" {
+				if err := checkRoom(base, size); err != nil {
+					return err
+				}
+			}
 			return runBenchFS(cmd.Context(), cmd.OutOrStdout(), jobs, size, runtime, rounds, transport, clusterDir, base)
 		},
 	}
@@ -77,6 +83,27 @@ func benchDataBase(data string) (string, error) {
 		return os.TempDir(), nil
 	}
 	return "", fmt.Errorf(`bench fs: --data %q: "memory" or "disk"`, data)
+}
+
+// checkRoom fails early, with advice, when the file system under base (and
+// the ceiling's tmpfs, which is /dev/shm) cannot hold a run: the rdmafs file
+// under EC 4+2 (1.5 times its size), the ceiling's copy, and the slots of
+// deleted versions each chunkd keeps for reuse (up to 256 MiB each).
+func checkRoom(base, size string) error {
+	n, err := bytesize.Parse(size)
+	if err != nil {
+		return fmt.Errorf("bench fs: --size: %w", err)
+	}
+	need := n*5/2 + 6*(256<<20)
+	var st unix.Statfs_t
+	if err := unix.Statfs(base, &st); err != nil {
+		return fmt.Errorf("bench fs: %s: %w", base, err)
+	}
+	if free := int64(st.Bavail) * st.Bsize; st.Type == unix.TMPFS_MAGIC && free < need {
+		return fmt.Errorf("bench fs: %s has %d MiB free, a %s run needs about %d MiB: use --data disk, a smaller --size, or a larger /dev/shm",
+			base, free>>20, size, need>>20)
+	}
+	return nil
 }
 
 // storageOf describes the file system under dir for the report.

@@ -1,6 +1,12 @@
 package main
 
-import "testing"
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
 
 func TestMedian(t *testing.T) {
 	for _, tc := range []struct {
@@ -20,6 +26,66 @@ func TestMedian(t *testing.T) {
 			if tc.v[i] != in[i] {
 				t.Fatalf("median reordered its argument: %v, was %v", tc.v, in)
 			}
+		}
+	}
+}
+
+func TestBenchDataBase(t *testing.T) {
+	for _, tc := range []struct {
+		data, want string
+		ok         bool
+	}{
+		{"memory", "/dev/shm", true},
+		{"disk", os.TempDir(), true},
+		{"", "", false},
+		{"tmpfs", "", false},
+	} {
+		got, err := benchDataBase(tc.data)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("benchDataBase(%q) = %q, %v; want %q, ok %v", tc.data, got, err, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestStorageOf(t *testing.T) {
+	shm, err := os.MkdirTemp("/dev/shm", "rdmafs-storage-")
+	if err != nil {
+		t.Skipf("no /dev/shm: %v", err)
+	}
+	defer os.Remove(shm)
+	if got := storageOf(shm); !strings.Contains(got, "in memory") {
+		t.Errorf("storageOf(%s) = %q, want data in memory", shm, got)
+	}
+	// The test's temporary directory is on disk on the machines this runs on
+	// unless $TMPDIR is a tmpfs.
+	dir := t.TempDir()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Type == unix.TMPFS_MAGIC {
+		t.Skipf("%s is on tmpfs", dir)
+	}
+	if got := storageOf(dir); !strings.Contains(got, "on disk") {
+		t.Errorf("storageOf(%s) = %q, want data on disk", dir, got)
+	}
+}
+
+func TestCheckRoom(t *testing.T) {
+	var st unix.Statfs_t
+	if err := unix.Statfs("/dev/shm", &st); err != nil || st.Type != unix.TMPFS_MAGIC || int64(st.Bavail)*st.Bsize < 2<<30 {
+		t.Skip("no tmpfs with 2 GiB free at /dev/shm")
+	}
+	for _, tc := range []struct {
+		size string
+		ok   bool
+	}{
+		{"1M", true},
+		{"64P", false}, // no unit P
+		{"1000T", false},
+	} {
+		if err := checkRoom("/dev/shm", tc.size); (err == nil) != tc.ok {
+			t.Errorf("checkRoom(/dev/shm, %s) = %v, want ok %v", tc.size, err, tc.ok)
 		}
 	}
 }
