@@ -85,23 +85,27 @@ func benchDataBase(data string) (string, error) {
 	return "", fmt.Errorf(`bench fs: --data %q: "memory" or "disk"`, data)
 }
 
-// checkRoom fails early, with advice, when the file system under base (and
-// the ceiling's tmpfs, which is /dev/shm) cannot hold a run: the rdmafs file
-// under EC 4+2 (1.5 times its size), the ceiling's copy, and the slots of
-// deleted versions each chunkd keeps for reuse (up to 256 MiB each).
+// checkRoom fails early, with advice, when /dev/shm cannot hold a run: the
+// ceiling's copy of the file and, when the cluster's data is there too (base),
+// the rdmafs file under EC 4+2 (1.5 times its size) and the slots of deleted
+// versions each chunkd keeps for reuse (up to 256 MiB each).
 func checkRoom(base, size string) error {
 	n, err := bytesize.Parse(size)
 	if err != nil {
 		return fmt.Errorf("bench fs: --size: %w", err)
 	}
-	need := n*5/2 + 6*(256<<20)
+	const shm = "/dev/shm"
+	need := n
+	if base == shm {
+		need += n*3/2 + 6*(256<<20)
+	}
 	var st unix.Statfs_t
-	if err := unix.Statfs(base, &st); err != nil {
-		return fmt.Errorf("bench fs: %s: %w", base, err)
+	if err := unix.Statfs(shm, &st); err != nil {
+		return fmt.Errorf("bench fs: %s: %w", shm, err)
 	}
 	if free := int64(st.Bavail) * st.Bsize; st.Type == unix.TMPFS_MAGIC && free < need {
-		return fmt.Errorf("bench fs: %s has %d MiB free, a %s run needs about %d MiB: use --data disk, a smaller --size, or a larger /dev/shm",
-			base, free>>20, size, need>>20)
+		return fmt.Errorf("bench fs: %s has %d MiB free, a %s run needs about %d MiB there: use --data disk, a smaller --size, or a larger %s",
+			shm, free>>20, size, need>>20, shm)
 	}
 	return nil
 }

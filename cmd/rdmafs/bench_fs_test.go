@@ -84,8 +84,10 @@ func TestCheckRoom(t *testing.T) {
 		{"64P", false}, // no unit P
 		{"1000T", false},
 	} {
-		if err := checkRoom("/dev/shm", tc.size); (err == nil) != tc.ok {
-			t.Errorf("checkRoom(/dev/shm, %s) = %v, want ok %v", tc.size, err, tc.ok)
+		for _, base := range []string{"/dev/shm", os.TempDir()} {
+			if err := checkRoom(base, tc.size); (err == nil) != tc.ok {
+				t.Errorf("checkRoom(%s, %s) = %v, want ok %v", base, tc.size, err, tc.ok)
+			}
 		}
 	}
 }
