@@ -55,10 +55,12 @@ and now and then on a neighbour that takes the CPU for a few seconds.`,
 			if clusterDir != "" && cmd.Flags().Changed("data") {
 				return fmt.Errorf("bench fs: --dir and --data: give one")
 			}
-			if clusterDir == "" {
-				if err := checkRoom(base, size); err != nil {
-					return err
-				}
+			dataDir := clusterDir
+			if dataDir == "" {
+				dataDir = base
+			}
+			if err := checkRoom(dataDir, size); err != nil {
+				return err
 			}
 			return runBenchFS(cmd.Context(), cmd.OutOrStdout(), jobs, size, runtime, rounds, transport, clusterDir, base)
 		},
@@ -86,17 +88,17 @@ func benchDataBase(data string) (string, error) {
 }
 
 // checkRoom fails early, with advice, when /dev/shm cannot hold a run: the
-// ceiling's copy of the file and, when the cluster's data is there too (base),
-// the rdmafs file under EC 4+2 (1.5 times its size) and the slots of deleted
-// versions each chunkd keeps for reuse (up to 256 MiB each).
-func checkRoom(base, size string) error {
+// ceiling's copy of the file and, when the cluster's data (dataDir) is on the
+// same file system, the rdmafs file under EC 4+2 (1.5 times its size) and the
+// slots of deleted versions each chunkd keeps for reuse (up to 256 MiB each).
+func checkRoom(dataDir, size string) error {
 	n, err := bytesize.Parse(size)
 	if err != nil {
 		return fmt.Errorf("bench fs: --size: %w", err)
 	}
 	const shm = "/dev/shm"
 	need := n
-	if base == shm {
+	if sameFS(dataDir, shm) {
 		need += n*3/2 + 6*(256<<20)
 	}
 	var st unix.Statfs_t
@@ -108,6 +110,21 @@ func checkRoom(base, size string) error {
 			shm, free>>20, size, need>>20, shm)
 	}
 	return nil
+}
+
+// sameFS reports whether dir, or its nearest existing ancestor, is on the
+// file system of other.
+func sameFS(dir, other string) bool {
+	var a, b unix.Stat_t
+	if unix.Stat(other, &b) != nil {
+		return false
+	}
+	for dir = filepath.Clean(dir); unix.Stat(dir, &a) != nil; dir = filepath.Dir(dir) {
+		if dir == filepath.Dir(dir) {
+			return false
+		}
+	}
+	return a.Dev == b.Dev
 }
 
 // storageOf describes the file system under dir for the report.

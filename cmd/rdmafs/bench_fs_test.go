@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -76,18 +77,26 @@ func TestCheckRoom(t *testing.T) {
 	if err := unix.Statfs("/dev/shm", &st); err != nil || st.Type != unix.TMPFS_MAGIC || int64(st.Bavail)*st.Bsize < 2<<30 {
 		t.Skip("no tmpfs with 2 GiB free at /dev/shm")
 	}
+	var tmp unix.Statfs_t
+	if err := unix.Statfs(os.TempDir(), &tmp); err != nil || tmp.Type == unix.TMPFS_MAGIC {
+		t.Skipf("%s is on tmpfs", os.TempDir())
+	}
+	// Room for the ceiling's copy alone but not for the cluster's data too.
+	ceilingOnly := fmt.Sprintf("%dM", int64(st.Bavail)*st.Bsize*3/5>>20)
 	for _, tc := range []struct {
-		size string
-		ok   bool
+		dataDir, size string
+		ok            bool
 	}{
-		{"1M", true},
-		{"64P", false}, // no unit P
-		{"1000T", false},
+		{"/dev/shm", "1M", true},
+		{os.TempDir(), "1M", true},
+		{"/dev/shm", "64P", false}, // no unit P
+		{os.TempDir(), "1000T", false},
+		{os.TempDir(), ceilingOnly, true},
+		{"/dev/shm", ceilingOnly, false},
+		{"/dev/shm/not-made-yet/cluster", ceilingOnly, false},
 	} {
-		for _, base := range []string{"/dev/shm", os.TempDir()} {
-			if err := checkRoom(base, tc.size); (err == nil) != tc.ok {
-				t.Errorf("checkRoom(%s, %s) = %v, want ok %v", base, tc.size, err, tc.ok)
-			}
+		if err := checkRoom(tc.dataDir, tc.size); (err == nil) != tc.ok {
+			t.Errorf("checkRoom(%s, %s) = %v, want ok %v", tc.dataDir, tc.size, err, tc.ok)
 		}
 	}
 }
