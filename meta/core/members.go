@@ -73,15 +73,23 @@ func (m *members) sweep(now time.Time, timeout time.Duration, log *slog.Logger) 
 	}
 }
 
-// place chooses n live chunkservers with at least minFree bytes free for
-// the shards of a stripe. Too few live chunkservers is ErrTooFew (a cluster
-// problem); enough live ones but too few with space is ENOSPC.
-func (m *members) place(n int, minFree uint64) ([]placement.Candidate, error) {
+// ErrTooFewLive is the errno of a write that cannot be placed because too
+// few chunkservers are live (or reachable by the writer): a condition that
+// passes when chunkservers come back, which writers wait out (bounded).
+const ErrTooFewLive = syscall.EHOSTDOWN
+
+// place chooses live chunkservers for the n shards of a stripe, each with at
+// least minFree bytes free and none in exclude or in taken. When fewer than
+// n qualify but at least need do, the stripe is placed degraded: the result
+// has n entries and the ones without a chunkserver have an empty ID. Fewer
+// than need live chunkservers is ErrTooFewLive; enough live ones but too few
+// with space is ENOSPC.
+func (m *members) place(n, need int, minFree uint64, exclude, taken map[string]bool) ([]placement.Candidate, error) {
 	m.mu.Lock()
 	cands := make([]placement.Candidate, 0, len(m.byID))
 	live := 0
 	for id, mb := range m.byID {
-		if !mb.up || mb.retiring() {
+		if !mb.up || mb.retiring() || exclude[id] || taken[id] {
 			continue
 		}
 		live++
@@ -90,11 +98,19 @@ func (m *members) place(n int, minFree uint64) ([]placement.Candidate, error) {
 		}
 	}
 	m.mu.Unlock()
-	if live >= n && len(cands) < n {
-		return nil, metaerr.New(syscall.ENOSPC, "only %d of %d live chunkservers have %d bytes free for a shard; %d needed", len(cands), live, minFree, n)
+	switch {
+	case len(cands) >= need:
+	case live >= need:
+		return nil, metaerr.New(syscall.ENOSPC, "only %d of %d live chunkservers have %d bytes free for a shard; %d needed", len(cands), live, minFree, need)
+	default:
+		return nil, metaerr.New(ErrTooFewLive, "%d live chunkservers can take a shard, %d needed", live, need)
 	}
 	sort.Slice(cands, func(i, j int) bool { return cands[i].ID < cands[j].ID })
-	return placement.Choose(cands, n, nil)
+	chosen, err := placement.Choose(cands, min(n, len(cands)), nil)
+	if err != nil {
+		return nil, err
+	}
+	return append(chosen, make([]placement.Candidate, n-len(chosen))...), nil
 }
 
 // withAddresses returns copies of shards with the chunkservers' addresses.

@@ -52,6 +52,9 @@ func StandardLayout() Layout { return Layout{K: 4, M: 2, Unit: 1 << 20} }
 type Layout struct {
 	K, M uint32
 	Unit uint64
+	// MinWrite is how many of a stripe's K+M shards must be durable for a
+	// write to commit (0: K+1, capped at K+M).
+	MinWrite uint32
 }
 
 // Validate reports whether the layout is usable.
@@ -63,20 +66,40 @@ func (l Layout) Validate() error {
 		return fmt.Errorf("layout: m=%d out of range (k+m at most 128)", l.M)
 	case l.Unit < 4096 || l.Unit > 1<<30 || l.Unit%4096 != 0:
 		return fmt.Errorf("layout: unit %d must be a multiple of 4096 between 4 KiB and 1 GiB", l.Unit)
+	case l.MinWrite != 0 && (l.MinWrite < l.K || l.MinWrite > l.K+l.M):
+		return fmt.Errorf("layout: min-write-shards %d out of range %d..%d (k..k+m)", l.MinWrite, l.K, l.K+l.M)
 	}
 	return nil
 }
 
-// String formats the layout as "k+m/unit".
-func (l Layout) String() string { return fmt.Sprintf("%d+%d/%d", l.K, l.M, l.Unit) }
+// minWriteShards returns how many shards of a stripe of layout l must be
+// durable for a write to commit: l.MinWriteShards, or k+1 (Ceph's min_size
+// rule: one failure more can still be survived), never more than k+m.
+func minWriteShards(l *metapb.Layout) int {
+	if l.MinWriteShards != 0 {
+		return int(min(l.MinWriteShards, l.K+l.M))
+	}
+	return int(min(l.K+1, l.K+l.M))
+}
 
-func (l Layout) pb() *metapb.Layout { return &metapb.Layout{K: l.K, M: l.M, Unit: l.Unit} }
+// String formats the layout as "k+m/unit", with "/min-write=N" when
+// MinWrite is set.
+func (l Layout) String() string {
+	if l.MinWrite != 0 {
+		return fmt.Sprintf("%d+%d/%d/min-write=%d", l.K, l.M, l.Unit, l.MinWrite)
+	}
+	return fmt.Sprintf("%d+%d/%d", l.K, l.M, l.Unit)
+}
+
+func (l Layout) pb() *metapb.Layout {
+	return &metapb.Layout{K: l.K, M: l.M, Unit: l.Unit, MinWriteShards: l.MinWrite}
+}
 
 func layoutFrom(p *metapb.Layout) Layout {
 	if p == nil {
 		return Layout{}
 	}
-	return Layout{K: p.K, M: p.M, Unit: p.Unit}
+	return Layout{K: p.K, M: p.M, Unit: p.Unit, MinWrite: p.MinWriteShards}
 }
 
 // Config configures a Service.

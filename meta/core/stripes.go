@@ -2,7 +2,6 @@ package core
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"syscall"
 
@@ -12,7 +11,6 @@ import (
 	"github.com/rdmafs/rdmafs/meta/kv"
 	"github.com/rdmafs/rdmafs/meta/metaerr"
 	"github.com/rdmafs/rdmafs/meta/metapb"
-	"github.com/rdmafs/rdmafs/meta/placement"
 )
 
 // MaxStripesPerCall bounds the stripes of one GrantWrite, CommitStripes or
@@ -93,11 +91,15 @@ func checkStripeList(n int) error {
 
 // GrantWrite implements metapb.MetaServer: for each stripe it reserves the
 // next version (a per-stripe counter, so concurrent grants never collide),
-// allocates fresh chunk ids and places the k+m shards on live chunkservers.
+// allocates fresh chunk ids and places the k+m shards on live chunkservers
+// not in req.Exclude. With fewer than k+m such chunkservers but at least the
+// layout's min-write-shards, the grant is degraded: the shards left without
+// a chunkserver are to be committed as missing.
 func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest) (*metapb.GrantWriteReply, error) {
 	if err := checkStripeList(len(req.Stripes)); err != nil {
 		return nil, err
 	}
+	exclude := idSet(req.Exclude)
 	out := &metapb.GrantWriteReply{}
 	err := s.update(ctx, func(t kv.Txn) error {
 		out.Grants = out.Grants[:0]
@@ -118,11 +120,8 @@ func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest)
 			if err := putMsg(t, keys.Stripe(req.Ino, idx), st); err != nil {
 				return err
 			}
-			chosen, err := s.members.place(n, l.Unit)
+			chosen, err := s.members.place(n, minWriteShards(l), l.Unit, exclude, nil)
 			if err != nil {
-				if errors.Is(err, placement.ErrTooFew) {
-					return metaerr.Unavailable("cannot place a %d+%d stripe: %v", l.K, l.M, err)
-				}
 				return err
 			}
 			first, err := nextID(t, counterChunk, uint64(n))
@@ -147,6 +146,91 @@ func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest)
 	return out, nil
 }
 
+// idSet returns ids as a set (nil for none).
+func idSet(ids []string) map[string]bool {
+	if len(ids) == 0 {
+		return nil
+	}
+	out := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		out[id] = true
+	}
+	return out
+}
+
+// ReplaceShards implements metapb.MetaServer: the listed shards of an
+// outstanding grant move to fresh chunks on live chunkservers that hold no
+// other shard of the grant and are not excluded, or to no chunkserver when
+// none is left. The chunks they leave are collected (a failed write may
+// have left data behind). It returns the grant's whole new placement.
+func (s *Service) ReplaceShards(ctx context.Context, req *metapb.ReplaceShardsRequest) (*metapb.ReplaceShardsReply, error) {
+	exclude := idSet(req.Exclude)
+	var shards []*metapb.Shard
+	err := s.update(ctx, func(t kv.Txn) error {
+		g := &metapb.GrantRecord{}
+		ok, err := getMsg(t, keys.Grant(req.Ino, req.Stripe, req.Version), g)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return metaerr.New(syscall.EINVAL, "no outstanding grant for inode %d stripe %d version %d (expired or committed)", req.Ino, req.Stripe, req.Version)
+		}
+		n := len(g.Shards)
+		move := map[int]bool{}
+		for _, i := range req.Shards {
+			if int(i) >= n {
+				return metaerr.New(syscall.EINVAL, "stripe %d has %d shards, not %d", req.Stripe, n, i+1)
+			}
+			move[int(i)] = true
+		}
+		taken := map[string]bool{}
+		for i, sh := range g.Shards {
+			if !move[i] && sh.ServerId != "" {
+				taken[sh.ServerId] = true
+			}
+		}
+		// Chunkservers the moving shards leave are not candidates either:
+		// their writes just failed.
+		for i := range move {
+			if id := g.Shards[i].ServerId; id != "" {
+				if exclude == nil {
+					exclude = map[string]bool{}
+				}
+				exclude[id] = true
+			}
+		}
+		chosen, err := s.members.place(len(move), 0, g.Layout.Unit, exclude, taken)
+		if err != nil {
+			return err
+		}
+		first, err := nextID(t, counterChunk, uint64(len(move)))
+		if err != nil {
+			return err
+		}
+		var left []*metapb.Shard
+		j := 0
+		for i := range n {
+			if !move[i] {
+				continue
+			}
+			if old := g.Shards[i]; old.ServerId != "" {
+				left = append(left, old)
+			}
+			g.Shards[i] = &metapb.Shard{ChunkId: first + uint64(j), ServerId: chosen[j].ID}
+			j++
+		}
+		if err := queueGC(t, left, req.Version); err != nil {
+			return err
+		}
+		shards = g.Shards
+		return putMsg(t, keys.Grant(req.Ino, req.Stripe, req.Version), g)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &metapb.ReplaceShardsReply{Shards: s.members.withAddresses(shards)}, nil
+}
+
 // CommitStripes implements metapb.MetaServer: in one transaction it checks
 // every stripe's committed version against the writer's expectation and, if
 // all match, makes the granted versions committed, grows the file to size
@@ -157,8 +241,10 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 	}
 	var out *metapb.CommitStripesReply
 	var conflicts []uint64
+	degraded := 0
 	err := s.update(ctx, func(t kv.Txn) error {
 		conflicts = conflicts[:0]
+		degraded = 0
 		now := s.now().UnixNano()
 		rec, err := getFile(t, req.Ino)
 		if err != nil {
@@ -200,6 +286,12 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 			if st.Version != sc.ExpectedVersion || sc.Version <= st.Version {
 				conflicts = append(conflicts, sc.Stripe)
 				continue
+			}
+			if err := markMissing(t, g, sc); err != nil {
+				return err
+			}
+			if degradedShards(g.Shards) {
+				degraded++
 			}
 			todo = append(todo, pending{sc, st, g})
 		}
@@ -256,11 +348,54 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 	if err != nil {
 		return nil, err
 	}
+	if degraded > 0 && len(conflicts) == 0 {
+		s.log.Warn("stripes committed degraded, queued for repair", "ino", req.Ino, "stripes", degraded)
+		s.kickRepair()
+	}
 	if len(conflicts) > 0 {
 		return nil, metaerr.Conflict(append([]uint64(nil), conflicts...),
 			"commit of inode %d lost the version compare-and-set on stripes %v: get a new grant and retry", req.Ino, conflicts)
 	}
 	return out, nil
+}
+
+// markMissing applies a commit's missing shards to its grant: they lose
+// their chunkserver (repair rebuilds them) and whatever a failed write left
+// of their chunks is collected. Shards the grant placed nowhere are missing
+// whether listed or not. Fewer durable shards than the layout's
+// min-write-shards is refused: such a stripe must not commit.
+func markMissing(t kv.Txn, g *metapb.GrantRecord, sc *metapb.StripeCommit) error {
+	n := len(g.Shards)
+	var left []*metapb.Shard
+	for _, i := range sc.Missing {
+		if int(i) >= n {
+			return metaerr.New(syscall.EINVAL, "stripe %d has %d shards, not %d", sc.Stripe, n, i+1)
+		}
+		if sh := g.Shards[i]; sh.ServerId != "" {
+			left = append(left, sh)
+			g.Shards[i] = &metapb.Shard{ChunkId: sh.ChunkId}
+		}
+	}
+	durable := 0
+	for _, sh := range g.Shards {
+		if sh.ServerId != "" {
+			durable++
+		}
+	}
+	if need := minWriteShards(g.Layout); durable < need {
+		return metaerr.New(syscall.EIO, "stripe %d: %d of %d shards durable, min-write-shards is %d", sc.Stripe, durable, n, need)
+	}
+	return queueGC(t, left, sc.Version)
+}
+
+// degradedShards reports whether some shard has no chunkserver.
+func degradedShards(shards []*metapb.Shard) bool {
+	for _, sh := range shards {
+		if sh.ServerId == "" {
+			return true
+		}
+	}
+	return false
 }
 
 func containsU64(xs []uint64, x uint64) bool {

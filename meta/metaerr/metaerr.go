@@ -62,9 +62,10 @@ func Conflict(stripes []uint64, format string, args ...any) *Error {
 }
 
 // Unavailable returns an error for a cluster that cannot serve the request
-// now, such as too few live chunkservers for a layout.
+// now but may soon, such as too few live chunkservers for a layout: errno
+// EHOSTDOWN, which writers wait out (bounded) instead of reporting.
 func Unavailable(format string, args ...any) *Error {
-	return &Error{Errno: syscall.ENOSPC, Code: codes.FailedPrecondition, Msg: fmt.Sprintf(format, args...)}
+	return &Error{Errno: syscall.EHOSTDOWN, Code: codes.FailedPrecondition, Msg: fmt.Sprintf(format, args...)}
 }
 
 func codeFor(e syscall.Errno) codes.Code {
@@ -75,7 +76,7 @@ func codeFor(e syscall.Errno) codes.Code {
 		return codes.AlreadyExists
 	case syscall.EACCES, syscall.EPERM:
 		return codes.PermissionDenied
-	case syscall.ENOTEMPTY, syscall.ENOTDIR, syscall.EISDIR, syscall.EBUSY, syscall.EMLINK, syscall.EXDEV:
+	case syscall.ENOTEMPTY, syscall.ENOTDIR, syscall.EISDIR, syscall.EBUSY, syscall.EMLINK, syscall.EXDEV, syscall.EHOSTDOWN:
 		return codes.FailedPrecondition
 	case syscall.ENOSPC, syscall.E2BIG, syscall.EFBIG:
 		return codes.ResourceExhausted
@@ -132,6 +133,8 @@ func errnoName(e syscall.Errno) string {
 		return "EBADF"
 	case syscall.ESTALE:
 		return "ESTALE"
+	case syscall.EHOSTDOWN:
+		return "EHOSTDOWN"
 	}
 	return fmt.Sprintf("errno %d", int(e))
 }

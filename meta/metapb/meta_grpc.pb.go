@@ -50,6 +50,7 @@ const (
 	Meta_GetLayout_FullMethodName     = "/rdmafs.meta.v1.Meta/GetLayout"
 	Meta_GrantWrite_FullMethodName    = "/rdmafs.meta.v1.Meta/GrantWrite"
 	Meta_CommitStripes_FullMethodName = "/rdmafs.meta.v1.Meta/CommitStripes"
+	Meta_ReplaceShards_FullMethodName = "/rdmafs.meta.v1.Meta/ReplaceShards"
 	Meta_GetStripes_FullMethodName    = "/rdmafs.meta.v1.Meta/GetStripes"
 	Meta_Register_FullMethodName      = "/rdmafs.meta.v1.Meta/Register"
 	Meta_Heartbeat_FullMethodName     = "/rdmafs.meta.v1.Meta/Heartbeat"
@@ -93,6 +94,7 @@ type MetaClient interface {
 	GetLayout(ctx context.Context, in *GetLayoutRequest, opts ...grpc.CallOption) (*LayoutReply, error)
 	GrantWrite(ctx context.Context, in *GrantWriteRequest, opts ...grpc.CallOption) (*GrantWriteReply, error)
 	CommitStripes(ctx context.Context, in *CommitStripesRequest, opts ...grpc.CallOption) (*CommitStripesReply, error)
+	ReplaceShards(ctx context.Context, in *ReplaceShardsRequest, opts ...grpc.CallOption) (*ReplaceShardsReply, error)
 	GetStripes(ctx context.Context, in *GetStripesRequest, opts ...grpc.CallOption) (*GetStripesReply, error)
 	Register(ctx context.Context, in *RegisterRequest, opts ...grpc.CallOption) (*RegisterReply, error)
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatReply, error)
@@ -381,6 +383,16 @@ func (c *metaClient) CommitStripes(ctx context.Context, in *CommitStripesRequest
 	return out, nil
 }
 
+func (c *metaClient) ReplaceShards(ctx context.Context, in *ReplaceShardsRequest, opts ...grpc.CallOption) (*ReplaceShardsReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplaceShardsReply)
+	err := c.cc.Invoke(ctx, Meta_ReplaceShards_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *metaClient) GetStripes(ctx context.Context, in *GetStripesRequest, opts ...grpc.CallOption) (*GetStripesReply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetStripesReply)
@@ -485,6 +497,7 @@ type MetaServer interface {
 	GetLayout(context.Context, *GetLayoutRequest) (*LayoutReply, error)
 	GrantWrite(context.Context, *GrantWriteRequest) (*GrantWriteReply, error)
 	CommitStripes(context.Context, *CommitStripesRequest) (*CommitStripesReply, error)
+	ReplaceShards(context.Context, *ReplaceShardsRequest) (*ReplaceShardsReply, error)
 	GetStripes(context.Context, *GetStripesRequest) (*GetStripesReply, error)
 	Register(context.Context, *RegisterRequest) (*RegisterReply, error)
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatReply, error)
@@ -583,6 +596,9 @@ func (UnimplementedMetaServer) GrantWrite(context.Context, *GrantWriteRequest) (
 }
 func (UnimplementedMetaServer) CommitStripes(context.Context, *CommitStripesRequest) (*CommitStripesReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method CommitStripes not implemented")
+}
+func (UnimplementedMetaServer) ReplaceShards(context.Context, *ReplaceShardsRequest) (*ReplaceShardsReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReplaceShards not implemented")
 }
 func (UnimplementedMetaServer) GetStripes(context.Context, *GetStripesRequest) (*GetStripesReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetStripes not implemented")
@@ -1112,6 +1128,24 @@ func _Meta_CommitStripes_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Meta_ReplaceShards_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplaceShardsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).ReplaceShards(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_ReplaceShards_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).ReplaceShards(ctx, req.(*ReplaceShardsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Meta_GetStripes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetStripesRequest)
 	if err := dec(in); err != nil {
@@ -1352,6 +1386,10 @@ var Meta_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CommitStripes",
 			Handler:    _Meta_CommitStripes_Handler,
+		},
+		{
+			MethodName: "ReplaceShards",
+			Handler:    _Meta_ReplaceShards_Handler,
 		},
 		{
 			MethodName: "GetStripes",

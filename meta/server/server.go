@@ -152,9 +152,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A restarted server presumes its registered chunkservers up until they
+	// miss a heartbeat timeout (Takeover), as a new etcd leader does: their
+	// heartbeats resume within an interval, and placing writes in the
+	// meantime must not fail. One really down is excluded by the writers
+	// that fail to reach it, and by the heartbeat sweep.
 	svc, err := core.New(ctx, core.Config{Store: store, Logger: cfg.Logger, HeartbeatTimeout: cfg.HeartbeatTimeout,
 		SessionTTL: cfg.SessionTTL, GrantTTL: cfg.GrantTTL, OnRetry: m.retries.Inc,
-		RepairGrace: cfg.RepairGrace, RepairTaskTimeout: cfg.RepairTaskTimeout})
+		RepairGrace: cfg.RepairGrace, RepairTaskTimeout: cfg.RepairTaskTimeout, Takeover: true})
 	if err != nil {
 		store.Close()
 		return nil, err
