@@ -34,7 +34,8 @@ var (
 
 // OpendirHandle implements gofs.NodeOpendirHandler.
 func (n *Node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	// Listing needs read permission; the service checks it on each page, and
 	// an empty first page fetch checks it now so that opendir fails early.
 	d := &dirHandle{n: n, caller: n.fsys.callers.of(ctx)}
@@ -55,7 +56,8 @@ func (d *dirHandle) fill(ctx context.Context) syscall.Errno {
 
 // Readdirent implements gofs.FileReaddirenter: nil at the end.
 func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	if len(d.page) == 0 {
 		if d.eof {
 			return nil, 0
@@ -75,7 +77,8 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 
 // Seekdir implements gofs.FileSeekdirer: off is a cookie handed out before.
 func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	if off == d.cookie {
 		return 0
 	}
@@ -85,7 +88,8 @@ func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 
 // Lookup implements gofs.FileLookuper for READDIRPLUS: the entry just listed.
 func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	if d.last == nil || d.last.Name != name || d.last.Attr == nil {
 		return d.n.Lookup(ctx, name, out)
 	}

@@ -41,7 +41,8 @@ var (
 // Open implements gofs.NodeOpener: the service checks the access mode and
 // records the open in the session.
 func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	r, err := n.fsys.meta.Open(ctx, &metapb.OpenRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, SessionId: n.fsys.opts.Session, Flags: flags})
 	if err != nil {
 		return nil, 0, errno(err)
@@ -178,7 +179,8 @@ func (r *inPlaceResult) Slices() ([][]byte, fuse.Status) { return r.data[:], fus
 
 // Write implements gofs.FileWriter.
 func (f *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
-	ctx = uninterruptibleData(ctx)
+	ctx, done := killable(ctx) // a write may wait for flushes, up to the write timeout
+	defer done()
 	d, e := f.data()
 	if e != 0 {
 		return 0, e
@@ -233,7 +235,8 @@ func (f *fileHandle) dropBehind(off, n int64) {
 // Flush implements gofs.FileFlusher: close(2) commits what was written, so that
 // the next open anywhere sees it (close-to-open consistency).
 func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	if f.flags&syscall.O_ACCMODE == syscall.O_RDONLY || f.fsys.opts.Data == nil {
 		return 0
 	}
@@ -243,7 +246,8 @@ func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
 // Fsync implements gofs.FileFsyncer: every shard durable and the version
 // committed before it returns.
 func (f *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	if f.fsys.opts.Data == nil {
 		return 0
 	}
@@ -252,7 +256,8 @@ func (f *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 
 // Release implements gofs.FileReleaser.
 func (f *fileHandle) Release(ctx context.Context) syscall.Errno {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	_, err := f.fsys.meta.Release(ctx, &metapb.ReleaseRequest{Ino: f.ino, SessionId: f.fsys.opts.Session})
 	if err != nil {
 		f.fsys.log.Warn("release", "ino", f.ino, "err", err)
@@ -269,7 +274,8 @@ func (f *fileHandle) Release(ctx context.Context) syscall.Errno {
 //
 // Other modes fail with EOPNOTSUPP, as on file systems that lack them.
 func (f *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	d, e := f.data()
 	if e != 0 {
 		return e

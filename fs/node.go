@@ -3,7 +3,11 @@ package fs
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"log/slog"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -147,18 +151,94 @@ func errno(err error) syscall.Errno {
 	return client.Errno(err)
 }
 
-// uninterruptible detaches an operation from the kernel's interrupts. A signal
-// to the calling thread (Go delivers them for preemption all the time) makes
-// the kernel send FUSE_INTERRUPT, which cancels the request's context; an
-// operation that changes state or moves file data must finish regardless, as
-// on a hard NFS mount, or applications would see spurious errors. Hangs are
-// bounded by the transports' own timeouts.
-func uninterruptible(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+// killable detaches an operation from the kernel's interrupts, except when
+// the calling process is being killed. A signal to the calling thread (Go
+// delivers them for preemption all the time) makes the kernel send
+// FUSE_INTERRUPT, which cancels the request's context; applications do not
+// expect EINTR from file operations on a local disk, so an operation goes on
+// regardless, bounded by the data engine's and the meta client's timeouts.
+// But a process with a fatal signal pending (SIGKILL, or any signal whose
+// action is to terminate) cannot exit until its request is answered, so
+// once the kernel has interrupted the request and the caller is found dying
+// the returned context is cancelled and the operation gives up at once (a
+// local disk's waits are killable the same way). done must be called when
+// the operation ends.
+func killable(ctx context.Context) (context.Context, func()) {
+	fc, ok := ctx.(*fuse.Context)
+	if !ok {
+		return context.WithoutCancel(ctx), func() {}
+	}
+	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	pid := fc.Pid
+	stop := context.AfterFunc(ctx, func() { watchDying(kctx, cancel, pid) })
+	return kctx, func() {
+		stop()
+		cancel()
+	}
+}
 
-// uninterruptibleData is uninterruptible for a file's reads and writes: the
-// data engine uses nothing of the request's context but its cancellation, so
-// it gets the background context, which unlike context.WithoutCancel costs no
-// allocation per request.
+// dyingPoll is how often an interrupted request checks whether its caller
+// is being killed: the kernel interrupts a request once, and the fatal
+// signal may come later.
+const dyingPoll = 100 * time.Millisecond
+
+// watchDying cancels ctx once the thread tid has a fatal signal pending or
+// is gone, checking until ctx ends.
+func watchDying(ctx context.Context, cancel context.CancelFunc, tid uint32) {
+	t := time.NewTicker(dyingPoll)
+	defer t.Stop()
+	for {
+		if dying(tid) {
+			cancel()
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// dying reports whether thread tid is exiting: gone, a zombie, or with
+// SIGKILL pending (the kernel turns every fatal signal into a SIGKILL of
+// all the process's threads when it is sent).
+func dying(tid uint32) bool {
+	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(tid), 10) + "/status")
+	if err != nil {
+		return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH)
+	}
+	return dyingStatus(string(b))
+}
+
+// dyingStatus is dying for the text of /proc/TID/status.
+func dyingStatus(status string) bool {
+	const sigkill = 1 << (9 - 1)
+	for line := range strings.Lines(status) {
+		key, val, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		val = strings.TrimSpace(val)
+		switch key {
+		case "State":
+			if strings.HasPrefix(val, "Z") || strings.HasPrefix(val, "X") {
+				return true
+			}
+		case "SigPnd", "ShdPnd":
+			if mask, err := strconv.ParseUint(val, 16, 64); err == nil && mask&sigkill != 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// uninterruptibleData is for a file's reads: the data engine uses nothing of
+// the request's context but its cancellation, and a read waits at most for
+// the chunkservers' stall timeouts (then it reconstructs from the others), so
+// it gets the background context, which unlike killable costs no allocation
+// per request.
 func uninterruptibleData(context.Context) context.Context { return context.Background() }
 
 // fillAttr converts the service's attributes into the kernel's.
@@ -205,7 +285,8 @@ func (n *Node) entry(ctx context.Context, a *metapb.Attr, out *fuse.EntryOut) *g
 
 // Lookup implements gofs.NodeLookuper.
 func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	r, err := n.fsys.meta.Lookup(ctx, &metapb.LookupRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
 	if err != nil {
 		return nil, errno(err)
@@ -215,7 +296,8 @@ func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 
 // Getattr implements gofs.NodeGetattrer.
 func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	r, err := n.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: n.ino})
 	if err != nil {
 		return errno(err)
@@ -227,7 +309,8 @@ func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut
 
 // Setattr implements gofs.NodeSetattrer.
 func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	req := &metapb.SetAttrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino}
 	if m, ok := in.GetMode(); ok {
 		req.SetMode, req.Mode = true, m&0o7777
@@ -274,7 +357,8 @@ func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 // Create implements gofs.NodeCreater: the file is created and opened in one
 // transaction. The kernel has applied the umask to mode already.
 func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	r, err := n.fsys.meta.Create(ctx, &metapb.CreateRequest{
 		Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Mode: mode & 0o7777,
 		Exclusive: flags&syscall.O_EXCL != 0, SessionId: n.fsys.opts.Session, OpenFlags: flags,
@@ -294,7 +378,8 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 
 // Mknod implements gofs.NodeMknoder.
 func (n *Node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	r, err := n.fsys.meta.Mknod(ctx, &metapb.MknodRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Mode: mode, Rdev: dev})
 	if err != nil {
 		return nil, errno(err)
@@ -304,7 +389,8 @@ func (n *Node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 
 // Mkdir implements gofs.NodeMkdirer.
 func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	r, err := n.fsys.meta.Mkdir(ctx, &metapb.MkdirRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Mode: mode & 0o7777})
 	if err != nil {
 		return nil, errno(err)
@@ -314,7 +400,8 @@ func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 
 // Symlink implements gofs.NodeSymlinker.
 func (n *Node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	r, err := n.fsys.meta.Symlink(ctx, &metapb.SymlinkRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Target: target})
 	if err != nil {
 		return nil, errno(err)
@@ -324,7 +411,8 @@ func (n *Node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 
 // Readlink implements gofs.NodeReadlinker.
 func (n *Node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	r, err := n.fsys.meta.Readlink(ctx, &metapb.ReadlinkRequest{Ino: n.ino})
 	if err != nil {
 		return nil, errno(err)
@@ -334,7 +422,8 @@ func (n *Node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 
 // Link implements gofs.NodeLinker.
 func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	t, ok := target.(*Node)
 	if !ok {
 		return nil, syscall.EXDEV
@@ -348,21 +437,24 @@ func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 
 // Unlink implements gofs.NodeUnlinker.
 func (n *Node) Unlink(ctx context.Context, name string) syscall.Errno {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	_, err := n.fsys.meta.Unlink(ctx, &metapb.UnlinkRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
 	return errno(err)
 }
 
 // Rmdir implements gofs.NodeRmdirer.
 func (n *Node) Rmdir(ctx context.Context, name string) syscall.Errno {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	_, err := n.fsys.meta.Rmdir(ctx, &metapb.RmdirRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
 	return errno(err)
 }
 
 // Rename implements gofs.NodeRenamer, with renameat2 flags.
 func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	p, ok := newParent.(*Node)
 	if !ok {
 		return syscall.EXDEV
@@ -380,7 +472,8 @@ func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 // once; one set through another mount shows within the attribute timeout, as
 // other attributes do.
 func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	caps := attr == capsXattr
 	var start time.Time
 	var gen uint64
@@ -414,7 +507,8 @@ func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 
 // Setxattr implements gofs.NodeSetxattrer.
 func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	n.forgetNoCaps()
 	defer n.forgetNoCaps()
 	_, err := n.fsys.meta.SetXattr(ctx, &metapb.SetXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr, Value: data, Flags: flags})
@@ -423,7 +517,8 @@ func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 
 // Listxattr implements gofs.NodeListxattrer.
 func (n *Node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	r, err := n.fsys.meta.ListXattr(ctx, &metapb.ListXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino})
 	if err != nil {
 		return 0, errno(err)
@@ -446,7 +541,8 @@ func (n *Node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 
 // Removexattr implements gofs.NodeRemovexattrer.
 func (n *Node) Removexattr(ctx context.Context, attr string) syscall.Errno {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	n.forgetNoCaps()
 	defer n.forgetNoCaps()
 	_, err := n.fsys.meta.RemoveXattr(ctx, &metapb.RemoveXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr})
@@ -465,7 +561,8 @@ func (n *Node) forgetNoCaps() {
 
 // Statfs implements gofs.NodeStatfser.
 func (n *Node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	ctx = uninterruptible(ctx)
+	ctx, done := killable(ctx)
+	defer done()
 	r, err := n.fsys.meta.StatFS(ctx, &metapb.StatFSRequest{})
 	if err != nil {
 		return errno(err)

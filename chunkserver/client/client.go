@@ -42,7 +42,19 @@ type Options struct {
 	// When chunkd answers busy (its memory all leased), the connection
 	// releases its least recently used leases and asks again.
 	MaxCachedLeases int
+	// MinTimeout and MaxTimeout bound the connection's stall timeout (defaults
+	// 2s and 10s): when requests are outstanding and nothing at all has
+	// completed for that long, the peer is deemed gone and the connection
+	// fails (as a queue pair does after its transport retries), so that no
+	// caller waits for a silent chunkserver longer than that. Between the
+	// bounds the timeout is 16 times the connection's average request
+	// latency.
+	MinTimeout, MaxTimeout time.Duration
 }
+
+// ErrStalled is wrapped by the error of a connection that failed because
+// its chunkserver answered nothing for the stall timeout.
+var ErrStalled = errors.New("chunkserver client: no answer within the stall timeout")
 
 // ErrClosed is returned once the connection is closed or failed.
 var ErrClosed = errors.New("chunkserver client: connection closed")
@@ -98,6 +110,12 @@ type Client struct {
 
 	maxLeases int
 
+	// Stall detection: the time of the last completion of anything, and
+	// the average request latency (an EWMA, nanoseconds).
+	minTimeout, maxTimeout time.Duration
+	lastProgress           atomic.Int64
+	latency                atomic.Int64
+
 	slots chan int      // free send buffers: one per credit
 	sq    chan struct{} // room in the send queue
 	next  atomic.Uint64
@@ -127,6 +145,7 @@ type Client struct {
 	closeOnce  sync.Once
 	closing    chan struct{} // closed by Close: the poller stops
 	closeOnce2 sync.Once
+	closeAll   sync.Once // runs close once; concurrent Closes wait for it
 	pollDone   chan struct{}
 }
 
@@ -136,7 +155,8 @@ type cachedLease struct {
 }
 
 type call struct {
-	slot int
+	start int64 // when it was sent, Unix nanoseconds
+	slot  int
 	want int
 	reps []proto.Reply
 	err  error
@@ -144,6 +164,7 @@ type call struct {
 }
 
 type op struct {
+	start   int64 // when it was posted, Unix nanoseconds
 	pending int
 	status  rdma.WCStatus
 	done    chan struct{} // receives one value when all work requests completed
@@ -161,8 +182,14 @@ func Dial(ctx context.Context, dev rdma.Device, pd rdma.ProtectionDomain, addr s
 	if opts.MaxCachedLeases <= 0 {
 		opts.MaxCachedLeases = 128
 	}
+	if opts.MaxTimeout <= 0 {
+		opts.MaxTimeout = 10 * time.Second
+	}
+	if opts.MinTimeout <= 0 || opts.MinTimeout > opts.MaxTimeout {
+		opts.MinTimeout = min(2*time.Second, opts.MaxTimeout)
+	}
 	c := &Client{
-		addr: addr, maxSGE: rdma.MaxSGELimit,
+		addr: addr, maxSGE: rdma.MaxSGELimit, minTimeout: opts.MinTimeout, maxTimeout: opts.MaxTimeout,
 		calls: make(map[uint64]*call), ops: make(map[uint64]*op), leases: make(map[chunk.Key]*cachedLease),
 		done: make(chan struct{}), closing: make(chan struct{}), pollDone: make(chan struct{}),
 	}
@@ -224,7 +251,81 @@ func Dial(ctx context.Context, dev rdma.Device, pd rdma.ProtectionDomain, addr s
 		case <-c.done:
 		}
 	}()
+	go c.watch()
 	return c, nil
+}
+
+// Timeout returns the connection's current stall timeout.
+func (c *Client) Timeout() time.Duration {
+	return min(max(16*time.Duration(c.latency.Load()), c.minTimeout), c.maxTimeout)
+}
+
+// progress records a completion that took lat.
+func (c *Client) progress(now, start int64) {
+	c.lastProgress.Store(now)
+	if start == 0 {
+		return
+	}
+	lat := now - start
+	for {
+		old := c.latency.Load()
+		next := old + (lat-old)/8
+		if old == 0 {
+			next = lat
+		}
+		if c.latency.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+// watch fails the connection when requests are outstanding and nothing has
+// completed for the stall timeout: a silent peer (hung host, dropped
+// packets) would otherwise keep callers waiting for TCP's own timeouts,
+// minutes long. Failing closes the queue pair, which flushes every
+// outstanding one-sided operation, so the callers' buffers are free again.
+func (c *Client) watch() {
+	for {
+		d := c.Timeout()
+		t := time.NewTimer(d / 4)
+		select {
+		case <-c.done:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		oldest := c.oldestOutstanding()
+		if oldest == 0 {
+			continue
+		}
+		now := time.Now().UnixNano()
+		if since := now - max(oldest, c.lastProgress.Load()); since > int64(d) {
+			c.failAll(fmt.Errorf("%w: %w: nothing from %s for %v with requests outstanding", ErrClosed, ErrStalled, c.addr, time.Duration(since).Round(time.Millisecond)))
+			go c.Close()
+			return
+		}
+	}
+}
+
+// oldestOutstanding returns when the oldest outstanding call or one-sided
+// operation started (Unix nanoseconds), or 0 when none is.
+func (c *Client) oldestOutstanding() int64 {
+	var oldest int64
+	c.mu.Lock()
+	for _, cl := range c.calls {
+		if oldest == 0 || cl.start < oldest {
+			oldest = cl.start
+		}
+	}
+	c.mu.Unlock()
+	c.opsMu.Lock()
+	for _, o := range c.ops {
+		if oldest == 0 || o.start < oldest {
+			oldest = o.start
+		}
+	}
+	c.opsMu.Unlock()
+	return oldest
 }
 
 // Limits returns what chunkd granted this connection.
@@ -248,8 +349,15 @@ func (c *Client) Err() error {
 	return c.err
 }
 
-// Close disconnects. Outstanding calls fail with ErrClosed.
+// Close disconnects. Outstanding calls fail with ErrClosed. It may be called
+// more than once and concurrently; every call returns once the queue pair is
+// closed and its memory released.
 func (c *Client) Close() error {
+	c.closeAll.Do(c.close)
+	return nil
+}
+
+func (c *Client) close() {
 	c.failAll(ErrClosed)
 	// No post starts once qpClosed is set; the queue pair is closed after the
 	// lock is released, because closing waits for the transport's reader,
@@ -262,7 +370,6 @@ func (c *Client) Close() error {
 	c.closeOnce2.Do(func() { close(c.closing) })
 	<-c.pollDone
 	c.release()
-	return nil
 }
 
 func (c *Client) release() {
@@ -411,6 +518,7 @@ func (c *Client) complete(wc *rdma.WorkCompletion) {
 			}
 			o.pending--
 			if o.pending == 0 {
+				c.progress(time.Now().UnixNano(), o.start)
 				delete(c.ops, wc.ID)
 				o.done <- struct{}{}
 			}
@@ -447,8 +555,10 @@ func (c *Client) deliver(b []byte) {
 	delete(c.calls, h.ID)
 	c.mu.Unlock()
 	if cl == nil {
+		c.progress(time.Now().UnixNano(), 0)
 		return
 	}
+	c.progress(time.Now().UnixNano(), cl.start)
 	_, cl.reps, cl.err = proto.DecodeReplies(b, cl.reps[:0])
 	if cl.err == nil && len(cl.reps) != cl.want {
 		cl.err = fmt.Errorf("chunkserver client: %d replies to %d requests", len(cl.reps), cl.want)
@@ -491,7 +601,7 @@ func (c *Client) Do(ctx context.Context, reqs []proto.Request) ([]proto.Reply, e
 		c.slots <- slot
 		return nil, fmt.Errorf("chunkserver client: %w", err)
 	}
-	cl := &call{slot: slot, want: len(reqs), reps: make([]proto.Reply, 0, len(reqs)), done: make(chan struct{})}
+	cl := &call{start: time.Now().UnixNano(), slot: slot, want: len(reqs), reps: make([]proto.Reply, 0, len(reqs)), done: make(chan struct{})}
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
@@ -821,7 +931,7 @@ func (c *Client) WriteVersion(ctx context.Context, key chunk.Key, sgl []rdma.SGE
 		return fmt.Errorf("write %v: %w", key, err)
 	}
 	cerr := c.Commit(ctx, key, crc)
-	if werr := c.finishOneSided(o, rdma.OpRDMAWrite); werr != nil {
+	if werr := c.finishOneSided(ctx, o, rdma.OpRDMAWrite); werr != nil {
 		return fmt.Errorf("write %v: %w", key, werr)
 	}
 	return cerr
@@ -861,14 +971,15 @@ func (c *Client) List(ctx context.Context, id chunk.ID) ([]chunk.Info, error) {
 	return out, reps[0].Status.Err(proto.OpList)
 }
 
-// await waits for o. A transport that completes an operation inside PostSend
-// (shared memory does) has its completion in the queue already: reaping it here
-// saves two goroutine switches through the poller.
-func (c *Client) await(o *op) {
+// await waits for o, or for ctx to end (its error is returned then and o may
+// still be in flight). A transport that completes an operation inside
+// PostSend (shared memory does) has its completion in the queue already:
+// reaping it here saves two goroutine switches through the poller.
+func (c *Client) await(ctx context.Context, o *op) error {
 	for i := 0; i < 2; i++ {
 		select {
 		case <-o.done:
-			return
+			return nil
 		default:
 		}
 		if !c.pollMu.TryLock() {
@@ -883,7 +994,12 @@ func (c *Client) await(o *op) {
 			break
 		}
 	}
-	<-o.done
+	select {
+	case <-o.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // oneSided posts RDMA_READ or RDMA_WRITE work requests for sgl against the remote
@@ -894,7 +1010,7 @@ func (c *Client) oneSided(ctx context.Context, opcode rdma.Opcode, addr uint64, 
 	if err != nil {
 		return err
 	}
-	return c.finishOneSided(o, opcode)
+	return c.finishOneSided(ctx, o, opcode)
 }
 
 // startOneSided posts the work requests of a one-sided operation; o is nil when
@@ -916,7 +1032,7 @@ func (c *Client) startOneSided(ctx context.Context, opcode rdma.Opcode, addr uin
 	if o == nil {
 		o = &op{done: make(chan struct{}, 1)}
 	}
-	o.pending, o.status = nwr, rdma.WCSuccess
+	o.pending, o.status, o.start = nwr, rdma.WCSuccess, time.Now().UnixNano()
 	if err := c.Err(); err != nil {
 		c.opPool.Put(o)
 		return nil, err
@@ -946,12 +1062,20 @@ func (c *Client) startOneSided(ctx context.Context, opcode rdma.Opcode, addr uin
 	return o, nil
 }
 
-// finishOneSided waits for an operation started by startOneSided.
-func (c *Client) finishOneSided(o *op, opcode rdma.Opcode) error {
+// finishOneSided waits for an operation started by startOneSided. When ctx
+// ends first (a peer gone silent) the connection is closed, because only a
+// closed queue pair guarantees that nothing more lands in the caller's
+// buffers: closing flushes its work requests, and the error wraps ctx's.
+func (c *Client) finishOneSided(ctx context.Context, o *op, opcode rdma.Opcode) error {
 	if o == nil {
 		return nil
 	}
-	c.await(o)
+	if err := c.await(ctx, o); err != nil {
+		c.Close()
+		<-o.done
+		c.opPool.Put(o)
+		return fmt.Errorf("chunkserver client: %v to %s abandoned, connection closed: %w", opcode, c.addr, err)
+	}
 	status := o.status
 	c.opPool.Put(o)
 	if status != rdma.WCSuccess {

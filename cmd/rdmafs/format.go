@@ -15,6 +15,7 @@ import (
 // newFormatCommand is `rdmafs format META`: initialize a metadata data directory.
 func newFormatCommand() *cobra.Command {
 	var ec, unit, secretFile, kvURL string
+	var minWrite uint32
 	cmd := &cobra.Command{
 		Use:   "format [META-DATA-DIR]",
 		Short: "Create a new file system in a metadata data directory",
@@ -32,7 +33,7 @@ func newFormatCommand() *cobra.Command {
 				if secretFile == "" {
 					return fmt.Errorf("format: --kv needs --secret-file")
 				}
-				l, err := parseLayout(ec, unit)
+				l, err := parseLayout(ec, unit, minWrite)
 				if err != nil {
 					return err
 				}
@@ -47,7 +48,7 @@ func newFormatCommand() *cobra.Command {
 			if len(args) != 1 {
 				return fmt.Errorf("format: give META-DATA-DIR (bbolt) or --kv etcd://... (etcd)")
 			}
-			l, err := parseLayout(ec, unit)
+			l, err := parseLayout(ec, unit, minWrite)
 			if err != nil {
 				return err
 			}
@@ -65,12 +66,13 @@ func newFormatCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&ec, "ec", "4+2", "erasure coding k+m (k=1: replication with m+1 copies)")
 	cmd.Flags().StringVar(&unit, "unit", "1MiB", "shard unit size (multiple of 4KiB)")
+	cmd.Flags().Uint32Var(&minWrite, "min-write-shards", 0, "shards of a stripe that must be durable for a write to succeed while chunkservers are down (k..k+m; default k+1); the others are rebuilt by repair")
 	cmd.Flags().StringVar(&kvURL, "kv", "", "create the file system in etcd: etcd://host:port[,host:port]/prefix")
 	cmd.Flags().StringVar(&secretFile, "secret-file", "", "where to write the cluster secret (default META-DATA-DIR/secret)")
 	return cmd
 }
 
-func parseLayout(ec, unit string) (core.Layout, error) {
+func parseLayout(ec, unit string, minWrite uint32) (core.Layout, error) {
 	ks, ms, ok := strings.Cut(ec, "+")
 	if !ok {
 		return core.Layout{}, fmt.Errorf("--ec %q: want k+m, e.g. 4+2", ec)
@@ -88,6 +90,6 @@ func parseLayout(ec, unit string) (core.Layout, error) {
 	if err != nil {
 		return core.Layout{}, fmt.Errorf("--unit: %w", err)
 	}
-	l := core.Layout{K: uint32(k), M: uint32(m), Unit: u}
+	l := core.Layout{K: uint32(k), M: uint32(m), Unit: u, MinWrite: minWrite}
 	return l, l.Validate()
 }

@@ -38,7 +38,7 @@ type mountFlags struct {
 	secretFile, transport, memory, metrics, logLevel, logFile string
 	dirtyLimit, readaheadMem, kernelReadahead, dropBehind     string
 	readaheadStripes, procs                                   int
-	attrTimeout, entryTimeout                                 time.Duration
+	attrTimeout, entryTimeout, ioTimeout, writeTimeout        time.Duration
 	background, debug, schedBatch                             bool
 	cpuProfile                                                string
 }
@@ -66,6 +66,8 @@ unmounts; --background returns once the file system is mounted.`,
 	fl.StringVar(&f.readaheadMem, "readahead-mem", "", "memory for stripes read ahead, all files together (default a quarter of --mem)")
 	fl.StringVar(&f.kernelReadahead, "kernel-readahead", "1MiB", "the kernel's readahead window per file (FUSE max_readahead)")
 	fl.StringVar(&f.dropBehind, "drop-behind", "16MiB", "bytes a file handle writes in sequence before the kernel drops what it writes from its page cache (0: never)")
+	fl.DurationVar(&f.ioTimeout, "io-timeout", 10*time.Second, "longest a chunkserver may leave requests unanswered before it is routed around (below it the timeout follows observed latency, from 2s)")
+	fl.DurationVar(&f.writeTimeout, "write-timeout", 60*time.Second, "how long a write waits while fewer chunkservers than the layout's min-write-shards are reachable, before it fails with EIO")
 	fl.DurationVar(&f.attrTimeout, "attr-timeout", time.Second, "how long the kernel caches attributes")
 	fl.DurationVar(&f.entryTimeout, "entry-timeout", time.Second, "how long the kernel caches names")
 	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (empty: off)")
@@ -209,7 +211,8 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 	}
 	defer dev.Close()
 	eng, err := fileio.New(fileio.Config{Meta: mc, Device: dev, Secret: []byte(secret), MemBytes: int(memBytes),
-		FileDirtyLimit: dirtyLimit, ReadaheadStripes: readaheadStripes, ReadaheadBytes: readaheadMem, Logger: logger})
+		FileDirtyLimit: dirtyLimit, ReadaheadStripes: readaheadStripes, ReadaheadBytes: readaheadMem, Logger: logger,
+		IOTimeout: f.ioTimeout, WriteTimeout: f.writeTimeout})
 	if err != nil {
 		return fmt.Errorf("mount: %w", err)
 	}
@@ -302,7 +305,15 @@ func mountInBackground(cmd *cobra.Command, f *mountFlags) error {
 	if err != nil {
 		return fmt.Errorf("mount --background: %w", err)
 	}
+	// The child's stderr goes to its log file too, so that what the Go
+	// runtime prints there (a panic, a SIGQUIT goroutine dump) is kept.
+	logOut, err := os.OpenFile(logFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("mount --background: log file: %w", err)
+	}
+	defer logOut.Close()
 	child := exec.Command(exe, args...)
+	child.Stdout, child.Stderr = logOut, logOut
 	child.Env = append(os.Environ(), mountChildEnv+"=1")
 	child.ExtraFiles = []*os.File{w} // descriptor 3
 	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

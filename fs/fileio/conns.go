@@ -2,11 +2,16 @@ package fileio
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	chunkclient "github.com/rdmafs/rdmafs/chunkserver/client"
+	"github.com/rdmafs/rdmafs/chunkserver/proto"
 	"github.com/rdmafs/rdmafs/rdma"
 )
 
@@ -14,41 +19,99 @@ import (
 // Dials to one address are serialized so that concurrent users share one
 // connection instead of replacing each other's. Finding a live connection, which
 // every read and write does, takes no exclusive lock.
+//
+// conns also keeps this mount's view of each chunkserver's health: one that
+// refused, reset or timed out is suspect at once, and get fails fast for it
+// (no dial, no wait) until a backoff passes, so reads and writes route around
+// it without waiting for the metadata service's heartbeat timeout. One that
+// answered "no space" is full for a while: writes place no shard on it.
 type conns struct {
-	dev    rdma.Device
-	pd     rdma.ProtectionDomain
-	secret []byte
-	mu     sync.RWMutex
-	m      map[string]*peer
+	dev  rdma.Device
+	pd   rdma.ProtectionDomain
+	opts chunkclient.Options // the secret and timeouts; MinTimeout bounds a dial
+	now  func() time.Time
+	log  *slog.Logger
+	mu   sync.RWMutex
+	m    map[string]*peer
 }
 
 type peer struct {
-	mu sync.Mutex                         // serializes dialing
-	c  atomic.Pointer[chunkclient.Client] // the current connection, or nil
+	addr string
+	mu   sync.Mutex                         // serializes dialing; guards id and failures
+	c    atomic.Pointer[chunkclient.Client] // the current connection, or nil
+	// suspectUntil and fullUntil are Unix nanoseconds: until then get fails
+	// fast, respectively writes avoid the chunkserver.
+	suspectUntil atomic.Int64
+	fullUntil    atomic.Int64
+	probing      atomic.Bool // a background dial is testing a suspect
+	id           string      // the chunkserver's id, once known
+	failures     int         // consecutive failures, for the backoff
 }
+
+// Suspicion backoff: the first failure makes a chunkserver suspect for
+// minBackoff, each further one in a row doubles it up to maxBackoff.
+const (
+	minBackoff = 500 * time.Millisecond
+	maxBackoff = 10 * time.Second
+	// fullHold is how long a chunkserver that answered "no space" gets no
+	// new shards from this mount: its heartbeats tell meta within that time.
+	fullHold = 5 * time.Second
+)
+
+// errSuspect is returned by get for a chunkserver in its suspicion backoff.
+var errSuspect = errors.New("chunkserver suspect after a failure, not retried yet")
 
 // live reports whether cl is a connection that has not failed or closed.
 // Client.Err takes no lock while the connection is up.
 func live(cl *chunkclient.Client) bool { return cl != nil && cl.Err() == nil }
 
-func (c *conns) get(ctx context.Context, addr string) (*chunkclient.Client, error) {
+// peer returns the state of addr, creating it.
+func (c *conns) peer(addr string) *peer {
 	c.mu.RLock()
 	p := c.m[addr]
 	c.mu.RUnlock()
 	if p != nil {
-		if cl := p.c.Load(); live(cl) {
-			return cl, nil
-		}
-	} else {
-		c.mu.Lock()
-		if p = c.m[addr]; p == nil {
-			p = &peer{}
-			c.m[addr] = p
-		}
-		c.mu.Unlock()
+		return p
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p = c.m[addr]; p == nil {
+		p = &peer{addr: addr}
+		c.m[addr] = p
+	}
+	return p
+}
+
+// get returns a live connection to the chunkserver id at addr, dialing one
+// (bounded by the dial timeout) when there is none. A suspect chunkserver
+// fails at once with errSuspect: once its backoff has passed, a dial in the
+// background probes it, and its success ends the suspicion, so no caller
+// waits on a chunkserver that may still be gone.
+func (c *conns) get(ctx context.Context, id, addr string) (*chunkclient.Client, error) {
+	if addr == "" {
+		return nil, fmt.Errorf("fileio: shard on chunkserver %q has no address (unknown or never placed): %w", id, errSuspect)
+	}
+	p := c.peer(addr)
+	if cl := p.c.Load(); live(cl) {
+		return cl, nil
+	}
+	if until := p.suspectUntil.Load(); until != 0 {
+		if c.now().UnixNano() >= until && p.probing.CompareAndSwap(false, true) {
+			go c.probe(p, id)
+		}
+		return nil, fmt.Errorf("fileio: chunkserver %s: %w", addr, errSuspect)
+	}
+	return c.dial(ctx, p, id)
+}
+
+// dial connects to p unless another caller has meanwhile; a failed dial
+// makes p suspect.
+func (c *conns) dial(ctx context.Context, p *peer, id string) (*chunkclient.Client, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if id != "" {
+		p.id = id
+	}
 	old := p.c.Load()
 	if live(old) { // another caller dialed while this one waited
 		return old, nil
@@ -57,12 +120,121 @@ func (c *conns) get(ctx context.Context, addr string) (*chunkclient.Client, erro
 		old.Close()
 		p.c.Store(nil)
 	}
-	cl, err := chunkclient.Dial(ctx, c.dev, c.pd, addr, chunkclient.Options{Secret: c.secret})
+	dctx, cancel := context.WithTimeout(ctx, c.opts.MinTimeout)
+	defer cancel()
+	cl, err := chunkclient.Dial(dctx, c.dev, c.pd, p.addr, c.opts)
 	if err != nil {
-		return nil, fmt.Errorf("fileio: connect to chunkserver %s: %w", addr, err)
+		err = fmt.Errorf("fileio: connect to chunkserver %s: %w", p.addr, err)
+		c.suspectLocked(p, err)
+		return nil, err
 	}
 	p.c.Store(cl)
 	return cl, nil
+}
+
+// probe dials a suspect chunkserver whose backoff has passed; success ends
+// the suspicion, failure doubles the backoff.
+func (c *conns) probe(p *peer, id string) {
+	defer p.probing.Store(false)
+	if _, err := c.dial(context.Background(), p, id); err == nil {
+		c.succeeded(p.addr)
+	}
+}
+
+// failed records the outcome of an operation on addr that returned err: a
+// failure of the chunkserver or the path to it (anything but a status it
+// answered, or the caller's own cancellation) makes it suspect and closes
+// its connection; "no space" marks it full. It reports whether err was
+// such a failure.
+func (c *conns) failed(ctx context.Context, addr string, err error) bool {
+	switch {
+	case err == nil || addr == "" || errors.Is(err, errSuspect):
+		return false
+	case proto.IsStatus(err, proto.StatusNoSpace):
+		c.peer(addr).fullUntil.Store(c.now().Add(fullHold).UnixNano())
+		return false
+	case ctx.Err() != nil && !errors.Is(err, context.DeadlineExceeded):
+		return false // the caller gave up, not the chunkserver
+	case peerFailure(err):
+		p := c.peer(addr)
+		p.mu.Lock()
+		c.suspectLocked(p, err)
+		p.mu.Unlock()
+		return true
+	}
+	return false
+}
+
+// suspectLocked makes p suspect for its backoff and closes its connection.
+// The caller holds p.mu.
+func (c *conns) suspectLocked(p *peer, err error) {
+	p.failures++
+	backoff := min(minBackoff<<min(p.failures-1, 16), maxBackoff)
+	p.suspectUntil.Store(c.now().Add(backoff).UnixNano())
+	if cl := p.c.Swap(nil); cl != nil {
+		go cl.Close() // closing waits for the transport; nobody needs to wait for it
+	}
+	if p.failures == 1 {
+		c.log.Warn("fileio: chunkserver suspect, routing around it", "address", p.addr, "id", p.id, "err", err)
+	}
+}
+
+// succeeded records a successful operation on addr: it is healthy again.
+func (c *conns) succeeded(addr string) {
+	p := c.peer(addr)
+	if p.suspectUntil.Load() == 0 {
+		return
+	}
+	p.mu.Lock()
+	if p.failures > 0 {
+		c.log.Info("fileio: chunkserver reachable again", "address", p.addr, "id", p.id)
+	}
+	p.failures = 0
+	p.suspectUntil.Store(0)
+	p.mu.Unlock()
+}
+
+// peerFailure reports whether err says the chunkserver or the network failed
+// rather than the request: statuses chunkd answered are not, except I/O
+// errors and shutting down.
+func peerFailure(err error) bool {
+	var se *proto.StatusError
+	if errors.As(err, &se) {
+		return se.Status == proto.StatusIOError || se.Status == proto.StatusShuttingDown
+	}
+	return true
+}
+
+// avoid returns the ids of chunkservers new shards should not go to: the
+// suspect and the full ones this mount knows the id of.
+func (c *conns) avoid() []string {
+	now := c.now().UnixNano()
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var out []string
+	for _, p := range c.m {
+		if p.suspectUntil.Load() > now || p.fullUntil.Load() > now {
+			p.mu.Lock()
+			if p.id != "" {
+				out = append(out, p.id)
+			}
+			p.mu.Unlock()
+		}
+	}
+	return out
+}
+
+// anyFull reports whether some chunkserver answered "no space" recently.
+func (c *conns) anyFull() bool {
+	now := c.now().UnixNano()
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, p := range c.m {
+		if p.fullUntil.Load() > now {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *conns) closeAll() {
@@ -76,4 +248,12 @@ func (c *conns) closeAll() {
 		p.mu.Unlock()
 		delete(c.m, addr)
 	}
+}
+
+// errnoOf is syscall.ENOSPC for a chunkserver's "no space" answer, else 0.
+func errnoOf(err error) syscall.Errno {
+	if proto.IsStatus(err, proto.StatusNoSpace) {
+		return syscall.ENOSPC
+	}
+	return 0
 }

@@ -37,6 +37,7 @@ import (
 	"github.com/klauspost/reedsolomon"
 
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	chunkclient "github.com/rdmafs/rdmafs/chunkserver/client"
 	"github.com/rdmafs/rdmafs/fs/ec"
 	metaclient "github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/metapb"
@@ -60,7 +61,18 @@ type Config struct {
 	// ReadaheadBytes bounds the memory holding prefetched stripes of all files
 	// (default a quarter of MemBytes).
 	ReadaheadBytes int
-	Logger         *slog.Logger
+	// IOTimeout bounds how long a request to a chunkserver may go without
+	// any answer on its connection before the chunkserver is deemed gone
+	// and routed around (default 10s); below it the timeout follows the
+	// observed latency, from 2s (or IOTimeout when smaller).
+	IOTimeout time.Duration
+	// WriteTimeout bounds how long a write waits while fewer than a
+	// stripe's min-write-shards chunkservers can take it (default 60s);
+	// then it fails with EIO.
+	WriteTimeout time.Duration
+	// Now returns the current time (default time.Now).
+	Now    func() time.Time
+	Logger *slog.Logger
 }
 
 // Engine is the file I/O engine of one mount.
@@ -92,6 +104,9 @@ type Stats struct {
 	// MergeReads counts partly overwritten stripes whose committed data was
 	// read in to merge with the new bytes.
 	MergeReads atomic.Int64
+	// DegradedWrites counts stripes committed with shards missing (fewer
+	// chunkservers reachable than k+m), left to repair.
+	DegradedWrites atomic.Int64
 }
 
 // Stats returns the engine's counters.
@@ -119,6 +134,15 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.IOTimeout <= 0 {
+		cfg.IOTimeout = 10 * time.Second
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = 60 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	pd, err := cfg.Device.AllocPD()
 	if err != nil {
 		return nil, fmt.Errorf("fileio: %w", err)
@@ -137,7 +161,8 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, pd: pd, mem: mem, mr: mr, pool: newPool(mr), log: cfg.Logger,
 		files: map[uint64]*file{}, codes: map[[2]int]reedsolomon.Encoder{}}
 	e.ra.limit = int64(cfg.ReadaheadBytes)
-	e.conns = &conns{dev: cfg.Device, pd: pd, secret: cfg.Secret, m: map[string]*peer{}}
+	e.conns = &conns{dev: cfg.Device, pd: pd, now: cfg.Now, log: cfg.Logger, m: map[string]*peer{},
+		opts: chunkclient.Options{Secret: cfg.Secret, MinTimeout: min(2*time.Second, cfg.IOTimeout), MaxTimeout: cfg.IOTimeout}}
 	return e, nil
 }
 
@@ -495,10 +520,7 @@ func (e *Engine) readCommitted(ctx context.Context, ino uint64, lay layout, si *
 			return fmt.Errorf("fileio: stripe %d of inode %d has %d shards: %w", si.Stripe, ino, len(si.Shards), syscall.EIO)
 		}
 		sh := si.Shards[shard]
-		c, err := e.conns.get(ctx, sh.Address)
-		if err == nil {
-			_, err = c.ReadAt(ctx, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, int(soff), tmp.sgl(int(done), int(l)))
-		}
+		err := e.readShard(ctx, sh, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, int(soff), tmp.sgl(int(done), int(l)))
 		if err != nil {
 			e.log.Warn("fileio: shard read failed, reconstructing", "ino", ino, "stripe", si.Stripe, "shard", shard, "server", sh.Address, "err", err)
 			failed = true
@@ -524,6 +546,22 @@ func (e *Engine) readCommitted(ctx context.Context, ino uint64, lay layout, si *
 	}
 	defer release()
 	copy(dst, data[so:so+n])
+	return nil
+}
+
+// readShard RDMA_READs [off, ...) of shard sh's version key into sgl. It
+// fails at once for a chunkserver this mount suspects; one that fails (or
+// goes silent: its connection's stall timeout) becomes suspect.
+func (e *Engine) readShard(ctx context.Context, sh *metapb.Shard, key chunk.Key, off int, sgl []rdma.SGE) error {
+	c, err := e.conns.get(ctx, sh.ServerId, sh.Address)
+	if err != nil {
+		return err
+	}
+	if _, err := c.ReadAt(ctx, key, off, sgl); err != nil {
+		e.conns.failed(ctx, sh.Address, err)
+		return err
+	}
+	e.conns.succeeded(sh.Address)
 	return nil
 }
 
@@ -581,10 +619,7 @@ func (e *Engine) readStripeDegraded(ctx context.Context, ino uint64, lay layout,
 	results := make(chan result, n)
 	for i, sh := range si.Shards {
 		go func() {
-			c, err := e.conns.get(ctx, sh.Address)
-			if err == nil {
-				_, err = c.ReadAt(ctx, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, 0, []rdma.SGE{buf.sge(i*unit, int(sl))})
-			}
+			err := e.readShard(ctx, sh, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, 0, []rdma.SGE{buf.sge(i*unit, int(sl))})
 			results <- result{i, err}
 		}()
 	}
@@ -676,6 +711,12 @@ func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (in
 	}
 	f.size = max(f.size, end)
 	for f.bufBytes > e.cfg.FileDirtyLimit {
+		// A flush that failed for good is reported here too (and again
+		// by the next Flush): a writer ahead of a failing cluster must
+		// not wait for one flush after another.
+		if isWriteFailed(f.err) {
+			return len(p), f.err
+		}
 		// Wait for the flushes in progress before flushing stripes still
 		// being written: a stripe flushed half written is written again
 		// (and its first half read back) once the writer fills it. A
@@ -688,9 +729,28 @@ func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (in
 				break // nothing could start: f.err says why, the next Flush reports it
 			}
 		}
-		f.cond.Wait()
+		if err := f.wait(ctx); err != nil {
+			return len(p), err // the data stays dirty; an interrupted writer need not wait
+		}
 	}
 	return len(p), nil
+}
+
+// wait waits on f.cond until a flush ends or ctx ends, and returns ctx's
+// error then. The caller holds f.mu.
+func (f *file) wait(ctx context.Context) error {
+	if ctx.Done() == nil {
+		f.cond.Wait()
+		return nil
+	}
+	stop := context.AfterFunc(ctx, func() {
+		f.mu.Lock()
+		f.cond.Broadcast()
+		f.mu.Unlock()
+	})
+	f.cond.Wait()
+	stop()
+	return ctx.Err()
 }
 
 func keys(m map[uint64]*dirtyStripe) []uint64 {
@@ -708,7 +768,9 @@ func keys(m map[uint64]*dirtyStripe) []uint64 {
 func (e *Engine) dirtyStripe(ctx context.Context, f *file, s uint64, lo, hi int64) (*dirtyStripe, error) {
 	for {
 		for f.flushing[s] != nil {
-			f.cond.Wait()
+			if err := f.wait(ctx); err != nil {
+				return nil, err
+			}
 		}
 		if d := f.dirty[s]; d != nil {
 			return d, nil
@@ -773,11 +835,16 @@ func (e *Engine) getBuffer(ctx context.Context, f *file, n int) (*buffer, error)
 		if b := e.pool.tryGet(n); b != nil {
 			return b, nil
 		}
+		if isWriteFailed(f.err) {
+			return nil, f.err
+		}
 		switch {
 		case len(f.flushing) > 0:
 			// Flushes in progress free memory; flushing the stripes still
 			// being written would have them written twice (see Write).
-			f.cond.Wait()
+			if err := f.wait(ctx); err != nil {
+				return nil, err
+			}
 		case len(f.dirty) > 0:
 			e.startFlush(f, keys(f.dirty))
 			if len(f.flushing) == 0 {
@@ -788,7 +855,9 @@ func (e *Engine) getBuffer(ctx context.Context, f *file, n int) (*buffer, error)
 				}
 				return nil, err
 			}
-			f.cond.Wait()
+			if err := f.wait(ctx); err != nil {
+				return nil, err
+			}
 		default:
 			f.mu.Unlock()
 			b, err := e.pool.get(ctx, n)
@@ -834,17 +903,32 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		defer f.cond.Broadcast()
+		failed := isWriteFailed(err)
 		for i, s := range stripes {
 			delete(f.flushing, s)
-			if err == nil {
+			switch {
+			case err == nil:
 				f.stripes[s] = infos[i]
+				fallthrough
+			case failed:
+				// Written, or failed for good: a failed write-back's
+				// data is dropped once its error is reported, as on a
+				// local file system, so a failing cluster does not pin
+				// the mount's memory.
 				f.bufBytes -= len(batch[i].buf.b)
 				e.pool.put(batch[i].buf)
-			} else {
+			default:
 				f.dirty[s] = batch[i] // kept for the next attempt
 			}
 		}
 		if err == nil {
+			return
+		}
+		if failed {
+			e.log.Error("fileio: write failed, data not written", "ino", f.ino, "stripes", len(stripes), "err", err)
+			clear(f.stripes) // the size and stripes this writer assumed did not commit
+			f.size = -1
+			f.err = err
 			return
 		}
 		if conflicts := metaclient.ConflictStripes(err); len(conflicts) > 0 {
@@ -861,28 +945,34 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 
 // Flush implements fs.Data: it flushes every dirty stripe of ino, waits for all
 // flushes in progress, and reports the first failure since the last Flush. A
-// failed flush keeps its data and is tried again.
+// flush that failed for a passing reason (a conflict, meta unreachable)
+// keeps its data and is tried again; one that failed for good (EIO below
+// min-write-shards past the write timeout, ENOSPC) has dropped it. When ctx
+// ends (the caller is being killed) Flush returns its error at once and the
+// flushes in progress go on.
 func (e *Engine) Flush(ctx context.Context, ino uint64) error {
 	f := e.file(ino)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return e.flushLocked(f)
+	return e.flushLocked(ctx, f)
 }
 
-func (e *Engine) flushLocked(f *file) error {
+func (e *Engine) flushLocked(ctx context.Context, f *file) error {
 	for attempt := 0; ; attempt++ {
 		if len(f.dirty) > 0 {
 			e.startFlush(f, keys(f.dirty))
 		}
 		for len(f.flushing) > 0 {
-			f.cond.Wait()
+			if err := f.wait(ctx); err != nil {
+				return err
+			}
 		}
 		err := f.err
 		f.err = nil
 		if err == nil && len(f.dirty) == 0 {
 			return nil
 		}
-		if attempt == 2 {
+		if attempt == 2 || isWriteFailed(err) {
 			if err == nil {
 				err = fmt.Errorf("fileio: inode %d: stripes kept changing under the writer: %w", f.ino, syscall.EIO)
 			}
@@ -903,7 +993,7 @@ func (e *Engine) FlushAll(ctx context.Context) error {
 	var first error
 	for _, f := range files {
 		f.mu.Lock()
-		err := e.flushLocked(f)
+		err := e.flushLocked(ctx, f)
 		f.mu.Unlock()
 		if err != nil && first == nil {
 			first = fmt.Errorf("fileio: flush inode %d: %w", f.ino, err)
@@ -919,7 +1009,9 @@ func (e *Engine) Truncate(ctx context.Context, ino uint64, size uint64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for len(f.flushing) > 0 {
-		f.cond.Wait()
+		if err := f.wait(ctx); err != nil {
+			return err
+		}
 	}
 	e.dropCacheLocked(f)
 	if f.readahead != nil {
@@ -948,89 +1040,6 @@ func (e *Engine) Truncate(ctx context.Context, ino uint64, size uint64) error {
 	clear(f.stripes)
 	f.size = -1
 	return nil
-}
-
-// writeStripes encodes the stripes, writes their k+m shards to the granted
-// chunkservers in parallel, and commits them with one compare-and-set. It runs
-// without the file's lock: the buffers belong to the flush.
-func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay layout, stripes []uint64, batch []*dirtyStripe) ([]*metapb.StripeInfo, error) {
-	enc, err := e.codec(lay.k, lay.m)
-	if err != nil {
-		return nil, err
-	}
-	unit := int(lay.unit)
-	var size int64
-	for i, d := range batch {
-		size = max(size, int64(stripes[i])*lay.stripeSize()+d.length)
-		sl := int(lay.shardLen(d.length))
-		shards := make([][]byte, lay.k+lay.m)
-		for j := range shards {
-			shards[j] = d.buf.b[j*unit : j*unit+sl]
-		}
-		if lay.m > 0 {
-			if lay.k == 1 {
-				for j := 1; j < len(shards); j++ {
-					copy(shards[j], shards[0])
-				}
-			} else if err := enc.Encode(shards); err != nil {
-				return nil, fmt.Errorf("fileio: encode stripe %d: %w", stripes[i], err)
-			}
-		}
-	}
-	t0 := time.Now()
-	g, err := e.cfg.Meta.GrantWrite(ctx, &metapb.GrantWriteRequest{Ino: ino, Stripes: stripes})
-	if err != nil {
-		return nil, err
-	}
-	if len(g.Grants) != len(stripes) {
-		return nil, fmt.Errorf("fileio: %d grants for %d stripes: %w", len(g.Grants), len(stripes), syscall.EIO)
-	}
-	t1 := time.Now()
-	errs := make(chan error, len(stripes)*(lay.k+lay.m))
-	pending := 0
-	for i, gr := range g.Grants {
-		d := batch[i]
-		if gr.Stripe != stripes[i] || len(gr.Shards) != lay.k+lay.m {
-			return nil, fmt.Errorf("fileio: grant for stripe %d does not match the request: %w", gr.Stripe, syscall.EIO)
-		}
-		sl := int(lay.shardLen(d.length))
-		for j, sh := range gr.Shards {
-			pending++
-			go func() {
-				c, err := e.conns.get(ctx, sh.Address)
-				if err == nil {
-					b := d.buf.b[j*unit : j*unit+sl]
-					err = c.WriteVersion(ctx, chunk.Key{Chunk: sh.ChunkId, Version: gr.Version}, []rdma.SGE{d.buf.sge(j*unit, sl)}, crc32.Checksum(b, crcTable))
-				}
-				if err != nil {
-					err = fmt.Errorf("fileio: write shard %d of stripe %d to %s: %w", j, gr.Stripe, sh.Address, err)
-				}
-				errs <- err
-			}()
-		}
-	}
-	var firstErr error
-	for range pending {
-		if err := <-errs; err != nil && firstErr == nil {
-			firstErr = err
-		}
-	}
-	if firstErr != nil {
-		return nil, firstErr
-	}
-	t2 := time.Now()
-	commits := make([]*metapb.StripeCommit, len(g.Grants))
-	infos := make([]*metapb.StripeInfo, len(g.Grants))
-	for i, gr := range g.Grants {
-		d := batch[i]
-		commits[i] = &metapb.StripeCommit{Stripe: gr.Stripe, Version: gr.Version, ExpectedVersion: d.base, Length: uint64(d.length)}
-		infos[i] = &metapb.StripeInfo{Stripe: gr.Stripe, Version: gr.Version, Length: uint64(d.length), Layout: gr.Layout, Shards: gr.Shards}
-	}
-	if _, err := e.cfg.Meta.CommitStripes(ctx, &metapb.CommitStripesRequest{Ino: ino, Stripes: commits, Size: uint64(size)}); err != nil {
-		return nil, err
-	}
-	e.log.Debug("fileio: flushed", "ino", ino, "stripes", len(stripes), "grant", t1.Sub(t0), "shards", t2.Sub(t1), "commit", time.Since(t2))
-	return infos, nil
 }
 
 // rebaseIfMoved rebases dirty stripe s when the committed version it was to be

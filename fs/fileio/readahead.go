@@ -223,11 +223,7 @@ func (e *Engine) fetchStripe(pf *prefetch, lay layout, si *metapb.StripeInfo) {
 				return
 			}
 			sh := si.Shards[i]
-			c, err := e.conns.get(ctx, sh.Address)
-			if err == nil {
-				_, err = c.ReadAt(ctx, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, 0, []rdma.SGE{pf.buf.sge(i*unit, sl)})
-			}
-			errs <- err
+			errs <- e.readShard(ctx, sh, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, 0, []rdma.SGE{pf.buf.sge(i*unit, sl)})
 		}()
 	}
 	for range lay.k {

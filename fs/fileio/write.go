@@ -1,0 +1,294 @@
+package fileio
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	"github.com/rdmafs/rdmafs/chunkserver/proto"
+	"github.com/rdmafs/rdmafs/meta/metaerr"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+	"github.com/rdmafs/rdmafs/rdma"
+)
+
+// Writes under failure. A stripe's shards are written to the chunkservers
+// of its grant in parallel. A shard whose write fails (refused, reset,
+// silent past the stall timeout, no space) moves to a replacement
+// chunkserver that meta chooses (ReplaceShards) and is written there. When
+// no replacement exists the stripe commits with the shards that are
+// durable, provided there are at least the layout's min-write-shards of
+// them: meta records the others as missing and repair rebuilds them. Below
+// that minimum the write waits for chunkservers to come back, at most
+// Config.WriteTimeout, and then fails with EIO — or at once with ENOSPC when
+// it is space that is missing. The committed version changes only by the
+// commit's compare-and-set, so readers see the old stripe or the new one.
+
+// writeFailed is a write that failed for good (below min-write-shards past
+// the write timeout, or no space): its data is dropped and the error
+// reported, as a local file system reports a failed write-back.
+type writeFailed struct{ err error }
+
+func (w *writeFailed) Error() string { return w.err.Error() }
+func (w *writeFailed) Unwrap() error { return w.err }
+
+// isWriteFailed reports whether err is a write that failed for good.
+func isWriteFailed(err error) bool {
+	var w *writeFailed
+	return errors.As(err, &w)
+}
+
+// minWriteShards returns how many shards of a stripe must be durable for a
+// write of layout l to commit (the metadata service's rule, for the client's
+// decisions: meta checks it again at commit).
+func minWriteShards(l *metapb.Layout) int {
+	if l.MinWriteShards != 0 {
+		return int(min(l.MinWriteShards, l.K+l.M))
+	}
+	return int(min(l.K+1, l.K+l.M))
+}
+
+// Backoff between attempts while a write waits for chunkservers.
+const (
+	waitMin = 100 * time.Millisecond
+	waitMax = 2 * time.Second
+)
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// writeStripes encodes the stripes, writes their shards (with replacements
+// for the ones that fail) and commits them with one compare-and-set. It runs
+// without the file's lock: the buffers belong to the flush.
+func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay layout, stripes []uint64, batch []*dirtyStripe) ([]*metapb.StripeInfo, error) {
+	enc, err := e.codec(lay.k, lay.m)
+	if err != nil {
+		return nil, err
+	}
+	unit := int(lay.unit)
+	var size int64
+	for i, d := range batch {
+		size = max(size, int64(stripes[i])*lay.stripeSize()+d.length)
+		sl := int(lay.shardLen(d.length))
+		shards := make([][]byte, lay.k+lay.m)
+		for j := range shards {
+			shards[j] = d.buf.b[j*unit : j*unit+sl]
+		}
+		if lay.m > 0 {
+			if lay.k == 1 {
+				for j := 1; j < len(shards); j++ {
+					copy(shards[j], shards[0])
+				}
+			} else if err := enc.Encode(shards); err != nil {
+				return nil, fmt.Errorf("fileio: encode stripe %d: %w", stripes[i], err)
+			}
+		}
+	}
+	deadline := e.cfg.Now().Add(e.cfg.WriteTimeout)
+	t0 := time.Now()
+	g, err := e.grant(ctx, ino, stripes, deadline)
+	if err != nil {
+		return nil, err
+	}
+	if len(g.Grants) != len(stripes) {
+		return nil, fmt.Errorf("fileio: %d grants for %d stripes: %w", len(g.Grants), len(stripes), syscall.EIO)
+	}
+	for i, gr := range g.Grants {
+		if gr.Stripe != stripes[i] || len(gr.Shards) != lay.k+lay.m || gr.Layout == nil {
+			return nil, fmt.Errorf("fileio: grant for stripe %d does not match the request: %w", gr.Stripe, syscall.EIO)
+		}
+	}
+	t1 := time.Now()
+	type result struct {
+		shards  []*metapb.Shard
+		missing []uint32
+		err     error
+	}
+	results := make([]result, len(g.Grants))
+	var wg sync.WaitGroup
+	for i, gr := range g.Grants {
+		wg.Go(func() {
+			r := &results[i]
+			r.shards, r.missing, r.err = e.writeStripe(ctx, ino, lay, gr, batch[i], deadline)
+		})
+	}
+	wg.Wait()
+	for _, r := range results {
+		if r.err != nil {
+			return nil, r.err
+		}
+	}
+	t2 := time.Now()
+	commits := make([]*metapb.StripeCommit, len(g.Grants))
+	infos := make([]*metapb.StripeInfo, len(g.Grants))
+	degraded := 0
+	for i, gr := range g.Grants {
+		d, r := batch[i], results[i]
+		commits[i] = &metapb.StripeCommit{Stripe: gr.Stripe, Version: gr.Version, ExpectedVersion: d.base, Length: uint64(d.length), Missing: r.missing}
+		infos[i] = &metapb.StripeInfo{Stripe: gr.Stripe, Version: gr.Version, Length: uint64(d.length), Layout: gr.Layout, Shards: r.shards}
+		if len(r.missing) > 0 {
+			degraded++
+		}
+	}
+	if _, err := e.cfg.Meta.CommitStripes(ctx, &metapb.CommitStripesRequest{Ino: ino, Stripes: commits, Size: uint64(size)}); err != nil {
+		return nil, err
+	}
+	if degraded > 0 {
+		e.stats.DegradedWrites.Add(int64(degraded))
+	}
+	e.log.Debug("fileio: flushed", "ino", ino, "stripes", len(stripes), "degraded", degraded, "grant", t1.Sub(t0), "shards", t2.Sub(t1), "commit", time.Since(t2))
+	return infos, nil
+}
+
+// grant asks meta for write grants, placing no shard on the chunkservers
+// this mount suspects or found full. While too few chunkservers are live
+// for the layout's min-write-shards it waits, until deadline.
+func (e *Engine) grant(ctx context.Context, ino uint64, stripes []uint64, deadline time.Time) (*metapb.GrantWriteReply, error) {
+	wait := waitMin
+	for {
+		g, err := e.cfg.Meta.GrantWrite(ctx, &metapb.GrantWriteRequest{Ino: ino, Stripes: stripes, Exclude: e.conns.avoid()})
+		switch errno := metaerr.Errno(err); {
+		case err == nil:
+			return g, nil
+		case errno == syscall.ENOSPC:
+			return nil, &writeFailed{fmt.Errorf("fileio: inode %d: no chunkserver has room: %w", ino, syscall.ENOSPC)}
+		case errno != syscall.EHOSTDOWN:
+			return nil, err
+		case e.conns.anyFull():
+			return nil, &writeFailed{fmt.Errorf("fileio: inode %d: too few chunkservers with room (%v): %w", ino, err, syscall.ENOSPC)}
+		case !e.cfg.Now().Before(deadline):
+			return nil, &writeFailed{fmt.Errorf("fileio: inode %d: too few chunkservers reachable for %v (%v): %w", ino, e.cfg.WriteTimeout, err, syscall.EIO)}
+		}
+		if err := sleep(ctx, wait); err != nil {
+			return nil, err
+		}
+		wait = min(2*wait, waitMax)
+	}
+}
+
+// writeStripe writes the shards of one granted stripe, moving failed ones to
+// replacement chunkservers. It returns the placement to commit (shards that
+// could not be written have no chunkserver) and the indexes missing.
+func (e *Engine) writeStripe(ctx context.Context, ino uint64, lay layout, gr *metapb.StripeGrant, d *dirtyStripe, deadline time.Time) ([]*metapb.Shard, []uint32, error) {
+	n := len(gr.Shards)
+	need := minWriteShards(gr.Layout)
+	shards := append([]*metapb.Shard(nil), gr.Shards...)
+	durable := make([]bool, n)
+	var todo []int
+	for i, sh := range shards {
+		if sh.ServerId != "" {
+			todo = append(todo, i)
+		}
+	}
+	full := false
+	wait := waitMin
+	for {
+		if len(todo) > 0 {
+			f := e.writeShards(ctx, gr, d, lay, shards, todo, durable)
+			full = full || f
+		}
+		var missing []uint32
+		for i := range n {
+			if !durable[i] {
+				missing = append(missing, uint32(i))
+			}
+		}
+		if len(missing) == 0 {
+			return shards, nil, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, nil, err
+		}
+		past := !e.cfg.Now().Before(deadline)
+		if !past || n-len(missing) < need {
+			// Move what is missing to other chunkservers, if any are left.
+			r, err := e.cfg.Meta.ReplaceShards(ctx, &metapb.ReplaceShardsRequest{Ino: ino, Stripe: gr.Stripe, Version: gr.Version,
+				Shards: missing, Exclude: e.conns.avoid()})
+			if err != nil {
+				return nil, nil, fmt.Errorf("fileio: replace shards %v of stripe %d: %w", missing, gr.Stripe, err)
+			}
+			if len(r.Shards) != n {
+				return nil, nil, fmt.Errorf("fileio: replacement placement of stripe %d has %d shards, not %d: %w", gr.Stripe, len(r.Shards), n, syscall.EIO)
+			}
+			todo = todo[:0]
+			for _, i := range missing {
+				shards[i] = r.Shards[i]
+				if shards[i].ServerId != "" {
+					todo = append(todo, int(i))
+				}
+			}
+			if len(todo) > 0 {
+				continue
+			}
+		}
+		if n-len(missing) >= need {
+			for _, i := range missing {
+				shards[i] = &metapb.Shard{ChunkId: shards[i].ChunkId}
+			}
+			e.log.Warn("fileio: stripe written degraded, meta queues it for repair", "ino", ino, "stripe", gr.Stripe, "version", gr.Version,
+				"durable", n-len(missing), "shards", n)
+			return shards, missing, nil
+		}
+		switch {
+		case full || e.conns.anyFull():
+			return nil, nil, &writeFailed{fmt.Errorf("fileio: stripe %d of inode %d: %d of %d shards written, chunkservers full: %w",
+				gr.Stripe, ino, n-len(missing), n, syscall.ENOSPC)}
+		case past:
+			return nil, nil, &writeFailed{fmt.Errorf("fileio: stripe %d of inode %d: %d of %d shards written in %v, %d needed: %w",
+				gr.Stripe, ino, n-len(missing), n, e.cfg.WriteTimeout, need, syscall.EIO)}
+		}
+		if err := sleep(ctx, wait); err != nil {
+			return nil, nil, err
+		}
+		wait = min(2*wait, waitMax)
+	}
+}
+
+// writeShards writes shards idx of d to their chunkservers in parallel and
+// marks the ones that became durable. It reports whether a chunkserver
+// answered that it has no space.
+func (e *Engine) writeShards(ctx context.Context, gr *metapb.StripeGrant, d *dirtyStripe, lay layout, shards []*metapb.Shard, idx []int, durable []bool) (full bool) {
+	unit := int(lay.unit)
+	sl := int(lay.shardLen(d.length))
+	errs := make([]error, len(idx))
+	var wg sync.WaitGroup
+	for x, j := range idx {
+		sh := shards[j]
+		wg.Go(func() {
+			c, err := e.conns.get(ctx, sh.ServerId, sh.Address)
+			if err == nil {
+				b := d.buf.b[j*unit : j*unit+sl]
+				err = c.WriteVersion(ctx, chunk.Key{Chunk: sh.ChunkId, Version: gr.Version}, []rdma.SGE{d.buf.sge(j*unit, sl)}, crc32.Checksum(b, crcTable))
+				if err != nil {
+					e.conns.failed(ctx, sh.Address, err)
+				} else {
+					e.conns.succeeded(sh.Address)
+				}
+			}
+			errs[x] = err
+		})
+	}
+	wg.Wait()
+	for x, j := range idx {
+		if err := errs[x]; err != nil {
+			full = full || proto.IsStatus(err, proto.StatusNoSpace)
+			e.log.Warn("fileio: shard write failed, placing it elsewhere", "stripe", gr.Stripe, "shard", j, "server", shards[j].Address, "err", err)
+			continue
+		}
+		durable[j] = true
+	}
+	return full
+}
