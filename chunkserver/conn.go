@@ -322,6 +322,7 @@ func (c *conn) endStaging(st *staging) {
 	c.mu.Lock()
 	c.stagedBytes -= st.length
 	c.mu.Unlock()
+	c.s.store.Unclaim(st.key) // a no-op after a commit's Put took the claim
 	c.s.unstage(st.key, c)
 	c.s.metrics.Staging.Dec()
 	c.s.metrics.StagingBytes.Sub(float64(st.length))
@@ -586,6 +587,7 @@ func (c *conn) prepare(key chunk.Key, length int) proto.Reply {
 	c.stagedBytes += length
 	c.mu.Unlock()
 	st := &staging{key: key, length: length}
+	claimed := false
 	undo := func(status proto.Status) proto.Reply {
 		if st.mw != nil {
 			c.mws <- st.mw
@@ -593,13 +595,23 @@ func (c *conn) prepare(key chunk.Key, length int) proto.Reply {
 		if st.buf.Size != 0 {
 			s.pool.Free(st.buf)
 		}
+		if claimed {
+			s.store.Unclaim(key)
+		}
 		c.mu.Lock()
 		c.stagedBytes -= length
 		c.mu.Unlock()
 		s.unstage(key, c)
 		return proto.Reply{Status: status}
 	}
-	var err error
+	// Disk space first: a full chunkserver says so (StatusNoSpace) before
+	// the client sends any data, and the client places the shard elsewhere.
+	err := s.store.Claim(key, length)
+	if err != nil {
+		c.noteErr("prepare", key, err)
+		return undo(statusOf(err))
+	}
+	claimed = true
 	if st.buf, err = s.cache.alloc(length); err != nil {
 		c.noteErr("staging", key, err)
 		return undo(proto.StatusBusy)

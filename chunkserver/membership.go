@@ -28,16 +28,19 @@ type Info struct {
 	Addr      string // address clients connect to
 	Transport string // rdma transport it serves ("tcp", "auto", ...)
 	Zone      string // failure-domain label
-	Capacity  int64  // bytes of disk for chunks
-	Used      int64  // bytes held by stored versions
-	MaxLength int    // largest chunk version accepted
+	Capacity  int64  // bytes of disk offered for chunks: the file system's size (or the configured capacity, if smaller) less the reserve
+	// Used is the bytes of Capacity not free for new shards (stored versions,
+	// writes in progress, other files on the disk): the metadata service takes
+	// Capacity − Used as the free space until the first heartbeat.
+	Used      int64
+	MaxLength int // largest chunk version accepted
 }
 
 // Stats is what a heartbeat reports.
 type Stats struct {
 	ID            string
-	Capacity      int64   // bytes
-	Free          int64   // bytes
+	Capacity      int64   // bytes offered for chunks, as in Info
+	Free          int64   // bytes free for new shards: free space plus kept slots, less the reserve
 	Used          int64   // bytes held by stored versions
 	Versions      int     // stored versions
 	Load          float64 // requests per second since the last heartbeat

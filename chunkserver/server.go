@@ -388,11 +388,14 @@ func (s *Server) checkNonce(n [8]byte) bool {
 	return true
 }
 
-// Stats returns the chunkserver's current state, as heartbeats report it.
+// Stats returns the chunkserver's current state, as heartbeats report it. Its
+// Capacity and Free are what the store offers new shards (store.Space.Offered):
+// the file system's size (or the configured capacity, if smaller) and its free
+// space plus the kept slots of deleted versions, both less the reserve.
 func (s *Server) Stats() Stats {
-	used, n := s.store.Usage()
-	capacity, free := s.store.Capacity()
-	st := Stats{ID: s.ID(), Capacity: capacity, Free: free, Used: used, Versions: n,
+	sp := s.store.Space()
+	capacity, free := sp.Offered()
+	st := Stats{ID: s.ID(), Capacity: capacity, Free: free, Used: sp.Used, Versions: sp.Versions,
 		ResidentBytes: s.cache.residentBytes(), MemInUse: int64(s.pool.InUse())}
 	s.mu.Lock()
 	st.Connections = len(s.conns)
@@ -443,10 +446,9 @@ func (s *Server) membershipLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		if !registered {
-			capacity, _ := s.store.Capacity()
-			used, _ := s.store.Usage()
+			capacity, free := s.store.Space().Offered()
 			info := Info{ID: s.ID(), Addr: addr, Transport: s.cfg.Device.Name(), Zone: s.cfg.Zone,
-				Capacity: capacity, Used: used, MaxLength: s.store.MaxLength()}
+				Capacity: capacity, Used: capacity - free, MaxLength: s.store.MaxLength()}
 			if err := m.Register(ctx, info); err != nil {
 				s.log.Warn("chunkd: register with metadata service", "err", err)
 			} else {

@@ -36,6 +36,8 @@ type Options struct {
 	Secret     []byte             // cluster secret (default "chunktest secret")
 	MaxLength  int                // largest version (default 16 MiB)
 	Capacity   int64              // disk capacity bound (default none)
+	Reserve    int64              // store.Options.Reserve (default store.DefaultReserve; negative: none)
+	KeepIdle   time.Duration      // store.Options.KeepIdle (default store.DefaultKeepIdle)
 	Config     chunkserver.Config // further settings; Device, Store, Addr, MemBytes, Secret are filled in
 	Device     rdma.Device        // transport (default a new tcp device)
 	Logger     *slog.Logger       // default: discards below Warn
@@ -110,7 +112,8 @@ func Start(t testing.TB, opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = TestLogger(t)
 	}
-	st, err := store.Open(opts.Dir, store.Options{MaxLength: opts.MaxLength, Capacity: opts.Capacity, Logger: opts.Logger})
+	st, err := store.Open(opts.Dir, store.Options{MaxLength: opts.MaxLength, Capacity: opts.Capacity,
+		Reserve: opts.Reserve, KeepIdle: opts.KeepIdle, Logger: opts.Logger})
 	if err != nil {
 		t.Fatalf("chunktest: open store: %v", err)
 	}

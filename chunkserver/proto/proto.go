@@ -19,6 +19,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"syscall"
 )
 
 // Magic starts every message.
@@ -139,6 +140,17 @@ func (e *StatusError) Error() string { return fmt.Sprintf("chunkd %v: %v", e.Op,
 func (e *StatusError) Is(target error) bool {
 	t, ok := target.(*StatusError)
 	return ok && t.Status == e.Status && (t.Op == 0 || t.Op == e.Op)
+}
+
+// Unwrap returns the errno a status stands for, so that callers can test
+// with errors.Is: syscall.ENOSPC for StatusNoSpace (the chunkserver cannot
+// take the version: place it elsewhere, or report ENOSPC). Other statuses
+// have none.
+func (e *StatusError) Unwrap() error {
+	if e.Status == StatusNoSpace {
+		return syscall.ENOSPC
+	}
+	return nil
 }
 
 // IsStatus reports whether err is a StatusError with status s.

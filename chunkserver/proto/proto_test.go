@@ -3,7 +3,9 @@ package proto
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"reflect"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -101,6 +103,23 @@ func TestStatusError(t *testing.T) {
 	}
 	if err.Error() != "chunkd Commit: checksum mismatch" {
 		t.Fatalf("text %q", err.Error())
+	}
+	if errors.Is(err, syscall.ENOSPC) {
+		t.Fatal("checksum mismatch is ENOSPC")
+	}
+}
+
+// TestNoSpaceIsENOSPC: a full chunkserver's answer reads as ENOSPC through the
+// client's wrapping, and still as its status.
+func TestNoSpaceIsENOSPC(t *testing.T) {
+	for _, op := range []Op{OpPrepareWrite, OpCommit} {
+		err := fmt.Errorf("prepare 1.2: %w", StatusNoSpace.Err(op))
+		if !errors.Is(err, syscall.ENOSPC) || !IsStatus(err, StatusNoSpace) {
+			t.Fatalf("%v: errors.Is ENOSPC %v, IsStatus %v", err, errors.Is(err, syscall.ENOSPC), IsStatus(err, StatusNoSpace))
+		}
+		if errors.Is(err, syscall.EIO) {
+			t.Fatalf("%v is EIO", err)
+		}
 	}
 }
 

@@ -27,6 +27,15 @@
 // completed but whose 0644 mark was lost, or a deleted version that reappears
 // after a crash, which garbage collection deletes again); the rest, and every
 // slot whose header a delete cleared, become free.
+//
+// Space. The slots of deleted versions kept for reuse ("kept slots") count as
+// free space: they are reused for new versions, released (unlinked) as soon as
+// the file system runs short or after they have been idle for KeepIdle, and
+// never make a write fail. Writes are admitted in two steps: Claim sets room
+// aside for a version when its write is prepared, refusing with ErrNoSpace when
+// what would be left falls under the reserve (Options.Reserve); Put then
+// writes it. A Put without a claim (a repair) may use the reserve. See Space
+// for the numbers chunkd reports.
 package store
 
 import (
@@ -113,6 +122,9 @@ const (
 	// reuse; more are unlinked, so that deletes give space back.
 	maxFreeSlots = 256
 	maxFreeBytes = 256 << 20
+	// maintainEvery is the period of the maintenance goroutine, which also
+	// releases kept slots that are idle or in the way.
+	maintainEvery = 200 * time.Millisecond
 )
 
 // Options configure a Store.
@@ -120,9 +132,21 @@ type Options struct {
 	// MaxLength is the largest version accepted, in bytes (default 16 MiB).
 	MaxLength int
 	// Capacity bounds the bytes stored (headers, padding and free slots kept for
-	// reuse included); a Put that would exceed it fails with ErrNoSpace. Zero
-	// means only the file system's own limit.
+	// reuse included); a Put that would exceed it fails with ErrNoSpace (kept
+	// slots are released first). Zero means only the file system's own limit.
 	Capacity int64
+	// Reserve is the free space, in bytes, that Claim keeps back from new
+	// versions: a claim is refused when the space available after it (kept
+	// slots counted as available) would be under Reserve. Puts without a
+	// claim (repairs) may use it. Zero means DefaultReserve of the capacity;
+	// a negative value means no reserve.
+	Reserve int64
+	// KeepIdle is how long the slot of a deleted version is kept for reuse
+	// when no write takes it (default 5s; negative: slots are not kept).
+	// Under space pressure kept slots are released at once whatever their age.
+	KeepIdle time.Duration
+	// Now is the clock that ages kept slots (default time.Now).
+	Now func() time.Time
 	// Logger receives recovery notes (default slog.Default()).
 	Logger *slog.Logger
 	// NoDirectIO writes through the page cache even when the data is aligned
@@ -132,6 +156,20 @@ type Options struct {
 
 // DefaultMaxLength is the default MaxLength.
 const DefaultMaxLength = 16 << 20
+
+// DefaultKeepIdle is the default Options.KeepIdle.
+const DefaultKeepIdle = 5 * time.Second
+
+// DefaultReserve returns the reserve kept when none is configured, for a
+// capacity of total bytes: 2% of it, at least 64 MiB and at most 4 GiB, and
+// never more than half of it (a small disk keeps half for data). 2% leaves a
+// large disk room for repairs and a few seconds of writes in flight while the
+// metadata service learns that it is full; the 64 MiB floor covers a full
+// stripe's shards of the largest unit being written at once on a small disk.
+func DefaultReserve(total int64) int64 {
+	r := min(max(total/50, 64<<20), 4<<30)
+	return max(min(r, total/2), 0)
+}
 
 // Store is a durable, versioned chunk store in one directory. It is safe for
 // concurrent use.
@@ -155,19 +193,35 @@ type Store struct {
 	stop    chan struct{}
 	maintWG sync.WaitGroup
 
+	path    *byte // dir, NUL-terminated, for statfs without allocating
+	reserve int64 // resolved Options.Reserve
+	now     func() time.Time
+
 	mu        sync.Mutex
 	closed    bool
 	chunks    map[chunk.ID]map[chunk.Version]chunk.Info
 	slotOf    map[chunk.Key]slot
 	writing   map[chunk.Key]struct{}
-	free      map[int64][]uint64 // durably free slots by file size (0: empty)
+	free      map[int64][]keptSlot // durably free slots by file size (0: empty), oldest first
 	freeBytes int64
 	freeCount int     // non-empty free slots
 	dirty     []freed // deleted, marked free but not yet durably
-	nextRow   uint64  // slot numbers are row*fanout + directory
-	nextSeq   uint64
-	used      int64 // bytes of committed files plus bytes reserved by writes in progress
-	count     int
+	// dirtyBytes counts the slots of dirty and those maintain is making
+	// durably free: kept slots too, counted as free space.
+	dirtyBytes int64
+	nextRow    uint64 // slot numbers are row*fanout + directory
+	nextSeq    uint64
+	used       int64 // bytes of committed files plus bytes reserved by writes in progress
+	count      int
+	claims     map[chunk.Key]int64 // room set aside by Claim, by version
+	claimed    int64               // the sum of claims
+	growing    int64               // bytes writes in progress add to the file system
+}
+
+// keptSlot is a durably free slot and when it became free.
+type keptSlot struct {
+	n     uint64
+	since time.Time
 }
 
 type slot struct {
@@ -189,12 +243,19 @@ func Open(dir string, opts Options) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.KeepIdle == 0 {
+		opts.KeepIdle = DefaultKeepIdle
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	s := &Store{
-		dir: dir, opts: opts, log: opts.Logger,
+		dir: dir, opts: opts, log: opts.Logger, now: opts.Now,
 		chunks:  make(map[chunk.ID]map[chunk.Version]chunk.Info),
 		slotOf:  make(map[chunk.Key]slot),
 		writing: make(map[chunk.Key]struct{}),
-		free:    make(map[int64][]uint64),
+		free:    make(map[int64][]keptSlot),
+		claims:  make(map[chunk.Key]int64),
 		kick:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 		// Row 0 is never used, so that slot 0 can mean "no slot".
@@ -212,6 +273,21 @@ func Open(dir string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("store: lock %s: %w", dir, ErrDirLocked)
 	}
 	s.lock = lock
+	if s.path, err = unix.BytePtrFromString(dir); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("store: data dir %q: %w", dir, err)
+	}
+	fsTotal, _, err := s.statfs()
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	switch total := s.total(fsTotal); {
+	case opts.Reserve == 0:
+		s.reserve = DefaultReserve(total)
+	case opts.Reserve > 0:
+		s.reserve = opts.Reserve
+	}
 	const pages = 64
 	mem, err := unix.Mmap(-1, 0, pages*blockSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
@@ -363,7 +439,7 @@ func (s *Store) addFree(n uint64, size int64) {
 		os.Remove(s.slotPath(n))
 		return
 	}
-	s.free[size] = append(s.free[size], n)
+	s.free[size] = append(s.free[size], keptSlot{n: n, since: s.now()})
 	s.freeBytes += size
 	if size > 0 {
 		s.freeCount++
@@ -374,7 +450,7 @@ func (s *Store) addFree(n uint64, size int64) {
 func (s *Store) takeFree(size int64) (uint64, int64, bool) {
 	for _, sz := range []int64{size, 0} {
 		if l := s.free[sz]; len(l) > 0 {
-			n := l[len(l)-1]
+			n := l[len(l)-1].n
 			s.free[sz] = l[:len(l)-1]
 			s.freeBytes -= sz
 			if sz > 0 {
@@ -412,18 +488,158 @@ func (s *Store) Usage() (bytes int64, versions int) {
 	return s.used, s.count
 }
 
-// Capacity returns the configured capacity, or the file system's size when none
-// is configured, and the bytes free.
-func (s *Store) Capacity() (total, free int64) {
-	if s.opts.Capacity > 0 {
-		used, _ := s.Usage()
-		return s.opts.Capacity, max(s.opts.Capacity-used, 0)
+// Space is a snapshot of the store's room, in bytes.
+type Space struct {
+	// Total is what chunk data may fill: the configured capacity or the file
+	// system's size (less the blocks only root may use), whichever is smaller.
+	Total int64
+	// Avail is the room for new versions: the file system's free space (or
+	// what the capacity leaves, if less) plus the kept slots, less the room
+	// claimed for writes not yet done. The reserve is part of it.
+	Avail int64
+	// Kept is the bytes of slots of deleted versions kept for reuse, which
+	// Avail counts.
+	Kept int64
+	// Used is the bytes of stored versions, headers and padding included, and
+	// of Puts in progress.
+	Used int64
+	// Versions is the number of stored versions.
+	Versions int
+	// Reserve is the part of Avail that new versions may not take.
+	Reserve int64
+}
+
+// Offered returns the capacity and free space to advertise for new shards:
+// Total and Avail less the reserve, never negative, free at most capacity.
+func (sp Space) Offered() (capacity, free int64) {
+	capacity = max(sp.Total-sp.Reserve, 0)
+	return capacity, min(max(sp.Avail-sp.Reserve, 0), capacity)
+}
+
+// Space returns the store's room. When the file system cannot be queried, its
+// size and free space count as zero.
+func (s *Store) Space() Space {
+	fsTotal, fsAvail, err := s.statfs()
+	if err != nil {
+		s.log.Warn("store: statfs", "dir", s.dir, "err", err)
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Space{Total: s.total(fsTotal), Avail: max(s.availLocked(fsAvail), 0), Kept: s.keptLocked(),
+		Used: s.used, Versions: s.count, Reserve: s.reserve}
+}
+
+// Reserve returns the bytes kept back from new versions (see Options.Reserve).
+func (s *Store) Reserve() int64 { return s.reserve }
+
+// statfs returns the file system's size and free space as an unprivileged
+// user sees them: the blocks only root may use count as neither. It does not
+// allocate.
+func (s *Store) statfs() (total, avail int64, err error) {
 	var st unix.Statfs_t
-	if err := unix.Statfs(s.dir, &st); err != nil {
-		return 0, 0
+	if _, _, e := unix.Syscall(unix.SYS_STATFS, uintptr(unsafe.Pointer(s.path)), uintptr(unsafe.Pointer(&st)), 0); e != 0 {
+		return 0, 0, fmt.Errorf("statfs %s: %w", s.dir, e)
 	}
-	return int64(st.Blocks) * st.Bsize, int64(st.Bavail) * st.Bsize
+	bs := st.Frsize
+	if bs <= 0 {
+		bs = st.Bsize
+	}
+	rootOnly := st.Bfree - min(st.Bavail, st.Bfree)
+	return int64(st.Blocks-min(rootOnly, st.Blocks)) * bs, int64(st.Bavail) * bs, nil
+}
+
+// total returns the store's capacity given the file system's size.
+func (s *Store) total(fsTotal int64) int64 {
+	if c := s.opts.Capacity; c > 0 && c < fsTotal {
+		return c
+	}
+	return fsTotal
+}
+
+// keptLocked returns the bytes of kept slots.
+func (s *Store) keptLocked() int64 { return s.freeBytes + s.dirtyBytes }
+
+// roomLocked returns the bytes a write could add now without releasing kept
+// slots, given the file system's free space (claims not deducted).
+func (s *Store) roomLocked(fsAvail int64) int64 {
+	room := fsAvail - s.growing
+	if c := s.opts.Capacity; c > 0 {
+		room = min(room, c-s.used-s.keptLocked())
+	}
+	return room
+}
+
+// availLocked returns the room for new versions, kept slots included.
+func (s *Store) availLocked(fsAvail int64) int64 {
+	return s.roomLocked(fsAvail) + s.keptLocked() - s.claimed
+}
+
+// Claim sets room aside for a version of length bytes about to be written
+// (chunkd claims when a write is prepared), so that the space is known to be
+// there before the client sends the data. It fails with an error wrapping
+// ErrNoSpace (and syscall.ENOSPC) when the room available after the claim —
+// free space plus kept slots, less other claims — would be under the reserve.
+// Kept slots are released (unlinked) when the file system itself is short of
+// the claim plus the reserve. A Put of key takes the claim over; Unclaim
+// drops a claim whose write is abandoned. Claiming a key already claimed
+// fails with ErrBusy.
+func (s *Store) Claim(key chunk.Key, length int) error {
+	if length > s.opts.MaxLength || length < 0 {
+		return fmt.Errorf("claim %v: %d bytes: %w", key, length, ErrTooLong)
+	}
+	need := FileSize(length)
+	_, fsAvail, err := s.statfs()
+	if err != nil {
+		return fmt.Errorf("claim %v: %w", key, err)
+	}
+	s.mu.Lock()
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		return ErrClosed
+	case s.claims[key] != 0:
+		s.mu.Unlock()
+		return fmt.Errorf("claim %v: %w", key, ErrBusy)
+	}
+	if avail := s.availLocked(fsAvail); avail-need < s.reserve {
+		s.mu.Unlock()
+		return fmt.Errorf("claim %v: %d bytes with %d available and %d reserved: %w", key, need, max(avail, 0), s.reserve, ErrNoSpace)
+	}
+	victims := s.releaseLocked(need + s.reserve - (s.roomLocked(fsAvail) - s.claimed))
+	s.claims[key] = need
+	s.claimed += need
+	s.mu.Unlock()
+	s.unlink(victims)
+	return nil
+}
+
+// Unclaim drops the claim of key, if any.
+func (s *Store) Unclaim(key chunk.Key) {
+	s.mu.Lock()
+	s.dropClaimLocked(key)
+	s.mu.Unlock()
+}
+
+func (s *Store) dropClaimLocked(key chunk.Key) bool {
+	c, ok := s.claims[key]
+	if ok {
+		delete(s.claims, key)
+		s.claimed -= c
+	}
+	return ok
+}
+
+// tightLocked reports whether the file system is short of room for the
+// reserve plus one version of the largest length: kept slots are then
+// released rather than held.
+func (s *Store) tightLocked(fsAvail int64) bool {
+	return s.pressureLocked(fsAvail) > 0
+}
+
+// pressureLocked returns how many bytes the file system lacks to hold the
+// reserve plus one version of the largest length beyond the claims.
+func (s *Store) pressureLocked(fsAvail int64) int64 {
+	return s.reserve + FileSize(s.opts.MaxLength) - (s.roomLocked(fsAvail) - s.claimed)
 }
 
 // Stat returns the info of a stored version: ErrNotFound when the chunk has no
@@ -497,11 +713,22 @@ func (s *Store) add(info chunk.Info, sl slot) {
 // another Put of it is in progress, ErrTooLong over the length limit and an error
 // wrapping ErrNoSpace (and syscall.ENOSPC) when the disk or the capacity is full.
 // A failed Put leaves no version behind.
+//
+// A Put of a claimed key (see Claim) takes the claim over, whatever its
+// outcome, once it gets past the checks above. A Put without a claim (a
+// repair) fails with ErrNoSpace only when the room available, kept slots
+// counted, is short of the version: it may use the reserve. Kept slots are
+// released when the file system lacks the room; when it refuses a write
+// anyway (another writer filled it), every kept slot is released.
 func (s *Store) Put(key chunk.Key, data []byte, crc uint32) error {
 	if len(data) > s.opts.MaxLength {
 		return fmt.Errorf("put %v: %d bytes: %w", key, len(data), ErrTooLong)
 	}
 	need := FileSize(len(data))
+	_, fsAvail, err := s.statfs()
+	if err != nil {
+		return fmt.Errorf("put %v: %w", key, err)
+	}
 	s.mu.Lock()
 	switch {
 	case s.closed:
@@ -515,25 +742,33 @@ func (s *Store) Put(key chunk.Key, data []byte, crc uint32) error {
 		s.mu.Unlock()
 		return fmt.Errorf("put %v: %w", key, ErrBusy)
 	}
+	if !s.dropClaimLocked(key) && s.availLocked(fsAvail)-need < 0 {
+		s.mu.Unlock()
+		return fmt.Errorf("put %v: %d bytes with %d available: %w", key, need, max(s.availLocked(fsAvail), 0), ErrNoSpace)
+	}
 	n, size, reuse := s.takeFree(need)
-	if s.opts.Capacity > 0 && s.used+s.freeBytes+need-size > s.opts.Capacity {
-		s.reclaimLocked()
-		if s.used+s.freeBytes+need-size > s.opts.Capacity {
-			if reuse {
-				s.addFree(n, size)
-			}
-			s.mu.Unlock()
-			return fmt.Errorf("put %v: %w", key, ErrNoSpace)
+	grow := need - size
+	s.used += need
+	s.growing += grow
+	// Make the room physically there, other claims included, from kept slots.
+	victims := s.releaseLocked(-(s.roomLocked(fsAvail) - s.claimed))
+	if c := s.opts.Capacity; c > 0 && c-s.used-s.keptLocked() < 0 {
+		s.used -= need
+		s.growing -= grow
+		if reuse {
+			s.addFree(n, size)
 		}
+		s.mu.Unlock()
+		s.unlink(victims)
+		return fmt.Errorf("put %v: %w", key, ErrNoSpace)
 	}
 	s.writing[key] = struct{}{}
-	s.used += need
 	seq := s.nextSeq
 	s.nextSeq++
 	s.mu.Unlock()
+	s.unlink(victims)
 	s.poke() // replenish the spare slots
 
-	var err error
 	if !reuse {
 		n, err = s.newSlot()
 	}
@@ -545,6 +780,7 @@ func (s *Store) Put(key chunk.Key, data []byte, crc uint32) error {
 	s.mu.Lock()
 	delete(s.writing, key)
 	s.used -= need
+	s.growing -= grow
 	if err == nil {
 		s.add(info, slot{n: n, seq: seq})
 	} else if reuse || n != 0 {
@@ -554,7 +790,14 @@ func (s *Store) Put(key chunk.Key, data []byte, crc uint32) error {
 			s.addFree(n, fi.Size())
 		}
 	}
+	var spill []uint64
+	if errors.Is(err, syscall.ENOSPC) {
+		// Something else filled the file system: give the kept slots back
+		// to it, so that what is refused here can go elsewhere.
+		spill = s.releaseLocked(s.keptLocked())
+	}
 	s.mu.Unlock()
+	s.unlink(spill)
 	if err != nil {
 		if errors.Is(err, syscall.ENOSPC) {
 			return fmt.Errorf("put %v: %w (%v)", key, ErrNoSpace, err)
@@ -569,18 +812,76 @@ func (s *Store) has(key chunk.Key) bool {
 	return ok
 }
 
-// reclaimLocked unlinks the free slots that hold space, to make room.
-func (s *Store) reclaimLocked() {
+// releaseLocked takes kept slots holding at least want bytes (all of them if
+// they hold less) off the books: slots not yet durably free first, then the
+// oldest of each size. The caller unlinks the returned slots (see unlink)
+// once it has let go of the lock.
+func (s *Store) releaseLocked(want int64) []uint64 {
+	if want <= 0 {
+		return nil
+	}
+	var out []uint64
+	for want > 0 && len(s.dirty) > 0 {
+		d := s.dirty[len(s.dirty)-1]
+		s.dirty = s.dirty[:len(s.dirty)-1]
+		s.dirtyBytes -= d.size
+		want -= d.size
+		out = append(out, d.n)
+	}
+	for size, l := range s.free {
+		if want <= 0 {
+			break
+		}
+		if size == 0 {
+			continue
+		}
+		k := min(len(l), int((want+size-1)/size))
+		out = s.dropOldestLocked(out, size, k)
+		want -= size * int64(k)
+	}
+	return out
+}
+
+// expireLocked takes the kept slots idle since before cutoff off the books,
+// appending them to out for unlink.
+func (s *Store) expireLocked(out []uint64, cutoff time.Time) []uint64 {
 	for size, l := range s.free {
 		if size == 0 {
 			continue
 		}
-		for _, n := range l {
-			os.Remove(s.slotPath(n))
-		}
-		s.freeBytes -= size * int64(len(l))
-		s.freeCount -= len(l)
+		k := sort.Search(len(l), func(i int) bool { return !l[i].since.Before(cutoff) })
+		out = s.dropOldestLocked(out, size, k)
+	}
+	return out
+}
+
+// dropOldestLocked removes the k oldest kept slots of size from the free
+// lists, appending their numbers to out.
+func (s *Store) dropOldestLocked(out []uint64, size int64, k int) []uint64 {
+	if k <= 0 {
+		return out
+	}
+	l := s.free[size]
+	for _, ks := range l[:k] {
+		out = append(out, ks.n)
+	}
+	if k == len(l) {
 		delete(s.free, size)
+	} else {
+		s.free[size] = append(l[:0], l[k:]...)
+	}
+	s.freeBytes -= size * int64(k)
+	s.freeCount -= k
+	return out
+}
+
+// unlink removes released slots' files. Without the lock: unlinking a large
+// file may take a while.
+func (s *Store) unlink(slots []uint64) {
+	for _, n := range slots {
+		if err := os.Remove(s.slotPath(n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			s.log.Warn("store: release a kept slot", "slot", n, "err", err)
+		}
 	}
 }
 
@@ -694,7 +995,7 @@ func (s *Store) poke() {
 // versions durably free, off the write path.
 func (s *Store) maintain() {
 	defer s.maintWG.Done()
-	t := time.NewTicker(200 * time.Millisecond)
+	t := time.NewTicker(maintainEvery)
 	defer t.Stop()
 	for {
 		// Deleted versions: make their 0600 mark durable, then reuse them.
@@ -706,11 +1007,15 @@ func (s *Store) maintain() {
 		for _, d := range dirty {
 			f, err := os.Open(s.slotPath(d.n))
 			if err != nil {
+				s.mu.Lock()
+				s.dirtyBytes -= d.size
+				s.mu.Unlock()
 				continue
 			}
 			err = f.Sync()
 			f.Close()
 			s.mu.Lock()
+			s.dirtyBytes -= d.size
 			if err == nil && !s.closed {
 				s.addFree(d.n, d.size)
 			} else {
@@ -748,6 +1053,7 @@ func (s *Store) maintain() {
 			}
 		}
 		s.mu.Unlock()
+		s.trim()
 		select {
 		case <-s.stop:
 			return
@@ -755,6 +1061,21 @@ func (s *Store) maintain() {
 		case <-t.C:
 		}
 	}
+}
+
+// trim releases the kept slots idle for longer than KeepIdle, and as many more
+// as the file system lacks to hold the reserve plus a version of the largest
+// length (see pressureLocked).
+func (s *Store) trim() {
+	_, fsAvail, err := s.statfs()
+	s.mu.Lock()
+	var victims []uint64
+	if err == nil {
+		victims = s.releaseLocked(s.pressureLocked(fsAvail))
+	}
+	victims = s.expireLocked(victims, s.now().Add(-s.opts.KeepIdle))
+	s.mu.Unlock()
+	s.unlink(victims)
 }
 
 // ReadInto reads version key into dst, which must hold its length, verifies the
@@ -810,10 +1131,13 @@ func (s *Store) readInto(key chunk.Key, dst []byte) (chunk.Info, error) {
 
 // Delete removes a stored version; deleting a missing one returns ErrNotFound.
 // Its slot is marked free (header cleared, mode 0600) and reused once that is
-// durable, or unlinked when enough free slots are kept.
+// durable, or unlinked at once when enough free slots are kept, when slots are
+// not kept (Options.KeepIdle) or when the file system is short of room (see
+// trim): then the space is the file system's again when Delete returns.
 // Deletes are not synced: after a crash a deleted version may reappear, and the
 // metadata service's garbage collection deletes it again.
 func (s *Store) Delete(key chunk.Key) error {
+	_, fsAvail, statErr := s.statfs()
 	s.mu.Lock()
 	info, ok := s.chunks[key.Chunk][key.Version]
 	if !ok {
@@ -829,19 +1153,31 @@ func (s *Store) Delete(key chunk.Key) error {
 	size := FileSize(int(info.Length))
 	s.used -= size
 	s.count--
-	dirtyBytes := int64(0)
-	for _, d := range s.dirty {
-		dirtyBytes += d.size
+	keep := !s.closed && s.opts.KeepIdle > 0 && s.freeCount+len(s.dirty) < maxFreeSlots &&
+		s.keptLocked()+size <= maxFreeBytes && statErr == nil
+	if keep {
+		// Counted as kept from now on; kept only if that leaves the file
+		// system the room trim wants.
+		s.dirtyBytes += size
+		if keep = !s.tightLocked(fsAvail); !keep {
+			s.dirtyBytes -= size
+		}
 	}
-	keep := !s.closed && s.freeCount+len(s.dirty) < maxFreeSlots && s.freeBytes+dirtyBytes+size <= maxFreeBytes
 	s.mu.Unlock()
 	path := s.slotPath(sl.n)
-	if keep && s.markFree(path) == nil {
+	if keep {
+		err := s.markFree(path)
 		s.mu.Lock()
-		s.dirty = append(s.dirty, freed{n: sl.n, size: size})
+		if err == nil {
+			s.dirty = append(s.dirty, freed{n: sl.n, size: size})
+		} else {
+			s.dirtyBytes -= size
+		}
 		s.mu.Unlock()
-		s.poke()
-		return nil
+		if err == nil {
+			s.poke()
+			return nil
+		}
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete %v: %w", key, err)

@@ -43,6 +43,7 @@ func main() {
 type flags struct {
 	data, listen, advertise, meta, mem, transport, zone, metrics string
 	secretFile, readyFile, logLevel, maxLength, capacity         string
+	reserve                                                      string
 	repairBW, repairMem                                          string
 	credits, repairParallel                                      int
 	leaseTTL, stagingTTL, heartbeat                              time.Duration
@@ -74,6 +75,9 @@ func newCommand() *cobra.Command {
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.maxLength, "max-length", "16MiB", "largest chunk version accepted")
 	fl.StringVar(&f.capacity, "capacity", "0", "bytes of disk chunkd may use (0: the file system's size)")
+	fl.StringVar(&f.reserve, "reserve", "auto", "free space kept back from new shards: a chunkserver offers the metadata service its free space "+
+		"(deleted versions kept for reuse counted) less this, and refuses a new version's prepare with no-space once the space "+
+		"left after it would be under this; repairs may use it. auto: 2% of the capacity, within [64MiB, 4GiB], at most half of it; 0: none")
 	fl.IntVar(&f.credits, "credits", 32, "request messages a connection may have outstanding")
 	fl.DurationVar(&f.leaseTTL, "lease-ttl", 10*time.Second, "read lease time")
 	fl.DurationVar(&f.stagingTTL, "staging-ttl", 60*time.Second, "time a prepared write may wait for its commit")
@@ -160,7 +164,11 @@ func run(ctx context.Context, f *flags) error {
 		log.Warn("chunkd: no --meta: serving standalone, not registered with a metadata service")
 	}
 
-	st, err := store.Open(f.data, store.Options{MaxLength: int(maxLength), Capacity: capacity, Logger: log})
+	reserve, err := parseReserve(f.reserve)
+	if err != nil {
+		return err
+	}
+	st, err := store.Open(f.data, store.Options{MaxLength: int(maxLength), Capacity: capacity, Reserve: reserve, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -205,6 +213,22 @@ func run(ctx context.Context, f *flags) error {
 		return err
 	}
 	return nil
+}
+
+// parseReserve turns --reserve into store.Options.Reserve: "auto" is 0 (the
+// store's default), "0" is -1 (no reserve), a size is itself.
+func parseReserve(v string) (int64, error) {
+	if v == "auto" {
+		return 0, nil
+	}
+	n, err := bytesize.Parse(v)
+	if err != nil {
+		return 0, fmt.Errorf("--reserve: %w", err)
+	}
+	if n == 0 {
+		return -1, nil
+	}
+	return n, nil
 }
 
 // defaultMem returns min(RAM/8, 4 GiB), at least 64 MiB.
