@@ -153,12 +153,9 @@ func Open(dir string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("bolt: create data dir: %w", err)
 	}
 	path := filepath.Join(dir, FileName)
-	// The freelist is rebuilt at open instead of being written at every
-	// commit: fewer pages per fsync, same durability.
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 2 * time.Second, NoFreelistSync: true,
-		FreelistType: bbolt.FreelistMapType, MaxSize: opts.maxSize})
+	db, err := openDB(path, opts.maxSize, false)
 	if err != nil {
-		return nil, fmt.Errorf("bolt: open %s: %w", path, err)
+		return nil, err
 	}
 	if opts.MaxBatch <= 0 {
 		opts.MaxBatch = 1024
@@ -205,53 +202,93 @@ func Open(dir string, opts Options) (*Store, error) {
 	return s, nil
 }
 
+// openDB opens the bbolt file at path; maxSize is bbolt's MaxSize (0: no
+// limit).
+func openDB(path string, maxSize int, readOnly bool) (*bbolt.DB, error) {
+	// The freelist is rebuilt at open instead of being written at every
+	// commit: fewer pages per fsync, same durability.
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 2 * time.Second, NoFreelistSync: true,
+		FreelistType: bbolt.FreelistMapType, MaxSize: maxSize, ReadOnly: readOnly})
+	if err != nil {
+		return nil, fmt.Errorf("bolt: open %s: %w", path, err)
+	}
+	return db, nil
+}
+
 // recover applies the logged groups bbolt lacks and starts a new epoch of
-// the log, so that no record written before can be taken for a new one.
+// the log, so that no record written before can be taken for a new one. If
+// the log is damaged in the middle it returns a *CorruptLogError and writes
+// nothing.
 func (s *Store) recover() error {
-	var applied, epoch uint64
-	if err := s.db.View(func(tx *bbolt.Tx) error {
-		if b := tx.Bucket([]byte(walBucket)); b != nil {
-			applied, _ = decodeU64(b.Get([]byte("applied")))
-			epoch, _ = decodeU64(b.Get([]byte("epoch")))
-		}
-		s.hwm = tx.Size()
-		return nil
-	}); err != nil {
-		return fmt.Errorf("bolt: read log state: %w", err)
-	}
-	var replay []record
-	if epoch != 0 {
-		recs, err := s.log.scan(epoch)
-		if err != nil {
-			return err
-		}
-		next := applied + 1
-		for _, r := range recs {
-			if r.lsn < next {
-				continue
-			}
-			if r.lsn > next {
-				s.opts.Logger.Warn("bolt: log records after a gap are ignored", "expected", next, "found", r.lsn)
-				break
-			}
-			replay = append(replay, r)
-			next++
-		}
-	}
-	newEpoch, err := randomEpoch()
+	st, err := readLogState(s.db)
 	if err != nil {
 		return err
 	}
-	last := applied
-	if len(replay) > 0 {
-		last = replay[len(replay)-1].lsn
+	s.hwm = st.size
+	var plan replayPlan
+	if st.epoch != 0 {
+		l, err := s.log.scan(st.epoch)
+		if err != nil {
+			return err
+		}
+		plan = l.plan(st.applied)
+		if err := l.check(filepath.Dir(s.path), plan); err != nil {
+			return err
+		}
 	}
-	if err := s.db.Update(func(tx *bbolt.Tx) error {
+	st, err = replay(s.db, st.applied, plan.replay)
+	if err != nil {
+		return err
+	}
+	if len(plan.replay) > 0 {
+		s.opts.Logger.Info("bolt: replayed the log", "groups", len(plan.replay), "last", st.applied)
+	}
+	s.hwm = st.size
+	s.log.epoch, s.log.lsn = st.epoch, st.applied
+	return nil
+}
+
+// logState is the log's state stored in bbolt, with the database's size.
+type logState struct {
+	applied uint64 // the last sequence number applied
+	epoch   uint64 // the log's epoch (0: none yet)
+	size    int64  // bytes of the file bbolt uses
+}
+
+// readLogState reads the log's state from the database.
+func readLogState(db *bbolt.DB) (logState, error) {
+	var st logState
+	if err := db.View(func(tx *bbolt.Tx) error {
+		if b := tx.Bucket([]byte(walBucket)); b != nil {
+			st.applied, _ = decodeU64(b.Get([]byte("applied")))
+			st.epoch, _ = decodeU64(b.Get([]byte("epoch")))
+		}
+		st.size = tx.Size()
+		return nil
+	}); err != nil {
+		return st, fmt.Errorf("bolt: read log state: %w", err)
+	}
+	return st, nil
+}
+
+// replay applies recs, the records after applied in order, to the database
+// and stores a new epoch in the same commit: every record of the log is
+// stale from then on. It returns the new state.
+func replay(db *bbolt.DB, applied uint64, recs []record) (logState, error) {
+	epoch, err := randomEpoch()
+	if err != nil {
+		return logState{}, err
+	}
+	st := logState{applied: applied, epoch: epoch}
+	if len(recs) > 0 {
+		st.applied = recs[len(recs)-1].lsn
+	}
+	if err := db.Update(func(tx *bbolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists([]byte(bucketName))
 		if err != nil {
 			return err
 		}
-		for _, r := range replay {
+		for _, r := range recs {
 			for i, k := range r.keys {
 				if v := r.values[i]; v == nil {
 					err = b.Delete([]byte(k))
@@ -263,19 +300,15 @@ func (s *Store) recover() error {
 				}
 			}
 		}
-		if err := putLogState(tx, last, newEpoch); err != nil {
+		if err := putLogState(tx, st.applied, epoch); err != nil {
 			return err
 		}
-		s.hwm = tx.Size()
+		st.size = tx.Size()
 		return nil
 	}); err != nil {
-		return fmt.Errorf("bolt: replay the log: %w", err)
+		return logState{}, fmt.Errorf("bolt: replay the log: %w", err)
 	}
-	if len(replay) > 0 {
-		s.opts.Logger.Info("bolt: replayed the log", "groups", len(replay), "last", last)
-	}
-	s.log.epoch, s.log.lsn = newEpoch, last
-	return nil
+	return st, nil
 }
 
 // randomEpoch returns a new epoch for the log: random, never 0 (which no

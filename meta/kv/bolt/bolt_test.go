@@ -427,45 +427,52 @@ func TestTornRecord(t *testing.T) {
 	}
 }
 
-// TestParseSegment checks the end of a log scan: a damaged record, a
-// record of another epoch (an earlier Open) and an older record left from
-// the segment's previous pass all end it.
+// TestParseSegment checks what a segment scan finds: the intact records of
+// the epoch, and gaps where a record is damaged, of another epoch, or where
+// zeros follow; a record left from the segment's previous pass (a lower
+// sequence number) is found too.
 func TestParseSegment(t *testing.T) {
 	w := &wal{epoch: 7}
 	rec := func(lsn uint64, k string) []byte {
 		g := &group{writes: map[string][]byte{k: []byte("v")}, keys: []string{k}}
 		return append([]byte{}, w.encode(g, lsn)...)
 	}
-	lsns := func(data []byte, epoch uint64) []uint64 {
-		var out []uint64
-		for _, r := range parseSegment(data, epoch) {
-			out = append(out, r.lsn)
+	// shape returns the record sequence numbers and gaps ("-") in order.
+	shape := func(data []byte, epoch uint64) string {
+		var out []string
+		for _, it := range parseSegment(data, epoch) {
+			if it.rec == nil {
+				out = append(out, "-")
+				continue
+			}
+			out = append(out, fmt.Sprint(it.rec.lsn))
 		}
-		return out
+		return strings.Join(out, " ")
 	}
 	good := slices.Concat(rec(3, "a"), rec(4, "b"))
-	if got := lsns(good, 7); !slices.Equal(got, []uint64{3, 4}) {
-		t.Fatalf("intact records: %v", got)
-	}
-	if got := lsns(good, 8); len(got) != 0 {
-		t.Fatalf("records of another epoch replayed: %v", got)
-	}
-	if got := lsns(slices.Concat(good, rec(2, "old"), rec(5, "c")), 7); !slices.Equal(got, []uint64{3, 4}) {
-		t.Fatalf("an older record did not end the scan: %v", got)
-	}
 	w.epoch = 6
 	stale := rec(5, "c")
 	w.epoch = 7
-	if got := lsns(slices.Concat(good, stale), 7); !slices.Equal(got, []uint64{3, 4}) {
-		t.Fatalf("a record of an earlier epoch did not end the scan: %v", got)
-	}
 	bad := slices.Concat(good, rec(5, "c"))
 	bad[len(bad)-1] ^= 1
-	if got := lsns(bad, 7); !slices.Equal(got, []uint64{3, 4}) {
-		t.Fatalf("a damaged record did not end the scan: %v", got)
-	}
-	if got := lsns(append(good, make([]byte, 100)...), 7); !slices.Equal(got, []uint64{3, 4}) {
-		t.Fatalf("zeros after the records: %v", got)
+	for _, tt := range []struct {
+		name  string
+		data  []byte
+		epoch uint64
+		want  string
+	}{
+		{"intact", good, 7, "3 4"},
+		{"another epoch", good, 8, "-"},
+		{"older record", slices.Concat(good, rec(2, "old"), rec(5, "c")), 7, "3 4 2 5"},
+		{"earlier epoch", slices.Concat(good, stale), 7, "3 4 -"},
+		{"damaged", bad, 7, "3 4 -"},
+		{"damaged then intact", slices.Concat(bad, rec(6, "d")), 7, "3 4 - 6"},
+		{"zeros", append(slices.Clone(good), make([]byte, 100)...), 7, "3 4 -"},
+		{"empty", nil, 7, ""},
+	} {
+		if got := shape(tt.data, tt.epoch); got != tt.want {
+			t.Errorf("%s: %q, want %q", tt.name, got, tt.want)
+		}
 	}
 }
 

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 )
 
 // The write-ahead log is two segment files, written in turn, each from its
@@ -18,12 +17,14 @@ import (
 // Segments are extended with written zeros ahead of the records, so that an
 // append overwrites allocated blocks and fdatasync writes no file metadata.
 //
-// Records of earlier passes stay behind the new ones. A log scan therefore
-// reads a segment from its start while the records are intact, belong to
+// Records of earlier passes stay behind the new ones. A record belongs to
 // the current epoch (a random number chosen at every Open, stored in bbolt)
-// and have increasing sequence numbers; the first record that is not stops
-// it. A record is appended only after the one before it is durable, so the
-// durable records form one run of consecutive sequence numbers.
+// and has a sequence number one above the record before it (or above a
+// group committed to bbolt directly). A record is appended only after the
+// one before it is durable, so the durable records form one run of
+// consecutive sequence numbers, and only the last one written can be torn
+// by a crash. A log scan (scan.go) finds them and tells a torn tail from
+// damage in the middle, which Open refuses (CorruptLogError).
 
 // Names of the log segments in the data directory.
 const (
@@ -216,57 +217,23 @@ func (w *wal) extend(end int64) error {
 	return nil
 }
 
-// scan returns the intact records of the given epoch in both segments,
-// ordered by sequence number.
-func (w *wal) scan(epoch uint64) ([]record, error) {
-	var recs []record
+// scan reads both segments and finds the records of the given epoch
+// (scan.go).
+func (w *wal) scan(epoch uint64) (*logScan, error) {
+	var data [2][]byte
+	var names [2]string
 	for i, f := range w.files {
-		data, err := io.ReadAll(io.NewSectionReader(f, 0, w.size[i]))
+		b, err := io.ReadAll(io.NewSectionReader(f, 0, w.size[i]))
 		if err != nil {
-			return nil, fmt.Errorf("bolt: read log: %w", err)
+			return nil, fmt.Errorf("bolt: read log %s: %w", f.Name(), err)
 		}
-		recs = append(recs, parseSegment(data, epoch)...)
+		data[i], names[i] = b, f.Name()
 	}
-	slices.SortFunc(recs, func(a, b record) int {
-		switch {
-		case a.lsn < b.lsn:
-			return -1
-		case a.lsn > b.lsn:
-			return 1
-		}
-		return 0
-	})
-	return recs, nil
+	return scanLog(names, data, epoch), nil
 }
 
-// parseSegment decodes records from the start of a segment while they are
-// intact, of the epoch and in increasing order.
-func parseSegment(data []byte, epoch uint64) []record {
-	var recs []record
-	var prev uint64
-	for off := 0; len(data)-off >= headerSize; {
-		h := data[off : off+headerSize]
-		n := int(binary.BigEndian.Uint32(h[offLength:]))
-		if binary.BigEndian.Uint32(h[offMagic:]) != recordMagic || n > len(data)-off-headerSize {
-			break
-		}
-		rec := data[off : off+headerSize+n]
-		lsn := binary.BigEndian.Uint64(h[offLSN:])
-		if binary.BigEndian.Uint32(h[offChecksum:]) != checksum(rec) || binary.BigEndian.Uint64(h[offEpoch:]) != epoch || lsn <= prev {
-			break
-		}
-		r, ok := decodePayload(rec[headerSize:])
-		if !ok {
-			break
-		}
-		r.lsn = lsn
-		recs = append(recs, r)
-		prev = lsn
-		off += headerSize + n
-	}
-	return recs
-}
-
+// decodePayload decodes a record's writes; ok is false if they do not fill
+// p exactly.
 func decodePayload(p []byte) (record, bool) {
 	var r record
 	for len(p) > 0 {
