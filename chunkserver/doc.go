@@ -26,14 +26,18 @@
 //     ReleaseLease ends it; at the end chunkd invalidates the window and later
 //     reads fail with REM_ACCESS_ERR. Leasing a version the connection already
 //     holds renews the same lease.
-//   - PrepareWrite(chunk, new version, length) reserves a staging buffer and
+//   - PrepareWrite(chunk, new version, length) first sets disk room aside for
+//     the version (store.Claim): a chunkserver that cannot take it — the room
+//     left would be under the reserve, deleted versions kept for reuse counted
+//     as free — answers StatusNoSpace at once, which the client sees as an
+//     error matching syscall.ENOSPC. Then it reserves a staging buffer and
 //     binds a window with remote write access: {addr, rkey, ttl}. The client
 //     RDMA_WRITEs the data and sends Commit(chunk, version, crc32c): chunkd
 //     revokes the window, verifies the checksum over the staged bytes, writes the
 //     version durably (into a slot file whose name is already durable, then
 //     fdatasync) and only then answers; the staged buffer becomes the version's
 //     resident copy. Abort drops a staging;
-//     an unused one expires.
+//     an unused one expires. A commit the disk refuses answers StatusNoSpace.
 //   - Delete, Stat and List work on stored versions.
 //
 // A version is never overwritten: a new version goes to a free slot, so a reader of

@@ -529,9 +529,6 @@ func (s *Store) Space() Space {
 		Used: s.used, Versions: s.count, Reserve: s.reserve}
 }
 
-// Reserve returns the bytes kept back from new versions (see Options.Reserve).
-func (s *Store) Reserve() int64 { return s.reserve }
-
 // statfs returns the file system's size and free space as an unprivileged
 // user sees them: the blocks only root may use count as neither. It does not
 // allocate.

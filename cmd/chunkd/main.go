@@ -173,6 +173,8 @@ func run(ctx context.Context, f *flags) error {
 		return err
 	}
 	defer st.Close()
+	sp := st.Space()
+	log.Info("chunkd: disk space", "dir", f.data, "total", sp.Total, "available", sp.Avail, "kept", sp.Kept, "reserve", sp.Reserve)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
