@@ -90,7 +90,7 @@ func (f *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	if ip, ok := d.(inPlaceReader); ok {
 		b, rel, err := ip.ReadInPlace(ctx, f.ino, dest, off)
 		if err != nil {
-			return nil, errno(err)
+			return nil, dataErrno(err)
 		}
 		if rel == nil {
 			return f.fsys.dataResult(b), 0
@@ -104,7 +104,7 @@ func (f *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	}
 	n, err := d.Read(ctx, f.ino, dest, off)
 	if err != nil {
-		return nil, errno(err)
+		return nil, dataErrno(err)
 	}
 	return f.fsys.dataResult(dest[:n]), 0
 }
@@ -187,7 +187,7 @@ func (f *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 	}
 	n, err := d.Write(ctx, f.ino, data, off)
 	if err != nil {
-		return uint32(n), errno(err)
+		return uint32(n), dataErrno(err)
 	}
 	f.dropBehind(off, int64(n))
 	return uint32(n), 0
@@ -240,7 +240,7 @@ func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	if f.flags&syscall.O_ACCMODE == syscall.O_RDONLY || f.fsys.opts.Data == nil {
 		return 0
 	}
-	return errno(f.fsys.opts.Data.Flush(ctx, f.ino))
+	return dataErrno(f.fsys.opts.Data.Flush(ctx, f.ino))
 }
 
 // Fsync implements gofs.FileFsyncer: every shard durable and the version
@@ -251,7 +251,7 @@ func (f *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	if f.fsys.opts.Data == nil {
 		return 0
 	}
-	return errno(f.fsys.opts.Data.Flush(ctx, f.ino))
+	return dataErrno(f.fsys.opts.Data.Flush(ctx, f.ino))
 }
 
 // Release implements gofs.FileReleaser.

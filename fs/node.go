@@ -151,6 +151,19 @@ func errno(err error) syscall.Errno {
 	return client.Errno(err)
 }
 
+// dataErrno is errno for reads, writes, flushes and fsyncs: an application
+// gets from them only what a local disk would give it. Errors of the
+// machinery behind (a connection refused or reset, a timeout, a protocol
+// status) are EIO.
+func dataErrno(err error) syscall.Errno {
+	switch e := errno(err); e {
+	case 0, syscall.EIO, syscall.ENOSPC, syscall.EDQUOT, syscall.EINTR, syscall.EFBIG, syscall.EINVAL, syscall.EBADF:
+		return e
+	default:
+		return syscall.EIO
+	}
+}
+
 // killable detaches an operation from the kernel's interrupts, except when
 // the calling process is being killed. A signal to the calling thread (Go
 // delivers them for preemption all the time) makes the kernel send

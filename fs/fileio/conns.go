@@ -101,12 +101,13 @@ func (c *conns) get(ctx context.Context, id, addr string) (*chunkclient.Client, 
 		}
 		return nil, fmt.Errorf("fileio: chunkserver %s: %w", addr, errSuspect)
 	}
-	return c.dial(ctx, p, id)
+	return c.dial(ctx, p, id, false)
 }
 
 // dial connects to p unless another caller has meanwhile; a failed dial
-// makes p suspect.
-func (c *conns) dial(ctx context.Context, p *peer, id string) (*chunkclient.Client, error) {
+// makes p suspect. Unless probe is set, a p found suspect meanwhile fails
+// at once: callers queued behind a dial that failed do not dial in turn.
+func (c *conns) dial(ctx context.Context, p *peer, id string, probe bool) (*chunkclient.Client, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if id != "" {
@@ -115,6 +116,9 @@ func (c *conns) dial(ctx context.Context, p *peer, id string) (*chunkclient.Clie
 	old := p.c.Load()
 	if live(old) { // another caller dialed while this one waited
 		return old, nil
+	}
+	if !probe && p.suspectUntil.Load() != 0 {
+		return nil, fmt.Errorf("fileio: chunkserver %s: %w", p.addr, errSuspect)
 	}
 	if old != nil {
 		old.Close()
@@ -136,7 +140,7 @@ func (c *conns) dial(ctx context.Context, p *peer, id string) (*chunkclient.Clie
 // the suspicion, failure doubles the backoff.
 func (c *conns) probe(p *peer, id string) {
 	defer p.probing.Store(false)
-	if _, err := c.dial(context.Background(), p, id); err == nil {
+	if _, err := c.dial(context.Background(), p, id, true); err == nil {
 		c.succeeded(p.addr)
 	}
 }
@@ -213,7 +217,9 @@ func (c *conns) avoid() []string {
 	defer c.mu.RUnlock()
 	var out []string
 	for _, p := range c.m {
-		if p.suspectUntil.Load() > now || p.fullUntil.Load() > now {
+		// A suspect stays avoided until an operation or a probe succeeds,
+		// not only during its backoff.
+		if p.suspectUntil.Load() != 0 || p.fullUntil.Load() > now {
 			p.mu.Lock()
 			if p.id != "" {
 				out = append(out, p.id)

@@ -900,6 +900,11 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 		defer cancel()
 		infos, err := e.writeStripes(ctx, f.ino, lay, stripes, batch)
+		if err != nil && metaclient.ConflictStripes(err) == nil {
+			// writeStripes has waited and retried what can pass (chunkservers
+			// down, replacements, meta failover): what is left is final.
+			err = failWrite(err)
+		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		defer f.cond.Broadcast()

@@ -36,6 +36,18 @@ type writeFailed struct{ err error }
 func (w *writeFailed) Error() string { return w.err.Error() }
 func (w *writeFailed) Unwrap() error { return w.err }
 
+// failWrite makes err a write that failed for good, as the application
+// sees it: ENOSPC when space was missing, else EIO.
+func failWrite(err error) error {
+	if isWriteFailed(err) {
+		return err
+	}
+	if errors.Is(err, syscall.ENOSPC) || metaerr.Errno(err) == syscall.ENOSPC {
+		return &writeFailed{fmt.Errorf("%w (%v)", syscall.ENOSPC, err)}
+	}
+	return &writeFailed{fmt.Errorf("%w (%v)", syscall.EIO, err)}
+}
+
 // isWriteFailed reports whether err is a write that failed for good.
 func isWriteFailed(err error) bool {
 	var w *writeFailed

@@ -32,6 +32,11 @@ type Options struct {
 	DropBehind int64
 	// FileDirtyLimit is fileio.Config.FileDirtyLimit (default: the engine's).
 	FileDirtyLimit int
+	// IOTimeout and WriteTimeout are fileio.Config's (default: the engine's).
+	IOTimeout, WriteTimeout time.Duration
+	// ChunkConfig, when set, adjusts chunkserver i's configuration before it
+	// starts (to advertise another address, say).
+	ChunkConfig func(i int, cfg *chunkserver.Config)
 }
 
 // Cluster is a running test file system.
@@ -68,10 +73,11 @@ func Start(t *testing.T, opts Options) *Cluster {
 	mc := c.Meta.Client(t)
 	secret := []byte(c.Meta.Secret)
 	for i := 0; i < opts.Chunkservers; i++ {
-		c.Chunk = append(c.Chunk, chunktest.Start(t, chunktest.Options{
-			Secret: secret,
-			Config: chunkserver.Config{Membership: metamember.New(mc), HeartbeatInterval: 200 * time.Millisecond},
-		}))
+		cfg := chunkserver.Config{Membership: metamember.New(mc), HeartbeatInterval: 200 * time.Millisecond}
+		if opts.ChunkConfig != nil {
+			opts.ChunkConfig(i, &cfg)
+		}
+		c.Chunk = append(c.Chunk, chunktest.Start(t, chunktest.Options{Secret: secret, Config: cfg}))
 	}
 	c.WaitUp(t, opts.Chunkservers)
 	c.opts = opts
@@ -90,7 +96,8 @@ func (c *Cluster) mount(t *testing.T, wrap func(metapb.MetaClient) metapb.MetaCl
 	t.Helper()
 	ctx := context.Background()
 	mc := c.Meta.Client(t)
-	eng, err := fileio.New(fileio.Config{Meta: mc, Device: chunktest.NewDevice(t), Secret: []byte(c.Meta.Secret), MemBytes: c.opts.MemBytes, FileDirtyLimit: c.opts.FileDirtyLimit})
+	eng, err := fileio.New(fileio.Config{Meta: mc, Device: chunktest.NewDevice(t), Secret: []byte(c.Meta.Secret), MemBytes: c.opts.MemBytes, FileDirtyLimit: c.opts.FileDirtyLimit,
+		IOTimeout: c.opts.IOTimeout, WriteTimeout: c.opts.WriteTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}

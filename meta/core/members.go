@@ -105,12 +105,16 @@ func (m *members) place(n, need int, minFree uint64, exclude, taken map[string]b
 	default:
 		return nil, metaerr.New(ErrTooFewLive, "%d live chunkservers can take a shard, %d needed", live, need)
 	}
-	sort.Slice(cands, func(i, j int) bool { return cands[i].ID < cands[j].ID })
-	chosen, err := placement.Choose(cands, min(n, len(cands)), nil)
-	if err != nil {
-		return nil, err
+	out := make([]placement.Candidate, 0, n)
+	if k := min(n, len(cands)); k > 0 {
+		sort.Slice(cands, func(i, j int) bool { return cands[i].ID < cands[j].ID })
+		chosen, err := placement.Choose(cands, k, nil)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, chosen...)
 	}
-	return append(chosen, make([]placement.Candidate, n-len(chosen))...), nil
+	return append(out, make([]placement.Candidate, n-len(out))...), nil
 }
 
 // withAddresses returns copies of shards with the chunkservers' addresses.

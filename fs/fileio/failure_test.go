@@ -1,0 +1,288 @@
+package fileio_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/rdmafs/rdmafs/chunkserver"
+	"github.com/rdmafs/rdmafs/fs/fstest"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// countingMeta counts the stripe calls a mount makes.
+type countingMeta struct {
+	metapb.MetaClient
+	grants, replaces, commits atomic.Int64
+}
+
+func (m *countingMeta) GrantWrite(ctx context.Context, in *metapb.GrantWriteRequest, opts ...grpc.CallOption) (*metapb.GrantWriteReply, error) {
+	m.grants.Add(1)
+	return m.MetaClient.GrantWrite(ctx, in, opts...)
+}
+
+func (m *countingMeta) ReplaceShards(ctx context.Context, in *metapb.ReplaceShardsRequest, opts ...grpc.CallOption) (*metapb.ReplaceShardsReply, error) {
+	m.replaces.Add(1)
+	return m.MetaClient.ReplaceShards(ctx, in, opts...)
+}
+
+func (m *countingMeta) CommitStripes(ctx context.Context, in *metapb.CommitStripesRequest, opts ...grpc.CallOption) (*metapb.CommitStripesReply, error) {
+	m.commits.Add(1)
+	return m.MetaClient.CommitStripes(ctx, in, opts...)
+}
+
+// writeSync writes data to a new file at p and fsyncs it.
+func writeSync(p string, data []byte) error {
+	f, err := os.Create(p)
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(data)
+	serr := f.Sync()
+	cerr := f.Close()
+	return errors.Join(werr, serr, cerr)
+}
+
+func mustReadBack(t *testing.T, p string, want []byte) {
+	t.Helper()
+	got, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatalf("read %s: %v", p, err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("%s: read back %d bytes differing from the %d written", p, len(got), len(want))
+	}
+}
+
+// degradedStripes returns the stripes meta counts as degraded or lost.
+func degradedStripes(t *testing.T, c *fstest.Cluster) uint64 {
+	t.Helper()
+	st, err := c.Meta.Client(t).Status(context.Background(), &metapb.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.DegradedStripes
+}
+
+// TestWriteSurvivesChunkserverLoss writes with fsync while one, then m
+// chunkservers of k+m+1 are gone: the first write finds a replacement for
+// every shard (no stripe degraded), the second commits stripes degraded at
+// min-write-shards, and every byte reads back. The stripe calls must stay
+// proportional to the stripes written: no shard is rewritten over and over.
+func TestWriteSurvivesChunkserverLoss(t *testing.T) {
+	var cm *countingMeta
+	c := fstest.Start(t, fstest.Options{Chunkservers: 7, WrapMeta: func(m metapb.MetaClient) metapb.MetaClient {
+		cm = &countingMeta{MetaClient: m}
+		return cm
+	}})
+	const size = 2 << 20 // 8 stripes of 4 x 64 KiB
+	c.Chunk[0].Stop()
+	one := random(size, 21)
+	if err := writeSync(filepath.Join(c.Dir, "one-down"), one); err != nil {
+		t.Fatalf("write with one chunkserver down: %v", err)
+	}
+	if n := c.Engine.Stats().DegradedWrites.Load(); n != 0 {
+		t.Fatalf("%d stripes written degraded with a spare chunkserver up", n)
+	}
+	c.Chunk[1].Stop()
+	two := random(size, 22)
+	if err := writeSync(filepath.Join(c.Dir, "two-down"), two); err != nil {
+		t.Fatalf("write with two chunkservers down: %v", err)
+	}
+	if n := c.Engine.Stats().DegradedWrites.Load(); n == 0 {
+		t.Fatal("no stripe written degraded with only k+m-1 chunkservers up")
+	}
+	if n := degradedStripes(t, c); n == 0 {
+		t.Fatal("meta records no degraded stripe")
+	}
+	mustReadBack(t, filepath.Join(c.Dir, "one-down"), one)
+	mustReadBack(t, filepath.Join(c.Dir, "two-down"), two)
+	const stripes = 2 * size / (4 * 64 << 10)
+	if g, r, cm := cm.grants.Load(), cm.replaces.Load(), cm.commits.Load(); g > 2*stripes || r > 4*stripes || cm > 2*stripes {
+		t.Fatalf("%d stripes took %d grants, %d replacements, %d commits", stripes, g, r, cm)
+	}
+}
+
+// TestWriteBelowMinWaitsThenEIO takes two of six chunkservers away from a
+// 4+2 layout (min-write-shards 5): a write waits for them, at most the write
+// timeout, then fsync fails with EIO — not a hang, not a connection error.
+func TestWriteBelowMinWaitsThenEIO(t *testing.T) {
+	const timeout = 2 * time.Second
+	var cm *countingMeta
+	c := fstest.Start(t, fstest.Options{WriteTimeout: timeout, WrapMeta: func(m metapb.MetaClient) metapb.MetaClient {
+		cm = &countingMeta{MetaClient: m}
+		return cm
+	}})
+	c.Chunk[2].Stop()
+	c.Chunk[4].Stop()
+	start := time.Now()
+	err := writeSync(filepath.Join(c.Dir, "below-min"), random(1<<20, 23))
+	took := time.Since(start)
+	if !errors.Is(err, syscall.EIO) {
+		t.Fatalf("write below min-write-shards: %v, want EIO", err)
+	}
+	if took < timeout || took > timeout+10*time.Second {
+		t.Fatalf("EIO after %v, want about the write timeout %v", took, timeout)
+	}
+	t.Logf("EIO after %v (write timeout %v)", took, timeout)
+	// The wait backs off: a few dozen calls, not a busy loop.
+	if n := cm.grants.Load() + cm.replaces.Load(); n > 200 {
+		t.Fatalf("%d grant and replace calls in %v", n, took)
+	}
+	// The mount is not wedged.
+	if _, err := os.ReadDir(c.Dir); err != nil {
+		t.Fatalf("readdir after the failed write: %v", err)
+	}
+}
+
+// freezer is a TCP proxy in front of a chunkserver that can go silent: once
+// frozen it accepts connections and keeps them open but forwards nothing,
+// as a hung host or a partition does (nothing is refused or reset).
+type freezer struct {
+	ln      net.Listener
+	backend atomic.Pointer[string]
+	frozen  atomic.Bool
+	mu      sync.Mutex
+	conns   []net.Conn
+}
+
+func newFreezer(t *testing.T) *freezer {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &freezer{ln: ln}
+	t.Cleanup(f.close)
+	go f.serve()
+	return f
+}
+
+func (f *freezer) addr() string { return f.ln.Addr().String() }
+
+func (f *freezer) serve() {
+	for {
+		c, err := f.ln.Accept()
+		if err != nil {
+			return
+		}
+		f.track(c)
+		if f.frozen.Load() {
+			continue // accepted, never answered
+		}
+		b := f.backend.Load()
+		if b == nil {
+			c.Close()
+			continue
+		}
+		up, err := net.Dial("tcp", *b)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		f.track(up)
+		go f.pipe(c, up)
+		go f.pipe(up, c)
+	}
+}
+
+func (f *freezer) track(c net.Conn) {
+	f.mu.Lock()
+	f.conns = append(f.conns, c)
+	f.mu.Unlock()
+}
+
+// pipe copies src to dst until frozen: then the bytes read stay here.
+func (f *freezer) pipe(dst, src net.Conn) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := src.Read(buf)
+		if f.frozen.Load() {
+			io.Copy(io.Discard, src)
+			return
+		}
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			dst.Close()
+			return
+		}
+	}
+}
+
+func (f *freezer) close() {
+	f.ln.Close()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.conns {
+		c.Close()
+	}
+}
+
+// TestSilentChunkserver freezes one chunkserver (it neither answers nor
+// refuses) and reads a file cold and writes another: both complete within a
+// few seconds each, the read rebuilt from the other shards, the write placed
+// elsewhere, instead of waiting for TCP's timeouts.
+func TestSilentChunkserver(t *testing.T) {
+	fz := newFreezer(t)
+	c := fstest.Start(t, fstest.Options{Chunkservers: 7, IOTimeout: 2 * time.Second,
+		ChunkConfig: func(i int, cfg *chunkserver.Config) {
+			if i == 0 {
+				cfg.AdvertiseAddr = fz.addr()
+			}
+		}})
+	backend := c.Chunk[0].Addr()
+	fz.backend.Store(&backend)
+	data := random(4<<20, 24)
+	p := filepath.Join(c.Dir, "before")
+	if err := writeSync(p, data); err != nil {
+		t.Fatal(err)
+	}
+	fz.frozen.Store(true)
+
+	// A second mount reads cold: no connection yet, no cached lease.
+	dir, eng := c.Mount(t)
+	start := time.Now()
+	mustReadBack(t, filepath.Join(dir, "before"), data)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("cold read with a silent chunkserver took %v", took)
+	} else {
+		t.Logf("cold read: %v", took)
+	}
+	if eng.Stats().DegradedReads.Load() == 0 {
+		t.Log("no stripe of the file had a data shard on the silent chunkserver")
+	}
+	// The first mount's connection is established: its requests go
+	// unanswered until the stall timeout fails it.
+	start = time.Now()
+	mustReadBack(t, p, data)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("read over a connection gone silent took %v", took)
+	} else {
+		t.Logf("read over a silent connection: %v", took)
+	}
+	after := random(4<<20, 25)
+	start = time.Now()
+	if err := writeSync(filepath.Join(dir, "after"), after); err != nil {
+		t.Fatalf("write with a silent chunkserver: %v", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("write with a silent chunkserver took %v", took)
+	} else {
+		t.Logf("write: %v", took)
+	}
+	mustReadBack(t, filepath.Join(c.Dir, "after"), after)
+}
