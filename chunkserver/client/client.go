@@ -157,10 +157,10 @@ type cachedLease struct {
 type call struct {
 	start int64 // when it was sent, Unix nanoseconds
 	slot  int
-	want int
-	reps []proto.Reply
-	err  error
-	done chan struct{}
+	want  int
+	reps  []proto.Reply
+	err   error
+	done  chan struct{}
 }
 
 type op struct {
