@@ -24,5 +24,6 @@ func adminSubcommands() []*cobra.Command {
 		newAdminRebalanceCommand(),
 		newAdminDumpCommand(),
 		newAdminLoadCommand(),
+		newAdminWALRecoverCommand(),
 	}
 }
