@@ -607,8 +607,8 @@ func (c *conn) prepare(key chunk.Key, length int) proto.Reply {
 	// Disk space first: a full chunkserver says so (StatusNoSpace) before
 	// the client sends any data, and the client places the shard elsewhere.
 	err := s.store.Claim(key, length)
+	s.noteFull(key, err)
 	if err != nil {
-		c.noteErr("prepare", key, err)
 		return undo(statusOf(err))
 	}
 	claimed = true
@@ -693,6 +693,24 @@ func (c *conn) commit(key chunk.Key, crc uint32) proto.Reply {
 	}
 	c.endStaging(st)
 	return proto.Reply{Status: status}
+}
+
+// noteFull accounts for a claim of disk room: a refusal for want of space is
+// expected near full and counted, logged once when the chunkserver becomes full
+// and once when it has room again; other errors are logged as errors.
+func (s *Server) noteFull(key chunk.Key, err error) {
+	switch st := statusOf(err); {
+	case st == proto.StatusNoSpace:
+		s.metrics.Errors.WithLabelValues("nospace").Inc()
+		if !s.full.Swap(true) {
+			s.log.Warn("chunkd: disk full: refusing new versions until space is freed", "chunk", key, "err", err)
+		}
+	case st != proto.StatusOK:
+		s.metrics.Errors.WithLabelValues("prepare").Inc()
+		s.log.Error("chunkd: prepare", "chunk", key, "err", err)
+	case s.full.Load() && s.full.Swap(false):
+		s.log.Info("chunkd: disk has room again: taking new versions")
+	}
 }
 
 func (c *conn) noteErr(kind string, key chunk.Key, err error) {

@@ -135,6 +135,7 @@ type Server struct {
 
 	nextLease atomic.Uint64
 	requests  atomic.Uint64 // requests served, for the heartbeat's load
+	full      atomic.Bool   // the last claim of disk room was refused for want of space
 
 	mu     sync.Mutex
 	conns  map[*conn]struct{}
