@@ -36,7 +36,11 @@ import (
 //     other records were all checkpointed when the writer left it, and that
 //     torn write may have damaged them, so it is not searched for damage.
 //
-// What is left is a torn tail, or junk of earlier passes.
+// What is left is a torn tail, or junk of earlier passes. One torn write
+// is taken for damage: the first record of a new pass whose header block did
+// not reach the disk while a later block did, damaging a checkpointed record
+// of the older pass under it. Open then refuses although nothing
+// acknowledged is lost, and its error says that RecoverLog drops nothing.
 
 // recordMagicBytes is recordMagic as it is on disk.
 var recordMagicBytes = binary.BigEndian.AppendUint32(nil, recordMagic)
