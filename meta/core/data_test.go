@@ -195,13 +195,13 @@ func TestStripeGrantsAndCommits(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, e *env) {
 		f := e.create(root, RootIno, "f", 0o644)
 		_, err := e.s.GrantWrite(e.ctx, &metapb.GrantWriteRequest{Ino: f, Stripes: []uint64{0}})
-		if metaerr.Errno(err) != syscall.ENOSPC || status(err) != codes.FailedPrecondition {
+		if metaerr.Errno(err) != syscall.EHOSTDOWN || status(err) != codes.FailedPrecondition {
 			t.Fatalf("grant without chunkservers: %v", err)
 		}
-		e.chunkservers(5)
+		e.chunkservers(4)
 		_, err = e.s.GrantWrite(e.ctx, &metapb.GrantWriteRequest{Ino: f, Stripes: []uint64{0}})
-		if status(err) != codes.FailedPrecondition {
-			t.Fatalf("grant with 5 of 6 chunkservers: %v", err)
+		if metaerr.Errno(err) != syscall.EHOSTDOWN {
+			t.Fatalf("grant with 4 of 6 chunkservers (min-write-shards 5): %v", err)
 		}
 		e.chunkservers(8, "z1", "z2", "z3")
 		g1 := e.grant(f, 0)
@@ -492,9 +492,9 @@ func TestMembershipStatusAndStatFS(t *testing.T) {
 		if st.Chunkservers[0].Up || !st.Chunkservers[1].Up || st.DegradedStripes != 1 {
 			t.Fatalf("after timeout: %v", st)
 		}
-		_, err = e.s.GrantWrite(e.ctx, &metapb.GrantWriteRequest{Ino: f, Stripes: []uint64{1}})
-		if status(err) != codes.FailedPrecondition {
-			t.Fatalf("grant with 5 live chunkservers: %v", err)
+		dg, err := e.s.GrantWrite(e.ctx, &metapb.GrantWriteRequest{Ino: f, Stripes: []uint64{1}})
+		if err != nil || holes(dg.Grants[0].Shards) != 1 {
+			t.Fatalf("grant with 5 live chunkservers: %v, want a degraded grant (min-write-shards 5)", err)
 		}
 		e.gc(csID(0), nil) // back up
 		st, _ = e.s.Status(e.ctx, &metapb.StatusRequest{})

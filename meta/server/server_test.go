@@ -80,7 +80,7 @@ func TestErrnosCrossTheWire(t *testing.T) {
 		{"ENAMETOOLONG", errOf(c.Lookup(ctx, &metapb.LookupRequest{Parent: core.RootIno, Name: strings.Repeat("n", 256)})), syscall.ENAMETOOLONG},
 		{"EACCES", errOf(c.Create(ctx, &metapb.CreateRequest{Caller: &metapb.Caller{Uid: 7}, Parent: core.RootIno, Name: "g"})), syscall.EACCES},
 		{"ENODATA", errOf(c.GetXattr(ctx, &metapb.GetXattrRequest{Ino: core.RootIno, Name: "user.x"})), syscall.ENODATA},
-		{"ENOSPC without chunkservers", errOf(c.GrantWrite(ctx, &metapb.GrantWriteRequest{Ino: 3, Stripes: []uint64{0}})), syscall.ENOSPC},
+		{"EHOSTDOWN without chunkservers (writers wait it out)", errOf(c.GrantWrite(ctx, &metapb.GrantWriteRequest{Ino: 3, Stripes: []uint64{0}})), syscall.EHOSTDOWN},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
