@@ -14,9 +14,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
+
+	"github.com/rdmafs/rdmafs/internal/bytesize"
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
@@ -46,6 +50,33 @@ type Config struct {
 	Metas int
 	// ElectionTTL is the meta leader lease with KV (default 2s).
 	ElectionTTL time.Duration
+	// MountArgs are extra flags for rdmafs mount (e.g. --write-timeout).
+	MountArgs []string
+	// ChunkdDisk, when set (e.g. "64MiB"), gives each chunkd a data
+	// directory on a tmpfs of this size of its own, mounted when the chunkd
+	// first starts and unmounted by Down: small disks that fill.
+	ChunkdDisk string
+	// Net, when set, runs the processes in network namespaces (see
+	// internal/netns); otherwise everything is on 127.0.0.1.
+	Net *Net
+}
+
+// Net places a cluster's processes on hosts of a network (network
+// namespaces): each host has an address its process listens on and a
+// command prefix that runs a program there (e.g. nsenter --net=...).
+type Net struct {
+	Meta   Host
+	Mount  Host
+	Chunkd func(i int) Host
+	// Dial connects this process to the meta server (it may live in
+	// another network namespace); nil: an ordinary dial.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// Host is where a process of the cluster runs.
+type Host struct {
+	IP     string   // address to listen on
+	Prefix []string // runs a program on the host; empty: here
 }
 
 // Proc is a process of the cluster.
@@ -54,6 +85,9 @@ type Proc struct {
 	Addr string `json:"addr,omitempty"`
 	Data string `json:"data,omitempty"`
 	Log  string `json:"log"`
+	// Args is the command line it was started with (with any host prefix):
+	// a restart runs it again.
+	Args []string `json:"args,omitempty"`
 }
 
 // Cluster is a running cluster; its state is kept in Dir/cluster.json.
@@ -70,6 +104,19 @@ type Cluster struct {
 	Mount      *Proc    `json:"mount,omitempty"`
 	MountPoint string   `json:"mount_point,omitempty"`
 	ChunkdArgs []string `json:"chunkd_args,omitempty"`
+	ChunkdMem  string   `json:"chunkd_mem,omitempty"`
+	ClientMem  string   `json:"client_mem,omitempty"`
+	MountArgs  []string `json:"mount_args,omitempty"`
+	ChunkdDisk string   `json:"chunkd_disk,omitempty"`
+	// Tmpfs are the file systems Up mounted (chunkd disks); Down unmounts them.
+	Tmpfs []string `json:"tmpfs,omitempty"`
+	// MountPrefix runs the mount on its host (network namespace).
+	MountPrefix []string `json:"mount_prefix,omitempty"`
+
+	// StopGrace is how long Down and Unmount wait after SIGTERM before
+	// SIGKILL (default 60s for the mount, 10s for the others when zero).
+	StopGrace time.Duration `json:"-"`
+	net       *Net
 }
 
 func (c *Config) defaults() {
@@ -118,7 +165,11 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		return nil, fmt.Errorf("devcluster: %w", err)
 	}
 	dir, _ := filepath.Abs(cfg.Dir)
-	c = &Cluster{Dir: dir, Bin: cfg.Bin, Transport: cfg.Transport, ChunkdArgs: cfg.ChunkdArgs}
+	c = &Cluster{Dir: dir, Bin: cfg.Bin, Transport: cfg.Transport, ChunkdArgs: cfg.ChunkdArgs, ChunkdMem: cfg.ChunkdMem,
+		ClientMem: cfg.ClientMem, MountArgs: cfg.MountArgs, ChunkdDisk: cfg.ChunkdDisk, net: cfg.Net}
+	if cfg.Net != nil {
+		c.MountPrefix = cfg.Net.Mount.Prefix
+	}
 	defer func() {
 		if err != nil {
 			c.Down(context.Background())
@@ -135,14 +186,20 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 			return c, fmt.Errorf("devcluster: rdmafs format: %v: %s", err, out)
 		}
 	}
-	port, err := freePort()
-	if err != nil {
-		return c, fmt.Errorf("devcluster: %w", err)
+	var prefix []string
+	if cfg.Net != nil {
+		c.MetaAddr = cfg.Net.Meta.IP + ":7300" // a namespace of its own: the port is free
+		prefix = cfg.Net.Meta.Prefix
+	} else {
+		port, err := freePort()
+		if err != nil {
+			return c, fmt.Errorf("devcluster: %w", err)
+		}
+		c.MetaAddr = fmt.Sprintf("127.0.0.1:%d", port)
 	}
-	c.MetaAddr = fmt.Sprintf("127.0.0.1:%d", port)
-	metaArgs := append([]string{"meta", "--data", metaData, "--listen", c.MetaAddr,
-		"--heartbeat-timeout", cfg.HeartbeatTimeout.String()}, cfg.MetaArgs...)
-	if c.Meta, err = c.start("meta", c.bin("rdmafs"), metaArgs...); err != nil {
+	metaArgs := append(append(append([]string(nil), prefix...), c.bin("rdmafs"), "meta", "--data", metaData, "--listen", c.MetaAddr,
+		"--heartbeat-timeout", cfg.HeartbeatTimeout.String()), cfg.MetaArgs...)
+	if c.Meta, err = c.start("meta", metaArgs...); err != nil {
 		return c, err
 	}
 	c.Meta.Addr, c.Meta.Data = c.MetaAddr, metaData
@@ -151,10 +208,12 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	}
 	for i := 0; i < cfg.Chunkservers; i++ {
 		p, err := c.StartChunkd(ctx, i, cfg.ChunkdMem)
+		if p.PID != 0 {
+			c.Chunk = append(c.Chunk, p) // Down stops it, started or not
+		}
 		if err != nil {
 			return c, err
 		}
-		c.Chunk = append(c.Chunk, p)
 		if err := c.save(); err != nil {
 			return c, err
 		}
@@ -172,33 +231,42 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 
 func (c *Cluster) bin(name string) string { return filepath.Join(c.Bin, name) }
 
-// start launches a process whose output goes to Dir/NAME.log.
-func (c *Cluster) start(name, exe string, args ...string) (Proc, error) {
+// start launches the command line args (program first) as a process whose
+// output goes to Dir/NAME.log.
+func (c *Cluster) start(name string, args ...string) (Proc, error) {
 	logPath := filepath.Join(c.Dir, name+".log")
 	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return Proc{}, fmt.Errorf("devcluster: %w", err)
 	}
 	defer lf.Close()
-	cmd := exec.Command(exe, args...)
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return Proc{}, fmt.Errorf("devcluster: start %s: %w", name, err)
 	}
 	go cmd.Wait() // reap
-	return Proc{PID: cmd.Process.Pid, Log: logPath}, nil
+	return Proc{PID: cmd.Process.Pid, Log: logPath, Args: args}, nil
 }
 
 // StartChunkd starts chunkserver number i (its data in Dir/chunkI, reused if
-// it exists) and waits until it serves.
+// it exists) and waits until it serves. A chunkserver that ran before
+// restarts on the address it registered.
 func (c *Cluster) StartChunkd(ctx context.Context, i int, mem string) (Proc, error) {
 	data := filepath.Join(c.Dir, fmt.Sprintf("chunk%d", i))
 	ready := filepath.Join(c.Dir, fmt.Sprintf("chunk%d.ready", i))
-	os.Remove(ready)
 	addr := ""
 	if i < len(c.Chunk) {
 		addr = c.Chunk[i].Addr // restart on the address it registered
+	}
+	var prefix []string
+	if c.net != nil && c.net.Chunkd != nil {
+		h := c.net.Chunkd(i)
+		prefix = h.Prefix
+		if addr == "" {
+			addr = h.IP + ":7400" // a namespace of its own: the port is free
+		}
 	}
 	if addr == "" {
 		port, err := freePort()
@@ -210,19 +278,32 @@ func (c *Cluster) StartChunkd(ctx context.Context, i int, mem string) (Proc, err
 	if mem == "" {
 		mem = "256MiB"
 	}
-	args := append([]string{"--data", data, "--listen", addr, "--meta", c.MetaAddr,
-		"--secret-file", c.SecretFile, "--mem", mem, "--transport", c.Transport, "--ready-file", ready, "--heartbeat", "500ms"}, c.ChunkdArgs...)
-	p, err := c.start(fmt.Sprintf("chunk%d", i), c.bin("chunkd"), args...)
+	if c.ChunkdDisk != "" {
+		if err := c.tmpfs(data, c.ChunkdDisk); err != nil {
+			return Proc{}, err
+		}
+	}
+	args := append(append(append([]string(nil), prefix...), c.bin("chunkd"), "--data", data, "--listen", addr, "--meta", c.MetaAddr,
+		"--secret-file", c.SecretFile, "--mem", mem, "--transport", c.Transport, "--ready-file", ready, "--heartbeat", "500ms"), c.ChunkdArgs...)
+	p, err := c.startChunkd(ctx, i, args)
+	p.Addr, p.Data = addr, data
+	return p, err
+}
+
+// startChunkd runs a chunkd command line and waits for its ready file.
+func (c *Cluster) startChunkd(ctx context.Context, i int, args []string) (Proc, error) {
+	ready := filepath.Join(c.Dir, fmt.Sprintf("chunk%d.ready", i))
+	os.Remove(ready)
+	p, err := c.start(fmt.Sprintf("chunk%d", i), args...)
 	if err != nil {
 		return p, err
 	}
-	p.Addr, p.Data = addr, data
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if _, err := os.Stat(ready); err == nil {
 			return p, nil
 		}
-		if syscall.Kill(p.PID, 0) != nil || time.Now().After(deadline) {
+		if syscall.Kill(p.PID, 0) != nil || zombie(p.PID) || time.Now().After(deadline) {
 			log, _ := os.ReadFile(p.Log)
 			return p, fmt.Errorf("devcluster: chunkd %d did not start; its log:\n%s", i, tail(log))
 		}
@@ -234,6 +315,53 @@ func (c *Cluster) StartChunkd(ctx context.Context, i int, mem string) (Proc, err
 	}
 }
 
+// RestartChunkd starts chunkserver i again after it was killed: the same
+// command line, so the same data directory, identity and address. It
+// waits until the chunkd serves (not until meta has it up: see WaitUp).
+func (c *Cluster) RestartChunkd(ctx context.Context, i int) error {
+	old := c.Chunk[i]
+	if old.PID != 0 && syscall.Kill(old.PID, 0) == nil && !zombie(old.PID) {
+		return fmt.Errorf("devcluster: chunkd %d (pid %d) is still running", i, old.PID)
+	}
+	if len(old.Args) == 0 {
+		p, err := c.StartChunkd(ctx, i, c.ChunkdMem)
+		if p.PID != 0 {
+			c.Chunk[i] = p
+			c.save()
+		}
+		return err
+	}
+	p, err := c.startChunkd(ctx, i, old.Args)
+	if p.PID != 0 {
+		p.Addr, p.Data = old.Addr, old.Data
+		c.Chunk[i] = p
+		c.save()
+	}
+	return err
+}
+
+// tmpfs mounts a tmpfs of size at dir unless one of this cluster's is
+// mounted there already.
+func (c *Cluster) tmpfs(dir, size string) error {
+	for _, m := range c.Tmpfs {
+		if m == dir {
+			return nil
+		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("devcluster: %w", err)
+	}
+	n, err := bytesize.Parse(size)
+	if err != nil {
+		return fmt.Errorf("devcluster: chunkd disk size %q: %w", size, err)
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, fmt.Sprintf("size=%d,mode=0700", n)); err != nil {
+		return fmt.Errorf("devcluster: mount a %s tmpfs at %s: %w", size, dir, err)
+	}
+	c.Tmpfs = append(c.Tmpfs, dir)
+	return c.save()
+}
+
 func tail(b []byte) []byte {
 	if len(b) > 4000 {
 		return b[len(b)-4000:]
@@ -243,7 +371,25 @@ func tail(b []byte) []byte {
 
 // Client connects to the meta server.
 func (c *Cluster) Client() (*client.Client, error) {
+	if c.net != nil && c.net.Dial != nil {
+		dial := c.net.Dial
+		return client.DialSecretFile(c.MetaAddr, c.SecretFile, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return dial(ctx, "tcp", addr)
+		}))
+	}
 	return client.DialSecretFile(c.MetaAddr, c.SecretFile)
+}
+
+// Command is a command running program (rdmafs or chunkd, from Bin) with
+// args where the meta server runs: `rdmafs status` and `rdmafs admin`
+// reach it there.
+func (c *Cluster) Command(ctx context.Context, program string, args ...string) *exec.Cmd {
+	var argv []string
+	if c.net != nil {
+		argv = append(argv, c.net.Meta.Prefix...)
+	}
+	argv = append(append(argv, c.bin(program)), args...)
+	return exec.CommandContext(ctx, argv[0], argv[1:]...)
 }
 
 // WaitUp waits until n chunkservers are registered and up.
@@ -279,40 +425,205 @@ func (c *Cluster) WaitUp(ctx context.Context, n int, timeout time.Duration) erro
 	}
 }
 
-// MountFS mounts the file system at dir with `rdmafs mount --background`.
+// MountFS mounts the file system at dir: `rdmafs mount` in the foreground,
+// its output (log, panics, SIGQUIT goroutine dumps) appended to
+// Dir/mount.log, with the cluster's MountArgs. It returns once the kernel
+// has the FUSE mount, or with the log's tail if the process exits first.
 func (c *Cluster) MountFS(ctx context.Context, dir, mem string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("devcluster: %w", err)
 	}
-	logPath := filepath.Join(c.Dir, "mount.log")
+	if mem == "" {
+		mem = c.ClientMem
+	}
 	if mem == "" {
 		mem = "256MiB"
 	}
-	out, err := exec.CommandContext(ctx, c.bin("rdmafs"), "mount", c.MetaAddr, dir, "--secret-file", c.SecretFile,
-		"--transport", c.Transport, "--mem", mem, "--background", "--log-file", logPath).CombinedOutput()
+	args := append(append(append([]string(nil), c.MountPrefix...), c.bin("rdmafs"), "mount", c.MetaAddr, dir,
+		"--secret-file", c.SecretFile, "--transport", c.Transport, "--mem", mem), c.MountArgs...)
+	p, err := c.start("mount", args...)
 	if err != nil {
-		return fmt.Errorf("devcluster: mount: %v: %s", err, out)
+		return err
 	}
-	var pid int
-	if _, err := fmt.Sscanf(string(out), "mounted (pid %d", &pid); err != nil {
-		return fmt.Errorf("devcluster: mount said %q", out)
+	deadline := time.Now().Add(30 * time.Second)
+	for !IsFUSEMount(dir) {
+		if syscall.Kill(p.PID, 0) != nil || zombie(p.PID) || time.Now().After(deadline) {
+			stop(p.PID, syscall.SIGKILL, 5*time.Second)
+			log, _ := os.ReadFile(p.Log)
+			return fmt.Errorf("devcluster: mount at %s failed (%s); mount.log:\n%s", dir, strings.Join(args, " "), tail(log))
+		}
+		select {
+		case <-ctx.Done():
+			stop(p.PID, syscall.SIGKILL, 5*time.Second)
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	c.Mount, c.MountPoint = &Proc{PID: pid, Log: logPath}, dir
+	c.Mount, c.MountPoint = &p, dir
 	return c.save()
 }
 
+// IsFUSEMount reports whether a FUSE file system is mounted at dir in this
+// process's mount namespace.
+func IsFUSEMount(dir string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
+		f := strings.Fields(line)
+		if len(f) < 5 || unescapeMount(f[4]) != dir {
+			continue
+		}
+		for j := 5; j+1 < len(f); j++ {
+			if f[j] == "-" && strings.HasPrefix(f[j+1], "fuse") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
 // Unmount stops the mount process with SIGTERM (it flushes and unmounts) and
-// waits for it.
+// waits for it; past the grace it is killed and the mount detached.
 func (c *Cluster) Unmount() error {
 	if c.Mount == nil {
+		if c.MountPoint != "" && IsFUSEMount(c.MountPoint) {
+			syscall.Unmount(c.MountPoint, syscall.MNT_DETACH) // left by a killed mount
+		}
 		return nil
 	}
-	err := stop(c.Mount.PID, syscall.SIGTERM, 60*time.Second)
-	if err != nil {
+	grace := c.StopGrace
+	if grace == 0 {
+		grace = 60 * time.Second
+	}
+	err := stop(c.Mount.PID, syscall.SIGTERM, grace)
+	if IsFUSEMount(c.MountPoint) {
 		syscall.Unmount(c.MountPoint, syscall.MNT_DETACH)
 	}
 	c.Mount = nil
 	c.save()
+	return err
+}
+
+// KillMount kills the mount process with SIGKILL and detaches the dead
+// mount (whose files then fail with ENOTCONN); Remount mounts again.
+func (c *Cluster) KillMount() error {
+	if c.Mount == nil {
+		return errors.New("devcluster: not mounted")
+	}
+	err := stop(c.Mount.PID, syscall.SIGKILL, 10*time.Second)
+	if IsFUSEMount(c.MountPoint) {
+		if uerr := syscall.Unmount(c.MountPoint, syscall.MNT_DETACH); uerr != nil && err == nil {
+			err = fmt.Errorf("devcluster: detach %s: %w", c.MountPoint, uerr)
+		}
+	}
+	c.Mount = nil
+	c.save()
+	return err
+}
+
+// Remount mounts again at the mount point after Unmount or KillMount.
+func (c *Cluster) Remount(ctx context.Context) error {
+	if c.Mount != nil {
+		return errors.New("devcluster: still mounted")
+	}
+	return c.MountFS(ctx, c.MountPoint, c.ClientMem)
+}
+
+// KillMeta kills meta server i with SIGKILL: of Metas with an etcd store,
+// else (i = 0) the one meta server.
+func (c *Cluster) KillMeta(i int) error {
+	if len(c.Metas) == 0 {
+		if i != 0 {
+			return fmt.Errorf("devcluster: no meta server %d", i)
+		}
+		err := stop(c.Meta.PID, syscall.SIGKILL, 10*time.Second)
+		c.Meta.PID = 0
+		c.save()
+		return err
+	}
+	err := stop(c.Metas[i].PID, syscall.SIGKILL, 10*time.Second)
+	c.Metas[i].PID = 0
+	if i == 0 {
+		c.Meta.PID = 0
+	}
+	c.save()
+	return err
+}
+
+// RestartMeta starts meta server i again (as KillMeta counts them) with
+// the command line it ran with, and waits until it answers (with an etcd
+// store: until it runs; it may stand by).
+func (c *Cluster) RestartMeta(ctx context.Context, i int) error {
+	p := &c.Meta
+	name := "meta"
+	if len(c.Metas) > 0 {
+		p, name = &c.Metas[i], fmt.Sprintf("meta%d", i)
+	} else if i != 0 {
+		return fmt.Errorf("devcluster: no meta server %d", i)
+	}
+	if p.PID != 0 && syscall.Kill(p.PID, 0) == nil && !zombie(p.PID) {
+		return fmt.Errorf("devcluster: %s (pid %d) is still running", name, p.PID)
+	}
+	np, err := c.start(name, p.Args...)
+	if err != nil {
+		return err
+	}
+	p.PID = np.PID
+	if len(c.Metas) > 0 && i == 0 {
+		c.Meta.PID = np.PID
+	}
+	c.save()
+	if len(c.Metas) > 0 {
+		return nil
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if err := c.ping(ctx); err == nil {
+			return nil
+		} else if syscall.Kill(np.PID, 0) != nil || zombie(np.PID) || time.Now().After(deadline) {
+			log, _ := os.ReadFile(np.Log)
+			return fmt.Errorf("devcluster: meta did not come back (%v); its log:\n%s", err, tail(log))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// ping asks the meta server for StatFS with a short deadline.
+func (c *Cluster) ping(ctx context.Context) error {
+	mc, err := c.Client()
+	if err != nil {
+		return err
+	}
+	defer mc.Close()
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err = mc.StatFS(cctx, &metapb.StatFSRequest{})
 	return err
 }
 
@@ -333,21 +644,33 @@ func (c *Cluster) Down(ctx context.Context) error {
 		}
 	}
 	keep(c.Unmount())
+	grace := c.StopGrace
+	if grace == 0 {
+		grace = 10 * time.Second
+	}
 	for i := range c.Chunk {
 		if c.Chunk[i].PID != 0 {
-			keep(stop(c.Chunk[i].PID, syscall.SIGTERM, 10*time.Second))
+			keep(stop(c.Chunk[i].PID, syscall.SIGTERM, grace))
 			c.Chunk[i].PID = 0
 		}
 	}
 	if c.Meta.PID != 0 {
-		keep(stop(c.Meta.PID, syscall.SIGTERM, 10*time.Second))
+		keep(stop(c.Meta.PID, syscall.SIGTERM, grace))
 		c.Meta.PID = 0
 	}
 	for i := range c.Metas {
 		if c.Metas[i].PID != 0 {
-			keep(stop(c.Metas[i].PID, syscall.SIGTERM, 10*time.Second))
+			keep(stop(c.Metas[i].PID, syscall.SIGTERM, grace))
 			c.Metas[i].PID = 0
 		}
+	}
+	for len(c.Tmpfs) > 0 {
+		dir := c.Tmpfs[len(c.Tmpfs)-1]
+		if err := syscall.Unmount(dir, 0); err != nil {
+			keep(fmt.Errorf("devcluster: unmount tmpfs %s: %w (detached)", dir, err))
+			syscall.Unmount(dir, syscall.MNT_DETACH)
+		}
+		c.Tmpfs = c.Tmpfs[:len(c.Tmpfs)-1]
 	}
 	c.save()
 	return first

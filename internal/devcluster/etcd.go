@@ -6,7 +6,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/rdmafs/rdmafs/meta/client"
@@ -34,10 +33,10 @@ func (c *Cluster) upEtcd(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("devcluster: %w", err)
 		}
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		args := append([]string{"meta", "--kv", cfg.KV, "--listen", addr,
+		args := append([]string{c.bin("rdmafs"), "meta", "--kv", cfg.KV, "--listen", addr,
 			"--secret-file", c.SecretFile, "--heartbeat-timeout", cfg.HeartbeatTimeout.String(),
 			"--election-ttl", cfg.ElectionTTL.String()}, cfg.MetaArgs...)
-		p, err := c.start(fmt.Sprintf("meta%d", i), c.bin("rdmafs"), args...)
+		p, err := c.start(fmt.Sprintf("meta%d", i), args...)
 		if err != nil {
 			return err
 		}
@@ -58,10 +57,12 @@ func (c *Cluster) upEtcd(ctx context.Context, cfg Config) error {
 	}
 	for i := 0; i < cfg.Chunkservers; i++ {
 		p, err := c.StartChunkd(ctx, i, cfg.ChunkdMem)
+		if p.PID != 0 {
+			c.Chunk = append(c.Chunk, p) // Down stops it, started or not
+		}
 		if err != nil {
 			return err
 		}
-		c.Chunk = append(c.Chunk, p)
 		if err := c.save(); err != nil {
 			return err
 		}
@@ -112,15 +113,4 @@ func (c *Cluster) waitLeader(ctx context.Context, i int, timeout time.Duration) 
 		}
 	}
 	return nil
-}
-
-// KillMeta kills meta server i (of Metas) with SIGKILL.
-func (c *Cluster) KillMeta(i int) error {
-	err := stop(c.Metas[i].PID, syscall.SIGKILL, 10*time.Second)
-	c.Metas[i].PID = 0
-	if i == 0 {
-		c.Meta.PID = 0
-	}
-	c.save()
-	return err
 }

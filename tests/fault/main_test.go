@@ -1,0 +1,216 @@
+// Package fault is rdmafs' fault-injection suite (issue 22): real meta,
+// chunkd and mount processes, a real FUSE mount and real programs (fio, a
+// writer that fsyncs, a child process blocked in a write), while processes
+// are killed with SIGKILL and restarted, disks fill, and chunkservers in
+// network namespaces of their own lose packets or are cut off.
+//
+// Every case checks that applications see only the errors a local disk
+// gives (0, EIO, ENOSPC, EINTR, each only where the case allows it), that
+// no single write, fsync or read stalls past a bound, that every byte
+// acknowledged by a successful fsync reads back with its checksum, and that
+// the cluster returns to full redundancy once the failed parts return.
+//
+// Environment:
+//
+//	RDMAFS_FAULT_BIN=DIR         use rdmafs and chunkd from DIR instead of building ./cmd/...
+//	RDMAFS_FAULT_MOUNT_ARGS="…"  mount flags instead of the default (--write-timeout 8s
+//	                             --io-timeout 3s); "none" for none (older binaries)
+//	RDMAFS_FAULT_KEEP=1          keep every cluster directory (logs) after the test
+//	RDMAFS_SOAK=1                run TestSoak (make soak); RDMAFS_SOAK_CYCLES=N (default 200)
+package fault
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rdmafs/rdmafs/internal/devcluster"
+)
+
+var binDir string
+
+// writeTimeout is the mount's --write-timeout in these tests: how long a
+// write below min-write-shards waits before EIO.
+const writeTimeout = 8 * time.Second
+
+// stallBound is the longest any single write, fsync, read (or metadata
+// call) may take in a case that allows no error.
+const stallBound = 10 * time.Second
+
+// hangBound is how long an operation may be in flight before the case
+// stops waiting for it and fails as a hang (goroutine dump of the mount in
+// its log).
+const hangBound = 90 * time.Second
+
+func mountArgs() []string {
+	if s, ok := os.LookupEnv("RDMAFS_FAULT_MOUNT_ARGS"); ok {
+		if s == "none" {
+			return nil
+		}
+		return strings.Fields(s)
+	}
+	return []string{"--write-timeout", writeTimeout.String(), "--io-timeout", "3s"}
+}
+
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(childEnv); spec != "" {
+		os.Exit(runChild(spec))
+	}
+	if os.Geteuid() != 0 {
+		fmt.Println("fault: skipped, mounting needs root")
+		os.Exit(0)
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		fmt.Println("fault: skipped, no /dev/fuse")
+		os.Exit(0)
+	}
+	if dir := os.Getenv("RDMAFS_FAULT_BIN"); dir != "" {
+		binDir = dir
+		os.Exit(m.Run())
+	}
+	dir, err := os.MkdirTemp("", "rdmafs-fault-bin-")
+	if err != nil {
+		panic(err)
+	}
+	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/...")
+	build.Dir = "../.."
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Printf("fault: build: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// opts adjusts a case's cluster.
+type opts struct {
+	chunkservers int    // default 7 (k+m+1)
+	disk         string // a tmpfs of this size per chunkd
+	net          *devcluster.Net
+	noMount      bool
+}
+
+// newCluster brings up meta, the chunkservers and a mount with short
+// heartbeat and repair grace periods, torn down (by PID) after the test.
+// On failure the mount is asked for a goroutine dump (SIGQUIT) first, every
+// process log's tail goes to the test log and the directory is kept.
+func newCluster(t *testing.T, o opts) *devcluster.Cluster {
+	t.Helper()
+	if o.chunkservers == 0 {
+		o.chunkservers = 7
+	}
+	dir, err := os.MkdirTemp("", "rdmafs-fault-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cfg := devcluster.Config{Dir: dir, Bin: binDir, Chunkservers: o.chunkservers, Transport: "tcp",
+		ChunkdMem: "64MiB", ClientMem: "128MiB", Mount: !o.noMount, HeartbeatTimeout: 2 * time.Second,
+		MetaArgs:   []string{"--repair-grace", "1s", "--repair-task-timeout", "20s"},
+		ChunkdArgs: []string{"--repair-mem", "16MiB"},
+		MountArgs:  mountArgs(), ChunkdDisk: o.disk, Net: o.net}
+	c, err := devcluster.Up(ctx, cfg)
+	if c != nil {
+		c.StopGrace = 15 * time.Second
+	}
+	cleanup := func() {
+		failed := t.Failed()
+		if failed {
+			t.Logf("process logs:\n%s", c.LogTails(3000))
+			if c.Mount != nil {
+				// A goroutine dump of the mount goes to mount.log (kept).
+				syscall.Kill(c.Mount.PID, syscall.SIGQUIT)
+				waitGone(c.Mount.PID, 5*time.Second)
+			}
+		}
+		if err := c.Down(context.Background()); err != nil {
+			t.Errorf("cluster down: %v", err)
+		}
+		if failed || os.Getenv("RDMAFS_FAULT_KEEP") != "" {
+			// Keep the logs, drop the data.
+			ents, _ := os.ReadDir(dir)
+			for _, e := range ents {
+				if e.IsDir() {
+					os.RemoveAll(filepath.Join(dir, e.Name()))
+				}
+			}
+			t.Logf("logs kept in %s", dir)
+			return
+		}
+		os.RemoveAll(dir)
+	}
+	if err != nil {
+		if c != nil {
+			cleanup()
+		}
+		t.Fatalf("cluster up: %v", err)
+	}
+	t.Cleanup(cleanup)
+	return c
+}
+
+func waitGone(pid int, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if syscall.Kill(pid, 0) != nil {
+			return
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return
+		}
+		if i := strings.LastIndexByte(string(b), ')'); i > 0 && i+2 < len(b) && b[i+2] == 'Z' {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// rdmafsStatus runs `rdmafs status` against the cluster and returns its output.
+func rdmafsStatus(c *devcluster.Cluster) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	out, err := c.Command(ctx, "rdmafs", "status", c.MetaAddr, "--secret-file", c.SecretFile).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("rdmafs status: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
+// waitRedundancy waits until every stripe has all its shards again with up
+// chunkservers up, logs how long that took and `rdmafs status`.
+func waitRedundancy(t *testing.T, c *devcluster.Cluster, up int, timeout time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout+10*time.Second)
+	defer cancel()
+	took, err := c.WaitFullRedundancy(ctx, up, timeout)
+	st := rdmafsStatus(c)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, st)
+	}
+	if !strings.Contains(st, " 0 degraded, 0 lost") {
+		t.Fatalf("rdmafs status does not show full redundancy:\n%s", st)
+	}
+	t.Logf("full redundancy %v after the failed parts returned", took.Round(time.Millisecond))
+}
+
+// sleepCtx waits d (a fault's duration, never a synchronization) or until
+// ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}

@@ -1,0 +1,177 @@
+package fault
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rdmafs/rdmafs/internal/devcluster"
+)
+
+// scene is a case in progress: its cluster, the application calls recorded,
+// the acknowledged data, a deadline, and the load goroutines.
+type scene struct {
+	t      *testing.T
+	c      *devcluster.Cluster
+	rec    *recorder
+	led    *ledger
+	ctx    context.Context // the case's deadline; ends with the cause on a hang
+	cancel context.CancelCauseFunc
+
+	loadCtx  context.Context
+	loadStop context.CancelFunc
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	loadErrs []error
+	procs    []*loadProc
+}
+
+func newScene(t *testing.T, c *devcluster.Cluster, timeout time.Duration) *scene {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	ctx, cancelT := context.WithTimeoutCause(ctx, timeout, fmt.Errorf("the case ran out of its %v", timeout))
+	s := &scene{t: t, c: c, rec: newRecorder(), led: newLedger(), ctx: ctx, cancel: cancel}
+	s.loadCtx, s.loadStop = context.WithCancel(ctx)
+	stopWatch := s.rec.watch(cancel)
+	t.Cleanup(func() {
+		stopWatch()
+		s.loadStop()
+		s.mu.Lock()
+		for _, p := range s.procs {
+			p.stdin.Close()
+			p.cmd.Process.Kill() // by PID; blocked on the mount, it dies with it
+		}
+		s.mu.Unlock()
+		cancelT()
+		cancel(nil)
+		// Load goroutines blocked on the mount end when the cluster's
+		// cleanup (after this one) kills it.
+	})
+	return s
+}
+
+// phase labels what follows (the fault in force) in the log and records.
+func (s *scene) phase(format string, args ...any) {
+	p := fmt.Sprintf(format, args...)
+	s.rec.setPhase(p)
+	s.t.Logf("-- %s", p)
+}
+
+// goLoad runs fn until the load is stopped; an error it returns is kept.
+func (s *scene) goLoad(name string, fn func(ctx context.Context) error) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := fn(s.loadCtx); err != nil {
+			s.mu.Lock()
+			s.loadErrs = append(s.loadErrs, fmt.Errorf("%s: %w", name, err))
+			s.mu.Unlock()
+		}
+	}()
+}
+
+// stopLoad stops the load (goroutines and processes) and waits for it,
+// bounded: a call hung on the mount fails the case.
+func (s *scene) stopLoad() {
+	s.t.Helper()
+	s.loadStop()
+	s.mu.Lock()
+	procs := s.procs
+	s.mu.Unlock()
+	deadline := time.Now().Add(hangBound)
+	for _, p := range procs {
+		if err := p.stop(time.Until(deadline)); err != nil {
+			d, what := s.rec.longestInFlight()
+			s.t.Fatalf("%v: %s in flight for %v", err, what, d.Round(time.Second))
+		}
+	}
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Until(deadline)):
+		d, what := s.rec.longestInFlight()
+		s.t.Fatalf("the load did not stop within %v: %s in flight for %v", hangBound, what, d.Round(time.Second))
+	}
+}
+
+// loadErr is the first error the load ended with.
+func (s *scene) loadErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.loadErrs) > 0 {
+		return s.loadErrs[0]
+	}
+	for _, p := range s.procs {
+		if err := p.Err(); err != nil {
+			return fmt.Errorf("load %s: %w", p.name, err)
+		}
+	}
+	return nil
+}
+
+// waitFor polls cond until it holds. It fails the case after d, when the
+// case's context ends (a hang, its deadline), or when an application call
+// returned an error not in allowed.
+func (s *scene) waitFor(what string, d time.Duration, cond func() bool, allowed ...syscall.Errno) {
+	s.t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if e := s.rec.forbidden(allowed...); e != nil {
+			s.t.Fatalf("waiting for %s: an application saw %s", what, e)
+		}
+		if time.Now().After(deadline) {
+			st, stWhat := s.rec.longestInFlight()
+			s.t.Fatalf("waiting for %s: not within %v (longest call in flight: %v %s; load: %v)\n%s", what, d,
+				st.Round(time.Millisecond), stWhat, s.loadErr(), s.rec.summary())
+		}
+		select {
+		case <-s.ctx.Done():
+			s.t.Fatalf("waiting for %s: %v", what, context.Cause(s.ctx))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// progress waits until the ledger has grown by bytes and at least minDur
+// has passed (so a fault is in force for a while under load).
+func (s *scene) progress(what string, bytes int64, minDur, d time.Duration, allowed ...syscall.Errno) {
+	s.t.Helper()
+	base, start := s.led.bytes.Load(), time.Now()
+	s.waitFor(what, d, func() bool {
+		return s.led.bytes.Load() >= base+bytes && time.Since(start) >= minDur
+	}, allowed...)
+	s.t.Logf("%s: %.1f MiB acknowledged in %v", what, float64(s.led.bytes.Load()-base)/(1<<20), time.Since(start).Round(time.Millisecond))
+}
+
+// kill kills chunkserver i with SIGKILL.
+func (s *scene) kill(i int) {
+	s.t.Helper()
+	if err := s.c.KillChunkd(i); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// restart restarts chunkservers and waits until meta has up of them up.
+func (s *scene) restart(up int, idx ...int) {
+	s.t.Helper()
+	for _, i := range idx {
+		if err := s.c.RestartChunkd(s.ctx, i); err != nil {
+			s.t.Fatal(err)
+		}
+	}
+	if err := s.c.WaitUp(s.ctx, up, 30*time.Second); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// mkdir makes a directory on the mount.
+func (s *scene) mkdir(path string) {
+	s.t.Helper()
+	if err := s.rec.do("mkdir", path, func() error { return os.Mkdir(path, 0o755) }); err != nil {
+		s.t.Fatal(err)
+	}
+}
