@@ -123,7 +123,7 @@ func TestKillChunkservers(t *testing.T) {
 	s.phase("chunkd 1 and 4 killed (5 of 7 up)")
 	s.progress("writes with two chunkservers killed", 8<<20, 5*time.Second, time.Minute)
 	// Degraded reads of everything acknowledged so far, past the page cache.
-	verifyLedger(t, s.rec, s.led, true)
+	s.verify()
 
 	s.phase("chunkd 1 and 4 restarted")
 	s.restart(7, 1, 4)
@@ -134,7 +134,7 @@ func TestKillChunkservers(t *testing.T) {
 	}
 	s.phase("verify")
 	waitRedundancy(t, c, 7, 90*time.Second)
-	verifyLedger(t, s.rec, s.led, true)
+	s.verify()
 	fioMu.Lock()
 	verifyFio(t, s.rec, fioDir, fioFiles)
 	fioMu.Unlock()
@@ -157,7 +157,9 @@ func TestWritesBelowMinimum(t *testing.T) {
 	var table []string
 	write := func(name string) (time.Duration, error) {
 		start := time.Now()
-		err := w.file(s.ctx, filepath.Join(c.MountPoint, name), uint64(len(name))*7+uint64(start.UnixNano()%1000))
+		err := s.guard("write "+name, func() error {
+			return w.file(s.ctx, filepath.Join(c.MountPoint, name), uint64(len(name))*7+uint64(start.UnixNano()%1000))
+		})
 		return time.Since(start), err
 	}
 	s.phase("6 of 6 up")
@@ -192,7 +194,11 @@ func TestWritesBelowMinimum(t *testing.T) {
 
 	// What was acknowledged reads with four shards of six.
 	for _, a := range s.led.all() {
-		sum, err := readSum(s.rec, a.path, a.size, true)
+		var sum [32]byte
+		err := s.guard("read "+a.path, func() (err error) {
+			sum, err = readSum(s.rec, a.path, a.size, true)
+			return err
+		})
 		if err != nil || sum != a.sum {
 			t.Fatalf("reading %s with 4 of 6 chunkservers: %v (checksum ok: %v)", a.path, err, sum == a.sum)
 		}
@@ -215,7 +221,7 @@ func TestWritesBelowMinimum(t *testing.T) {
 	table = append(table, fmt.Sprintf("restarted: 4 MiB write+fsync ok in %v", took.Round(time.Millisecond)))
 	s.phase("verify")
 	waitRedundancy(t, c, 6, 90*time.Second)
-	verifyLedger(t, s.rec, s.led, true)
+	s.verify()
 	t.Logf("what a write does, by chunkservers down (EC 4+2, 6 chunkservers, --write-timeout %v):\n  %s", writeTimeout, strings.Join(table, "\n  "))
 	// The EIO write itself waits the write timeout; nothing else may.
 	s.rec.check(t, writeTimeout+10*time.Second, syscall.EIO)
@@ -303,7 +309,7 @@ func TestDisksFill(t *testing.T) {
 	s := newScene(t, c, 4*time.Minute)
 	w := &writer{rec: s.rec, led: s.led, dir: c.MountPoint, fileSize: 4 << 20, chunk: 1 << 20, syncEvery: 4 << 20, seed: 3}
 	s.phase("disks with room")
-	if err := w.file(s.ctx, filepath.Join(c.MountPoint, "keep"), 33); err != nil {
+	if err := s.guard("write keep", func() error { return w.file(s.ctx, filepath.Join(c.MountPoint, "keep"), 33) }); err != nil {
 		t.Fatalf("writing a 4 MiB file: %v", err)
 	}
 	avail0 := s.statfs(c.MountPoint)
@@ -312,7 +318,11 @@ func TestDisksFill(t *testing.T) {
 	s.phase("filling the disks")
 	big := filepath.Join(c.MountPoint, "big")
 	start := time.Now()
-	wrote, ferr := fill(s.rec, big, 2<<30)
+	var wrote int64
+	ferr := s.guard("fill", func() (err error) {
+		wrote, err = fill(s.rec, big, 2<<30)
+		return err
+	})
 	var en syscall.Errno
 	if ferr == nil {
 		t.Fatalf("wrote %d MiB (more than the cluster holds) without ENOSPC", wrote>>20)
@@ -326,7 +336,7 @@ func TestDisksFill(t *testing.T) {
 	}
 
 	s.phase("rm")
-	if err := s.rec.do("unlink", big, func() error { return os.Remove(big) }); err != nil {
+	if err := s.guard("rm", func() error { return s.rec.do("unlink", big, func() error { return os.Remove(big) }) }); err != nil {
 		t.Fatalf("rm: %v", err)
 	}
 	freed := time.Now()
@@ -340,11 +350,11 @@ func TestDisksFill(t *testing.T) {
 
 	s.phase("writing after rm")
 	w.fileSize, w.syncEvery = 32<<20, 8<<20
-	if err := w.file(s.ctx, filepath.Join(c.MountPoint, "after"), 34); err != nil {
+	if err := s.guard("write after", func() error { return w.file(s.ctx, filepath.Join(c.MountPoint, "after"), 34) }); err != nil {
 		t.Fatalf("writing 32 MiB after rm: %v", err)
 	}
 	s.phase("verify")
-	verifyLedger(t, s.rec, s.led, true)
+	s.verify()
 	waitRedundancy(t, c, 7, 60*time.Second)
 	s.rec.check(t, stallBound, syscall.ENOSPC)
 }
@@ -353,7 +363,7 @@ func TestDisksFill(t *testing.T) {
 func (s *scene) statfs(dir string) uint64 {
 	s.t.Helper()
 	var st unix.Statfs_t
-	if err := s.rec.do("statfs", dir, func() error { return unix.Statfs(dir, &st) }); err != nil {
+	if err := s.guard("statfs", func() error { return s.rec.do("statfs", dir, func() error { return unix.Statfs(dir, &st) }) }); err != nil {
 		s.t.Fatalf("statfs: %v", err)
 	}
 	return st.Bavail * uint64(st.Bsize)
@@ -436,10 +446,10 @@ func TestMetaRestart(t *testing.T) {
 	// The mount is not wedged: a new file writes and reads back.
 	s.phase("after the restarts")
 	w := &writer{rec: s.rec, led: s.led, dir: c.MountPoint, fileSize: 4 << 20, chunk: 1 << 20, syncEvery: 4 << 20, seed: 4}
-	if err := w.file(s.ctx, filepath.Join(c.MountPoint, "after"), 44); err != nil {
+	if err := s.guard("write after", func() error { return w.file(s.ctx, filepath.Join(c.MountPoint, "after"), 44) }); err != nil {
 		t.Fatalf("a write after the meta restarts: %v", err)
 	}
-	verifyLedger(t, s.rec, s.led, true)
+	s.verify()
 	waitRedundancy(t, c, 7, 60*time.Second)
 	s.rec.check(t, stallBound)
 }

@@ -533,25 +533,6 @@ func readSum(rec *recorder, path string, size int64, direct bool) ([32]byte, err
 	return s, nil
 }
 
-// verifyLedger reads back every acknowledged byte and fails the test on a
-// difference or a read error.
-func verifyLedger(t *testing.T, rec *recorder, led *ledger, direct bool) {
-	t.Helper()
-	files := led.all()
-	var total int64
-	for _, a := range files {
-		sum, err := readSum(rec, a.path, a.size, direct)
-		if err != nil {
-			t.Fatalf("reading back acknowledged data: %v", err)
-		}
-		if sum != a.sum {
-			t.Fatalf("%s: the %d acknowledged bytes read back with a different checksum", a.path, a.size)
-		}
-		total += a.size
-	}
-	t.Logf("every acknowledged byte read back: %d files, %.1f MiB", len(files), float64(total)/(1<<20))
-}
-
 // ---------------------------------------------------------------- fio
 
 // fioJob is one fio job of a run: its error and its longest calls.
@@ -672,4 +653,11 @@ func runChild(spec string) int {
 	fmt.Fprintf(out, "done %d\n", errno(err))
 	out.Flush()
 	return 0
+}
+
+// count is how many calls of op finished.
+func (r *recorder) count(op string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.counts[op]
 }

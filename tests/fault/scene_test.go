@@ -121,7 +121,7 @@ func (s *scene) waitFor(what string, d time.Duration, cond func() bool, allowed 
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if e := s.rec.forbidden(allowed...); e != nil {
-			s.t.Fatalf("waiting for %s: an application saw %s", what, e)
+			s.t.Fatalf("waiting for %s: an application saw %s\n%s", what, e, s.rec.summary())
 		}
 		if time.Now().After(deadline) {
 			st, stWhat := s.rec.longestInFlight()
@@ -174,4 +174,43 @@ func (s *scene) mkdir(path string) {
 	if err := s.rec.do("mkdir", path, func() error { return os.Mkdir(path, 0o755) }); err != nil {
 		s.t.Fatal(err)
 	}
+}
+
+// guard runs fn (application calls made by the test process itself) and
+// returns its error, failing the case if the calls hang (the watchdog ends
+// the case's context): the test ends instead of blocking with them.
+func (s *scene) guard(what string, fn func() error) error {
+	s.t.Helper()
+	ch := make(chan error, 1)
+	go func() { ch <- fn() }()
+	select {
+	case err := <-ch:
+		return err
+	case <-s.ctx.Done():
+		s.t.Fatalf("%s: %v\n%s", what, context.Cause(s.ctx), s.rec.summary())
+		return nil
+	}
+}
+
+// verify reads back every acknowledged byte (O_DIRECT: from the
+// chunkservers) and fails the case on a difference or a read error.
+func (s *scene) verify() {
+	s.t.Helper()
+	files := s.led.all()
+	var total int64
+	for _, a := range files {
+		var sum [32]byte
+		err := s.guard("read back "+a.path, func() (err error) {
+			sum, err = readSum(s.rec, a.path, a.size, true)
+			return err
+		})
+		if err != nil {
+			s.t.Fatalf("reading back acknowledged data: %v", err)
+		}
+		if sum != a.sum {
+			s.t.Fatalf("%s: the %d acknowledged bytes read back with a different checksum", a.path, a.size)
+		}
+		total += a.size
+	}
+	s.t.Logf("every acknowledged byte read back: %d files, %.1f MiB", len(files), float64(total)/(1<<20))
 }
