@@ -5,7 +5,7 @@ PKGS    ?= ./...
 FUZZTIME ?= 20s
 CLUSTER ?= /tmp/rdmafs-cluster
 
-.PHONY: all build deps vet test fuzz demo cluster-up cluster-down bench bench-rdma bench-meta bench-fs clean
+.PHONY: all build deps vet test soak fuzz demo cluster-up cluster-down bench bench-rdma bench-meta bench-fs clean
 
 all: build
 
@@ -27,6 +27,12 @@ test: deps vet
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
 	$(GO) test -count=1 -run 'Alloc' $(PKGS)
 	$(GO) test -tags verbs -count=1 ./rdma/verbs
+
+## soak: 200 random kill -9 cycles of meta, a chunkd and the mount under a
+## write+fsync+verify load (tests/fault TestSoak; SOAK_CYCLES to change)
+SOAK_CYCLES ?= 200
+soak: deps
+	RDMAFS_SOAK=1 RDMAFS_SOAK_CYCLES=$(SOAK_CYCLES) $(GO) test -count=1 -timeout 180m -run 'TestSoak$$' -v ./tests/fault/
 
 ## fuzz: run every fuzz target for FUZZTIME each
 fuzz:

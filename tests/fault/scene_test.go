@@ -28,6 +28,8 @@ type scene struct {
 	mu       sync.Mutex
 	loadErrs []error
 	procs    []*loadProc
+	// tolerate, when set, excuses errors waitFor would fail on.
+	tolerate func(opErr) bool
 }
 
 func newScene(t *testing.T, c *devcluster.Cluster, timeout time.Duration) *scene {
@@ -120,7 +122,7 @@ func (s *scene) waitFor(what string, d time.Duration, cond func() bool, allowed 
 	s.t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
-		if e := s.rec.forbidden(allowed...); e != nil {
+		if e := s.rec.forbidden(allowed...); e != nil && (s.tolerate == nil || !s.tolerate(*e)) {
 			s.t.Fatalf("waiting for %s: an application saw %s\n%s", what, e, s.rec.summary())
 		}
 		if time.Now().After(deadline) {
