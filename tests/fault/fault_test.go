@@ -223,8 +223,12 @@ func TestWritesBelowMinimum(t *testing.T) {
 	waitRedundancy(t, c, 6, 90*time.Second)
 	s.verify()
 	t.Logf("what a write does, by chunkservers down (EC 4+2, 6 chunkservers, --write-timeout %v):\n  %s", writeTimeout, strings.Join(table, "\n  "))
-	// The EIO write itself waits the write timeout; nothing else may.
+	// The write that fails with EIO waits the write timeout; a call that
+	// succeeds may not stall past stallBound.
 	s.rec.check(t, writeTimeout+10*time.Second, syscall.EIO)
+	if d, what := s.rec.maxOKStall(); d > stallBound {
+		t.Errorf("a call that succeeded stalled %v (> %v): %s", d.Round(time.Millisecond), stallBound, what)
+	}
 }
 
 // killBlockedWriter starts a child process writing 8 MiB to path and

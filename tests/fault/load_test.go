@@ -61,6 +61,7 @@ type stall struct {
 type recorder struct {
 	mu       sync.Mutex
 	stalls   map[string]stall // by op
+	okStall  stall            // the longest call that succeeded
 	counts   map[string]int
 	errs     []opErr
 	inflight map[int64]inflightOp
@@ -120,6 +121,9 @@ func (r *recorder) noteAt(op, path string, took time.Duration, err error, end ti
 	if took > r.stalls[op].took {
 		r.stalls[op] = stall{took, fmt.Sprintf("%s %s, ended in phase %q", op, filepath.Base(path), r.phase)}
 	}
+	if err == nil && took > r.okStall.took {
+		r.okStall = stall{took, fmt.Sprintf("%s %s, ended in phase %q", op, filepath.Base(path), r.phase)}
+	}
 	if err != nil {
 		var en syscall.Errno
 		errors.As(err, &en)
@@ -172,6 +176,13 @@ func (r *recorder) maxStall() (time.Duration, string) {
 		}
 	}
 	return d, what
+}
+
+// maxOKStall is the longest call that succeeded.
+func (r *recorder) maxOKStall() (time.Duration, string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.okStall.took, r.okStall.what
 }
 
 // summary is one line per op kind: count and longest call.
