@@ -217,8 +217,10 @@ func TestWritesBelowMinimum(t *testing.T) {
 	took, err = write("after")
 	if err != nil {
 		t.Errorf("write after the chunkservers returned failed after %v: %v", took, err)
+		table = append(table, fmt.Sprintf("restarted: 4 MiB write+fsync: %v after %v", err, took.Round(time.Millisecond)))
+	} else {
+		table = append(table, fmt.Sprintf("restarted: 4 MiB write+fsync ok in %v", took.Round(time.Millisecond)))
 	}
-	table = append(table, fmt.Sprintf("restarted: 4 MiB write+fsync ok in %v", took.Round(time.Millisecond)))
 	s.phase("verify")
 	waitRedundancy(t, c, 6, 90*time.Second)
 	s.verify()

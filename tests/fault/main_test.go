@@ -70,6 +70,13 @@ func TestMain(m *testing.M) {
 		fmt.Println("fault: skipped, no /dev/fuse")
 		os.Exit(0)
 	}
+	// One cluster suite at a time on this machine: the cases bound stalls
+	// in seconds, and another suite's cluster on the same two cores (go
+	// test runs packages in parallel) would stretch them. Other suites may
+	// take the same lock.
+	if lock, err := os.OpenFile(filepath.Join(os.TempDir(), "rdmafs-cluster-tests.lock"), os.O_CREATE|os.O_RDWR, 0o644); err == nil {
+		syscall.Flock(int(lock.Fd()), syscall.LOCK_EX) // released when the process exits
+	}
 	if dir := os.Getenv("RDMAFS_FAULT_BIN"); dir != "" {
 		binDir = dir
 		os.Exit(m.Run())
