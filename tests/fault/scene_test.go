@@ -122,7 +122,7 @@ func (s *scene) waitFor(what string, d time.Duration, cond func() bool, allowed 
 	s.t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
-		if e := s.rec.forbidden(allowed...); e != nil && (s.tolerate == nil || !s.tolerate(*e)) {
+		if e := s.bad(allowed...); e != nil {
 			s.t.Fatalf("waiting for %s: an application saw %s\n%s", what, e, s.rec.summary())
 		}
 		if time.Now().After(deadline) {
@@ -136,6 +136,24 @@ func (s *scene) waitFor(what string, d time.Duration, cond func() bool, allowed 
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// bad is the first recorded error whose errno is not allowed and that
+// tolerate (if set) does not excuse.
+func (s *scene) bad(allowed ...syscall.Errno) *opErr {
+	if s.tolerate == nil {
+		return s.rec.forbidden(allowed...)
+	}
+	for _, e := range s.rec.errors() {
+		ok := s.tolerate(e)
+		for _, a := range allowed {
+			ok = ok || e.errno == a
+		}
+		if !ok {
+			return &e
+		}
+	}
+	return nil
 }
 
 // progress waits until the ledger has grown by bytes and at least minDur
