@@ -586,6 +586,9 @@ func (c *Cluster) RestartMeta(ctx context.Context, i int) error {
 	if p.PID != 0 && syscall.Kill(p.PID, 0) == nil && !zombie(p.PID) {
 		return fmt.Errorf("devcluster: %s (pid %d) is still running", name, p.PID)
 	}
+	if len(p.Args) == 0 {
+		return fmt.Errorf("devcluster: %s: no command line recorded to restart it with", name)
+	}
 	np, err := c.start(name, p.Args...)
 	if err != nil {
 		return err
