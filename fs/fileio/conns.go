@@ -33,6 +33,15 @@ type conns struct {
 	log  *slog.Logger
 	mu   sync.RWMutex
 	m    map[string]*peer
+
+	closed chan struct{} // closed by closeAll: probers stop
+	kickMu sync.Mutex
+	kick   chan struct{} // closed and replaced by kickProbes
+}
+
+func newConns(dev rdma.Device, pd rdma.ProtectionDomain, opts chunkclient.Options, now func() time.Time, log *slog.Logger) *conns {
+	return &conns{dev: dev, pd: pd, opts: opts, now: now, log: log, m: map[string]*peer{},
+		closed: make(chan struct{}), kick: make(chan struct{})}
 }
 
 type peer struct {
@@ -43,7 +52,7 @@ type peer struct {
 	// fast, respectively writes avoid the chunkserver.
 	suspectUntil atomic.Int64
 	fullUntil    atomic.Int64
-	probing      atomic.Bool // a background dial is testing a suspect
+	probing      atomic.Bool // a prober goroutine runs for this suspect
 	id           string      // the chunkserver's id, once known
 	failures     int         // consecutive failures, for the backoff
 }
@@ -95,10 +104,7 @@ func (c *conns) get(ctx context.Context, id, addr string) (*chunkclient.Client, 
 	if cl := p.c.Load(); live(cl) {
 		return cl, nil
 	}
-	if until := p.suspectUntil.Load(); until != 0 {
-		if c.now().UnixNano() >= until && p.probing.CompareAndSwap(false, true) {
-			go c.probe(p, id)
-		}
+	if p.suspectUntil.Load() != 0 {
 		return nil, fmt.Errorf("fileio: chunkserver %s: %w", addr, errSuspect)
 	}
 	return c.dial(ctx, p, id, false)
@@ -136,13 +142,43 @@ func (c *conns) dial(ctx context.Context, p *peer, id string, probe bool) (*chun
 	return cl, nil
 }
 
-// probe dials a suspect chunkserver whose backoff has passed; success ends
-// the suspicion, failure doubles the backoff.
-func (c *conns) probe(p *peer, id string) {
+// prober dials suspect p whenever its backoff has passed, or sooner when
+// kicked, until a dial succeeds and ends the suspicion (or the mount closes).
+// Suspects are probed in the background, not by the next caller, because
+// new writes avoid them and might never call on one again.
+func (c *conns) prober(p *peer) {
 	defer p.probing.Store(false)
-	if _, err := c.dial(context.Background(), p, id, true); err == nil {
-		c.succeeded(p.addr)
+	for {
+		until := p.suspectUntil.Load()
+		if until == 0 {
+			return
+		}
+		c.kickMu.Lock()
+		kick := c.kick
+		c.kickMu.Unlock()
+		t := time.NewTimer(time.Duration(until - c.now().UnixNano()))
+		select {
+		case <-t.C:
+		case <-kick:
+		case <-c.closed:
+			t.Stop()
+			return
+		}
+		t.Stop()
+		if _, err := c.dial(context.Background(), p, "", true); err == nil {
+			c.succeeded(p.addr)
+			return
+		}
 	}
+}
+
+// kickProbes makes every suspect's prober dial now: a writer waiting for
+// chunkservers finds the ones back without waiting out their backoffs.
+func (c *conns) kickProbes() {
+	c.kickMu.Lock()
+	defer c.kickMu.Unlock()
+	close(c.kick)
+	c.kick = make(chan struct{})
 }
 
 // failed records the outcome of an operation on addr that returned err: a
@@ -178,6 +214,9 @@ func (c *conns) suspectLocked(p *peer, err error) {
 	if cl := p.c.Swap(nil); cl != nil {
 		go cl.Close() // closing waits for the transport; nobody needs to wait for it
 	}
+	if p.probing.CompareAndSwap(false, true) {
+		go c.prober(p)
+	}
 	if p.failures == 1 {
 		c.log.Warn("fileio: chunkserver suspect, routing around it", "address", p.addr, "id", p.id, "err", err)
 	}
@@ -186,6 +225,9 @@ func (c *conns) suspectLocked(p *peer, err error) {
 // succeeded records a successful operation on addr: it is healthy again.
 func (c *conns) succeeded(addr string) {
 	p := c.peer(addr)
+	if p.fullUntil.Load() != 0 {
+		p.fullUntil.Store(0)
+	}
 	if p.suspectUntil.Load() == 0 {
 		return
 	}
@@ -210,16 +252,16 @@ func peerFailure(err error) bool {
 }
 
 // avoid returns the ids of chunkservers new shards should not go to: the
-// suspect and the full ones this mount knows the id of.
+// suspect ones this mount knows the id of. (Full ones are meta's to avoid:
+// their heartbeats report their space, within the reserve they keep.)
 func (c *conns) avoid() []string {
-	now := c.now().UnixNano()
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	var out []string
 	for _, p := range c.m {
 		// A suspect stays avoided until an operation or a probe succeeds,
 		// not only during its backoff.
-		if p.suspectUntil.Load() != 0 || p.fullUntil.Load() > now {
+		if p.suspectUntil.Load() != 0 {
 			p.mu.Lock()
 			if p.id != "" {
 				out = append(out, p.id)
@@ -246,6 +288,11 @@ func (c *conns) anyFull() bool {
 func (c *conns) closeAll() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	select {
+	case <-c.closed:
+	default:
+		close(c.closed)
+	}
 	for addr, p := range c.m {
 		p.mu.Lock()
 		if cl := p.c.Swap(nil); cl != nil {

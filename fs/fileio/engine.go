@@ -161,8 +161,8 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, pd: pd, mem: mem, mr: mr, pool: newPool(mr), log: cfg.Logger,
 		files: map[uint64]*file{}, codes: map[[2]int]reedsolomon.Encoder{}}
 	e.ra.limit = int64(cfg.ReadaheadBytes)
-	e.conns = &conns{dev: cfg.Device, pd: pd, now: cfg.Now, log: cfg.Logger, m: map[string]*peer{},
-		opts: chunkclient.Options{Secret: cfg.Secret, MinTimeout: min(2*time.Second, cfg.IOTimeout), MaxTimeout: cfg.IOTimeout}}
+	e.conns = newConns(cfg.Device, pd, chunkclient.Options{Secret: cfg.Secret, MinTimeout: min(2*time.Second, cfg.IOTimeout), MaxTimeout: cfg.IOTimeout},
+		cfg.Now, cfg.Logger)
 	return e, nil
 }
 

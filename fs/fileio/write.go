@@ -184,6 +184,7 @@ func (e *Engine) grant(ctx context.Context, ino uint64, stripes []uint64, deadli
 		case !e.cfg.Now().Before(deadline):
 			return nil, &writeFailed{fmt.Errorf("fileio: inode %d: too few chunkservers reachable for %v (%v): %w", ino, e.cfg.WriteTimeout, err, syscall.EIO)}
 		}
+		e.conns.kickProbes() // the chunkservers this mount avoids may be back
 		if err := sleep(ctx, wait); err != nil {
 			return nil, err
 		}
@@ -262,6 +263,7 @@ func (e *Engine) writeStripe(ctx context.Context, ino uint64, lay layout, gr *me
 			return nil, nil, &writeFailed{fmt.Errorf("fileio: stripe %d of inode %d: %d of %d shards written in %v, %d needed: %w",
 				gr.Stripe, ino, n-len(missing), n, e.cfg.WriteTimeout, need, syscall.EIO)}
 		}
+		e.conns.kickProbes()
 		if err := sleep(ctx, wait); err != nil {
 			return nil, nil, err
 		}
@@ -280,17 +282,9 @@ func (e *Engine) writeShards(ctx context.Context, gr *metapb.StripeGrant, d *dir
 	for x, j := range idx {
 		sh := shards[j]
 		wg.Go(func() {
-			c, err := e.conns.get(ctx, sh.ServerId, sh.Address)
-			if err == nil {
-				b := d.buf.b[j*unit : j*unit+sl]
-				err = c.WriteVersion(ctx, chunk.Key{Chunk: sh.ChunkId, Version: gr.Version}, []rdma.SGE{d.buf.sge(j*unit, sl)}, crc32.Checksum(b, crcTable))
-				if err != nil {
-					e.conns.failed(ctx, sh.Address, err)
-				} else {
-					e.conns.succeeded(sh.Address)
-				}
-			}
-			errs[x] = err
+			b := d.buf.b[j*unit : j*unit+sl]
+			crc := crc32.Checksum(b, crcTable)
+			errs[x] = e.writeShard(ctx, sh, chunk.Key{Chunk: sh.ChunkId, Version: gr.Version}, []rdma.SGE{d.buf.sge(j*unit, sl)}, crc)
 		})
 	}
 	wg.Wait()
@@ -303,4 +297,38 @@ func (e *Engine) writeShards(ctx context.Context, gr *metapb.StripeGrant, d *dir
 		durable[j] = true
 	}
 	return full
+}
+
+// Busy retries: a chunkserver out of staging memory or credits answers busy;
+// the write waits for it a little (it frees memory as writes commit) before
+// it goes elsewhere.
+const (
+	busyWait  = 10 * time.Millisecond
+	busyTotal = 2 * time.Second
+)
+
+// writeShard writes one shard version to sh's chunkserver, retrying while it
+// answers busy, and records the chunkserver's health.
+func (e *Engine) writeShard(ctx context.Context, sh *metapb.Shard, key chunk.Key, sgl []rdma.SGE, crc uint32) error {
+	wait, waited := busyWait, time.Duration(0)
+	for {
+		c, err := e.conns.get(ctx, sh.ServerId, sh.Address)
+		if err != nil {
+			return err
+		}
+		err = c.WriteVersion(ctx, key, sgl, crc)
+		if err == nil {
+			e.conns.succeeded(sh.Address)
+			return nil
+		}
+		if !proto.IsStatus(err, proto.StatusBusy) || waited >= busyTotal {
+			e.conns.failed(ctx, sh.Address, err)
+			return err
+		}
+		if err := sleep(ctx, wait); err != nil {
+			return err
+		}
+		waited += wait
+		wait = min(2*wait, 200*time.Millisecond)
+	}
 }
