@@ -54,16 +54,6 @@ func isWriteFailed(err error) bool {
 	return errors.As(err, &w)
 }
 
-// minWriteShards returns how many shards of a stripe must be durable for a
-// write of layout l to commit (the metadata service's rule, for the client's
-// decisions: meta checks it again at commit).
-func minWriteShards(l *metapb.Layout) int {
-	if l.MinWriteShards != 0 {
-		return int(min(l.MinWriteShards, l.K+l.M))
-	}
-	return int(min(l.K+1, l.K+l.M))
-}
-
 // Backoff between attempts while a write waits for chunkservers.
 const (
 	waitMin = 100 * time.Millisecond
@@ -197,7 +187,7 @@ func (e *Engine) grant(ctx context.Context, ino uint64, stripes []uint64, deadli
 // could not be written have no chunkserver) and the indexes missing.
 func (e *Engine) writeStripe(ctx context.Context, ino uint64, lay layout, gr *metapb.StripeGrant, d *dirtyStripe, deadline time.Time) ([]*metapb.Shard, []uint32, error) {
 	n := len(gr.Shards)
-	need := minWriteShards(gr.Layout)
+	need := gr.Layout.DurableShardsNeeded()
 	shards := append([]*metapb.Shard(nil), gr.Shards...)
 	durable := make([]bool, n)
 	var todo []int

@@ -72,16 +72,6 @@ func (l Layout) Validate() error {
 	return nil
 }
 
-// minWriteShards returns how many shards of a stripe of layout l must be
-// durable for a write to commit: l.MinWriteShards, or k+1 (Ceph's min_size
-// rule: one failure more can still be survived), never more than k+m.
-func minWriteShards(l *metapb.Layout) int {
-	if l.MinWriteShards != 0 {
-		return int(min(l.MinWriteShards, l.K+l.M))
-	}
-	return int(min(l.K+1, l.K+l.M))
-}
-
 // String formats the layout as "k+m/unit", with "/min-write=N" when
 // MinWrite is set.
 func (l Layout) String() string {

@@ -120,7 +120,7 @@ func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest)
 			if err := putMsg(t, keys.Stripe(req.Ino, idx), st); err != nil {
 				return err
 			}
-			chosen, err := s.members.place(n, minWriteShards(l), l.Unit, exclude, nil)
+			chosen, err := s.members.place(n, l.DurableShardsNeeded(), l.Unit, exclude, nil)
 			if err != nil {
 				return err
 			}
@@ -382,7 +382,7 @@ func markMissing(t kv.Txn, g *metapb.GrantRecord, sc *metapb.StripeCommit) error
 			durable++
 		}
 	}
-	if need := minWriteShards(g.Layout); durable < need {
+	if need := g.Layout.DurableShardsNeeded(); durable < need {
 		return metaerr.New(syscall.EIO, "stripe %d: %d of %d shards durable, min-write-shards is %d", sc.Stripe, durable, n, need)
 	}
 	return queueGC(t, left, sc.Version)
