@@ -82,7 +82,9 @@ func (f *fileHandle) data() (Data, syscall.Errno) {
 
 // Read implements gofs.FileReader.
 func (f *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	ctx = uninterruptibleData(ctx)
+	rctx := f.fsys.readContextOf(ctx)
+	defer f.fsys.releaseReadContext(rctx)
+	ctx = rctx
 	d, e := f.data()
 	if e != 0 {
 		return nil, e

@@ -76,8 +76,9 @@ type FS struct {
 	dropping atomic.Int32 // page cache invalidations in flight (drop-behind)
 
 	// Read replies, so that a read costs no allocation.
-	inPlace     sync.Pool // of *inPlaceResult
-	dataResults sync.Pool // of *dataResult
+	inPlace      sync.Pool // of *inPlaceResult
+	dataResults  sync.Pool // of *dataResult
+	readContexts sync.Pool // of *readContext
 }
 
 // New returns the file system and its root node.
@@ -171,11 +172,13 @@ func dataErrno(err error) syscall.Errno {
 // expect EINTR from file operations on a local disk, so an operation goes on
 // regardless, bounded by the data engine's and the meta client's timeouts.
 // But a process with a fatal signal pending (SIGKILL, or any signal whose
-// action is to terminate) cannot exit until its request is answered, so
-// once the kernel has interrupted the request and the caller is found dying
-// the returned context is cancelled and the operation gives up at once (a
-// local disk's waits are killable the same way). done must be called when
-// the operation ends.
+// action is to terminate) cannot exit until its request is answered, so the
+// returned context is cancelled, and the operation gives up, once the caller
+// is found dying (a local disk's waits are killable the same way). The
+// caller is checked when the kernel interrupts the request and, because
+// some requests are never interrupted (the parts of an asynchronous direct
+// I/O), whenever the operation has lasted longWait. done must be called
+// when the operation ends.
 func killable(ctx context.Context) (context.Context, func()) {
 	fc, ok := ctx.(*fuse.Context)
 	if !ok {
@@ -183,12 +186,24 @@ func killable(ctx context.Context) (context.Context, func()) {
 	}
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	pid := fc.Pid
-	stop := context.AfterFunc(ctx, func() { watchDying(kctx, cancel, pid) })
+	var watching atomic.Bool
+	watch := func() {
+		if watching.CompareAndSwap(false, true) {
+			watchDying(kctx, cancel, pid)
+		}
+	}
+	stop := context.AfterFunc(ctx, watch)
+	t := time.AfterFunc(longWait, watch)
 	return kctx, func() {
 		stop()
+		t.Stop()
 		cancel()
 	}
 }
+
+// longWait is how long an operation runs before it checks, from then on
+// every dyingPoll, whether its caller is being killed.
+const longWait = time.Second
 
 // dyingPoll is how often an interrupted request checks whether its caller
 // is being killed: the kernel interrupts a request once, and the fatal
@@ -247,12 +262,59 @@ func dyingStatus(status string) bool {
 	return false
 }
 
-// uninterruptibleData is for a file's reads: the data engine uses nothing of
-// the request's context but its cancellation, and a read waits at most for
-// the chunkservers' stall timeouts (then it reconstructs from the others), so
-// it gets the background context, which unlike killable costs no allocation
-// per request.
-func uninterruptibleData(context.Context) context.Context { return context.Background() }
+// readContext is the context of a file read. It carries no cancellation: a
+// read waits for chunkservers at most their stall timeout (then it rebuilds
+// from the others), and making every read killable would cost a goroutine
+// and allocations per read. A read that must wait longer — on the metadata
+// service for a stripe map, or for buffer memory — asks Killable for a
+// context its caller's death cancels. readContexts are pooled: a read
+// allocates nothing.
+type readContext struct {
+	fc *fuse.Context
+}
+
+// Deadline implements context.Context: none.
+func (r *readContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+
+// Done implements context.Context: never.
+func (r *readContext) Done() <-chan struct{} { return nil }
+
+// Err implements context.Context: never.
+func (r *readContext) Err() error { return nil }
+
+// Value implements context.Context with the request's values (its caller).
+func (r *readContext) Value(key any) any {
+	if r.fc == nil {
+		return nil
+	}
+	return r.fc.Value(key)
+}
+
+// Killable returns a context that ends when the calling process is being
+// killed (see killable), for a wait that may be long; done releases it.
+func (r *readContext) Killable() (context.Context, func()) {
+	if r.fc == nil {
+		return context.Background(), func() {}
+	}
+	return killable(r.fc)
+}
+
+// readContextOf returns a pooled readContext for the request ctx; put it
+// back with fsys.readContexts.Put once the read is over.
+func (fsys *FS) readContextOf(ctx context.Context) *readContext {
+	r, _ := fsys.readContexts.Get().(*readContext)
+	if r == nil {
+		r = &readContext{}
+	}
+	r.fc, _ = ctx.(*fuse.Context)
+	return r
+}
+
+// releaseReadContext returns r to the pool.
+func (fsys *FS) releaseReadContext(r *readContext) {
+	r.fc = nil
+	fsys.readContexts.Put(r)
+}
 
 // fillAttr converts the service's attributes into the kernel's.
 func fillAttr(a *metapb.Attr, out *fuse.Attr) {

@@ -3,6 +3,8 @@ package fs
 import (
 	"context"
 	"testing"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
 // bytesData is a Data whose every file holds byte(offset) at each offset.
@@ -54,7 +56,9 @@ func TestReadReplyAllocs(t *testing.T) {
 		fsys, _ := New(Options{Data: tc.data})
 		fh := &fileHandle{fsys: fsys, ino: 1}
 		dest := make([]byte, 4096)
-		ctx := context.Background()
+		// A request's context as go-fuse passes it: the read's own context
+		// comes from a pool.
+		ctx := &fuse.Context{Caller: fuse.Caller{Pid: 1}, Cancel: make(chan struct{})}
 		before := rel.n
 		read := func() {
 			r, e := fh.Read(ctx, dest, tc.off)

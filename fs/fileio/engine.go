@@ -351,7 +351,9 @@ func (e *Engine) fetch(ctx context.Context, f *file, first, count uint64) error 
 			return nil
 		}
 	}
-	r, err := e.cfg.Meta.GetStripes(ctx, &metapb.GetStripesRequest{Ino: f.ino, First: first, Count: count})
+	sctx, done := slow(ctx)
+	r, err := e.cfg.Meta.GetStripes(sctx, &metapb.GetStripesRequest{Ino: f.ino, First: first, Count: count})
+	done()
 	if err != nil {
 		return err
 	}
@@ -375,6 +377,22 @@ func (e *Engine) fetch(ctx context.Context, f *file, first, count uint64) error 
 		f.stripes[si.Stripe] = si
 	}
 	return nil
+}
+
+// killableContext is a request context without cancellation that can give
+// one its caller's death cancels (fs's read context), for the waits of a
+// read that may be long.
+type killableContext interface {
+	Killable() (context.Context, func())
+}
+
+// slow returns the context for a wait that may be long: ctx itself, or the
+// killable one a killableContext gives. done must be called after the wait.
+func slow(ctx context.Context) (context.Context, func()) {
+	if k, ok := ctx.(killableContext); ok {
+		return k.Killable()
+	}
+	return ctx, func() {}
 }
 
 // Read implements fs.Data. The file's lock is held only to look up what to

@@ -56,11 +56,13 @@ func (p *pool) get(ctx context.Context, n int) (*buffer, error) {
 			return b, nil
 		}
 		var err error
+		sctx, done := slow(ctx)
 		select {
 		case <-wait:
-		case <-ctx.Done():
-			err = fmt.Errorf("waiting for %d bytes of buffer memory: %w", n, ctx.Err())
+		case <-sctx.Done():
+			err = fmt.Errorf("waiting for %d bytes of buffer memory: %w", n, sctx.Err())
 		}
+		done()
 		p.mu.Lock()
 		p.waiters--
 		p.mu.Unlock()

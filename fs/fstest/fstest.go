@@ -25,8 +25,8 @@ type Options struct {
 	Chunkservers int
 	Layout       core.Layout
 	MemBytes     int
-	// WrapMeta, when set, wraps the metadata client the first mount's file
-	// system uses (to observe or alter its calls).
+	// WrapMeta, when set, wraps the metadata client the first mount uses,
+	// its file system and its data engine (to observe or alter its calls).
 	WrapMeta func(metapb.MetaClient) metapb.MetaClient
 	// DropBehind is fs.Options.DropBehind for every mount.
 	DropBehind int64
@@ -96,7 +96,11 @@ func (c *Cluster) mount(t *testing.T, wrap func(metapb.MetaClient) metapb.MetaCl
 	t.Helper()
 	ctx := context.Background()
 	mc := c.Meta.Client(t)
-	eng, err := fileio.New(fileio.Config{Meta: mc, Device: chunktest.NewDevice(t), Secret: []byte(c.Meta.Secret), MemBytes: c.opts.MemBytes, FileDirtyLimit: c.opts.FileDirtyLimit,
+	var fsMeta metapb.MetaClient = mc
+	if wrap != nil {
+		fsMeta = wrap(mc)
+	}
+	eng, err := fileio.New(fileio.Config{Meta: fsMeta, Device: chunktest.NewDevice(t), Secret: []byte(c.Meta.Secret), MemBytes: c.opts.MemBytes, FileDirtyLimit: c.opts.FileDirtyLimit,
 		IOTimeout: c.opts.IOTimeout, WriteTimeout: c.opts.WriteTimeout})
 	if err != nil {
 		t.Fatal(err)
@@ -104,10 +108,6 @@ func (c *Cluster) mount(t *testing.T, wrap func(metapb.MetaClient) metapb.MetaCl
 	sess, err := mc.StartSession(ctx, "fstest", 0)
 	if err != nil {
 		t.Fatal(err)
-	}
-	var fsMeta metapb.MetaClient = mc
-	if wrap != nil {
-		fsMeta = wrap(mc)
 	}
 	_, root := fs.New(fs.Options{Meta: fsMeta, Session: sess.ID(), Data: eng, DropBehind: c.opts.DropBehind})
 	dir, err := os.MkdirTemp("", "rdmafs-mnt-")
