@@ -66,7 +66,7 @@ unmounts; --background returns once the file system is mounted.`,
 	fl.StringVar(&f.readaheadMem, "readahead-mem", "", "memory for stripes read ahead, all files together (default a quarter of --mem)")
 	fl.StringVar(&f.kernelReadahead, "kernel-readahead", "1MiB", "the kernel's readahead window per file (FUSE max_readahead)")
 	fl.StringVar(&f.dropBehind, "drop-behind", "16MiB", "bytes a file handle writes in sequence before the kernel drops what it writes from its page cache (0: never)")
-	fl.DurationVar(&f.ioTimeout, "io-timeout", 10*time.Second, "longest a chunkserver may leave requests unanswered before it is routed around (below it the timeout follows observed latency, from 2s)")
+	fl.DurationVar(&f.ioTimeout, "io-timeout", 10*time.Second, "longest a chunkserver may leave requests unanswered before it is routed around (below it the timeout follows observed latency, from the larger of 2s and a fifth of this; raise it for chunkservers on slow disks)")
 	fl.DurationVar(&f.writeTimeout, "write-timeout", 60*time.Second, "how long a write waits while fewer chunkservers than the layout's min-write-shards are reachable, before it fails with EIO")
 	fl.DurationVar(&f.attrTimeout, "attr-timeout", time.Second, "how long the kernel caches attributes")
 	fl.DurationVar(&f.entryTimeout, "entry-timeout", time.Second, "how long the kernel caches names")

@@ -64,7 +64,7 @@ type Config struct {
 	// IOTimeout bounds how long a request to a chunkserver may go without
 	// any answer on its connection before the chunkserver is deemed gone
 	// and routed around (default 10s); below it the timeout follows the
-	// observed latency, from 2s (or IOTimeout when smaller).
+	// observed latency, from minIOTimeout(IOTimeout) up.
 	IOTimeout time.Duration
 	// WriteTimeout bounds how long a write waits while fewer than a
 	// stripe's min-write-shards chunkservers can take it (default 60s);
@@ -161,7 +161,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, pd: pd, mem: mem, mr: mr, pool: newPool(mr), log: cfg.Logger,
 		files: map[uint64]*file{}, codes: map[[2]int]reedsolomon.Encoder{}}
 	e.ra.limit = int64(cfg.ReadaheadBytes)
-	e.conns = newConns(cfg.Device, pd, chunkclient.Options{Secret: cfg.Secret, MinTimeout: min(2*time.Second, cfg.IOTimeout), MaxTimeout: cfg.IOTimeout},
+	e.conns = newConns(cfg.Device, pd, chunkclient.Options{Secret: cfg.Secret, MinTimeout: minIOTimeout(cfg.IOTimeout), MaxTimeout: cfg.IOTimeout},
 		cfg.Now, cfg.Logger)
 	return e, nil
 }
@@ -173,6 +173,14 @@ func (e *Engine) Close() error {
 	e.mr.Deregister()
 	e.mem.Free()
 	return e.pd.Close()
+}
+
+// minIOTimeout is the floor of the stall timeout under ceiling: 2s, or a
+// fifth of the ceiling when that is more (chunkservers on slow disks, whose
+// syncs may take seconds, want a higher ceiling, and the floor follows),
+// never above the ceiling.
+func minIOTimeout(ceiling time.Duration) time.Duration {
+	return min(ceiling, max(2*time.Second, ceiling/5))
 }
 
 func (e *Engine) codec(k, m int) (reedsolomon.Encoder, error) {

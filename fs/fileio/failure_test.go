@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/rdmafs/rdmafs/chunkserver"
+	"github.com/rdmafs/rdmafs/fs/fileio"
 	"github.com/rdmafs/rdmafs/fs/fstest"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
@@ -348,5 +349,18 @@ func TestKillReaderWaitingOnMeta(t *testing.T) {
 		t.Logf("reader waiting on meta reaped %v after SIGKILL", time.Since(start))
 	case <-time.After(3 * time.Second):
 		t.Fatal("a reader waiting on the metadata service was not reaped 3s after SIGKILL")
+	}
+}
+
+func TestMinIOTimeout(t *testing.T) {
+	for _, tt := range []struct{ ceiling, want time.Duration }{
+		{time.Second, time.Second},
+		{3 * time.Second, 2 * time.Second},
+		{10 * time.Second, 2 * time.Second},
+		{30 * time.Second, 6 * time.Second},
+	} {
+		if got := fileio.MinIOTimeout(tt.ceiling); got != tt.want {
+			t.Errorf("floor under %v: %v, want %v", tt.ceiling, got, tt.want)
+		}
 	}
 }

@@ -1,0 +1,4 @@
+package fileio
+
+// MinIOTimeout exports minIOTimeout to the external tests.
+var MinIOTimeout = minIOTimeout
