@@ -976,9 +976,9 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 
 // Flush implements fs.Data: it flushes every dirty stripe of ino, waits for all
 // flushes in progress, and reports the first failure since the last Flush. A
-// flush that failed for a passing reason (a conflict, meta unreachable)
-// keeps its data and is tried again; one that failed for good (EIO below
-// min-write-shards past the write timeout, ENOSPC) has dropped it. When ctx
+// flush that lost the version compare-and-set to another writer is rebased
+// and tried again; any other failure is final once writeStripes has waited
+// and retried what can pass (EIO, or ENOSPC), and its data is dropped. When ctx
 // ends (the caller is being killed) Flush returns its error at once and the
 // flushes in progress go on.
 func (e *Engine) Flush(ctx context.Context, ino uint64) error {
