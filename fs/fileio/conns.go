@@ -147,11 +147,16 @@ func (c *conns) dial(ctx context.Context, p *peer, id string, probe bool) (*chun
 // Suspects are probed in the background, not by the next caller, because
 // new writes avoid them and might never call on one again.
 func (c *conns) prober(p *peer) {
-	defer p.probing.Store(false)
 	for {
 		until := p.suspectUntil.Load()
 		if until == 0 {
-			return
+			// Hand over: a failure after the check above found probing
+			// still set and started no prober, so look once more.
+			p.probing.Store(false)
+			if p.suspectUntil.Load() == 0 || !p.probing.CompareAndSwap(false, true) {
+				return
+			}
+			continue
 		}
 		c.kickMu.Lock()
 		kick := c.kick
@@ -162,12 +167,12 @@ func (c *conns) prober(p *peer) {
 		case <-kick:
 		case <-c.closed:
 			t.Stop()
+			p.probing.Store(false)
 			return
 		}
 		t.Stop()
 		if _, err := c.dial(context.Background(), p, "", true); err == nil {
-			c.succeeded(p.addr)
-			return
+			c.succeeded(p.addr) // the suspicion ends; the loop hands over
 		}
 	}
 }
