@@ -409,6 +409,16 @@ func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 	if t, ok := in.GetCTime(); ok {
 		req.SetCtime, req.CtimeNs = true, t.UnixNano()
 	}
+	if d := n.fsys.opts.Data; d != nil && (req.SetMtime || req.SetMode || req.SetUid || req.SetGid) {
+		// The commit of data written before this call sets mtime and
+		// clears set-user-ID: it goes first, so that what the application
+		// set afterwards (futimens, fchmod, as tar and cp -a do) stays.
+		if _, dirty := d.Size(n.ino); dirty {
+			if err := d.Flush(ctx, n.ino); err != nil {
+				return dataErrno(err)
+			}
+		}
+	}
 	if size, ok := in.GetSize(); ok {
 		req.SetSize, req.Size = true, size
 		if _, open := fh.(*fileHandle); open {

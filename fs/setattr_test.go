@@ -1,0 +1,86 @@
+package fs_test
+
+import (
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmafs/rdmafs/fs/fstest"
+)
+
+// TestSetattrAfterWriteSticks sets mtime and mode through a descriptor that
+// still has unflushed writes, as tar -x and cp -a do: the flush of those
+// writes at close must not undo them (mtime back to the write's time,
+// set-user-ID cleared), neither right after close nor later.
+func TestSetattrAfterWriteSticks(t *testing.T) {
+	dir := fstest.Start(t, fstest.Options{}).Dir
+	p := filepath.Join(dir, "f")
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(make([]byte, 100000)); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Unix(946684800, 0)
+	if err := unix.Futimes(int(f.Fd()), []unix.Timeval{unix.NsecToTimeval(old.UnixNano()), unix.NsecToTimeval(old.UnixNano())}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Chmod(0o755 | os.ModeSetuid); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		t.Helper()
+		var st syscall.Stat_t
+		if err := syscall.Stat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Mtim.Sec != old.Unix() {
+			t.Errorf("%s: mtime %v, want %v", when, time.Unix(st.Mtim.Sec, 0).UTC(), old.UTC())
+		}
+		if st.Mode&0o7777 != 0o4755 {
+			t.Errorf("%s: mode %o, want 4755", when, st.Mode&0o7777)
+		}
+		if st.Size != 100000 {
+			t.Errorf("%s: size %d, want 100000", when, st.Size)
+		}
+	}
+	check("after close")
+	// A new open sees what meta has, not what the kernel cached.
+	g, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Close()
+	check("after a reopen")
+}
+
+// TestFsyncDirectory: fsync of a directory, as databases and atomic-rename
+// writers do after a create or rename, succeeds as on ext4.
+func TestFsyncDirectory(t *testing.T) {
+	dir := fstest.Start(t, fstest.Options{}).Dir
+	if err := os.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "f"), filepath.Join(dir, "g")); err != nil {
+		t.Fatal(err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		t.Fatalf("fsync of a directory: %v", err)
+	}
+	if err := unix.Fdatasync(int(d.Fd())); err != nil {
+		t.Fatalf("fdatasync of a directory: %v", err)
+	}
+}
