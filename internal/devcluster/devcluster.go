@@ -303,7 +303,7 @@ func (c *Cluster) startChunkd(ctx context.Context, i int, args []string) (Proc, 
 		if _, err := os.Stat(ready); err == nil {
 			return p, nil
 		}
-		if syscall.Kill(p.PID, 0) != nil || zombie(p.PID) || time.Now().After(deadline) {
+		if Exited(p.PID) || time.Now().After(deadline) {
 			log, _ := os.ReadFile(p.Log)
 			return p, fmt.Errorf("devcluster: chunkd %d did not start; its log:\n%s", i, tail(log))
 		}
@@ -320,7 +320,7 @@ func (c *Cluster) startChunkd(ctx context.Context, i int, args []string) (Proc, 
 // waits until the chunkd serves (not until meta has it up: see WaitUp).
 func (c *Cluster) RestartChunkd(ctx context.Context, i int) error {
 	old := c.Chunk[i]
-	if old.PID != 0 && syscall.Kill(old.PID, 0) == nil && !zombie(old.PID) {
+	if old.PID != 0 && !Exited(old.PID) {
 		return fmt.Errorf("devcluster: chunkd %d (pid %d) is still running", i, old.PID)
 	}
 	if len(old.Args) == 0 {
@@ -447,7 +447,7 @@ func (c *Cluster) MountFS(ctx context.Context, dir, mem string) error {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for !IsFUSEMount(dir) {
-		if syscall.Kill(p.PID, 0) != nil || zombie(p.PID) || time.Now().After(deadline) {
+		if Exited(p.PID) || time.Now().After(deadline) {
 			stop(p.PID, syscall.SIGKILL, 5*time.Second)
 			log, _ := os.ReadFile(p.Log)
 			return fmt.Errorf("devcluster: mount at %s failed (%s); mount.log:\n%s", dir, strings.Join(args, " "), tail(log))
@@ -583,7 +583,7 @@ func (c *Cluster) RestartMeta(ctx context.Context, i int) error {
 	} else if i != 0 {
 		return fmt.Errorf("devcluster: no meta server %d", i)
 	}
-	if p.PID != 0 && syscall.Kill(p.PID, 0) == nil && !zombie(p.PID) {
+	if p.PID != 0 && !Exited(p.PID) {
 		return fmt.Errorf("devcluster: %s (pid %d) is still running", name, p.PID)
 	}
 	if len(p.Args) == 0 {
@@ -605,7 +605,7 @@ func (c *Cluster) RestartMeta(ctx context.Context, i int) error {
 	for {
 		if err := c.ping(ctx); err == nil {
 			return nil
-		} else if syscall.Kill(np.PID, 0) != nil || zombie(np.PID) || time.Now().After(deadline) {
+		} else if Exited(np.PID) || time.Now().After(deadline) {
 			log, _ := os.ReadFile(np.Log)
 			return fmt.Errorf("devcluster: meta did not come back (%v); its log:\n%s", err, tail(log))
 		}
@@ -691,7 +691,7 @@ func stop(pid int, sig syscall.Signal, grace time.Duration) error {
 		return fmt.Errorf("devcluster: signal %d: %w", pid, err)
 	}
 	deadline := time.Now().Add(grace)
-	for syscall.Kill(pid, 0) == nil && !zombie(pid) {
+	for !Exited(pid) {
 		if time.Now().After(deadline) {
 			syscall.Kill(pid, syscall.SIGKILL)
 			return fmt.Errorf("devcluster: pid %d ignored %v for %v: killed", pid, sig, grace)
@@ -699,6 +699,12 @@ func stop(pid int, sig syscall.Signal, grace time.Duration) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return nil
+}
+
+// Exited reports whether process pid (not 0) is gone or has exited and
+// waits to be reaped (a zombie).
+func Exited(pid int) bool {
+	return syscall.Kill(pid, 0) != nil || zombie(pid)
 }
 
 // zombie reports whether pid has exited but not been reaped (by another process).

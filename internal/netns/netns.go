@@ -169,16 +169,6 @@ func (h *Host) Path() string { return "/run/netns/" + h.NS }
 // network namespace changes (mounts, PIDs and files are the caller's).
 func (h *Host) Prefix() []string { return []string{"nsenter", "--net=" + h.Path(), "--"} }
 
-// Exec runs a command on the host and returns its combined output.
-func (h *Host) Exec(ctx context.Context, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.NS}, args...)...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("netns: on %s: %s: %v: %s", h.Name, strings.Join(args, " "), err, bytes.TrimSpace(out))
-	}
-	return string(out), nil
-}
-
 // DialContext connects from inside the host's namespace: the socket is made
 // by a thread that entered the namespace (and that thread then ends, so no
 // other goroutine ever runs in it). For grpc.WithContextDialer.

@@ -129,9 +129,6 @@ func TestKillChunkservers(t *testing.T) {
 	s.restart(7, 1, 4)
 	s.progress("writes after the restart", 8<<20, 3*time.Second, time.Minute)
 	s.stopLoad()
-	if err := s.loadErr(); err != nil {
-		t.Errorf("load: %v", err)
-	}
 	s.phase("verify")
 	waitRedundancy(t, c, 7, 90*time.Second)
 	s.verify()
@@ -446,9 +443,6 @@ func TestMetaRestart(t *testing.T) {
 		s.waitFor("files created after the restart", time.Minute, func() bool { return files() >= base+30 })
 	}
 	s.stopLoad()
-	if err := s.loadErr(); err != nil {
-		t.Errorf("load: %v", err)
-	}
 	// The mount is not wedged: a new file writes and reads back.
 	s.phase("after the restarts")
 	w := &writer{rec: s.rec, led: s.led, dir: c.MountPoint, fileSize: 4 << 20, chunk: 1 << 20, syncEvery: 4 << 20, seed: 4}

@@ -548,13 +548,12 @@ func readSum(rec *recorder, path string, size int64, direct bool) ([32]byte, err
 
 // fioJob is one fio job of a run: its error and its longest calls.
 type fioJob struct {
-	Name       string
-	Error      int
-	MaxWrite   time.Duration // completion latency of the longest write
-	MaxRead    time.Duration
-	MaxSync    time.Duration
-	WriteBytes int64
-	ReadBytes  int64
+	Name      string
+	Error     int
+	MaxWrite  time.Duration // completion latency of the longest write
+	MaxRead   time.Duration
+	MaxSync   time.Duration
+	ReadBytes int64
 }
 
 // runFio runs fio with args (one or more jobs) and returns its jobs as its
@@ -581,8 +580,7 @@ func runFio(ctx context.Context, dir string, args ...string) ([]fioJob, string, 
 				} `json:"clat_ns"`
 			} `json:"read"`
 			Write struct {
-				IOBytes int64 `json:"io_bytes"`
-				Clat    struct {
+				Clat struct {
 					Max float64 `json:"max"`
 				} `json:"clat_ns"`
 			} `json:"write"`
@@ -597,8 +595,7 @@ func runFio(ctx context.Context, dir string, args ...string) ([]fioJob, string, 
 	if err := json.Unmarshal(js, &rep); err == nil {
 		for _, j := range rep.Jobs {
 			jobs = append(jobs, fioJob{Name: j.Jobname, Error: j.Error, MaxWrite: time.Duration(j.Write.Clat.Max),
-				MaxRead: time.Duration(j.Read.Clat.Max), MaxSync: time.Duration(j.Sync.Lat.Max),
-				WriteBytes: j.Write.IOBytes, ReadBytes: j.Read.IOBytes})
+				MaxRead: time.Duration(j.Read.Clat.Max), MaxSync: time.Duration(j.Sync.Lat.Max), ReadBytes: j.Read.IOBytes})
 		}
 	} else if runErr == nil {
 		return nil, text, fmt.Errorf("fio: reading its JSON report: %w", err)

@@ -40,7 +40,6 @@ type loadSpec struct {
 	Kind      string // "writer", "meta" (create/write/fsync/rename workers) or "reader"
 	Dir       string
 	Name      string // file name prefix
-	Workers   int    // goroutines (default 1), each in Dir with its own names
 	FileSize  int
 	Chunk     int
 	SyncEvery int
@@ -60,8 +59,6 @@ type fileSum struct {
 	Size int64
 	Sum  string // hex SHA-256
 }
-
-const loadEnv = "RDMAFS_FAULT_LOAD"
 
 func loadChild(js string) int {
 	var spec loadSpec
@@ -110,55 +107,32 @@ func loadChild(js string) int {
 			}
 		}
 	}()
-	workers := max(spec.Workers, 1)
-	var wg sync.WaitGroup
-	var errMu sync.Mutex
-	var firstErr error
-	for wk := 0; wk < workers; wk++ {
-		wg.Add(1)
-		go func(wk int) {
-			defer wg.Done()
-			var onErr func(error) bool
-			if spec.Continue {
-				onErr = func(error) bool {
-					select {
-					case <-ctx.Done():
-					case <-time.After(100 * time.Millisecond):
-					}
-					return true
-				}
+	var onErr func(error) bool
+	if spec.Continue {
+		onErr = func(error) bool {
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
 			}
-			name := spec.Name
-			if workers > 1 {
-				name = fmt.Sprintf("%s%d-", spec.Name, wk)
-			}
-			var err error
-			switch spec.Kind {
-			case "writer":
-				w := &writer{rec: rec, led: led, dir: spec.Dir, name: name, fileSize: spec.FileSize, chunk: spec.Chunk,
-					syncEvery: spec.SyncEvery, seed: spec.Seed*100 + uint64(wk), verifyEvery: spec.VerifyEvery, onErr: onErr}
-				err = w.run(ctx)
-			case "meta":
-				err = metaWorker(rec, led, spec.Dir, name, spec.Seed*100+uint64(wk), onErr)(ctx)
-			case "reader":
-				err = reader(ctx, rec, spec.Files, onErr)
-			default:
-				err = fmt.Errorf("unknown load kind %q", spec.Kind)
-			}
-			if err != nil {
-				errMu.Lock()
-				if firstErr == nil {
-					firstErr = err
-				}
-				errMu.Unlock()
-				cancel() // one worker's failure ends the load
-			}
-		}(wk)
+			return true
+		}
 	}
-	wg.Wait()
+	var err error
+	switch spec.Kind {
+	case "writer":
+		w := &writer{rec: rec, led: led, dir: spec.Dir, name: spec.Name, fileSize: spec.FileSize, chunk: spec.Chunk,
+			syncEvery: spec.SyncEvery, seed: spec.Seed * 100, verifyEvery: spec.VerifyEvery, onErr: onErr}
+		err = w.run(ctx)
+	case "meta":
+		err = metaWorker(rec, led, spec.Dir, spec.Name, spec.Seed*100, onErr)(ctx)
+	case "reader":
+		err = reader(ctx, rec, spec.Files, onErr)
+	default:
+		err = fmt.Errorf("unknown load kind %q", spec.Kind)
+	}
 	close(done)
-	if firstErr != nil {
-		emit("E " + strings.ReplaceAll(firstErr.Error(), "\n", " "))
+	if err != nil {
+		emit("E " + strings.ReplaceAll(err.Error(), "\n", " "))
 	}
 	return 0
 }

@@ -166,19 +166,10 @@ func newCluster(t *testing.T, o opts) *devcluster.Cluster {
 	return c
 }
 
+// waitGone polls until process pid has exited, for at most d.
 func waitGone(pid int, d time.Duration) {
 	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if syscall.Kill(pid, 0) != nil {
-			return
-		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			return
-		}
-		if i := strings.LastIndexByte(string(b), ')'); i > 0 && i+2 < len(b) && b[i+2] == 'Z' {
-			return
-		}
+	for !devcluster.Exited(pid) && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }

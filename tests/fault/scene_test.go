@@ -76,7 +76,8 @@ func (s *scene) goLoad(name string, fn func(ctx context.Context) error) {
 }
 
 // stopLoad stops the load (goroutines and processes) and waits for it,
-// bounded: a call hung on the mount fails the case.
+// bounded: a call hung on the mount fails the case, and so does an error
+// the load ended with.
 func (s *scene) stopLoad() {
 	s.t.Helper()
 	s.loadStop()
@@ -97,6 +98,9 @@ func (s *scene) stopLoad() {
 	case <-time.After(time.Until(deadline)):
 		d, what := s.rec.longestInFlight()
 		s.t.Fatalf("the load did not stop within %v: %s in flight for %v", hangBound, what, d.Round(time.Second))
+	}
+	if err := s.loadErr(); err != nil {
+		s.t.Errorf("load: %v", err)
 	}
 }
 

@@ -3,9 +3,11 @@ package fault
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,10 +18,11 @@ import (
 // TestSoak (make soak; RDMAFS_SOAK=1) runs RDMAFS_SOAK_CYCLES (default 200)
 // random kill -9 cycles on seven chunkservers (EC 4+2) under a load of two
 // writers (write, fsync, and a read-back of an earlier file of their own)
-// and a metadata worker: the meta server (restarted after 0.2-2 s), a
-// chunkserver (at most m = 2 down at once, and at most m killed between two
-// moments of full redundancy, so that no stripe can legitimately fall below
-// k), or the mount (killed and mounted again). Acknowledged bytes must all
+// and a writer of small (32 KiB) files. A cycle kills the meta server
+// (restarted after 0.2-2 s), a chunkserver (at most m = 2 down at once, and
+// at most m killed between two moments of full redundancy, so that no
+// stripe can legitimately fall below k), or the mount (killed and mounted
+// again). Acknowledged bytes must all
 // read back, no read may return other bytes than were acknowledged, and no
 // application call may fail except the calls the mount's death ends (those
 // ending between its kill and 2 s after the new mount).
@@ -191,12 +194,7 @@ func TestSoak(t *testing.T) {
 	t.Logf("longest call %v (%s)\n%s", d.Round(time.Millisecond), what, s.rec.summary())
 }
 
+// keys are the chunkservers in m, in order.
 func keys(m map[int]bool) []int {
-	var out []int
-	for i := 0; i < 10; i++ {
-		if m[i] {
-			out = append(out, i)
-		}
-	}
-	return out
+	return slices.Sorted(maps.Keys(m))
 }
