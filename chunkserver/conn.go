@@ -587,7 +587,6 @@ func (c *conn) prepare(key chunk.Key, length int) proto.Reply {
 	c.stagedBytes += length
 	c.mu.Unlock()
 	st := &staging{key: key, length: length}
-	claimed := false
 	undo := func(status proto.Status) proto.Reply {
 		if st.mw != nil {
 			c.mws <- st.mw
@@ -595,9 +594,7 @@ func (c *conn) prepare(key chunk.Key, length int) proto.Reply {
 		if st.buf.Size != 0 {
 			s.pool.Free(st.buf)
 		}
-		if claimed {
-			s.store.Unclaim(key)
-		}
+		s.store.Unclaim(key) // a no-op if the claim was refused
 		c.mu.Lock()
 		c.stagedBytes -= length
 		c.mu.Unlock()
@@ -607,11 +604,10 @@ func (c *conn) prepare(key chunk.Key, length int) proto.Reply {
 	// Disk space first: a full chunkserver says so (StatusNoSpace) before
 	// the client sends any data, and the client places the shard elsewhere.
 	err := s.store.Claim(key, length)
-	s.noteFull(key, err)
+	c.noteClaim(key, err)
 	if err != nil {
 		return undo(statusOf(err))
 	}
-	claimed = true
 	if st.buf, err = s.cache.alloc(length); err != nil {
 		c.noteErr("staging", key, err)
 		return undo(proto.StatusBusy)
@@ -695,10 +691,11 @@ func (c *conn) commit(key chunk.Key, crc uint32) proto.Reply {
 	return proto.Reply{Status: status}
 }
 
-// noteFull accounts for a claim of disk room: a refusal for want of space is
+// noteClaim accounts for a claim of disk room: a refusal for want of space is
 // expected near full and counted, logged once when the chunkserver becomes full
-// and once when it has room again; other errors are logged as errors.
-func (s *Server) noteFull(key chunk.Key, err error) {
+// and once when it has room again; other errors go to noteErr.
+func (c *conn) noteClaim(key chunk.Key, err error) {
+	s := c.s
 	switch st := statusOf(err); {
 	case st == proto.StatusNoSpace:
 		s.metrics.Errors.WithLabelValues("nospace").Inc()
@@ -706,8 +703,7 @@ func (s *Server) noteFull(key chunk.Key, err error) {
 			s.log.Warn("chunkd: disk full: refusing new versions until space is freed", "chunk", key, "err", err)
 		}
 	case st != proto.StatusOK:
-		s.metrics.Errors.WithLabelValues("prepare").Inc()
-		s.log.Error("chunkd: prepare", "chunk", key, "err", err)
+		c.noteErr("prepare", key, err)
 	case s.full.Load() && s.full.Swap(false):
 		s.log.Info("chunkd: disk has room again: taking new versions")
 	}

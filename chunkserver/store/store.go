@@ -626,15 +626,9 @@ func (s *Store) dropClaimLocked(key chunk.Key) bool {
 	return ok
 }
 
-// tightLocked reports whether the file system is short of room for the
-// reserve plus one version of the largest length: kept slots are then
-// released rather than held.
-func (s *Store) tightLocked(fsAvail int64) bool {
-	return s.pressureLocked(fsAvail) > 0
-}
-
 // pressureLocked returns how many bytes the file system lacks to hold the
-// reserve plus one version of the largest length beyond the claims.
+// reserve plus one version of the largest length beyond the claims: while it
+// is positive, kept slots are released rather than held.
 func (s *Store) pressureLocked(fsAvail int64) int64 {
 	return s.reserve + FileSize(s.opts.MaxLength) - (s.roomLocked(fsAvail) - s.claimed)
 }
@@ -1156,7 +1150,7 @@ func (s *Store) Delete(key chunk.Key) error {
 		// Counted as kept from now on; kept only if that leaves the file
 		// system the room trim wants.
 		s.dirtyBytes += size
-		if keep = !s.tightLocked(fsAvail); !keep {
+		if keep = s.pressureLocked(fsAvail) <= 0; !keep {
 			s.dirtyBytes -= size
 		}
 	}

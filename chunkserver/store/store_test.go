@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -397,14 +396,7 @@ func TestLock(t *testing.T) {
 
 // TestRealENOSPC fills a tiny tmpfs: the error must say ENOSPC and leave no file.
 func TestRealENOSPC(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a tmpfs")
-	}
-	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Skipf("mount tmpfs: %v %s", err, out)
-	}
-	defer exec.Command("umount", dir).Run()
+	dir := mountTmpfs(t, "2m")
 	s, err := Open(dir, Options{Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)

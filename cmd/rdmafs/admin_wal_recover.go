@@ -51,14 +51,10 @@ func printLogRecovery(cmd *cobra.Command, dir string, rep *bolt.LogRecovery, dry
 	for _, d := range rep.Damage {
 		fmt.Fprintf(out, "damaged: %s\n", d)
 	}
-	verb := "replayed"
+	replayed, dropped := "replayed", "dropped"
 	if dryRun {
-		verb = "would replay"
+		replayed, dropped = "would replay", "would drop"
 	}
-	fmt.Fprintf(out, "%s %s after LSN %d, the last one in the database\n", verb, rep.Replayed, rep.Applied)
-	verb = "dropped"
-	if dryRun {
-		verb = "would drop"
-	}
-	fmt.Fprintf(out, "%s %s\n", verb, rep.Dropped)
+	fmt.Fprintf(out, "%s %s after LSN %d, the last one in the database\n", replayed, rep.Replayed, rep.Applied)
+	fmt.Fprintf(out, "%s %s\n", dropped, rep.Dropped)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -298,17 +299,9 @@ func imageFiles(t *testing.T, dir string) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, fmt.Sprintf("%s:%d:%x", name, len(b), crc(b)))
+		out = append(out, fmt.Sprintf("%s:%d:%x", name, len(b), crc32.ChecksumIEEE(b)))
 	}
 	return strings.Join(out, " ")
-}
-
-func crc(b []byte) uint32 {
-	var h uint32 = 2166136261
-	for _, c := range b {
-		h = (h ^ uint32(c)) * 16777619
-	}
-	return h
 }
 
 // TestRecoverLogRefusesMissingStore checks that RecoverLog does not create

@@ -2,6 +2,7 @@ package bolt
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -170,15 +171,7 @@ func (l *logScan) records() []record {
 			}
 		}
 	}
-	slices.SortStableFunc(recs, func(a, b record) int {
-		switch {
-		case a.lsn < b.lsn:
-			return -1
-		case a.lsn > b.lsn:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(recs, func(a, b record) int { return cmp.Compare(a.lsn, b.lsn) })
 	return slices.CompactFunc(recs, func(a, b record) bool { return a.lsn == b.lsn })
 }
 
@@ -202,15 +195,7 @@ func (l *logScan) damage() []LogDamage {
 		}
 		out = append(out, segmentDamage(l.files[i], items, base, top)...)
 	}
-	slices.SortStableFunc(out, func(a, b LogDamage) int {
-		switch {
-		case a.LSN < b.LSN:
-			return -1
-		case a.LSN > b.LSN:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(out, func(a, b LogDamage) int { return cmp.Compare(a.LSN, b.LSN) })
 	return out
 }
 
