@@ -182,7 +182,9 @@ func dataErrno(err error) syscall.Errno {
 func killable(ctx context.Context) (context.Context, func()) {
 	fc, ok := ctx.(*fuse.Context)
 	if !ok {
-		return context.WithoutCancel(ctx), func() {}
+		// Not a request's own context: one killable already (an operation
+		// calling another), or a caller's outside FUSE. Keep it as it is.
+		return ctx, func() {}
 	}
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	pid := fc.Pid

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	chunkclient "github.com/rdmafs/rdmafs/chunkserver/client"
@@ -21,10 +20,12 @@ import (
 // every read and write does, takes no exclusive lock.
 //
 // conns also keeps this mount's view of each chunkserver's health: one that
-// refused, reset or timed out is suspect at once, and get fails fast for it
-// (no dial, no wait) until a backoff passes, so reads and writes route around
-// it without waiting for the metadata service's heartbeat timeout. One that
-// answered "no space" is full for a while: writes place no shard on it.
+// refused, reset or timed out is suspect at once: get fails fast for it (no
+// dial, no wait) and new grants exclude it until a background prober, which
+// redials it with backoff, reaches it again. Reads and writes so route
+// around it without waiting for the metadata service's heartbeat timeout.
+// One that answered "no space" is full for a while: a writer short of
+// chunkservers then reports ENOSPC instead of waiting for them.
 type conns struct {
 	dev  rdma.Device
 	pd   rdma.ProtectionDomain
@@ -48,8 +49,8 @@ type peer struct {
 	addr string
 	mu   sync.Mutex                         // serializes dialing; guards id and failures
 	c    atomic.Pointer[chunkclient.Client] // the current connection, or nil
-	// suspectUntil and fullUntil are Unix nanoseconds: until then get fails
-	// fast, respectively writes avoid the chunkserver.
+	// suspectUntil is when the prober dials a suspect next, 0 when it is not
+	// suspect; fullUntil is until when it counts as full (Unix nanoseconds).
 	suspectUntil atomic.Int64
 	fullUntil    atomic.Int64
 	probing      atomic.Bool // a prober goroutine runs for this suspect
@@ -67,7 +68,7 @@ const (
 	fullHold = 5 * time.Second
 )
 
-// errSuspect is returned by get for a chunkserver in its suspicion backoff.
+// errSuspect is returned by get for a suspect chunkserver.
 var errSuspect = errors.New("chunkserver suspect after a failure, not retried yet")
 
 // live reports whether cl is a connection that has not failed or closed.
@@ -92,22 +93,23 @@ func (c *conns) peer(addr string) *peer {
 }
 
 // get returns a live connection to the chunkserver id at addr, dialing one
-// (bounded by the dial timeout) when there is none. A suspect chunkserver
-// fails at once with errSuspect: once its backoff has passed, a dial in the
-// background probes it, and its success ends the suspicion, so no caller
-// waits on a chunkserver that may still be gone.
-func (c *conns) get(ctx context.Context, id, addr string) (*chunkclient.Client, error) {
+// (bounded by the dial timeout) when there is none, and the chunkserver's
+// state for failed and succeeded. A suspect chunkserver fails at once with
+// errSuspect (its prober redials it), so no caller waits on a chunkserver
+// that may still be gone.
+func (c *conns) get(ctx context.Context, id, addr string) (*chunkclient.Client, *peer, error) {
 	if addr == "" {
-		return nil, fmt.Errorf("fileio: shard on chunkserver %q has no address (unknown or never placed): %w", id, errSuspect)
+		return nil, nil, fmt.Errorf("fileio: shard on chunkserver %q has no address (unknown or never placed): %w", id, errSuspect)
 	}
 	p := c.peer(addr)
 	if cl := p.c.Load(); live(cl) {
-		return cl, nil
+		return cl, p, nil
 	}
 	if p.suspectUntil.Load() != 0 {
-		return nil, fmt.Errorf("fileio: chunkserver %s: %w", addr, errSuspect)
+		return nil, p, fmt.Errorf("fileio: chunkserver %s: %w", addr, errSuspect)
 	}
-	return c.dial(ctx, p, id, false)
+	cl, err := c.dial(ctx, p, id, false)
+	return cl, p, err
 }
 
 // dial connects to p unless another caller has meanwhile; a failed dial
@@ -172,7 +174,7 @@ func (c *conns) prober(p *peer) {
 		}
 		t.Stop()
 		if _, err := c.dial(context.Background(), p, "", true); err == nil {
-			c.succeeded(p.addr) // the suspicion ends; the loop hands over
+			c.succeeded(p) // the suspicion ends; the loop hands over
 		}
 	}
 }
@@ -186,28 +188,22 @@ func (c *conns) kickProbes() {
 	c.kick = make(chan struct{})
 }
 
-// failed records the outcome of an operation on addr that returned err: a
+// failed records the outcome of an operation on p that returned err: a
 // failure of the chunkserver or the path to it (anything but a status it
 // answered, or the caller's own cancellation) makes it suspect and closes
-// its connection; "no space" marks it full. It reports whether err was
-// such a failure.
-func (c *conns) failed(ctx context.Context, addr string, err error) bool {
+// its connection; "no space" marks it full.
+func (c *conns) failed(ctx context.Context, p *peer, err error) {
 	switch {
-	case err == nil || addr == "" || errors.Is(err, errSuspect):
-		return false
+	case err == nil || errors.Is(err, errSuspect):
 	case proto.IsStatus(err, proto.StatusNoSpace):
-		c.peer(addr).fullUntil.Store(c.now().Add(fullHold).UnixNano())
-		return false
+		p.fullUntil.Store(c.now().Add(fullHold).UnixNano())
 	case ctx.Err() != nil && !errors.Is(err, context.DeadlineExceeded):
-		return false // the caller gave up, not the chunkserver
+		// The caller gave up, not the chunkserver.
 	case peerFailure(err):
-		p := c.peer(addr)
 		p.mu.Lock()
 		c.suspectLocked(p, err)
 		p.mu.Unlock()
-		return true
 	}
-	return false
 }
 
 // suspectLocked makes p suspect for its backoff and closes its connection.
@@ -227,9 +223,8 @@ func (c *conns) suspectLocked(p *peer, err error) {
 	}
 }
 
-// succeeded records a successful operation on addr: it is healthy again.
-func (c *conns) succeeded(addr string) {
-	p := c.peer(addr)
+// succeeded records a successful operation on p: it is healthy again.
+func (c *conns) succeeded(p *peer) {
 	if p.fullUntil.Load() != 0 {
 		p.fullUntil.Store(0)
 	}
@@ -306,12 +301,4 @@ func (c *conns) closeAll() {
 		p.mu.Unlock()
 		delete(c.m, addr)
 	}
-}
-
-// errnoOf is syscall.ENOSPC for a chunkserver's "no space" answer, else 0.
-func errnoOf(err error) syscall.Errno {
-	if proto.IsStatus(err, proto.StatusNoSpace) {
-		return syscall.ENOSPC
-	}
-	return 0
 }

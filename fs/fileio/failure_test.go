@@ -266,8 +266,10 @@ func TestSilentChunkserver(t *testing.T) {
 	} else {
 		t.Logf("cold read: %v", took)
 	}
+	// 16 stripes over 7 chunkservers: the silent one holds data shards of
+	// some (all but a one-in-a-million placement).
 	if eng.Stats().DegradedReads.Load() == 0 {
-		t.Log("no stripe of the file had a data shard on the silent chunkserver")
+		t.Fatal("no stripe was rebuilt: the reads did not meet the silent chunkserver")
 	}
 	// The first mount's connection is established: its requests go
 	// unanswered until the stall timeout fails it.
@@ -277,6 +279,9 @@ func TestSilentChunkserver(t *testing.T) {
 		t.Fatalf("read over a connection gone silent took %v", took)
 	} else {
 		t.Logf("read over a silent connection: %v", took)
+	}
+	if c.Engine.Stats().DegradedReads.Load() == 0 {
+		t.Fatal("the first mount rebuilt no stripe: its reads did not meet the silent chunkserver")
 	}
 	after := random(4<<20, 25)
 	start = time.Now()

@@ -302,17 +302,17 @@ const (
 func (e *Engine) writeShard(ctx context.Context, sh *metapb.Shard, key chunk.Key, sgl []rdma.SGE, crc uint32) error {
 	wait, waited := busyWait, time.Duration(0)
 	for {
-		c, err := e.conns.get(ctx, sh.ServerId, sh.Address)
+		c, p, err := e.conns.get(ctx, sh.ServerId, sh.Address)
 		if err != nil {
 			return err
 		}
 		err = c.WriteVersion(ctx, key, sgl, crc)
 		if err == nil {
-			e.conns.succeeded(sh.Address)
+			e.conns.succeeded(p)
 			return nil
 		}
 		if !proto.IsStatus(err, proto.StatusBusy) || waited >= busyTotal {
-			e.conns.failed(ctx, sh.Address, err)
+			e.conns.failed(ctx, p, err)
 			return err
 		}
 		if err := sleep(ctx, wait); err != nil {

@@ -73,17 +73,12 @@ func (m *members) sweep(now time.Time, timeout time.Duration, log *slog.Logger) 
 	}
 }
 
-// ErrTooFewLive is the errno of a write that cannot be placed because too
-// few chunkservers are live (or reachable by the writer): a condition that
-// passes when chunkservers come back, which writers wait out (bounded).
-const ErrTooFewLive = syscall.EHOSTDOWN
-
 // place chooses live chunkservers for the n shards of a stripe, each with at
 // least minFree bytes free and none in exclude or in taken. When fewer than
 // n qualify but at least need do, the stripe is placed degraded: the result
 // has n entries and the ones without a chunkserver have an empty ID. Fewer
-// than need live chunkservers is ErrTooFewLive; enough live ones but too few
-// with space is ENOSPC.
+// than need live chunkservers is metaerr.Unavailable (EHOSTDOWN: writers
+// wait it out); enough live ones but too few with space is ENOSPC.
 func (m *members) place(n, need int, minFree uint64, exclude, taken map[string]bool) ([]placement.Candidate, error) {
 	m.mu.Lock()
 	cands := make([]placement.Candidate, 0, len(m.byID))
@@ -103,7 +98,7 @@ func (m *members) place(n, need int, minFree uint64, exclude, taken map[string]b
 	case live >= need:
 		return nil, metaerr.New(syscall.ENOSPC, "only %d of %d live chunkservers have %d bytes free for a shard; %d needed", len(cands), live, minFree, need)
 	default:
-		return nil, metaerr.New(ErrTooFewLive, "%d live chunkservers can take a shard, %d needed", live, need)
+		return nil, metaerr.Unavailable("%d live chunkservers can take a shard, %d needed", live, need)
 	}
 	out := make([]placement.Candidate, 0, n)
 	if k := min(n, len(cands)); k > 0 {

@@ -146,11 +146,8 @@ func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest)
 	return out, nil
 }
 
-// idSet returns ids as a set (nil for none).
+// idSet returns ids as a set.
 func idSet(ids []string) map[string]bool {
-	if len(ids) == 0 {
-		return nil
-	}
 	out := make(map[string]bool, len(ids))
 	for _, id := range ids {
 		out[id] = true
@@ -164,9 +161,9 @@ func idSet(ids []string) map[string]bool {
 // none is left. The chunks they leave are collected (a failed write may
 // have left data behind). It returns the grant's whole new placement.
 func (s *Service) ReplaceShards(ctx context.Context, req *metapb.ReplaceShardsRequest) (*metapb.ReplaceShardsReply, error) {
-	exclude := idSet(req.Exclude)
 	var shards []*metapb.Shard
 	err := s.update(ctx, func(t kv.Txn) error {
+		exclude := idSet(req.Exclude) // per attempt: the chunkservers left are added below
 		g := &metapb.GrantRecord{}
 		ok, err := getMsg(t, keys.Grant(req.Ino, req.Stripe, req.Version), g)
 		if err != nil {
@@ -193,9 +190,6 @@ func (s *Service) ReplaceShards(ctx context.Context, req *metapb.ReplaceShardsRe
 		// their writes just failed.
 		for i := range move {
 			if id := g.Shards[i].ServerId; id != "" {
-				if exclude == nil {
-					exclude = map[string]bool{}
-				}
 				exclude[id] = true
 			}
 		}
@@ -287,10 +281,11 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 				conflicts = append(conflicts, sc.Stripe)
 				continue
 			}
-			if err := markMissing(t, g, sc); err != nil {
+			missing, err := markMissing(t, g, sc)
+			if err != nil {
 				return err
 			}
-			if degradedShards(g.Shards) {
+			if missing > 0 {
 				degraded++
 			}
 			todo = append(todo, pending{sc, st, g})
@@ -363,13 +358,14 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 // their chunkserver (repair rebuilds them) and whatever a failed write left
 // of their chunks is collected. Shards the grant placed nowhere are missing
 // whether listed or not. Fewer durable shards than the layout's
-// min-write-shards is refused: such a stripe must not commit.
-func markMissing(t kv.Txn, g *metapb.GrantRecord, sc *metapb.StripeCommit) error {
+// min-write-shards is refused: such a stripe must not commit. It returns
+// how many shards are missing.
+func markMissing(t kv.Txn, g *metapb.GrantRecord, sc *metapb.StripeCommit) (int, error) {
 	n := len(g.Shards)
 	var left []*metapb.Shard
 	for _, i := range sc.Missing {
 		if int(i) >= n {
-			return metaerr.New(syscall.EINVAL, "stripe %d has %d shards, not %d", sc.Stripe, n, i+1)
+			return 0, metaerr.New(syscall.EINVAL, "stripe %d has %d shards, not %d", sc.Stripe, n, i+1)
 		}
 		if sh := g.Shards[i]; sh.ServerId != "" {
 			left = append(left, sh)
@@ -383,19 +379,9 @@ func markMissing(t kv.Txn, g *metapb.GrantRecord, sc *metapb.StripeCommit) error
 		}
 	}
 	if need := g.Layout.DurableShardsNeeded(); durable < need {
-		return metaerr.New(syscall.EIO, "stripe %d: %d of %d shards durable, min-write-shards is %d", sc.Stripe, durable, n, need)
+		return 0, metaerr.New(syscall.EIO, "stripe %d: %d of %d shards durable, min-write-shards is %d", sc.Stripe, durable, n, need)
 	}
-	return queueGC(t, left, sc.Version)
-}
-
-// degradedShards reports whether some shard has no chunkserver.
-func degradedShards(shards []*metapb.Shard) bool {
-	for _, sh := range shards {
-		if sh.ServerId == "" {
-			return true
-		}
-	}
-	return false
+	return n - durable, queueGC(t, left, sc.Version)
 }
 
 func containsU64(xs []uint64, x uint64) bool {
