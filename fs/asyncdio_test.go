@@ -11,6 +11,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
 // pairedReads is a file I/O engine whose every file is fileSize bytes of
@@ -51,6 +53,7 @@ func (d *pairedReads) Read(ctx context.Context, ino uint64, p []byte, off int64)
 }
 
 func (d *pairedReads) Open(context.Context, uint64) error { return nil }
+func (d *pairedReads) Created(uint64, *metapb.Layout)     {}
 func (d *pairedReads) Write(context.Context, uint64, []byte, int64) (int, error) {
 	return 0, syscall.EROFS
 }

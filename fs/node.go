@@ -30,6 +30,9 @@ type Data interface {
 	// committed state must be reread, so that the open sees every change
 	// committed before it (close-to-open consistency).
 	Open(ctx context.Context, ino uint64) error
+	// Created is called instead of Open when this mount has just created
+	// ino, empty, with layout l: the engine need not look its state up.
+	Created(ino uint64, l *metapb.Layout)
 	// Read reads into p from offset off of inode ino; a short count means end
 	// of file.
 	Read(ctx context.Context, ino uint64, p []byte, off int64) (int, error)
@@ -454,12 +457,21 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		return nil, nil, 0, errno(err)
 	}
 	ino := n.entry(ctx, r.Attr, out)
+	child, _ := ino.Operations().(*Node)
+	if r.Created && child != nil {
+		// A new file has no file capabilities: its first write needs no
+		// lookup of them (see Getxattr).
+		child.mu.Lock()
+		child.noCapsUntil = time.Now().Add(n.fsys.opts.AttrTimeout)
+		child.mu.Unlock()
+	}
 	if d := n.fsys.opts.Data; d != nil {
-		if err := d.Open(ctx, r.Attr.Ino); err != nil {
+		if r.Created {
+			d.Created(r.Attr.Ino, r.Attr.Layout)
+		} else if err := d.Open(ctx, r.Attr.Ino); err != nil {
 			return nil, nil, 0, errno(err)
 		}
 	}
-	child, _ := ino.Operations().(*Node)
 	return ino, &fileHandle{fsys: n.fsys, node: child, ino: r.Attr.Ino, flags: flags}, 0, 0
 }
 

@@ -14,7 +14,7 @@ import (
 
 // newFormatCommand is `rdmafs format META`: initialize a metadata data directory.
 func newFormatCommand() *cobra.Command {
-	var ec, unit, secretFile, kvURL string
+	var ec, unit, inline, secretFile, kvURL string
 	var minWrite uint32
 	cmd := &cobra.Command{
 		Use:   "format [META-DATA-DIR]",
@@ -33,7 +33,7 @@ func newFormatCommand() *cobra.Command {
 				if secretFile == "" {
 					return fmt.Errorf("format: --kv needs --secret-file")
 				}
-				l, err := parseLayout(ec, unit, minWrite)
+				l, err := parseLayout(ec, unit, inline, minWrite)
 				if err != nil {
 					return err
 				}
@@ -48,7 +48,7 @@ func newFormatCommand() *cobra.Command {
 			if len(args) != 1 {
 				return fmt.Errorf("format: give META-DATA-DIR (bbolt) or --kv etcd://... (etcd)")
 			}
-			l, err := parseLayout(ec, unit, minWrite)
+			l, err := parseLayout(ec, unit, inline, minWrite)
 			if err != nil {
 				return err
 			}
@@ -66,13 +66,14 @@ func newFormatCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&ec, "ec", "4+2", "erasure coding k+m (k=1: replication with m+1 copies)")
 	cmd.Flags().StringVar(&unit, "unit", "1MiB", "shard unit size (multiple of 4KiB)")
+	cmd.Flags().StringVar(&inline, "inline-max", "64KiB", "files up to this size keep their data in metadata, written with one commit and no chunkserver writes (0: never; at most 256KiB)")
 	cmd.Flags().Uint32Var(&minWrite, "min-write-shards", 0, "shards of a stripe that must be durable for a write to succeed while chunkservers are down (k..k+m; default k+1); the others are rebuilt by repair")
 	cmd.Flags().StringVar(&kvURL, "kv", "", "create the file system in etcd: etcd://host:port[,host:port]/prefix")
 	cmd.Flags().StringVar(&secretFile, "secret-file", "", "where to write the cluster secret (default META-DATA-DIR/secret)")
 	return cmd
 }
 
-func parseLayout(ec, unit string, minWrite uint32) (core.Layout, error) {
+func parseLayout(ec, unit, inline string, minWrite uint32) (core.Layout, error) {
 	ks, ms, ok := strings.Cut(ec, "+")
 	if !ok {
 		return core.Layout{}, fmt.Errorf("--ec %q: want k+m, e.g. 4+2", ec)
@@ -90,6 +91,13 @@ func parseLayout(ec, unit string, minWrite uint32) (core.Layout, error) {
 	if err != nil {
 		return core.Layout{}, fmt.Errorf("--unit: %w", err)
 	}
-	l := core.Layout{K: uint32(k), M: uint32(m), Unit: u, MinWrite: minWrite}
+	in, err := bytesize.Parse(inline)
+	if err == nil && in < 0 {
+		err = fmt.Errorf("must not be negative")
+	}
+	if err != nil {
+		return core.Layout{}, fmt.Errorf("--inline-max: %w", err)
+	}
+	l := core.Layout{K: uint32(k), M: uint32(m), Unit: u, MinWrite: minWrite, Inline: uint64(in)}
 	return l, l.Validate()
 }

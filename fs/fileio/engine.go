@@ -107,6 +107,9 @@ type Stats struct {
 	// DegradedWrites counts stripes committed with shards missing (fewer
 	// chunkservers reachable than k+m), left to repair.
 	DegradedWrites atomic.Int64
+	// InlineCommits counts small files' stripes committed into metadata
+	// instead of shards.
+	InlineCommits atomic.Int64
 }
 
 // Stats returns the engine's counters.
@@ -201,10 +204,21 @@ func (e *Engine) codec(k, m int) (reedsolomon.Encoder, error) {
 }
 
 // layout is a file's erasure-coding layout; it never changes for a file.
+// A file of at most inline bytes commits its data into metadata (stripe 0
+// inline: no shards) instead of writing k+m shards.
 type layout struct {
-	k, m int
-	unit int64
+	k, m   int
+	unit   int64
+	inline int64
 }
+
+// layoutOf converts the metadata service's layout.
+func layoutOf(l *metapb.Layout) layout {
+	return layout{k: int(l.K), m: int(l.M), unit: int64(l.Unit), inline: int64(l.InlineMax)}
+}
+
+// isInline reports whether a committed stripe keeps its bytes in metadata.
+func isInline(si *metapb.StripeInfo) bool { return len(si.Shards) == 0 }
 
 // stripeSize returns the bytes of file data a stripe holds.
 func (l layout) stripeSize() int64 { return int64(l.k) * l.unit }
@@ -225,6 +239,7 @@ type file struct {
 	lay      layout
 	size     int64                         // committed size as last seen, grown by local writes; -1 unknown
 	stripes  map[uint64]*metapb.StripeInfo // committed stripes as last seen; nil value: none
+	known    bool                          // every committed stripe is in stripes (a file this mount created)
 	dirty    map[uint64]*dirtyStripe
 	flushing map[uint64]*dirtyStripe
 	bufBytes int   // buffer bytes held by dirty and flushing stripes
@@ -338,15 +353,35 @@ func (e *Engine) Open(ctx context.Context, ino uint64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	clear(f.stripes)
+	f.known = false
 	if len(f.dirty) == 0 && len(f.flushing) == 0 {
 		f.size = -1
 	}
 	return nil
 }
 
+// Created tells the engine that ino was just created empty with layout l
+// by this mount: its writes then need no lookup of committed stripes.
+func (e *Engine) Created(ino uint64, l *metapb.Layout) {
+	if l == nil || l.K == 0 || l.Unit == 0 {
+		return
+	}
+	f := e.file(ino)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.dirty) > 0 || len(f.flushing) > 0 {
+		return
+	}
+	clear(f.stripes)
+	f.lay, f.size, f.known = layoutOf(l), 0, true
+}
+
 // fetch loads the layout, size and the committed state of stripes
 // [first, first+count) that are not cached.
 func (e *Engine) fetch(ctx context.Context, f *file, first, count uint64) error {
+	if f.known && f.size >= 0 && f.lay.k > 0 {
+		return nil
+	}
 	if f.size >= 0 && f.lay.k > 0 {
 		missing := false
 		for s := first; s < first+count; s++ {
@@ -366,7 +401,7 @@ func (e *Engine) fetch(ctx context.Context, f *file, first, count uint64) error 
 		return err
 	}
 	if l := r.Layout; l != nil && l.K > 0 && f.lay.k == 0 {
-		f.lay = layout{k: int(l.K), m: int(l.M), unit: int64(l.Unit)}
+		f.lay = layoutOf(l)
 	}
 	if f.lay.k == 0 || f.lay.unit == 0 {
 		return fmt.Errorf("fileio: inode %d has no layout: %w", f.ino, syscall.EIO)
@@ -528,6 +563,12 @@ func (e *Engine) read(ctx context.Context, ino uint64, p []byte, off int64, inPl
 func (e *Engine) readCommitted(ctx context.Context, ino uint64, lay layout, si *metapb.StripeInfo, so int64, dst []byte) error {
 	clear(dst)
 	if si == nil || so >= int64(si.Length) {
+		return nil
+	}
+	if isInline(si) {
+		if so < int64(len(si.InlineData)) {
+			copy(dst, si.InlineData[so:min(int64(len(si.InlineData)), int64(si.Length))])
+		}
 		return nil
 	}
 	n := min(int64(len(dst)), int64(si.Length)-so)
@@ -922,10 +963,20 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 		batch = append(batch, d)
 	}
 	lay := f.lay
+	// A file that stays within the layout's inline size commits its one
+	// stripe into metadata.
+	inline := lay.inline > 0 && len(stripes) == 1 && stripes[0] == 0 &&
+		f.size >= 0 && f.size <= lay.inline && batch[0].length <= lay.inline
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 		defer cancel()
-		infos, err := e.writeStripes(ctx, f.ino, lay, stripes, batch)
+		var infos []*metapb.StripeInfo
+		var err error
+		if inline {
+			infos, err = e.commitInline(ctx, f.ino, lay, batch[0])
+		} else {
+			infos, err = e.writeStripes(ctx, f.ino, lay, stripes, batch)
+		}
 		if err != nil && metaclient.ConflictStripes(err) == nil {
 			// writeStripes has waited and retried what can pass (chunkservers
 			// down, replacements, meta failover): what is left is final.
@@ -958,6 +1009,7 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 		if failed {
 			e.log.Error("fileio: write failed, data not written", "ino", f.ino, "stripes", len(stripes), "err", err)
 			clear(f.stripes) // the size and stripes this writer assumed did not commit
+			f.known = false
 			f.size = -1
 			f.err = err
 			return
@@ -1048,6 +1100,7 @@ func (e *Engine) Truncate(ctx context.Context, ino uint64, size uint64) error {
 	if f.readahead != nil {
 		f.readahead.Reset()
 	}
+	f.known = false
 	if f.lay.k == 0 {
 		clear(f.stripes)
 		f.size = -1
@@ -1082,6 +1135,7 @@ func (e *Engine) rebaseIfMoved(ctx context.Context, f *file, s uint64) bool {
 		return false
 	}
 	delete(f.stripes, s)
+	f.known = false
 	if err := e.fetch(ctx, f, s, 1); err != nil {
 		return false
 	}
@@ -1100,6 +1154,7 @@ func (e *Engine) rebase(ctx context.Context, f *file, conflicts []uint64) error 
 			continue
 		}
 		delete(f.stripes, s)
+		f.known = false
 		delete(f.dirty, s)
 		f.bufBytes -= len(old.buf.b)
 		d, err := e.dirtyStripe(ctx, f, s, 0, 0)

@@ -133,8 +133,8 @@ func (e *Engine) readaheadLocked(ctx context.Context, f *file, off, end int64) {
 			continue
 		}
 		si, known := f.stripes[s]
-		if !known || si == nil {
-			continue // not in the map fetched for this read, or a hole
+		if !known || si == nil || isInline(si) {
+			continue // not in the map fetched for this read, a hole, or in memory already
 		}
 		if !e.startPrefetchLocked(f, s, si) {
 			return

@@ -196,7 +196,7 @@ func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, n
 			}
 		}
 		created = true
-		out = &metapb.EntryReply{Attr: a, Cookie: cookie}
+		out = &metapb.EntryReply{Attr: a, Cookie: cookie, Created: true}
 		return nil
 	})
 	if err != nil {

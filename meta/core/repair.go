@@ -168,8 +168,8 @@ func (s *Service) scanStripes(ctx context.Context) ([]scannedStripe, error) {
 			if err := proto.Unmarshal(v, st); err != nil {
 				return fmt.Errorf("stripe %d of inode %d: %w", idx, ino, err)
 			}
-			if st.Version == 0 || st.Layout == nil {
-				return nil
+			if st.Version == 0 || st.Layout == nil || len(st.Shards) == 0 {
+				return nil // never committed, or inline: nothing on chunkservers
 			}
 			out = append(out, scannedStripe{stripeKey{ino, idx}, st})
 			return nil

@@ -44,8 +44,17 @@ const (
 )
 
 // StandardLayout returns the layout format uses when given none: 4+2 with
-// 1 MiB units.
-func StandardLayout() Layout { return Layout{K: 4, M: 2, Unit: 1 << 20} }
+// 1 MiB units, files up to 64 KiB inline.
+func StandardLayout() Layout { return Layout{K: 4, M: 2, Unit: 1 << 20, Inline: DefaultInline} }
+
+// DefaultInline is the size up to which files keep their data in metadata
+// unless format is told otherwise, and MaxInline the largest allowed: an
+// inline file's bytes travel in every commit and stripe lookup of it, and
+// a 4 KiB file costs one metadata commit instead of k+m shard writes.
+const (
+	DefaultInline = 64 << 10
+	MaxInline     = 256 << 10
+)
 
 // Layout is an erasure-coding layout (k data + m parity shards of at most
 // Unit bytes).
@@ -55,6 +64,9 @@ type Layout struct {
 	// MinWrite is how many of a stripe's K+M shards must be durable for a
 	// write to commit (0: K+1, capped at K+M).
 	MinWrite uint32
+	// Inline is the size up to which a file's data is kept in metadata
+	// (0: never), at most MaxInline and one stripe.
+	Inline uint64
 }
 
 // Validate reports whether the layout is usable.
@@ -68,28 +80,34 @@ func (l Layout) Validate() error {
 		return fmt.Errorf("layout: unit %d must be a multiple of 4096 between 4 KiB and 1 GiB", l.Unit)
 	case l.MinWrite != 0 && (l.MinWrite < l.K || l.MinWrite > l.K+l.M):
 		return fmt.Errorf("layout: min-write-shards %d out of range %d..%d (k..k+m)", l.MinWrite, l.K, l.K+l.M)
+	case l.Inline > MaxInline || l.Inline > uint64(l.K)*l.Unit:
+		return fmt.Errorf("layout: inline size %d above %d or one stripe (%d)", l.Inline, MaxInline, uint64(l.K)*l.Unit)
 	}
 	return nil
 }
 
 // String formats the layout as "k+m/unit", with "/min-write=N" when
-// MinWrite is set.
+// MinWrite is set and "/inline=N" when Inline is.
 func (l Layout) String() string {
+	s := fmt.Sprintf("%d+%d/%d", l.K, l.M, l.Unit)
 	if l.MinWrite != 0 {
-		return fmt.Sprintf("%d+%d/%d/min-write=%d", l.K, l.M, l.Unit, l.MinWrite)
+		s += fmt.Sprintf("/min-write=%d", l.MinWrite)
 	}
-	return fmt.Sprintf("%d+%d/%d", l.K, l.M, l.Unit)
+	if l.Inline != 0 {
+		s += fmt.Sprintf("/inline=%d", l.Inline)
+	}
+	return s
 }
 
 func (l Layout) pb() *metapb.Layout {
-	return &metapb.Layout{K: l.K, M: l.M, Unit: l.Unit, MinWriteShards: l.MinWrite}
+	return &metapb.Layout{K: l.K, M: l.M, Unit: l.Unit, MinWriteShards: l.MinWrite, InlineMax: l.Inline}
 }
 
 func layoutFrom(p *metapb.Layout) Layout {
 	if p == nil {
 		return Layout{}
 	}
-	return Layout{K: p.K, M: p.M, Unit: p.Unit, MinWrite: p.MinWriteShards}
+	return Layout{K: p.K, M: p.M, Unit: p.Unit, MinWrite: p.MinWriteShards, Inline: p.InlineMax}
 }
 
 // Config configures a Service.

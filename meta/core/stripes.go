@@ -245,13 +245,16 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 			return err
 		}
 		type pending struct {
+			i     int // index in req.Stripes
 			sc    *metapb.StripeCommit
 			st    *metapb.StripeRecord
-			grant *metapb.GrantRecord
+			grant *metapb.GrantRecord // nil: inline
 		}
 		var todo []pending
+		versions := make([]uint64, len(req.Stripes))
 		seen := map[uint64]bool{}
-		for _, sc := range req.Stripes {
+		for i, sc := range req.Stripes {
+			versions[i] = sc.Version
 			if seen[sc.Stripe] {
 				return metaerr.New(syscall.EINVAL, "stripe %d committed twice in one call", sc.Stripe)
 			}
@@ -259,6 +262,17 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 			st := &metapb.StripeRecord{}
 			if _, err := getMsg(t, keys.Stripe(req.Ino, sc.Stripe), st); err != nil {
 				return err
+			}
+			if sc.Inline {
+				if err := checkInline(rec.Attr.Layout, sc); err != nil {
+					return err
+				}
+				if st.Version != sc.ExpectedVersion {
+					conflicts = append(conflicts, sc.Stripe)
+					continue
+				}
+				todo = append(todo, pending{i, sc, st, nil})
+				continue
 			}
 			if st.Version == sc.Version && sc.Version != 0 {
 				continue // a retried commit that already succeeded
@@ -288,13 +302,13 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 			if missing > 0 {
 				degraded++
 			}
-			todo = append(todo, pending{sc, st, g})
+			todo = append(todo, pending{i, sc, st, g})
 		}
 		if len(conflicts) > 0 {
 			// The losing grants are dead: their chunks become garbage and
 			// the writer must ask for new grants. Nothing else changes.
 			for _, sc := range req.Stripes {
-				if !containsU64(conflicts, sc.Stripe) {
+				if sc.Inline || !containsU64(conflicts, sc.Stripe) {
 					continue
 				}
 				if err := dropGrants(t, req.Ino, func(stripe, version uint64) bool {
@@ -311,16 +325,28 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 					return err
 				}
 			}
-			p.st.Version = p.sc.Version
 			p.st.Length = p.sc.Length
-			p.st.Layout = p.grant.Layout
-			p.st.Shards = p.grant.Shards
+			if p.grant == nil {
+				// Inline: the next version of the stripe's counter, so that
+				// no grant in flight ever commits the same version.
+				p.st.Version = max(p.st.NextVersion, p.st.Version+1, 1)
+				p.st.NextVersion = p.st.Version + 1
+				p.st.Layout = rec.Attr.Layout
+				p.st.Shards = nil
+				p.st.InlineData = p.sc.Data
+			} else {
+				p.st.Version = p.sc.Version
+				p.st.Layout = p.grant.Layout
+				p.st.Shards = p.grant.Shards
+				p.st.InlineData = nil
+				if err := t.Delete(keys.Grant(req.Ino, p.sc.Stripe, p.sc.Version)); err != nil {
+					return err
+				}
+			}
 			if err := putMsg(t, keys.Stripe(req.Ino, p.sc.Stripe), p.st); err != nil {
 				return err
 			}
-			if err := t.Delete(keys.Grant(req.Ino, p.sc.Stripe, p.sc.Version)); err != nil {
-				return err
-			}
+			versions[p.i] = p.st.Version
 		}
 		a := rec.Attr
 		a.Size = max(a.Size, req.Size)
@@ -337,7 +363,7 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 		if err := putInode(t, rec); err != nil {
 			return err
 		}
-		out = &metapb.CommitStripesReply{Attr: a}
+		out = &metapb.CommitStripesReply{Attr: a, Versions: versions}
 		return nil
 	})
 	if err != nil {
@@ -352,6 +378,21 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 			"commit of inode %d lost the version compare-and-set on stripes %v: get a new grant and retry", req.Ino, conflicts)
 	}
 	return out, nil
+}
+
+// checkInline validates an inline commit against the file's layout.
+func checkInline(l *metapb.Layout, sc *metapb.StripeCommit) error {
+	switch {
+	case sc.Stripe != 0:
+		return metaerr.New(syscall.EINVAL, "inline commit of stripe %d: only stripe 0 can be inline", sc.Stripe)
+	case sc.Version != 0 || len(sc.Shards) > 0 || len(sc.Missing) > 0:
+		return metaerr.New(syscall.EINVAL, "inline commit of stripe 0 with a version or shards")
+	case uint64(len(sc.Data)) != sc.Length:
+		return metaerr.New(syscall.EINVAL, "inline commit of %d bytes with length %d", len(sc.Data), sc.Length)
+	case sc.Length > l.GetInlineMax():
+		return metaerr.New(syscall.EINVAL, "inline commit of %d bytes: the layout keeps at most %d inline", sc.Length, l.GetInlineMax())
+	}
+	return nil
 }
 
 // markMissing applies a commit's missing shards to its grant: they lose
@@ -426,7 +467,7 @@ func (s *Service) GetStripes(ctx context.Context, req *metapb.GetStripesRequest)
 				return nil // granted but never committed
 			}
 			out.Stripes = append(out.Stripes, &metapb.StripeInfo{Stripe: idx, Version: st.Version, Length: st.Length,
-				Layout: st.Layout, Shards: s.members.withAddresses(st.Shards)})
+				Layout: st.Layout, Shards: s.members.withAddresses(st.Shards), InlineData: st.InlineData})
 			return nil
 		})
 	})
@@ -473,6 +514,9 @@ func truncateStripes(t kv.Txn, rec *metapb.InodeRecord, size uint64, purge bool)
 		if start < size {
 			if keep := size - start; it.st.Length > keep {
 				it.st.Length = keep
+				if uint64(len(it.st.InlineData)) > keep {
+					it.st.InlineData = it.st.InlineData[:keep]
+				}
 				if err := putMsg(t, keys.Stripe(rec.Attr.Ino, it.idx), it.st); err != nil {
 					return err
 				}

@@ -201,8 +201,12 @@ type Layout struct {
 	// durable for a write to commit (0: k+1, at most k+m). Shards that could not
 	// be written are recorded as missing and rebuilt by repair.
 	MinWriteShards uint32 `protobuf:"varint,4,opt,name=min_write_shards,json=minWriteShards,proto3" json:"min_write_shards,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// inline_max is the size up to which a file keeps its data in metadata
+	// instead of in shards (0: never): a small file then costs one metadata
+	// commit and no chunkserver writes. At most MaxInline.
+	InlineMax     uint64 `protobuf:"varint,5,opt,name=inline_max,json=inlineMax,proto3" json:"inline_max,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Layout) Reset() {
@@ -259,6 +263,13 @@ func (x *Layout) GetUnit() uint64 {
 func (x *Layout) GetMinWriteShards() uint32 {
 	if x != nil {
 		return x.MinWriteShards
+	}
+	return 0
+}
+
+func (x *Layout) GetInlineMax() uint64 {
+	if x != nil {
+		return x.InlineMax
 	}
 	return 0
 }
@@ -515,7 +526,8 @@ func (x *LookupRequest) GetName() string {
 type EntryReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Attr          *Attr                  `protobuf:"bytes,1,opt,name=attr,proto3" json:"attr,omitempty"`
-	Cookie        uint64                 `protobuf:"varint,2,opt,name=cookie,proto3" json:"cookie,omitempty"` // readdir cookie of the entry, when known
+	Cookie        uint64                 `protobuf:"varint,2,opt,name=cookie,proto3" json:"cookie,omitempty"`   // readdir cookie of the entry, when known
+	Created       bool                   `protobuf:"varint,3,opt,name=created,proto3" json:"created,omitempty"` // Create: the call made a new, empty file (not an existing one)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -562,6 +574,13 @@ func (x *EntryReply) GetCookie() uint64 {
 		return x.Cookie
 	}
 	return 0
+}
+
+func (x *EntryReply) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
 }
 
 type GetAttrRequest struct {
@@ -2945,7 +2964,12 @@ type StripeCommit struct {
 	// missing lists the shard indexes that are not durable (their writes
 	// failed and no replacement was found): the stripe commits degraded, and
 	// is queued for repair, when at least min_write_shards shards remain.
-	Missing       []uint32 `protobuf:"varint,6,rep,packed,name=missing,proto3" json:"missing,omitempty"`
+	Missing []uint32 `protobuf:"varint,6,rep,packed,name=missing,proto3" json:"missing,omitempty"`
+	// inline commits data (length bytes) into metadata instead of shards:
+	// stripe 0 only, length at most the layout's inline_max, version 0 (meta
+	// assigns the next one), no grant, no shards.
+	Inline        bool   `protobuf:"varint,7,opt,name=inline,proto3" json:"inline,omitempty"`
+	Data          []byte `protobuf:"bytes,8,opt,name=data,proto3" json:"data,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3018,6 +3042,20 @@ func (x *StripeCommit) GetShards() []*Shard {
 func (x *StripeCommit) GetMissing() []uint32 {
 	if x != nil {
 		return x.Missing
+	}
+	return nil
+}
+
+func (x *StripeCommit) GetInline() bool {
+	if x != nil {
+		return x.Inline
+	}
+	return false
+}
+
+func (x *StripeCommit) GetData() []byte {
+	if x != nil {
+		return x.Data
 	}
 	return nil
 }
@@ -3220,8 +3258,11 @@ func (x *CommitStripesRequest) GetMtimeNs() int64 {
 }
 
 type CommitStripesReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Attr          *Attr                  `protobuf:"bytes,1,opt,name=attr,proto3" json:"attr,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Attr  *Attr                  `protobuf:"bytes,1,opt,name=attr,proto3" json:"attr,omitempty"`
+	// versions[i] is the version stripes[i] of the request committed as
+	// (meta assigns the versions of inline commits).
+	Versions      []uint64 `protobuf:"varint,2,rep,packed,name=versions,proto3" json:"versions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3259,6 +3300,13 @@ func (*CommitStripesReply) Descriptor() ([]byte, []int) {
 func (x *CommitStripesReply) GetAttr() *Attr {
 	if x != nil {
 		return x.Attr
+	}
+	return nil
+}
+
+func (x *CommitStripesReply) GetVersions() []uint64 {
+	if x != nil {
+		return x.Versions
 	}
 	return nil
 }
@@ -3326,12 +3374,15 @@ func (x *GetStripesRequest) GetCount() uint64 {
 // StripeInfo is the committed state of a stripe. Stripes that were never
 // written are absent (they read as zeros). Bytes past length read as zeros.
 type StripeInfo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stripe        uint64                 `protobuf:"varint,1,opt,name=stripe,proto3" json:"stripe,omitempty"`
-	Version       uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
-	Length        uint64                 `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
-	Layout        *Layout                `protobuf:"bytes,4,opt,name=layout,proto3" json:"layout,omitempty"`
-	Shards        []*Shard               `protobuf:"bytes,5,rep,name=shards,proto3" json:"shards,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Stripe  uint64                 `protobuf:"varint,1,opt,name=stripe,proto3" json:"stripe,omitempty"`
+	Version uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	Length  uint64                 `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	Layout  *Layout                `protobuf:"bytes,4,opt,name=layout,proto3" json:"layout,omitempty"`
+	Shards  []*Shard               `protobuf:"bytes,5,rep,name=shards,proto3" json:"shards,omitempty"`
+	// inline_data holds the stripe's bytes when it has no shards (an inline
+	// stripe); bytes from len(inline_data) up to length read as zeros.
+	InlineData    []byte `protobuf:"bytes,6,opt,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3397,6 +3448,13 @@ func (x *StripeInfo) GetLayout() *Layout {
 func (x *StripeInfo) GetShards() []*Shard {
 	if x != nil {
 		return x.Shards
+	}
+	return nil
+}
+
+func (x *StripeInfo) GetInlineData() []byte {
+	if x != nil {
+		return x.InlineData
 	}
 	return nil
 }
@@ -4301,6 +4359,7 @@ type StripeRecord struct {
 	Layout        *Layout                `protobuf:"bytes,3,opt,name=layout,proto3" json:"layout,omitempty"`
 	Shards        []*Shard               `protobuf:"bytes,4,rep,name=shards,proto3" json:"shards,omitempty"`                               // addresses are not stored, only chunk and server ids
 	NextVersion   uint64                 `protobuf:"varint,5,opt,name=next_version,json=nextVersion,proto3" json:"next_version,omitempty"` // the next version to grant
+	InlineData    []byte                 `protobuf:"bytes,6,opt,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`     // an inline stripe's bytes (it has no shards)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4368,6 +4427,13 @@ func (x *StripeRecord) GetNextVersion() uint64 {
 		return x.NextVersion
 	}
 	return 0
+}
+
+func (x *StripeRecord) GetInlineData() []byte {
+	if x != nil {
+		return x.InlineData
+	}
+	return nil
 }
 
 // GrantRecord remembers a grant until it is committed or expires.
@@ -5521,12 +5587,14 @@ const file_meta_proto_rawDesc = "" +
 	"\x06Caller\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x16\n" +
-	"\x06groups\x18\x03 \x03(\rR\x06groups\"b\n" +
+	"\x06groups\x18\x03 \x03(\rR\x06groups\"\x81\x01\n" +
 	"\x06Layout\x12\f\n" +
 	"\x01k\x18\x01 \x01(\rR\x01k\x12\f\n" +
 	"\x01m\x18\x02 \x01(\rR\x01m\x12\x12\n" +
 	"\x04unit\x18\x03 \x01(\x04R\x04unit\x12(\n" +
-	"\x10min_write_shards\x18\x04 \x01(\rR\x0eminWriteShards\"\xaf\x02\n" +
+	"\x10min_write_shards\x18\x04 \x01(\rR\x0eminWriteShards\x12\x1d\n" +
+	"\n" +
+	"inline_max\x18\x05 \x01(\x04R\tinlineMax\"\xaf\x02\n" +
 	"\x04Attr\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x10\n" +
@@ -5549,11 +5617,12 @@ const file_meta_proto_rawDesc = "" +
 	"\rLookupRequest\x12.\n" +
 	"\x06caller\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.CallerR\x06caller\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name\"N\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\"h\n" +
 	"\n" +
 	"EntryReply\x12(\n" +
 	"\x04attr\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x04attr\x12\x16\n" +
-	"\x06cookie\x18\x02 \x01(\x04R\x06cookie\"\"\n" +
+	"\x06cookie\x18\x02 \x01(\x04R\x06cookie\x12\x18\n" +
+	"\acreated\x18\x03 \x01(\bR\acreated\"\"\n" +
 	"\x0eGetAttrRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\"5\n" +
 	"\tAttrReply\x12(\n" +
@@ -5730,14 +5799,16 @@ const file_meta_proto_rawDesc = "" +
 	"\x06layout\x18\x04 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\x12-\n" +
 	"\x06shards\x18\x05 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\"F\n" +
 	"\x0fGrantWriteReply\x123\n" +
-	"\x06grants\x18\x01 \x03(\v2\x1b.rdmafs.meta.v1.StripeGrantR\x06grants\"\xcc\x01\n" +
+	"\x06grants\x18\x01 \x03(\v2\x1b.rdmafs.meta.v1.StripeGrantR\x06grants\"\xf8\x01\n" +
 	"\fStripeCommit\x12\x16\n" +
 	"\x06stripe\x18\x01 \x01(\x04R\x06stripe\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12)\n" +
 	"\x10expected_version\x18\x03 \x01(\x04R\x0fexpectedVersion\x12\x16\n" +
 	"\x06length\x18\x04 \x01(\x04R\x06length\x12-\n" +
 	"\x06shards\x18\x05 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\x12\x18\n" +
-	"\amissing\x18\x06 \x03(\rR\amissing\"\x8c\x01\n" +
+	"\amissing\x18\x06 \x03(\rR\amissing\x12\x16\n" +
+	"\x06inline\x18\a \x01(\bR\x06inline\x12\x12\n" +
+	"\x04data\x18\b \x01(\fR\x04data\"\x8c\x01\n" +
 	"\x14ReplaceShardsRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x16\n" +
 	"\x06stripe\x18\x02 \x01(\x04R\x06stripe\x12\x18\n" +
@@ -5750,20 +5821,23 @@ const file_meta_proto_rawDesc = "" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x126\n" +
 	"\astripes\x18\x02 \x03(\v2\x1c.rdmafs.meta.v1.StripeCommitR\astripes\x12\x12\n" +
 	"\x04size\x18\x03 \x01(\x04R\x04size\x12\x19\n" +
-	"\bmtime_ns\x18\x04 \x01(\x03R\amtimeNs\">\n" +
+	"\bmtime_ns\x18\x04 \x01(\x03R\amtimeNs\"Z\n" +
 	"\x12CommitStripesReply\x12(\n" +
-	"\x04attr\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x04attr\"Q\n" +
+	"\x04attr\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x04attr\x12\x1a\n" +
+	"\bversions\x18\x02 \x03(\x04R\bversions\"Q\n" +
 	"\x11GetStripesRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
 	"\x05first\x18\x02 \x01(\x04R\x05first\x12\x14\n" +
-	"\x05count\x18\x03 \x01(\x04R\x05count\"\xb5\x01\n" +
+	"\x05count\x18\x03 \x01(\x04R\x05count\"\xd6\x01\n" +
 	"\n" +
 	"StripeInfo\x12\x16\n" +
 	"\x06stripe\x18\x01 \x01(\x04R\x06stripe\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06length\x18\x03 \x01(\x04R\x06length\x12.\n" +
 	"\x06layout\x18\x04 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\x12-\n" +
-	"\x06shards\x18\x05 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\"\x8b\x01\n" +
+	"\x06shards\x18\x05 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\x12\x1f\n" +
+	"\vinline_data\x18\x06 \x01(\fR\n" +
+	"inlineData\"\x8b\x01\n" +
 	"\x0fGetStripesReply\x124\n" +
 	"\astripes\x18\x01 \x03(\v2\x1a.rdmafs.meta.v1.StripeInfoR\astripes\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12.\n" +
@@ -5845,13 +5919,15 @@ const file_meta_proto_rawDesc = "" +
 	"\fCookieRecord\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12\x12\n" +
-	"\x04type\x18\x03 \x01(\rR\x04type\"\xc2\x01\n" +
+	"\x04type\x18\x03 \x01(\rR\x04type\"\xe3\x01\n" +
 	"\fStripeRecord\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x04R\x06length\x12.\n" +
 	"\x06layout\x18\x03 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\x12-\n" +
 	"\x06shards\x18\x04 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\x12!\n" +
-	"\fnext_version\x18\x05 \x01(\x04R\vnextVersion\"\x8b\x01\n" +
+	"\fnext_version\x18\x05 \x01(\x04R\vnextVersion\x12\x1f\n" +
+	"\vinline_data\x18\x06 \x01(\fR\n" +
+	"inlineData\"\x8b\x01\n" +
 	"\vGrantRecord\x12-\n" +
 	"\x06shards\x18\x01 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\x12\x1d\n" +
 	"\n" +

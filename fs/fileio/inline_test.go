@@ -1,0 +1,124 @@
+package fileio_test
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/rdmafs/rdmafs/fs/fstest"
+	"github.com/rdmafs/rdmafs/meta/core"
+)
+
+// inlineLayout keeps files up to 16 KiB in metadata.
+var inlineLayout = core.Layout{K: 4, M: 2, Unit: 64 << 10, Inline: 16 << 10}
+
+// TestInlineSmallFiles writes many small files: each commits into metadata
+// (no chunkserver stores a version) and reads back, from this mount and from
+// another, byte for byte.
+func TestInlineSmallFiles(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{Layout: inlineLayout})
+	other, _ := c.Mount(t)
+	sizes := []int{1, 100, 4095, 4096, 4097, 10000, 16 << 10}
+	before := c.Engine.Stats().InlineCommits.Load()
+	for i := 0; i < 60; i++ {
+		n := sizes[i%len(sizes)]
+		data := random(n, uint64(i))
+		name := filepath.Join("d", "f"+string(rune('a'+i%26))+string(rune('a'+i/26)))
+		if i == 0 {
+			if err := os.Mkdir(filepath.Join(c.Dir, "d"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(c.Dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, dir := range []string{c.Dir, other} {
+			got, err := os.ReadFile(filepath.Join(dir, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, data) {
+				t.Fatalf("%s (%d bytes) read back %d bytes that differ", name, n, len(got))
+			}
+		}
+	}
+	if got := c.Engine.Stats().InlineCommits.Load() - before; got != 60 {
+		t.Errorf("%d inline commits for 60 small files, want 60", got)
+	}
+	for i, cs := range c.Chunk {
+		if v := cs.Stats().Versions; v != 0 {
+			t.Errorf("chunkserver %d holds %d chunk versions after only small files were written", i, v)
+		}
+	}
+}
+
+// TestInlineModel runs random writes, truncates and reopens on files that
+// cross the inline size both ways (inline → shards → truncated small →
+// inline again) and checks every byte against a model after each close,
+// from a second mount too.
+func TestInlineModel(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{Layout: inlineLayout})
+	other, _ := c.Mount(t)
+	r := rand.New(rand.NewPCG(7, 8))
+	for file := 0; file < 4; file++ {
+		name := "m" + string(rune('0'+file))
+		p := filepath.Join(c.Dir, name)
+		var model []byte
+		for step := 0; step < 40; step++ {
+			f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch op := r.IntN(10); {
+			case op < 6: // a write, mostly small, sometimes past the inline size
+				limit := 20 << 10
+				if r.IntN(4) == 0 {
+					limit = 400 << 10
+				}
+				off := r.IntN(limit)
+				b := random(1+r.IntN(8<<10), r.Uint64())
+				if _, err := f.WriteAt(b, int64(off)); err != nil {
+					t.Fatal(err)
+				}
+				if end := off + len(b); end > len(model) {
+					model = append(model, make([]byte, end-len(model))...)
+				}
+				copy(model[off:], b)
+			case op < 9: // truncate, down or up
+				n := r.IntN(24 << 10)
+				if err := f.Truncate(int64(n)); err != nil {
+					t.Fatal(err)
+				}
+				if n < len(model) {
+					model = model[:n]
+				} else {
+					model = append(model, make([]byte, n-len(model))...)
+				}
+			default: // overwrite in place within the first bytes
+				if len(model) == 0 {
+					break
+				}
+				off := r.IntN(len(model))
+				b := random(1+r.IntN(min(512, len(model)-off)), r.Uint64())
+				if _, err := f.WriteAt(b, int64(off)); err != nil {
+					t.Fatal(err)
+				}
+				copy(model[off:], b)
+			}
+			if err := f.Close(); err != nil {
+				t.Fatal(err)
+			}
+			for _, dir := range []string{c.Dir, other} {
+				got, err := os.ReadFile(filepath.Join(dir, name))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got, model) {
+					t.Fatalf("%s step %d: read %d bytes from %s, model has %d; they differ", name, step, len(got), dir, len(model))
+				}
+			}
+		}
+	}
+}

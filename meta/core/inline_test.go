@@ -1,0 +1,107 @@
+package core
+
+import (
+	"bytes"
+	"syscall"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// TestInlineCommits covers stripes whose bytes live in metadata: the checks
+// on an inline commit, its compare-and-set, the versions it takes from the
+// stripe's counter, and the moves between inline and sharded both ways.
+func TestInlineCommits(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		e.chunkservers(6)
+		d := e.mkdir(root, RootIno, "small", 0o777)
+		l := &metapb.Layout{K: 4, M: 2, Unit: 64 << 10, InlineMax: 4096}
+		if _, err := e.s.SetLayout(e.ctx, &metapb.SetLayoutRequest{Ino: d, Layout: l}); err != nil {
+			t.Fatal(err)
+		}
+		f := e.create(root, d, "f", 0o644)
+		inline := func(stripe, expected uint64, data []byte) (*metapb.CommitStripesReply, error) {
+			return e.s.CommitStripes(e.ctx, &metapb.CommitStripesRequest{Ino: f, Size: uint64(len(data)),
+				Stripes: []*metapb.StripeCommit{{Stripe: stripe, ExpectedVersion: expected, Length: uint64(len(data)), Inline: true, Data: data}}})
+		}
+		stripe0 := func() *metapb.StripeInfo {
+			t.Helper()
+			r, err := e.s.GetStripes(e.ctx, &metapb.GetStripesRequest{Ino: f})
+			if err != nil || len(r.Stripes) != 1 {
+				t.Fatalf("get stripes: %v %v", r, err)
+			}
+			return r.Stripes[0]
+		}
+		_, err := inline(1, 0, []byte("x"))
+		wantErrno(t, err, syscall.EINVAL) // only stripe 0
+		_, err = inline(0, 0, make([]byte, 4097))
+		wantErrno(t, err, syscall.EINVAL) // past the layout's inline size
+		_, err = e.s.CommitStripes(e.ctx, &metapb.CommitStripesRequest{Ino: f, Size: 3,
+			Stripes: []*metapb.StripeCommit{{Stripe: 0, Length: 3, Inline: true, Data: []byte("ab")}}})
+		wantErrno(t, err, syscall.EINVAL) // length and data disagree
+
+		r, err := inline(0, 0, []byte("hello"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v1 := r.Versions[0]
+		if v1 == 0 || r.Attr.Size != 5 {
+			t.Fatalf("inline commit: version %d size %d", v1, r.Attr.Size)
+		}
+		if si := stripe0(); si.Version != v1 || len(si.Shards) != 0 || string(si.InlineData) != "hello" || si.Length != 5 {
+			t.Fatalf("inline stripe reads back as %v", si)
+		}
+		_, err = inline(0, 0, []byte("stale"))
+		if status(err) != codes.Aborted { // lost the compare-and-set
+			t.Fatalf("inline commit on a stale version: %v", err)
+		}
+		// A grant taken now must not collide with the next inline version.
+		g := e.grant(f, 0)
+		if g.Version <= v1 || g.CommittedVersion != v1 {
+			t.Fatalf("grant after inline commit: version %d committed %d (inline was %d)", g.Version, g.CommittedVersion, v1)
+		}
+		r, err = inline(0, v1, []byte("hello, again"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v2 := r.Versions[0]; v2 <= g.Version {
+			t.Fatalf("inline version %d does not pass the outstanding grant's %d", v2, g.Version)
+		}
+		v2 := r.Versions[0]
+		// The grant is now stale; a fresh one moves the stripe to shards,
+		// which leaves nothing inline and nothing to collect.
+		g = e.grant(f, 0)
+		if err := e.commit(f, g, v2, 64<<10, 64<<10); err != nil {
+			t.Fatal(err)
+		}
+		if si := stripe0(); len(si.Shards) != 6 || len(si.InlineData) != 0 || si.Version != g.Version {
+			t.Fatalf("sharded stripe after inline: %v", si)
+		}
+		if n := countRefs(e.allGC()); n != 0 {
+			t.Fatalf("%d chunks to collect after an inline stripe became sharded", n)
+		}
+		// Truncated small and committed inline again: the shards are collected.
+		if _, err := e.s.SetAttr(e.ctx, &metapb.SetAttrRequest{Ino: f, SetSize: true, Size: 2}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := inline(0, g.Version, []byte("hi")); err != nil {
+			t.Fatal(err)
+		}
+		if n := countRefs(e.allGC()); n != 6 {
+			t.Fatalf("%d chunks to collect after the stripe went inline again, want 6", n)
+		}
+		// Truncation shortens the inline bytes too.
+		if _, err := e.s.SetAttr(e.ctx, &metapb.SetAttrRequest{Ino: f, SetSize: true, Size: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if si := stripe0(); !bytes.Equal(si.InlineData, []byte("h")) || si.Length != 1 {
+			t.Fatalf("inline stripe after truncate: %v", si)
+		}
+		e.restart()
+		if si := stripe0(); !bytes.Equal(si.InlineData, []byte("h")) {
+			t.Fatalf("inline stripe after restart: %v", si)
+		}
+	})
+}
