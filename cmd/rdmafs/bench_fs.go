@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -23,7 +24,7 @@ import (
 func newBenchFSCommand() *cobra.Command {
 	var (
 		size, jobs, transport, clusterDir, data string
-		runtime, rounds                         int
+		runtime, rounds, inserts                int
 	)
 	c := &cobra.Command{
 		Use:   "fs",
@@ -62,14 +63,16 @@ and now and then on a neighbour that takes the CPU for a few seconds.`,
 			if err := checkRoom(dataDir, size); err != nil {
 				return err
 			}
-			return runBenchFS(cmd.Context(), cmd.OutOrStdout(), jobs, size, runtime, rounds, transport, clusterDir, base)
+			return runBenchFS(cmd.Context(), cmd.OutOrStdout(), benchFSConfig{jobs: strings.Split(jobs, ","), size: size, runtime: runtime,
+				rounds: rounds, inserts: inserts, transport: transport, clusterDir: clusterDir, base: base})
 		},
 	}
 	fl := c.Flags()
 	fl.StringVar(&size, "size", "512M", "fio file size")
 	fl.IntVar(&runtime, "runtime", 10, "seconds of each timed job")
 	fl.IntVar(&rounds, "rounds", 2, "rounds of four runs (rdmafs, ceiling, ceiling, rdmafs)")
-	fl.StringVar(&jobs, "jobs", "bench/jobs.fio", "fio job file (uses DIR, SIZE, RUNTIME)")
+	fl.StringVar(&jobs, "jobs", "bench/jobs.fio,bench/small.fio", "fio job files, comma-separated (they use DIR, SIZE, RUNTIME)")
+	fl.IntVar(&inserts, "sqlite-inserts", 300, "sqlite rollback-journal inserts (one transaction each) timed on rdmafs and on local disk ($TMPDIR); 0: skip")
 	fl.StringVar(&transport, "transport", "auto", "rdma transport")
 	fl.StringVar(&clusterDir, "dir", "", "cluster directory (default: a new one where --data says, removed after)")
 	fl.StringVar(&data, "data", "memory", `where the cluster keeps its data: "memory" (tmpfs, like the ceiling) or "disk"`)
@@ -136,7 +139,18 @@ func storageOf(dir string) string {
 	return "data on disk (" + dir + ")"
 }
 
-func runBenchFS(ctx context.Context, w io.Writer, jobs, size string, runtime, rounds int, transport, clusterDir, base string) error {
+// benchFSConfig is what `bench fs` runs.
+type benchFSConfig struct {
+	jobs             []string // fio job files, run in order
+	size             string
+	runtime, rounds  int
+	inserts          int // sqlite inserts per run (0: none)
+	transport        string
+	clusterDir, base string
+}
+
+func runBenchFS(ctx context.Context, w io.Writer, cfg benchFSConfig) error {
+	jobs, size, runtime, rounds, transport, clusterDir, base := cfg.jobs, cfg.size, cfg.runtime, cfg.rounds, cfg.transport, cfg.clusterDir, cfg.base
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -179,7 +193,7 @@ func runBenchFS(ctx context.Context, w io.Writer, jobs, size string, runtime, ro
 		return []string{"DIR=" + dir, "SIZE=" + size, fmt.Sprintf("RUNTIME=%d", runtime)}
 	}
 	fmt.Fprintf(w, "fio %s, %s file, %ds timed jobs, median of %d runs each; rdmafs: EC 4+2 over %d chunkd on 127.0.0.1 (%s transport), %s\n",
-		jobs, size, runtime, 2*rounds, len(cl.Chunk), transport, storageOf(clusterDir))
+		strings.Join(jobs, " "), size, runtime, 2*rounds, len(cl.Chunk), transport, storageOf(clusterDir))
 	// Each round runs both job sets twice, in the order rdmafs, ceiling,
 	// ceiling, rdmafs, each in a fresh directory removed afterwards, and a
 	// figure is the median of a file system's runs. On a shared VM a run's
@@ -192,6 +206,7 @@ func runBenchFS(ctx context.Context, w io.Writer, jobs, size string, runtime, ro
 	type target struct {
 		name, mnt string
 		runs      [][]fiorun.Result
+		sqlite    []float64 // inserts/s per run
 	}
 	ours := &target{name: "rdmafs", mnt: cl.MountPoint}
 	ceil := &target{name: "ceiling", mnt: ceilMnt}
@@ -204,14 +219,41 @@ func runBenchFS(ctx context.Context, w io.Writer, jobs, size string, runtime, ro
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			return fmt.Errorf("bench fs: %s: %w", t.name, err)
 		}
-		res, err := fiorun.Run(ctx, jobs, env(dir)...)
-		if rerr := os.RemoveAll(dir); err == nil && rerr != nil {
-			err = rerr
+		var res []fiorun.Result
+		for _, jf := range jobs {
+			r, err := fiorun.Run(ctx, jf, env(dir)...)
+			if err != nil {
+				os.RemoveAll(dir)
+				return fmt.Errorf("bench fs: %s: %w", t.name, err)
+			}
+			res = append(res, r...)
 		}
-		if err != nil {
+		if t == ours && cfg.inserts > 0 {
+			r, err := sqliteRun(ctx, dir, cfg.inserts)
+			if err != nil {
+				os.RemoveAll(dir)
+				return fmt.Errorf("bench fs: %s: %w", t.name, err)
+			}
+			ours.sqlite = append(ours.sqlite, r)
+		}
+		if err := os.RemoveAll(dir); err != nil {
 			return fmt.Errorf("bench fs: %s: %w", t.name, err)
 		}
 		t.runs = append(t.runs, res)
+		if t == ceil && cfg.inserts > 0 {
+			// sqlite's reference is the machine's local disk, in the
+			// ceiling's turn.
+			local, err := os.MkdirTemp("", "rdmafs-sqlite-")
+			if err != nil {
+				return err
+			}
+			r, err := sqliteRun(ctx, local, cfg.inserts)
+			os.RemoveAll(local)
+			if err != nil {
+				return fmt.Errorf("bench fs: local disk: %w", err)
+			}
+			ceil.sqlite = append(ceil.sqlite, r)
+		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "job\trdmafs\tFUSE ceiling\tratio\trdmafs runs\tceiling runs\t")
@@ -222,6 +264,10 @@ func runBenchFS(ctx context.Context, w io.Writer, jobs, size string, runtime, ro
 			return fmt.Errorf("bench fs: job %s is missing from a run", r.Name)
 		}
 		fmt.Fprintf(tw, "%s\t%.0f %s\t%.0f %s\t%.2f\t%s\t%s\t\n", r.Name, median(a), unit, median(b), unit, median(a)/median(b), joinFigures(a), joinFigures(b))
+	}
+	if len(ours.sqlite) > 0 {
+		a, b := ours.sqlite, ceil.sqlite
+		fmt.Fprintf(tw, "%s\t%.0f %s\t%.0f %s\t%.2f\t%s\t%s\t\n", "sqlite-insert (vs local disk)", median(a), "txn/s", median(b), "txn/s", median(a)/median(b), joinFigures(a), joinFigures(b))
 	}
 	return tw.Flush()
 }
@@ -238,6 +284,12 @@ func figures(runs [][]fiorun.Result, i int) (v []float64, unit string, ok bool) 
 		switch {
 		case strings.HasPrefix(r.Name, "randread-4k"):
 			v, unit = append(v, r.ReadIOPS), "IOPS"
+		case strings.HasPrefix(r.Name, "randwrite-4k"):
+			v, unit = append(v, r.WriteIOPS), "IOPS"
+		case r.Name == "create" || r.Name == "stat" || r.Name == "delete":
+			v, unit = append(v, r.ReadIOPS), "files/s" // fio's file engines count an operation as a read
+		case strings.HasPrefix(r.Name, "smallfile"):
+			v, unit = append(v, r.WriteIOPS), "files/s"
 		case r.WriteBW > 0:
 			v, unit = append(v, r.WriteBW/(1<<20)), "MiB/s"
 		default:
@@ -265,4 +317,37 @@ func joinFigures(v []float64) string {
 		s[i] = fmt.Sprintf("%.0f", x)
 	}
 	return strings.Join(s, ", ")
+}
+
+// sqliteRun times n inserts into a new sqlite database in dir, each its own
+// transaction in rollback-journal mode with synchronous=FULL (the journal is
+// created, written and synced, the database written and synced, the journal
+// deleted: the small-file and fsync path applications exercise most), and
+// returns inserts per second.
+func sqliteRun(ctx context.Context, dir string, n int) (float64, error) {
+	db := filepath.Join(dir, "bench.sqlite")
+	setup := "PRAGMA journal_mode=DELETE;\nPRAGMA synchronous=FULL;\nCREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);\n"
+	var script strings.Builder
+	script.WriteString("PRAGMA synchronous=FULL;\n")
+	pad := strings.Repeat("x", 100)
+	for i := range n {
+		fmt.Fprintf(&script, "INSERT INTO t(v) VALUES('%d %s');\n", i, pad)
+	}
+	if err := sqliteExec(ctx, db, setup); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if err := sqliteExec(ctx, db, script.String()); err != nil {
+		return 0, err
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+func sqliteExec(ctx context.Context, db, script string) error {
+	cmd := exec.CommandContext(ctx, "sqlite3", "-bail", db)
+	cmd.Stdin = strings.NewReader(script)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("sqlite3 %s: %v: %s", db, err, out)
+	}
+	return nil
 }
