@@ -47,10 +47,13 @@ type Options struct {
 	// MaxBatch bounds the number of transactions committed together
 	// (default 1024).
 	MaxBatch int
-	// Linger is how long the writer waits for one more transaction when
-	// fewer are waiting than there were concurrent writers recently: the
-	// writers of the previous group, between two Update calls (default
-	// 500µs; negative disables waiting).
+	// Linger bounds how long the writer waits for one more transaction
+	// when fewer are waiting than there were concurrent writers recently:
+	// the writers of the previous group, between two Update calls (default
+	// 500µs; negative disables waiting). It never waits longer than half
+	// of what a group commit has been taking: where the log's sync is
+	// cheap (tmpfs, a write cache) a wait would cost more than the sync
+	// it saves.
 	Linger time.Duration
 	// MaxLinger bounds the whole wait before a group commit while
 	// transactions keep arriving (default 10×Linger).
@@ -117,6 +120,7 @@ type Store struct {
 	filesz   int64        // file size when last checked; the file never shrinks
 	inflight atomic.Int64 // Update calls not yet returned
 	peak     atomic.Int64 // highest inflight since the writer last reset it
+	commitNs int64        // moving average of a group commit's duration (the writer's)
 }
 
 // group is the transactions committed together.
@@ -500,14 +504,15 @@ func (s *Store) writer() {
 			s.peak.Store(s.inflight.Load())
 			peakReset = time.Now()
 		}
-		if want := min(int(s.peak.Load()), s.opts.MaxBatch); len(s.open.reqs) < want && s.opts.Linger > 0 && !s.closed {
+		linger := min(s.opts.Linger, time.Duration(s.commitNs/2))
+		if want := min(int(s.peak.Load()), s.opts.MaxBatch); len(s.open.reqs) < want && linger > 0 && !s.closed {
 			start := time.Now()
-			deadline := start.Add(s.opts.MaxLinger)
+			deadline := start.Add(min(s.opts.MaxLinger, 10*linger))
 			s.want = want
 			for len(s.open.reqs) < want && !s.closed {
-				until := start.Add(s.opts.Linger)
+				until := start.Add(linger)
 				if s.arrived.After(start) {
-					until = s.arrived.Add(s.opts.Linger)
+					until = s.arrived.Add(linger)
 				}
 				if deadline.Before(until) {
 					until = deadline
@@ -547,6 +552,8 @@ func (s *Store) commit(g *group) {
 		}
 		slices.Sort(g.keys)
 		err = s.logGroup(g)
+		// An average over the last eight or so commits.
+		s.commitNs += (int64(time.Since(start)) - s.commitNs) / 8
 	}
 	if s.opts.OnCommit != nil {
 		s.opts.OnCommit(len(g.reqs), time.Since(start))
