@@ -25,6 +25,7 @@ package fileio
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"log/slog"
@@ -91,6 +92,9 @@ type Engine struct {
 
 	ra    readaheadState
 	stats Stats
+
+	slabs       sync.Pool    // of *slab, for sparse stripes
+	sparseTotal atomic.Int64 // slab bytes held by all files' sparse stripes
 }
 
 // Stats count what the engine did.
@@ -110,6 +114,9 @@ type Stats struct {
 	// InlineCommits counts small files' stripes committed into metadata
 	// instead of shards.
 	InlineCommits atomic.Int64
+	// SparseStripes counts dirty stripes begun sparse (small writes
+	// gathered without a whole-stripe buffer).
+	SparseStripes atomic.Int64
 }
 
 // Stats returns the engine's counters.
@@ -251,8 +258,18 @@ type file struct {
 
 // dirtyStripe is a stripe being rewritten: data shards then parity in one
 // registered buffer, built on base (the committed version, 0 for none).
+//
+// A stripe whose first write is small and not where a sequential writer
+// would begin is sparse instead: buf is nil and the writes are kept as they
+// came, in slabs, so that a random writer gathers many writes in many
+// stripes within the memory of a few whole stripes. A sparse stripe gets its
+// buffer (materialize) when its writes add up to a quarter of the stripe or
+// when it is flushed; reads overlay its writes on the committed data.
 type dirtyStripe struct {
 	buf     *buffer
+	sparse  []sparseWrite // while buf is nil: the writes, oldest first
+	slabs   []*slab       // hold the sparse writes' bytes
+	slabOff int           // bytes used of the last slab
 	base    uint64
 	length  int64      // bytes of file data in the stripe
 	extents [][2]int64 // ranges written, sorted and merged, for reapplying after a conflict
@@ -269,6 +286,82 @@ type dirtyStripe struct {
 	// calls zero first.
 	clean, dataLen int64
 }
+
+// slabSize is the size of the pieces of memory that hold sparse writes; a
+// write larger than a slab makes its stripe whole at once.
+const slabSize = 64 << 10
+
+type slab [slabSize]byte
+
+// sparseWrite is a write kept in a sparse stripe: b at offset off.
+type sparseWrite struct {
+	off int64
+	b   []byte
+}
+
+// sparseBytes returns the slab memory d holds.
+func (d *dirtyStripe) sparseBytes() int { return len(d.slabs) * slabSize }
+
+// addSparse keeps p, written at offset so, in d's slabs and returns how many
+// bytes of slab memory d took for it.
+func (e *Engine) addSparse(d *dirtyStripe, so int64, p []byte) int {
+	grew := 0
+	for len(p) > 0 {
+		if len(d.slabs) == 0 || d.slabOff == slabSize {
+			sl, _ := e.slabs.Get().(*slab)
+			if sl == nil {
+				sl = new(slab)
+			}
+			d.slabs, d.slabOff = append(d.slabs, sl), 0
+			grew += slabSize
+		}
+		n := copy(d.slabs[len(d.slabs)-1][d.slabOff:], p)
+		d.sparse = append(d.sparse, sparseWrite{so, d.slabs[len(d.slabs)-1][d.slabOff : d.slabOff+n]})
+		d.slabOff += n
+		so += int64(n)
+		p = p[n:]
+	}
+	return grew
+}
+
+// copyWrites returns copies of d's sparse writes clipped to [so, so+n),
+// oldest first.
+func (d *dirtyStripe) copyWrites(so, n int64) []sparseWrite {
+	var out []sparseWrite
+	for _, w := range d.sparse {
+		lo, hi := max(so, w.off), min(so+n, w.off+int64(len(w.b)))
+		if lo < hi {
+			out = append(out, sparseWrite{lo, slices.Clone(w.b[lo-w.off : hi-w.off])})
+		}
+	}
+	return out
+}
+
+// dropSparse gives d's slabs back and returns the memory freed.
+func (e *Engine) dropSparse(d *dirtyStripe) int {
+	n := d.sparseBytes()
+	for _, sl := range d.slabs {
+		e.slabs.Put(sl)
+	}
+	e.sparseTotal.Add(-int64(n))
+	d.slabs, d.sparse, d.slabOff = nil, nil, 0
+	return n
+}
+
+// materialize gives sparse stripe d the whole-stripe buffer buf and applies
+// its writes to it; the committed bytes around them are read in lazily, as
+// for any partly written stripe. It returns the change in f.bufBytes.
+func (e *Engine) materialize(d *dirtyStripe, buf *buffer) int {
+	d.buf, d.clean = buf, 0
+	d.zero()
+	for _, w := range d.sparse {
+		copy(buf.b[w.off:], w.b)
+	}
+	return len(buf.b) - e.dropSparse(d)
+}
+
+// errNoBuffer reports that a sparse stripe could not get its buffer now.
+var errNoBuffer = errors.New("fileio: no buffer memory free for a sparse stripe")
 
 // zeroTo clears the data area from clean up to end.
 func (d *dirtyStripe) zeroTo(end int64) {
@@ -299,6 +392,18 @@ func (d *dirtyStripe) gaps(end int64, fn func(lo, hi int64) error) error {
 		return fn(at, end)
 	}
 	return nil
+}
+
+// truncateSparse cuts the sparse writes at n.
+func (d *dirtyStripe) truncateSparse(n int64) {
+	out := d.sparse[:0]
+	for _, w := range d.sparse {
+		if w.off < n {
+			w.b = w.b[:min(int64(len(w.b)), n-w.off)]
+			out = append(out, w)
+		}
+	}
+	d.sparse = out
 }
 
 // truncate cuts the extents at n.
@@ -495,6 +600,10 @@ func (e *Engine) read(ctx context.Context, ino uint64, p []byte, off int64, inPl
 		pf  *prefetch // the stripe fetched ahead, or nil
 		so  int64
 		dst []byte
+		// A sparse dirty stripe: a copy of its writes over the range
+		// full, applied after the read of si into dst.
+		full   []byte
+		writes []sparseWrite
 	}
 	var room [4]piece // a read spans few stripes: no allocation per read
 	pieces := room[:0]
@@ -503,6 +612,18 @@ func (e *Engine) read(ctx context.Context, ino uint64, p []byte, off int64, inPl
 		dst := p[lo-off : hi-off]
 		so := lo - int64(s)*ss
 		d := f.dirty[s]
+		if d != nil && d.buf == nil {
+			// Sparse: the committed bytes the writes are to be merged with
+			// (read after the lock is let go), with a copy of the writes
+			// over them.
+			pc := piece{si: d.committed, so: so, dst: dst, full: dst, writes: d.copyWrites(so, int64(len(dst)))}
+			if d.committed != nil {
+				pc.dst = dst[:max(0, min(int64(len(dst)), d.fillEnd-so))]
+			}
+			clear(dst)
+			pieces = append(pieces, pc)
+			continue
+		}
 		if d != nil {
 			if err := e.fill(ctx, f, d); err != nil {
 				for _, pc := range pieces {
@@ -521,7 +642,7 @@ func (e *Engine) read(ctx context.Context, ino uint64, p []byte, off int64, inPl
 			continue
 		}
 		si := f.stripes[s]
-		pieces = append(pieces, piece{si, e.cachedLocked(f, s, si), so, dst})
+		pieces = append(pieces, piece{si: si, pf: e.cachedLocked(f, s, si), so: so, dst: dst})
 	}
 	e.readaheadLocked(ctx, f, off, end)
 	f.mu.Unlock()
@@ -551,6 +672,9 @@ func (e *Engine) read(ctx context.Context, ino uint64, p []byte, off int64, inPl
 		if !done && err == nil {
 			err = e.readCommitted(ctx, ino, lay, pc.si, pc.so, pc.dst)
 		}
+		for _, w := range pc.writes {
+			copy(pc.full[w.off-pc.so:], w.b)
+		}
 	}
 	if err != nil {
 		return 0, nil, nil, err
@@ -561,6 +685,14 @@ func (e *Engine) read(ctx context.Context, ino uint64, p []byte, off int64, inPl
 // readCommitted reads [so, so+len(dst)) of a committed stripe into dst; bytes
 // past its length, and stripes never written, read as zeros.
 func (e *Engine) readCommitted(ctx context.Context, ino uint64, lay layout, si *metapb.StripeInfo, so int64, dst []byte) error {
+	return e.readCommittedTo(ctx, ino, lay, si, so, dst, nil, 0)
+}
+
+// readCommittedTo is readCommitted; when into is not nil, dst is
+// into.b[at:at+len(dst)] and the shards are read straight into it, taking no
+// buffer memory (a dirty stripe's merge read holds its file's lock: waiting
+// for memory there could wait for itself).
+func (e *Engine) readCommittedTo(ctx context.Context, ino uint64, lay layout, si *metapb.StripeInfo, so int64, dst []byte, into *buffer, at int) error {
 	clear(dst)
 	if si == nil || so >= int64(si.Length) {
 		return nil
@@ -572,12 +704,15 @@ func (e *Engine) readCommitted(ctx context.Context, ino uint64, lay layout, si *
 		return nil
 	}
 	n := min(int64(len(dst)), int64(si.Length)-so)
-	tmp, err := e.pool.get(ctx, int(n))
-	if err != nil {
-		return err
+	if into == nil {
+		tmp, err := e.pool.get(ctx, int(n))
+		if err != nil {
+			return err
+		}
+		defer e.pool.put(tmp)
+		into, at = tmp, 0
 	}
-	defer e.pool.put(tmp)
-	// The data shards the range covers, each read with RDMA_READ into tmp.
+	// The data shards the range covers, each read with RDMA_READ.
 	var failed bool
 	for done := int64(0); done < n; {
 		x := so + done
@@ -587,7 +722,7 @@ func (e *Engine) readCommitted(ctx context.Context, ino uint64, lay layout, si *
 			return fmt.Errorf("fileio: stripe %d of inode %d has %d shards: %w", si.Stripe, ino, len(si.Shards), syscall.EIO)
 		}
 		sh := si.Shards[shard]
-		err := e.readShard(ctx, sh, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, int(soff), tmp.sgl(int(done), int(l)))
+		err := e.readShard(ctx, sh, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, int(soff), into.sgl(at+int(done), int(l)))
 		if err != nil {
 			e.log.Warn("fileio: shard read failed, reconstructing", "ino", ino, "stripe", si.Stripe, "shard", shard, "server", sh.Address, "err", err)
 			failed = true
@@ -596,7 +731,7 @@ func (e *Engine) readCommitted(ctx context.Context, ino uint64, lay layout, si *
 		done += l
 	}
 	if !failed {
-		copy(dst, tmp.b[:n])
+		copy(dst, into.b[at:at+int(n)]) // a no-op when dst is into's
 		return nil
 	}
 	data, release, err := e.readStripeDegraded(ctx, ino, lay, si)
@@ -767,9 +902,20 @@ func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (in
 		if err != nil {
 			return int(max(lo-off, 0)), err
 		}
-		d.zeroTo(so)
-		copy(d.buf.b[so:], p[lo-off:hi-off])
-		d.clean = max(d.clean, sh)
+		if d.buf == nil {
+			grew := e.addSparse(d, so, p[lo-off:hi-off])
+			f.bufBytes += grew
+			e.sparseTotal.Add(int64(grew))
+			if int64(d.sparseBytes()) >= ss/4 {
+				if buf := e.pool.tryGet((f.lay.k + f.lay.m) * int(f.lay.unit)); buf != nil {
+					f.bufBytes += e.materialize(d, buf)
+				}
+			}
+		} else {
+			d.zeroTo(so)
+			copy(d.buf.b[so:], p[lo-off:hi-off])
+			d.clean = max(d.clean, sh)
+		}
 		d.length = max(d.length, sh)
 		d.addExtent(so, sh)
 		if d.covers(ss) {
@@ -777,7 +923,7 @@ func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (in
 		}
 	}
 	f.size = max(f.size, end)
-	for f.bufBytes > e.cfg.FileDirtyLimit {
+	for f.bufBytes > e.cfg.FileDirtyLimit || e.sparseTotal.Load() > int64(e.cfg.MemBytes)/2 {
 		// A flush that failed for good is reported here too (and again
 		// by the next Flush): a writer ahead of a failing cluster must
 		// not wait for one flush after another.
@@ -791,6 +937,13 @@ func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (in
 		if len(f.flushing) == 0 {
 			if len(f.dirty) > 0 {
 				e.startFlush(f, keys(f.dirty))
+			}
+			if len(f.flushing) == 0 && f.err == nil && len(f.dirty) > 0 {
+				// Sparse stripes that found no buffer memory: wait for some.
+				if err := e.waitForMemory(ctx, f); err != nil {
+					return len(p), err
+				}
+				continue
 			}
 			if len(f.flushing) == 0 {
 				break // nothing could start: f.err says why, the next Flush reports it
@@ -845,27 +998,39 @@ func (e *Engine) dirtyStripe(ctx context.Context, f *file, s uint64, lo, hi int6
 		if err := e.fetch(ctx, f, s, 1); err != nil {
 			return nil, err
 		}
-		size := (f.lay.k + f.lay.m) * int(f.lay.unit)
-		buf, err := e.getBuffer(ctx, f, size)
-		if err != nil {
-			return nil, err
-		}
-		if f.dirty[s] != nil || f.flushing[s] != nil {
-			e.pool.put(buf) // someone else made it while we waited for memory
-			continue
+		// Sparse unless the write is where a sequential writer begins a
+		// stripe (its start, or the end of its committed data) or large.
+		si := f.stripes[s]
+		sparse := lo > 0 && hi-lo <= slabSize && (si == nil || lo != int64(si.Length))
+		var buf *buffer
+		if !sparse {
+			size := (f.lay.k + f.lay.m) * int(f.lay.unit)
+			b, err := e.getBuffer(ctx, f, size)
+			if err != nil {
+				return nil, err
+			}
+			if f.dirty[s] != nil || f.flushing[s] != nil {
+				e.pool.put(b) // someone else made it while we waited for memory
+				continue
+			}
+			buf, si = b, f.stripes[s]
 		}
 		if pf := f.cache[s]; pf != nil {
 			e.dropLocked(pf)
 		}
 		d := &dirtyStripe{buf: buf, dataLen: f.lay.stripeSize()}
-		if si := f.stripes[s]; si != nil {
+		if si != nil {
 			d.base, d.length = si.Version, int64(si.Length)
 			if lo > 0 || hi < int64(si.Length) {
 				d.committed, d.fillEnd = si, int64(si.Length)
 			}
 		}
 		f.dirty[s] = d
-		f.bufBytes += len(buf.b)
+		if buf != nil {
+			f.bufBytes += len(buf.b)
+		} else {
+			e.stats.SparseStripes.Add(1)
+		}
 		return d, nil
 	}
 }
@@ -873,6 +1038,13 @@ func (e *Engine) dirtyStripe(ctx context.Context, f *file, s uint64, lo, hi int6
 // fill reads the committed bytes of d that the writes have not covered into
 // its buffer, once. The caller holds f.mu and owns d (dirty, not flushing).
 func (e *Engine) fill(ctx context.Context, f *file, d *dirtyStripe) error {
+	if d.buf == nil {
+		buf := e.pool.tryGet((f.lay.k + f.lay.m) * int(f.lay.unit))
+		if buf == nil {
+			return errNoBuffer
+		}
+		f.bufBytes += e.materialize(d, buf)
+	}
 	d.zero()
 	if d.committed == nil {
 		return nil
@@ -880,7 +1052,7 @@ func (e *Engine) fill(ctx context.Context, f *file, d *dirtyStripe) error {
 	read := false
 	err := d.gaps(d.fillEnd, func(lo, hi int64) error {
 		read = true
-		return e.readCommitted(ctx, f.ino, f.lay, d.committed, lo, d.buf.b[lo:hi])
+		return e.readCommittedTo(ctx, f.ino, f.lay, d.committed, lo, d.buf.b[lo:hi], d.buf, int(lo))
 	})
 	if err != nil {
 		return fmt.Errorf("fileio: read stripe %d of inode %d to merge a partial write: %w", d.committed.Stripe, f.ino, err)
@@ -942,6 +1114,9 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 	ready := stripes[:0:0]
 	for _, s := range stripes {
 		err := e.fill(ctx, f, f.dirty[s])
+		if errors.Is(err, errNoBuffer) {
+			continue // stays dirty until memory frees up
+		}
 		if err != nil && e.rebaseIfMoved(ctx, f, s) {
 			err = e.fill(ctx, f, f.dirty[s])
 		}
@@ -1041,9 +1216,15 @@ func (e *Engine) Flush(ctx context.Context, ino uint64) error {
 }
 
 func (e *Engine) flushLocked(ctx context.Context, f *file) error {
+	// Sparse stripes flush as buffer memory allows, some per round: a round
+	// that flushed some is progress, bounded by the stripes there were.
+	progress := len(f.dirty)
 	for attempt := 0; ; attempt++ {
+		started := 0
 		if len(f.dirty) > 0 {
+			before := len(f.flushing)
 			e.startFlush(f, keys(f.dirty))
+			started = len(f.flushing) - before
 		}
 		for len(f.flushing) > 0 {
 			if err := f.wait(ctx); err != nil {
@@ -1055,6 +1236,17 @@ func (e *Engine) flushLocked(ctx context.Context, f *file) error {
 		if err == nil && len(f.dirty) == 0 {
 			return nil
 		}
+		if err == nil && progress > 0 {
+			progress--
+			attempt--
+			if started == 0 {
+				// No stripe got buffer memory: other files hold it.
+				if err := e.waitForMemory(ctx, f); err != nil {
+					return err
+				}
+			}
+			continue
+		}
 		if attempt == 2 || isWriteFailed(err) {
 			if err == nil {
 				err = fmt.Errorf("fileio: inode %d: stripes kept changing under the writer: %w", f.ino, syscall.EIO)
@@ -1062,6 +1254,16 @@ func (e *Engine) flushLocked(ctx context.Context, f *file) error {
 			return err
 		}
 	}
+}
+
+// waitForMemory waits, with f.mu released, until a whole stripe's buffer
+// is free. The caller holds f.mu.
+func (e *Engine) waitForMemory(ctx context.Context, f *file) error {
+	f.mu.Unlock()
+	b, err := e.pool.get(ctx, (f.lay.k+f.lay.m)*int(f.lay.unit))
+	f.mu.Lock()
+	e.pool.put(b)
+	return err
 }
 
 // FlushAll flushes every file with dirty data (before an unmount); it returns
@@ -1111,12 +1313,20 @@ func (e *Engine) Truncate(ctx context.Context, ino uint64, size uint64) error {
 		start := int64(s) * ss
 		switch {
 		case start >= int64(size):
-			e.pool.put(d.buf)
-			f.bufBytes -= len(d.buf.b)
+			if d.buf != nil {
+				e.pool.put(d.buf)
+				f.bufBytes -= len(d.buf.b)
+			} else {
+				f.bufBytes -= e.dropSparse(d)
+			}
 			delete(f.dirty, s)
 		case start+d.length > int64(size):
 			cut := int64(size) - start
-			clear(d.buf.b[cut:d.length])
+			if d.buf != nil {
+				clear(d.buf.b[cut:d.length])
+			} else {
+				d.truncateSparse(cut)
+			}
 			d.length = cut
 			d.truncate(cut)
 		}
@@ -1155,6 +1365,18 @@ func (e *Engine) rebase(ctx context.Context, f *file, conflicts []uint64) error 
 		}
 		delete(f.stripes, s)
 		f.known = false
+		if old.buf == nil {
+			// Sparse: its writes go on top of the newest version as they are.
+			if err := e.fetch(ctx, f, s, 1); err != nil {
+				return err
+			}
+			old.base, old.committed, old.fillEnd = 0, nil, 0
+			if si := f.stripes[s]; si != nil {
+				old.base, old.committed, old.fillEnd = si.Version, si, int64(si.Length)
+				old.length = max(old.length, int64(si.Length))
+			}
+			continue
+		}
 		delete(f.dirty, s)
 		f.bufBytes -= len(old.buf.b)
 		d, err := e.dirtyStripe(ctx, f, s, 0, 0)
