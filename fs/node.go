@@ -115,6 +115,38 @@ type Node struct {
 	// was being made is not cached.
 	noCapsUntil time.Time
 	xattrGen    uint64
+	// dirAttr is a directory's attributes as a change made through this
+	// mount left them (create, unlink), valid until dirAttrUntil: the
+	// kernel drops its copy after such a change and asks again at once
+	// (for the permission check of the next one), and this answers it.
+	dirAttr      *metapb.Attr
+	dirAttrUntil time.Time
+}
+
+// noteDirAttr records a directory's attributes returned by a change to it
+// (nil: unknown, forget any).
+func (n *Node) noteDirAttr(a *metapb.Attr) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if a == nil || a.Ino != n.ino {
+		n.dirAttr = nil
+		return
+	}
+	n.dirAttr, n.dirAttrUntil = a, time.Now().Add(n.fsys.opts.AttrTimeout)
+}
+
+// cachedDirAttr returns the attributes noteDirAttr recorded, once: they
+// answer the kernel's one getattr after the change, and a later one asks
+// the service.
+func (n *Node) cachedDirAttr() *metapb.Attr {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	a := n.dirAttr
+	n.dirAttr = nil
+	if a == nil || time.Now().After(n.dirAttrUntil) {
+		return nil
+	}
+	return a
 }
 
 // capsXattr is the extended attribute holding file capabilities. The kernel
@@ -376,6 +408,11 @@ func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 
 // Getattr implements gofs.NodeGetattrer.
 func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	if a := n.cachedDirAttr(); a != nil {
+		n.fsys.fillAttr(a, &out.Attr)
+		out.SetTimeout(n.fsys.opts.AttrTimeout)
+		return 0
+	}
 	ctx, done := killable(ctx)
 	defer done()
 	r, err := n.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: n.ino})
@@ -391,6 +428,7 @@ func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut
 func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
+	n.noteDirAttr(nil) // a change the cached attributes do not show
 	req := &metapb.SetAttrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino}
 	if m, ok := in.GetMode(); ok {
 		req.SetMode, req.Mode = true, m&0o7777
@@ -456,6 +494,7 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err != nil {
 		return nil, nil, 0, errno(err)
 	}
+	n.noteDirAttr(r.Parent)
 	ino := n.entry(ctx, r.Attr, out)
 	child, _ := ino.Operations().(*Node)
 	if r.Created && child != nil {
@@ -479,6 +518,7 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 func (n *Node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	ctx, done := killable(ctx)
 	defer done()
+	n.noteDirAttr(nil) // a change the cached attributes do not show
 	r, err := n.fsys.meta.Mknod(ctx, &metapb.MknodRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Mode: mode, Rdev: dev})
 	if err != nil {
 		return nil, errno(err)
@@ -490,6 +530,7 @@ func (n *Node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	ctx, done := killable(ctx)
 	defer done()
+	n.noteDirAttr(nil) // a change the cached attributes do not show
 	r, err := n.fsys.meta.Mkdir(ctx, &metapb.MkdirRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Mode: mode & 0o7777})
 	if err != nil {
 		return nil, errno(err)
@@ -501,6 +542,7 @@ func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 func (n *Node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	ctx, done := killable(ctx)
 	defer done()
+	n.noteDirAttr(nil) // a change the cached attributes do not show
 	r, err := n.fsys.meta.Symlink(ctx, &metapb.SymlinkRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Target: target})
 	if err != nil {
 		return nil, errno(err)
@@ -523,6 +565,7 @@ func (n *Node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	ctx, done := killable(ctx)
 	defer done()
+	n.noteDirAttr(nil) // a change the cached attributes do not show
 	t, ok := target.(*Node)
 	if !ok {
 		return nil, syscall.EXDEV
@@ -538,14 +581,19 @@ func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 func (n *Node) Unlink(ctx context.Context, name string) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
-	_, err := n.fsys.meta.Unlink(ctx, &metapb.UnlinkRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
-	return errno(err)
+	r, err := n.fsys.meta.Unlink(ctx, &metapb.UnlinkRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
+	if err != nil {
+		return errno(err)
+	}
+	n.noteDirAttr(r.Parent)
+	return 0
 }
 
 // Rmdir implements gofs.NodeRmdirer.
 func (n *Node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
+	n.noteDirAttr(nil) // a change the cached attributes do not show
 	_, err := n.fsys.meta.Rmdir(ctx, &metapb.RmdirRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
 	return errno(err)
 }
@@ -554,10 +602,12 @@ func (n *Node) Rmdir(ctx context.Context, name string) syscall.Errno {
 func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
+	n.noteDirAttr(nil) // a change the cached attributes do not show
 	p, ok := newParent.(*Node)
 	if !ok {
 		return syscall.EXDEV
 	}
+	p.noteDirAttr(nil)
 	_, err := n.fsys.meta.Rename(ctx, &metapb.RenameRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, NewParent: p.ino, NewName: newName, Flags: flags})
 	return errno(err)
 }
@@ -608,6 +658,7 @@ func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
+	n.noteDirAttr(nil) // a change the cached attributes do not show
 	n.forgetNoCaps()
 	defer n.forgetNoCaps()
 	_, err := n.fsys.meta.SetXattr(ctx, &metapb.SetXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr, Value: data, Flags: flags})
@@ -642,6 +693,7 @@ func (n *Node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 func (n *Node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
+	n.noteDirAttr(nil) // a change the cached attributes do not show
 	n.forgetNoCaps()
 	defer n.forgetNoCaps()
 	_, err := n.fsys.meta.RemoveXattr(ctx, &metapb.RemoveXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr})

@@ -196,7 +196,7 @@ func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, n
 			}
 		}
 		created = true
-		out = &metapb.EntryReply{Attr: a, Cookie: cookie, Created: true}
+		out = &metapb.EntryReply{Attr: a, Cookie: cookie, Created: true, Parent: p.Attr}
 		return nil
 	})
 	if err != nil {
@@ -324,27 +324,27 @@ func removeEntry(t kv.Txn, parent uint64, name string, d *metapb.DentryRecord) e
 }
 
 // Unlink implements metapb.MetaServer.
-func (s *Service) Unlink(ctx context.Context, req *metapb.UnlinkRequest) (*metapb.Empty, error) {
-	return &metapb.Empty{}, s.remove(ctx, caller(req.Caller), req.Parent, req.Name, false)
+func (s *Service) Unlink(ctx context.Context, req *metapb.UnlinkRequest) (*metapb.DirReply, error) {
+	return s.remove(ctx, caller(req.Caller), req.Parent, req.Name, false)
 }
 
 // Rmdir implements metapb.MetaServer.
-func (s *Service) Rmdir(ctx context.Context, req *metapb.RmdirRequest) (*metapb.Empty, error) {
-	return &metapb.Empty{}, s.remove(ctx, caller(req.Caller), req.Parent, req.Name, true)
+func (s *Service) Rmdir(ctx context.Context, req *metapb.RmdirRequest) (*metapb.DirReply, error) {
+	return s.remove(ctx, caller(req.Caller), req.Parent, req.Name, true)
 }
 
-func (s *Service) remove(ctx context.Context, c *metapb.Caller, parent uint64, name string, dir bool) error {
+func (s *Service) remove(ctx context.Context, c *metapb.Caller, parent uint64, name string, dir bool) (*metapb.DirReply, error) {
 	if dir && (name == "." || name == "..") {
 		if name == "." {
-			return metaerr.New(syscall.EINVAL, "rmdir of '.'")
+			return nil, metaerr.New(syscall.EINVAL, "rmdir of '.'")
 		}
-		return metaerr.New(syscall.ENOTEMPTY, "rmdir of '..'")
+		return nil, metaerr.New(syscall.ENOTEMPTY, "rmdir of '..'")
 	}
 	if err := checkName(name); err != nil {
-		return err
+		return nil, err
 	}
 	var purged int64
-	out := &metapb.Empty{}
+	out := &metapb.DirReply{}
 	_, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		purged = 0
 		now := s.now().UnixNano()
@@ -391,14 +391,16 @@ func (s *Service) remove(ctx context.Context, c *metapb.Caller, parent uint64, n
 		if err := putInode(t, p); err != nil {
 			return err
 		}
+		out = &metapb.DirReply{Parent: p.Attr}
 		n, err := s.dropLink(t, child, now)
 		purged = n
 		return err
 	})
-	if err == nil {
-		s.inodes.Add(-purged)
+	if err != nil {
+		return nil, err
 	}
-	return err
+	s.inodes.Add(-purged)
+	return out, nil
 }
 
 // dropLink removes one link of child (a directory loses all of them) and

@@ -76,8 +76,8 @@ type MetaClient interface {
 	Symlink(ctx context.Context, in *SymlinkRequest, opts ...grpc.CallOption) (*EntryReply, error)
 	Readlink(ctx context.Context, in *ReadlinkRequest, opts ...grpc.CallOption) (*ReadlinkReply, error)
 	Link(ctx context.Context, in *LinkRequest, opts ...grpc.CallOption) (*EntryReply, error)
-	Unlink(ctx context.Context, in *UnlinkRequest, opts ...grpc.CallOption) (*Empty, error)
-	Rmdir(ctx context.Context, in *RmdirRequest, opts ...grpc.CallOption) (*Empty, error)
+	Unlink(ctx context.Context, in *UnlinkRequest, opts ...grpc.CallOption) (*DirReply, error)
+	Rmdir(ctx context.Context, in *RmdirRequest, opts ...grpc.CallOption) (*DirReply, error)
 	Rename(ctx context.Context, in *RenameRequest, opts ...grpc.CallOption) (*Empty, error)
 	ReadDir(ctx context.Context, in *ReadDirRequest, opts ...grpc.CallOption) (*ReadDirReply, error)
 	GetXattr(ctx context.Context, in *GetXattrRequest, opts ...grpc.CallOption) (*GetXattrReply, error)
@@ -203,9 +203,9 @@ func (c *metaClient) Link(ctx context.Context, in *LinkRequest, opts ...grpc.Cal
 	return out, nil
 }
 
-func (c *metaClient) Unlink(ctx context.Context, in *UnlinkRequest, opts ...grpc.CallOption) (*Empty, error) {
+func (c *metaClient) Unlink(ctx context.Context, in *UnlinkRequest, opts ...grpc.CallOption) (*DirReply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(Empty)
+	out := new(DirReply)
 	err := c.cc.Invoke(ctx, Meta_Unlink_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -213,9 +213,9 @@ func (c *metaClient) Unlink(ctx context.Context, in *UnlinkRequest, opts ...grpc
 	return out, nil
 }
 
-func (c *metaClient) Rmdir(ctx context.Context, in *RmdirRequest, opts ...grpc.CallOption) (*Empty, error) {
+func (c *metaClient) Rmdir(ctx context.Context, in *RmdirRequest, opts ...grpc.CallOption) (*DirReply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(Empty)
+	out := new(DirReply)
 	err := c.cc.Invoke(ctx, Meta_Rmdir_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -479,8 +479,8 @@ type MetaServer interface {
 	Symlink(context.Context, *SymlinkRequest) (*EntryReply, error)
 	Readlink(context.Context, *ReadlinkRequest) (*ReadlinkReply, error)
 	Link(context.Context, *LinkRequest) (*EntryReply, error)
-	Unlink(context.Context, *UnlinkRequest) (*Empty, error)
-	Rmdir(context.Context, *RmdirRequest) (*Empty, error)
+	Unlink(context.Context, *UnlinkRequest) (*DirReply, error)
+	Rmdir(context.Context, *RmdirRequest) (*DirReply, error)
 	Rename(context.Context, *RenameRequest) (*Empty, error)
 	ReadDir(context.Context, *ReadDirRequest) (*ReadDirReply, error)
 	GetXattr(context.Context, *GetXattrRequest) (*GetXattrReply, error)
@@ -543,10 +543,10 @@ func (UnimplementedMetaServer) Readlink(context.Context, *ReadlinkRequest) (*Rea
 func (UnimplementedMetaServer) Link(context.Context, *LinkRequest) (*EntryReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Link not implemented")
 }
-func (UnimplementedMetaServer) Unlink(context.Context, *UnlinkRequest) (*Empty, error) {
+func (UnimplementedMetaServer) Unlink(context.Context, *UnlinkRequest) (*DirReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Unlink not implemented")
 }
-func (UnimplementedMetaServer) Rmdir(context.Context, *RmdirRequest) (*Empty, error) {
+func (UnimplementedMetaServer) Rmdir(context.Context, *RmdirRequest) (*DirReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Rmdir not implemented")
 }
 func (UnimplementedMetaServer) Rename(context.Context, *RenameRequest) (*Empty, error) {
