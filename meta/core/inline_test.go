@@ -53,6 +53,13 @@ func TestInlineCommits(t *testing.T) {
 		if si := stripe0(); si.Version != v1 || len(si.Shards) != 0 || string(si.InlineData) != "hello" || si.Length != 5 {
 			t.Fatalf("inline stripe reads back as %v", si)
 		}
+		st, err := e.s.Status(e.ctx, &metapb.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := st.Repair; st.Stripes != 1 || r.HealthyStripes != 1 || r.LostStripes != 0 || r.DegradedStripes != 0 {
+			t.Fatalf("status with one inline stripe: %d stripes, repair %v", st.Stripes, r)
+		}
 		_, err = inline(0, 0, []byte("stale"))
 		if status(err) != codes.Aborted { // lost the compare-and-set
 			t.Fatalf("inline commit on a stale version: %v", err)

@@ -168,8 +168,8 @@ func (s *Service) scanStripes(ctx context.Context) ([]scannedStripe, error) {
 			if err := proto.Unmarshal(v, st); err != nil {
 				return fmt.Errorf("stripe %d of inode %d: %w", idx, ino, err)
 			}
-			if st.Version == 0 || st.Layout == nil || len(st.Shards) == 0 {
-				return nil // never committed, or inline: nothing on chunkservers
+			if st.Version == 0 || st.Layout == nil {
+				return nil
 			}
 			out = append(out, scannedStripe{stripeKey{ino, idx}, st})
 			return nil
@@ -220,6 +220,10 @@ func (s *Service) planRepairs(ctx context.Context) error {
 	referenced := map[badKey]bool{}
 	for _, sc := range stripes {
 		st := sc.st
+		if len(st.Shards) == 0 {
+			h.Healthy++ // inline: its bytes are in metadata, nothing to repair
+			continue
+		}
 		states := s.classifyLocked(st, now)
 		k := int(st.Layout.K)
 		readable, lost, degraded := healthOf(states, k)
