@@ -256,14 +256,11 @@ func (f *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	return dataErrno(f.fsys.opts.Data.Flush(ctx, f.ino))
 }
 
-// Release implements gofs.FileReleaser.
+// Release implements gofs.FileReleaser. The kernel does not wait for it
+// (close has returned already): the release is queued and sent with the
+// others that queue up meanwhile, one call for many files.
 func (f *fileHandle) Release(ctx context.Context) syscall.Errno {
-	ctx, done := killable(ctx)
-	defer done()
-	_, err := f.fsys.meta.Release(ctx, &metapb.ReleaseRequest{Ino: f.ino, SessionId: f.fsys.opts.Session})
-	if err != nil {
-		f.fsys.log.Warn("release", "ino", f.ino, "err", err)
-	}
+	f.fsys.releases.add(f.ino)
 	return 0
 }
 

@@ -77,6 +77,7 @@ type FS struct {
 	log     *slog.Logger
 
 	dropping atomic.Int32 // page cache invalidations in flight (drop-behind)
+	releases releaser     // closed files' opens, on their way to meta
 
 	// Read replies, so that a read costs no allocation.
 	inPlace      sync.Pool // of *inPlaceResult
@@ -96,6 +97,7 @@ func New(opts Options) (*FS, *Node) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	f := &FS{opts: opts, meta: opts.Meta, callers: newCallers(), log: opts.Logger}
+	f.releases = releaser{meta: opts.Meta, session: opts.Session, log: opts.Logger}
 	return f, &Node{fsys: f, ino: RootIno}
 }
 

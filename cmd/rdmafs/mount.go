@@ -217,8 +217,14 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 		return fmt.Errorf("mount: %w", err)
 	}
 	defer eng.Close()
-	_, root := fs.New(fs.Options{Meta: mc, Session: sess.ID(), Data: eng, AttrTimeout: f.attrTimeout, EntryTimeout: f.entryTimeout, Logger: logger,
+	fsys, root := fs.New(fs.Options{Meta: mc, Session: sess.ID(), Data: eng, AttrTimeout: f.attrTimeout, EntryTimeout: f.entryTimeout, Logger: logger,
 		DropBehind: int64(dropBehind)})
+	defer func() {
+		// The queued releases go before the session closes.
+		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		fsys.WaitReleases(rctx)
+	}()
 	srv, err := fs.Mount(mountpoint, root, fs.MountOptions{Debug: f.debug, MaxReadAhead: kernelReadahead})
 	if err != nil {
 		return err

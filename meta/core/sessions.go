@@ -197,29 +197,49 @@ func addOpen(t kv.Txn, ino, session uint64) error {
 	return t.Put(keys.SessionOpen(session, ino), nil)
 }
 
-// Release implements metapb.MetaServer: it drops one open of the inode by the
-// session; the last release of an unlinked file deletes it.
+// MaxReleasesPerCall bounds ReleaseRequest.more.
+const MaxReleasesPerCall = 1024
+
+// Release implements metapb.MetaServer: it drops one open of each listed
+// inode by the session; the last release of an unlinked file deletes it.
 func (s *Service) Release(ctx context.Context, req *metapb.ReleaseRequest) (*metapb.Empty, error) {
+	if len(req.More) > MaxReleasesPerCall {
+		return nil, metaerr.New(syscall.EINVAL, "%d releases in one call (at most %d)", len(req.More)+1, MaxReleasesPerCall+1)
+	}
 	var purged int64
 	out := &metapb.Empty{}
 	_, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		purged = 0
-		v, ok, err := t.Get(keys.Open(req.Ino, req.SessionId))
-		if err != nil {
-			return err
+		released := 0
+		for _, ino := range append([]uint64{req.Ino}, req.More...) {
+			v, ok, err := t.Get(keys.Open(ino, req.SessionId))
+			if err != nil {
+				return err
+			}
+			if !ok {
+				continue
+			}
+			released++
+			n, err := keys.DecodeUint64(v)
+			if err != nil {
+				return err
+			}
+			if n > 1 {
+				if err := t.Put(keys.Open(ino, req.SessionId), keys.EncodeUint64(n-1)); err != nil {
+					return err
+				}
+				continue
+			}
+			p, err := s.releaseAll(t, ino, req.SessionId)
+			if err != nil {
+				return err
+			}
+			purged += p
 		}
-		if !ok {
+		if released == 0 {
 			return metaerr.New(syscall.EBADF, "inode %d is not open in session %d", req.Ino, req.SessionId)
 		}
-		n, err := keys.DecodeUint64(v)
-		if err != nil {
-			return err
-		}
-		if n > 1 {
-			return t.Put(keys.Open(req.Ino, req.SessionId), keys.EncodeUint64(n-1))
-		}
-		purged, err = s.releaseAll(t, req.Ino, req.SessionId)
-		return err
+		return nil
 	})
 	if err != nil {
 		return nil, err

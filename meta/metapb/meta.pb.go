@@ -2556,10 +2556,15 @@ func (x *OpenRequest) GetFlags() uint32 {
 	return 0
 }
 
+// ReleaseRequest drops one open of ino, and one of each inode in more, in
+// the session: a client sends the releases that queued up while its previous
+// call was in flight together. Inodes not open in the session are skipped;
+// the call fails with EBADF only when none of them was open.
 type ReleaseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
 	SessionId     uint64                 `protobuf:"varint,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	More          []uint64               `protobuf:"varint,3,rep,packed,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2606,6 +2611,13 @@ func (x *ReleaseRequest) GetSessionId() uint64 {
 		return x.SessionId
 	}
 	return 0
+}
+
+func (x *ReleaseRequest) GetMore() []uint64 {
+	if x != nil {
+		return x.More
+	}
+	return nil
 }
 
 type SetLayoutRequest struct {
@@ -5827,11 +5839,12 @@ const file_meta_proto_rawDesc = "" +
 	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x03 \x01(\x04R\tsessionId\x12\x14\n" +
-	"\x05flags\x18\x04 \x01(\rR\x05flags\"A\n" +
+	"\x05flags\x18\x04 \x01(\rR\x05flags\"U\n" +
 	"\x0eReleaseRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x02 \x01(\x04R\tsessionId\"\x84\x01\n" +
+	"session_id\x18\x02 \x01(\x04R\tsessionId\x12\x12\n" +
+	"\x04more\x18\x03 \x03(\x04R\x04more\"\x84\x01\n" +
 	"\x10SetLayoutRequest\x12.\n" +
 	"\x06caller\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12.\n" +
