@@ -34,15 +34,7 @@ func TestInlineSmallFiles(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(c.Dir, name), data, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		for _, dir := range []string{c.Dir, other} {
-			got, err := os.ReadFile(filepath.Join(dir, name))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(got, data) {
-				t.Fatalf("%s (%d bytes) read back %d bytes that differ", name, n, len(got))
-			}
-		}
+		readsBack(t, name, data, c.Dir, other)
 	}
 	if got := c.Engine.Stats().InlineCommits.Load() - before; got != 60 {
 		t.Errorf("%d inline commits for 60 small files, want 60", got)
@@ -110,15 +102,21 @@ func TestInlineModel(t *testing.T) {
 			if err := f.Close(); err != nil {
 				t.Fatal(err)
 			}
-			for _, dir := range []string{c.Dir, other} {
-				got, err := os.ReadFile(filepath.Join(dir, name))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !bytes.Equal(got, model) {
-					t.Fatalf("%s step %d: read %d bytes from %s, model has %d; they differ", name, step, len(got), dir, len(model))
-				}
-			}
+			readsBack(t, name, model, c.Dir, other)
+		}
+	}
+}
+
+// readsBack checks that name reads as want in each of the mount points.
+func readsBack(t *testing.T, name string, want []byte, mounts ...string) {
+	t.Helper()
+	for _, dir := range mounts {
+		got, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%s read %d bytes from %s, want %d; they differ", name, len(got), dir, len(want))
 		}
 	}
 }
