@@ -250,6 +250,7 @@ type file struct {
 	dirty    map[uint64]*dirtyStripe
 	flushing map[uint64]*dirtyStripe
 	bufBytes int   // buffer bytes held by dirty and flushing stripes
+	sparse   int   // of which slab bytes held by sparse stripes
 	err      error // a background flush's failure, reported by the next Flush
 
 	readahead *ec.Readahead        // the sequential-read policy; nil until the first read
@@ -337,9 +338,12 @@ func (d *dirtyStripe) copyWrites(so, n int64) []sparseWrite {
 	return out
 }
 
-// dropSparse gives d's slabs back and returns the memory freed.
-func (e *Engine) dropSparse(d *dirtyStripe) int {
+// dropSparse gives d's slabs back, takes them off f's accounts and
+// returns the memory freed. The caller holds f.mu.
+func (e *Engine) dropSparse(f *file, d *dirtyStripe) int {
 	n := d.sparseBytes()
+	f.sparse -= n
+	f.bufBytes -= n
 	for _, sl := range d.slabs {
 		e.slabs.Put(sl)
 	}
@@ -350,14 +354,15 @@ func (e *Engine) dropSparse(d *dirtyStripe) int {
 
 // materialize gives sparse stripe d the whole-stripe buffer buf and applies
 // its writes to it; the committed bytes around them are read in lazily, as
-// for any partly written stripe. It returns the change in f.bufBytes.
-func (e *Engine) materialize(d *dirtyStripe, buf *buffer) int {
+// for any partly written stripe. The caller holds f.mu.
+func (e *Engine) materialize(f *file, d *dirtyStripe, buf *buffer) {
 	d.buf, d.clean = buf, 0
 	d.zero()
 	for _, w := range d.sparse {
 		copy(buf.b[w.off:], w.b)
 	}
-	return len(buf.b) - e.dropSparse(d)
+	e.dropSparse(f, d)
+	f.bufBytes += len(buf.b)
 }
 
 // errNoBuffer reports that a sparse stripe could not get its buffer now.
@@ -905,10 +910,11 @@ func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (in
 		if d.buf == nil {
 			grew := e.addSparse(d, so, p[lo-off:hi-off])
 			f.bufBytes += grew
+			f.sparse += grew
 			e.sparseTotal.Add(int64(grew))
 			if int64(d.sparseBytes()) >= ss/4 {
 				if buf := e.pool.tryGet((f.lay.k + f.lay.m) * int(f.lay.unit)); buf != nil {
-					f.bufBytes += e.materialize(d, buf)
+					e.materialize(f, d, buf)
 				}
 			}
 		} else {
@@ -923,7 +929,11 @@ func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (in
 		}
 	}
 	f.size = max(f.size, end)
-	for f.bufBytes > e.cfg.FileDirtyLimit || e.sparseTotal.Load() > int64(e.cfg.MemBytes)/2 {
+	// Whole-stripe buffers are bounded by the file's dirty limit; a random
+	// writer's sparse writes (heap memory, not buffer memory) by half of
+	// the engine's memory, for all files together and for one: the more
+	// writes a stripe gathers, the fewer times it is rewritten.
+	for f.bufBytes-f.sparse > e.cfg.FileDirtyLimit || f.sparse > e.cfg.MemBytes/2 || e.sparseTotal.Load() > int64(e.cfg.MemBytes)/2 {
 		// A flush that failed for good is reported here too (and again
 		// by the next Flush): a writer ahead of a failing cluster must
 		// not wait for one flush after another.
@@ -1043,7 +1053,7 @@ func (e *Engine) fill(ctx context.Context, f *file, d *dirtyStripe) error {
 		if buf == nil {
 			return errNoBuffer
 		}
-		f.bufBytes += e.materialize(d, buf)
+		e.materialize(f, d, buf)
 	}
 	d.zero()
 	if d.committed == nil {
@@ -1317,7 +1327,7 @@ func (e *Engine) Truncate(ctx context.Context, ino uint64, size uint64) error {
 				e.pool.put(d.buf)
 				f.bufBytes -= len(d.buf.b)
 			} else {
-				f.bufBytes -= e.dropSparse(d)
+				e.dropSparse(f, d)
 			}
 			delete(f.dirty, s)
 		case start+d.length > int64(size):
