@@ -123,15 +123,25 @@ type Node struct {
 	// (for the permission check of the next one), and this answers it.
 	dirAttr      *metapb.Attr
 	dirAttrUntil time.Time
+	dirGen       uint64 // counts changes through this mount, so that a reply overtaken by one is not kept
 }
 
-// noteDirAttr records a directory's attributes returned by a change to it
-// (nil: unknown, forget any).
-func (n *Node) noteDirAttr(a *metapb.Attr) {
+// dirChange notes a change to the directory through this mount: it forgets
+// the attributes kept, and returns the change's number for noteDirAttr.
+func (n *Node) dirChange() uint64 {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if a == nil || a.Ino != n.ino {
-		n.dirAttr = nil
+	n.dirGen++
+	n.dirAttr = nil
+	return n.dirGen
+}
+
+// noteDirAttr keeps a directory's attributes returned by change gen, unless
+// another change began since (its outcome may be older than the other's).
+func (n *Node) noteDirAttr(gen uint64, a *metapb.Attr) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if a == nil || a.Ino != n.ino || n.dirGen != gen {
 		return
 	}
 	n.dirAttr, n.dirAttrUntil = a, time.Now().Add(n.fsys.opts.AttrTimeout)
@@ -430,7 +440,7 @@ func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut
 func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
-	n.noteDirAttr(nil) // a change the cached attributes do not show
+	n.dirChange() // a change the kept attributes do not show
 	req := &metapb.SetAttrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino}
 	if m, ok := in.GetMode(); ok {
 		req.SetMode, req.Mode = true, m&0o7777
@@ -489,6 +499,7 @@ func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
 	ctx, done := killable(ctx)
 	defer done()
+	gen := n.dirChange()
 	r, err := n.fsys.meta.Create(ctx, &metapb.CreateRequest{
 		Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Mode: mode & 0o7777,
 		Exclusive: flags&syscall.O_EXCL != 0, SessionId: n.fsys.opts.Session, OpenFlags: flags,
@@ -496,7 +507,7 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err != nil {
 		return nil, nil, 0, errno(err)
 	}
-	n.noteDirAttr(r.Parent)
+	n.noteDirAttr(gen, r.Parent)
 	ino := n.entry(ctx, r.Attr, out)
 	child, _ := ino.Operations().(*Node)
 	if r.Created && child != nil {
@@ -520,7 +531,7 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 func (n *Node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	ctx, done := killable(ctx)
 	defer done()
-	n.noteDirAttr(nil) // a change the cached attributes do not show
+	n.dirChange() // a change the kept attributes do not show
 	r, err := n.fsys.meta.Mknod(ctx, &metapb.MknodRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Mode: mode, Rdev: dev})
 	if err != nil {
 		return nil, errno(err)
@@ -532,7 +543,7 @@ func (n *Node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	ctx, done := killable(ctx)
 	defer done()
-	n.noteDirAttr(nil) // a change the cached attributes do not show
+	n.dirChange() // a change the kept attributes do not show
 	r, err := n.fsys.meta.Mkdir(ctx, &metapb.MkdirRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Mode: mode & 0o7777})
 	if err != nil {
 		return nil, errno(err)
@@ -544,7 +555,7 @@ func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 func (n *Node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	ctx, done := killable(ctx)
 	defer done()
-	n.noteDirAttr(nil) // a change the cached attributes do not show
+	n.dirChange() // a change the kept attributes do not show
 	r, err := n.fsys.meta.Symlink(ctx, &metapb.SymlinkRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Target: target})
 	if err != nil {
 		return nil, errno(err)
@@ -567,7 +578,7 @@ func (n *Node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	ctx, done := killable(ctx)
 	defer done()
-	n.noteDirAttr(nil) // a change the cached attributes do not show
+	n.dirChange() // a change the kept attributes do not show
 	t, ok := target.(*Node)
 	if !ok {
 		return nil, syscall.EXDEV
@@ -583,11 +594,12 @@ func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 func (n *Node) Unlink(ctx context.Context, name string) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
+	gen := n.dirChange()
 	r, err := n.fsys.meta.Unlink(ctx, &metapb.UnlinkRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
 	if err != nil {
 		return errno(err)
 	}
-	n.noteDirAttr(r.Parent)
+	n.noteDirAttr(gen, r.Parent)
 	return 0
 }
 
@@ -595,7 +607,7 @@ func (n *Node) Unlink(ctx context.Context, name string) syscall.Errno {
 func (n *Node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
-	n.noteDirAttr(nil) // a change the cached attributes do not show
+	n.dirChange() // a change the kept attributes do not show
 	_, err := n.fsys.meta.Rmdir(ctx, &metapb.RmdirRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
 	return errno(err)
 }
@@ -604,12 +616,12 @@ func (n *Node) Rmdir(ctx context.Context, name string) syscall.Errno {
 func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
-	n.noteDirAttr(nil) // a change the cached attributes do not show
+	n.dirChange() // a change the kept attributes do not show
 	p, ok := newParent.(*Node)
 	if !ok {
 		return syscall.EXDEV
 	}
-	p.noteDirAttr(nil)
+	p.dirChange()
 	_, err := n.fsys.meta.Rename(ctx, &metapb.RenameRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, NewParent: p.ino, NewName: newName, Flags: flags})
 	return errno(err)
 }
@@ -660,7 +672,7 @@ func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
-	n.noteDirAttr(nil) // a change the cached attributes do not show
+	n.dirChange() // a change the kept attributes do not show
 	n.forgetNoCaps()
 	defer n.forgetNoCaps()
 	_, err := n.fsys.meta.SetXattr(ctx, &metapb.SetXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr, Value: data, Flags: flags})
@@ -695,7 +707,7 @@ func (n *Node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 func (n *Node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
-	n.noteDirAttr(nil) // a change the cached attributes do not show
+	n.dirChange() // a change the kept attributes do not show
 	n.forgetNoCaps()
 	defer n.forgetNoCaps()
 	_, err := n.fsys.meta.RemoveXattr(ctx, &metapb.RemoveXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr})

@@ -479,8 +479,8 @@ func (e *Engine) Created(ino uint64, l *metapb.Layout) {
 	f := e.file(ino)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if len(f.dirty) > 0 || len(f.flushing) > 0 {
-		return
+	if f.lay.k != 0 || len(f.dirty) > 0 || len(f.flushing) > 0 {
+		return // another process of this mount got to the file first
 	}
 	clear(f.stripes)
 	f.lay, f.size, f.known = layoutOf(l), 0, true
@@ -739,7 +739,10 @@ func (e *Engine) readCommittedTo(ctx context.Context, ino uint64, lay layout, si
 		copy(dst, into.b[at:at+int(n)]) // a no-op when dst is into's
 		return nil
 	}
-	data, release, err := e.readStripeDegraded(ctx, ino, lay, si)
+	// A merge read (into != nil) runs under the file lock: its degraded
+	// read takes memory only if some is free now.
+	wait := into == nil
+	data, release, err := e.readStripeDegraded(ctx, ino, lay, si, wait)
 	if err != nil {
 		// Repair may have moved shards since the placement was cached:
 		// look it up again and, if it changed, read from the new one.
@@ -747,7 +750,7 @@ func (e *Engine) readCommittedTo(ctx context.Context, ino uint64, lay layout, si
 		if ferr != nil || fresh == nil {
 			return err
 		}
-		if data, release, err = e.readStripeDegraded(ctx, ino, lay, fresh); err != nil {
+		if data, release, err = e.readStripeDegraded(ctx, ino, lay, fresh, wait); err != nil {
 			return err
 		}
 	}
@@ -806,14 +809,22 @@ func (e *Engine) refreshStripe(ctx context.Context, ino uint64, si *metapb.Strip
 // readStripeDegraded reads every shard it can reach of a committed stripe and
 // rebuilds the data from any k of them. It returns the stripe's data bytes
 // (k*unit laid out shard after shard) and a function releasing the buffer.
-func (e *Engine) readStripeDegraded(ctx context.Context, ino uint64, lay layout, si *metapb.StripeInfo) ([]byte, func(), error) {
+// Without wait it fails with errNoBuffer when the buffer memory is short
+// instead of waiting for some.
+func (e *Engine) readStripeDegraded(ctx context.Context, ino uint64, lay layout, si *metapb.StripeInfo, wait bool) ([]byte, func(), error) {
 	n := lay.k + lay.m
 	if len(si.Shards) != n {
 		return nil, nil, fmt.Errorf("fileio: stripe %d has %d shards, layout %d+%d: %w", si.Stripe, len(si.Shards), lay.k, lay.m, syscall.EIO)
 	}
 	sl := lay.shardLen(int64(si.Length))
 	unit := int(lay.unit)
-	buf, err := e.pool.get(ctx, n*unit)
+	var buf *buffer
+	var err error
+	if wait {
+		buf, err = e.pool.get(ctx, n*unit)
+	} else if buf = e.pool.tryGet(n * unit); buf == nil {
+		err = errNoBuffer
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -1096,23 +1107,74 @@ func (e *Engine) getBuffer(ctx context.Context, f *file, n int) (*buffer, error)
 			}
 		case len(f.dirty) > 0:
 			e.startFlush(f, keys(f.dirty))
-			if len(f.flushing) == 0 {
+			if len(f.flushing) == 0 && f.err != nil {
 				err := f.err
 				f.err = nil
-				if err == nil {
-					err = fmt.Errorf("fileio: inode %d: no dirty stripe could be flushed: %w", f.ino, syscall.EIO)
-				}
 				return nil, err
+			}
+			if len(f.flushing) == 0 {
+				// Sparse stripes that found no memory either: wait for
+				// memory without the lock, as below.
+				return e.getBufferUnlocked(ctx, f, n)
 			}
 			if err := f.wait(ctx); err != nil {
 				return nil, err
 			}
 		default:
-			f.mu.Unlock()
-			b, err := e.pool.get(ctx, n)
-			f.mu.Lock()
-			return b, err
+			return e.getBufferUnlocked(ctx, f, n)
 		}
+	}
+}
+
+// getBufferUnlocked waits for n bytes of buffer memory with f.mu released,
+// after starting flushes of other files' whole stripes (nothing else would
+// free their memory while their writers are idle) and dropping this
+// engine's read-ahead. The caller holds f.mu.
+func (e *Engine) getBufferUnlocked(ctx context.Context, f *file, n int) (*buffer, error) {
+	for {
+		if b := e.pool.tryGet(n); b != nil {
+			return b, nil
+		}
+		if !e.evictOldest(f) {
+			break
+		}
+	}
+	e.flushOthers(f)
+	f.mu.Unlock()
+	b, err := e.pool.get(ctx, n)
+	f.mu.Lock()
+	return b, err
+}
+
+// flushOthers starts flushing the dirty whole stripes of files other than
+// f that have no flush in progress and whose lock is free now. The caller
+// holds f.mu.
+func (e *Engine) flushOthers(f *file) {
+	e.mu.Lock()
+	others := make([]*file, 0, len(e.files))
+	for _, g := range e.files {
+		if g != f {
+			others = append(others, g)
+		}
+	}
+	e.mu.Unlock()
+	for _, g := range others {
+		if !g.mu.TryLock() {
+			continue
+		}
+		if len(g.flushing) == 0 {
+			var whole []uint64
+			for s, d := range g.dirty {
+				if d.buf != nil {
+					whole = append(whole, s)
+				}
+			}
+			if len(whole) > 0 {
+				slices.Sort(whole)
+				e.startFlush(g, whole)
+			}
+		}
+		g.mu.Unlock()
 	}
 }
 
@@ -1123,12 +1185,24 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 	defer cancel()
 	ready := stripes[:0:0]
 	for _, s := range stripes {
-		err := e.fill(ctx, f, f.dirty[s])
+		// A rebase below may let go of the lock or flush: look the
+		// stripe up again each time.
+		d := f.dirty[s]
+		if d == nil {
+			continue
+		}
+		err := e.fill(ctx, f, d)
 		if errors.Is(err, errNoBuffer) {
 			continue // stays dirty until memory frees up
 		}
 		if err != nil && e.rebaseIfMoved(ctx, f, s) {
-			err = e.fill(ctx, f, f.dirty[s])
+			if d = f.dirty[s]; d == nil {
+				continue
+			}
+			err = e.fill(ctx, f, d)
+		}
+		if errors.Is(err, errNoBuffer) {
+			continue
 		}
 		if err != nil {
 			f.err = err // the stripe stays dirty: a later flush tries again
@@ -1136,6 +1210,7 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 		}
 		ready = append(ready, s)
 	}
+	ready = slices.DeleteFunc(ready, func(s uint64) bool { return f.dirty[s] == nil })
 	stripes = ready
 	if len(stripes) == 0 {
 		return
@@ -1246,15 +1321,18 @@ func (e *Engine) flushLocked(ctx context.Context, f *file) error {
 		if err == nil && len(f.dirty) == 0 {
 			return nil
 		}
-		if err == nil && progress > 0 {
-			progress--
-			attempt--
-			if started == 0 {
-				// No stripe got buffer memory: other files hold it.
-				if err := e.waitForMemory(ctx, f); err != nil {
-					return err
-				}
+		if err == nil && started == 0 {
+			// No stripe got buffer memory (other files hold it): wait for
+			// some; that is no failed attempt.
+			if err := e.waitForMemory(ctx, f); err != nil {
+				return err
 			}
+			attempt--
+			continue
+		}
+		if err == nil && progress > 0 {
+			progress-- // some stripes flushed, the others go next round
+			attempt--
 			continue
 		}
 		if attempt == 2 || isWriteFailed(err) {
@@ -1269,9 +1347,7 @@ func (e *Engine) flushLocked(ctx context.Context, f *file) error {
 // waitForMemory waits, with f.mu released, until a whole stripe's buffer
 // is free. The caller holds f.mu.
 func (e *Engine) waitForMemory(ctx context.Context, f *file) error {
-	f.mu.Unlock()
-	b, err := e.pool.get(ctx, (f.lay.k+f.lay.m)*int(f.lay.unit))
-	f.mu.Lock()
+	b, err := e.getBufferUnlocked(ctx, f, (f.lay.k+f.lay.m)*int(f.lay.unit))
 	e.pool.put(b)
 	return err
 }
@@ -1365,43 +1441,33 @@ func (e *Engine) rebaseIfMoved(ctx context.Context, f *file, s uint64) bool {
 	return e.rebase(ctx, f, []uint64{s}) == nil
 }
 
-// rebase rebuilds conflicting dirty stripes on their newest committed versions
-// and applies this writer's ranges again. The caller holds f.mu.
+// rebase rebuilds conflicting dirty stripes on their newest committed versions:
+// the writer's ranges stay, in the same buffer (or slabs), and the rest is to
+// be read from the new version. It takes no memory. The caller holds f.mu.
 func (e *Engine) rebase(ctx context.Context, f *file, conflicts []uint64) error {
 	for _, s := range conflicts {
-		old := f.dirty[s]
-		if old == nil {
+		d := f.dirty[s]
+		if d == nil {
 			continue
 		}
 		delete(f.stripes, s)
 		f.known = false
-		if old.buf == nil {
-			// Sparse: its writes go on top of the newest version as they are.
-			if err := e.fetch(ctx, f, s, 1); err != nil {
-				return err
-			}
-			old.base, old.committed, old.fillEnd = 0, nil, 0
-			if si := f.stripes[s]; si != nil {
-				old.base, old.committed, old.fillEnd = si.Version, si, int64(si.Length)
-				old.length = max(old.length, int64(si.Length))
-			}
-			continue
-		}
-		delete(f.dirty, s)
-		f.bufBytes -= len(old.buf.b)
-		d, err := e.dirtyStripe(ctx, f, s, 0, 0)
-		if err != nil {
-			e.pool.put(old.buf)
+		if err := e.fetch(ctx, f, s, 1); err != nil {
 			return err
 		}
-		d.zero()
-		for _, x := range old.extents {
-			copy(d.buf.b[x[0]:x[1]], old.buf.b[x[0]:x[1]])
-			d.length = max(d.length, x[1])
+		if d.buf != nil {
+			// What is not written holds the old version's bytes: clear it.
+			d.zero()
+			d.gaps(d.dataLen, func(lo, hi int64) error {
+				clear(d.buf.b[lo:hi])
+				return nil
+			})
 		}
-		d.length = max(d.length, old.length)
-		d.extents = old.extents
-		e.pool.put(old.buf)
+		d.base, d.committed, d.fillEnd = 0, nil, 0
+		if si := f.stripes[s]; si != nil {
+			d.base, d.committed, d.fillEnd = si.Version, si, int64(si.Length)
+			d.length = max(d.length, int64(si.Length))
+		}
 	}
 	return nil
 }

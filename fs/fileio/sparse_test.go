@@ -118,3 +118,48 @@ func sparseWorker(dir, other, name string, fileSize int, seed uint64) error {
 	}
 	return nil
 }
+
+// TestSparseWhenMemoryIsHeld writes sparse stripes and then whole-stripe
+// writes into one file while another file's writer, idle, holds most of the
+// buffer memory with dirty stripes: the writes and the fsync must wait for
+// that memory to be flushed free, not fail.
+func TestSparseWhenMemoryIsHeld(t *testing.T) {
+	// Stripes of 1 MiB, buffers of 1.5 MiB: 4 MiB holds two of them.
+	c := fstest.Start(t, fstest.Options{Layout: core.Layout{K: 4, M: 2, Unit: 256 << 10}, MemBytes: 4 << 20, FileDirtyLimit: 4 << 20})
+	idle, err := os.Create(filepath.Join(c.Dir, "idle"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	// Two stripes begun at their start and left half written: two whole
+	// buffers, dirty, with nobody to flush them.
+	half := random(512<<10, 1)
+	for _, off := range []int64{0, 1 << 20} {
+		if _, err := idle.WriteAt(half, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := filepath.Join(c.Dir, "busy")
+	model := make([]byte, 4<<20)
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	write := func(off int, b []byte) {
+		t.Helper()
+		if _, err := f.WriteAt(b, int64(off)); err != nil {
+			t.Fatalf("write of %d bytes at %d: %v", len(b), off, err)
+		}
+		copy(model[off:], b)
+	}
+	write(len(model)-1, []byte{1}) // the size
+	for i := range 4 {
+		write(i<<20+4096*(i+1), random(4096, uint64(i+2))) // sparse
+	}
+	write(2<<20, random(1<<20, 9)) // a whole stripe: needs a buffer
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	readsBack(t, "busy", model, c.Dir)
+}

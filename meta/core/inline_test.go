@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/rdmafs/rdmafs/meta/metapb"
+	"github.com/rdmafs/rdmafs/meta/reqid"
 )
 
 // TestInlineCommits covers stripes whose bytes live in metadata: the checks
@@ -109,6 +110,30 @@ func TestInlineCommits(t *testing.T) {
 		e.restart()
 		if si := stripe0(); !bytes.Equal(si.InlineData, []byte("h")) {
 			t.Fatalf("inline stripe after restart: %v", si)
+		}
+		// A retried inline commit (its reply lost) gets its first outcome,
+		// not a compare-and-set failure against itself.
+		id := reqid.ID{Client: 0xbeef, Seq: 1, Millis: uint64(e.clock.Now().UnixMilli())}
+		req := &metapb.CommitStripesRequest{Ino: f, Size: 3,
+			Stripes: []*metapb.StripeCommit{{Stripe: 0, ExpectedVersion: stripe0().Version, Length: 3, Inline: true, Data: []byte("abc")}}}
+		first, err := e.s.CommitStripes(reqid.NewIncoming(e.ctx, id), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id.Retry = true
+		again, err := e.s.CommitStripes(reqid.NewIncoming(e.ctx, id), req)
+		if err != nil || again.Versions[0] != first.Versions[0] {
+			t.Fatalf("retried inline commit: %v %v, first %v", again, err, first)
+		}
+		// A retried commit that lost the compare-and-set loses it again.
+		id = reqid.ID{Client: 0xbeef, Seq: 2, Millis: uint64(e.clock.Now().UnixMilli())}
+		_, err = e.s.CommitStripes(reqid.NewIncoming(e.ctx, id), req)
+		if status(err) != codes.Aborted {
+			t.Fatalf("stale inline commit: %v", err)
+		}
+		id.Retry = true
+		if _, err = e.s.CommitStripes(reqid.NewIncoming(e.ctx, id), req); status(err) != codes.Aborted {
+			t.Fatalf("retry of a stale inline commit: %v", err)
 		}
 	})
 }

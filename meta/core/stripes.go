@@ -236,7 +236,10 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 	var out *metapb.CommitStripesReply
 	var conflicts []uint64
 	degraded := 0
-	err := s.update(ctx, func(t kv.Txn) error {
+	// Exactly once: a retry of a commit whose reply was lost gets its
+	// outcome, not a compare-and-set failure against its own commit (an
+	// inline commit has no granted version to recognise itself by).
+	replayed, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		conflicts = conflicts[:0]
 		degraded = 0
 		now := s.now().UnixNano()
@@ -317,6 +320,7 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 					return err
 				}
 			}
+			out = &metapb.CommitStripesReply{ConflictStripes: conflicts}
 			return nil
 		}
 		for _, p := range todo {
@@ -368,6 +372,9 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 	})
 	if err != nil {
 		return nil, err
+	}
+	if replayed {
+		conflicts, degraded = out.ConflictStripes, 0
 	}
 	if degraded > 0 && len(conflicts) == 0 {
 		s.log.Warn("stripes committed degraded, queued for repair", "ino", req.Ino, "stripes", degraded)

@@ -3330,9 +3330,13 @@ type CommitStripesReply struct {
 	Attr  *Attr                  `protobuf:"bytes,1,opt,name=attr,proto3" json:"attr,omitempty"`
 	// versions[i] is the version stripes[i] of the request committed as
 	// (meta assigns the versions of inline commits).
-	Versions      []uint64 `protobuf:"varint,2,rep,packed,name=versions,proto3" json:"versions,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Versions []uint64 `protobuf:"varint,2,rep,packed,name=versions,proto3" json:"versions,omitempty"`
+	// conflict_stripes, when not empty, are stripes whose compare-and-set
+	// failed: nothing was committed (the call fails with codes.Aborted; kept
+	// in the reply so that a retried call gets the same outcome).
+	ConflictStripes []uint64 `protobuf:"varint,3,rep,packed,name=conflict_stripes,json=conflictStripes,proto3" json:"conflict_stripes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CommitStripesReply) Reset() {
@@ -3375,6 +3379,13 @@ func (x *CommitStripesReply) GetAttr() *Attr {
 func (x *CommitStripesReply) GetVersions() []uint64 {
 	if x != nil {
 		return x.Versions
+	}
+	return nil
+}
+
+func (x *CommitStripesReply) GetConflictStripes() []uint64 {
+	if x != nil {
+		return x.ConflictStripes
 	}
 	return nil
 }
@@ -5893,10 +5904,11 @@ const file_meta_proto_rawDesc = "" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x126\n" +
 	"\astripes\x18\x02 \x03(\v2\x1c.rdmafs.meta.v1.StripeCommitR\astripes\x12\x12\n" +
 	"\x04size\x18\x03 \x01(\x04R\x04size\x12\x19\n" +
-	"\bmtime_ns\x18\x04 \x01(\x03R\amtimeNs\"Z\n" +
+	"\bmtime_ns\x18\x04 \x01(\x03R\amtimeNs\"\x85\x01\n" +
 	"\x12CommitStripesReply\x12(\n" +
 	"\x04attr\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x04attr\x12\x1a\n" +
-	"\bversions\x18\x02 \x03(\x04R\bversions\"Q\n" +
+	"\bversions\x18\x02 \x03(\x04R\bversions\x12)\n" +
+	"\x10conflict_stripes\x18\x03 \x03(\x04R\x0fconflictStripes\"Q\n" +
 	"\x11GetStripesRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
 	"\x05first\x18\x02 \x01(\x04R\x05first\x12\x14\n" +
