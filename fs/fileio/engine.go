@@ -230,6 +230,10 @@ func isInline(si *metapb.StripeInfo) bool { return len(si.Shards) == 0 }
 // stripeSize returns the bytes of file data a stripe holds.
 func (l layout) stripeSize() int64 { return int64(l.k) * l.unit }
 
+// bufSize returns the size of a whole dirty stripe's buffer: k data and m
+// parity units.
+func (l layout) bufSize() int { return (l.k + l.m) * int(l.unit) }
+
 // shardLen returns the length of every shard of a stripe holding length bytes.
 func (l layout) shardLen(length int64) int64 {
 	n := min(length, l.unit)
@@ -821,8 +825,8 @@ func (e *Engine) readStripeDegraded(ctx context.Context, ino uint64, lay layout,
 	var buf *buffer
 	var err error
 	if wait {
-		buf, err = e.pool.get(ctx, n*unit)
-	} else if buf = e.pool.tryGet(n * unit); buf == nil {
+		buf, err = e.pool.get(ctx, lay.bufSize())
+	} else if buf = e.pool.tryGet(lay.bufSize()); buf == nil {
 		err = errNoBuffer
 	}
 	if err != nil {
@@ -924,7 +928,7 @@ func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (in
 			f.sparse += grew
 			e.sparseTotal.Add(int64(grew))
 			if int64(d.sparseBytes()) >= ss/4 {
-				if buf := e.pool.tryGet((f.lay.k + f.lay.m) * int(f.lay.unit)); buf != nil {
+				if buf := e.pool.tryGet(f.lay.bufSize()); buf != nil {
 					e.materialize(f, d, buf)
 				}
 			}
@@ -1025,8 +1029,7 @@ func (e *Engine) dirtyStripe(ctx context.Context, f *file, s uint64, lo, hi int6
 		sparse := lo > 0 && hi-lo <= slabSize && (si == nil || lo != int64(si.Length))
 		var buf *buffer
 		if !sparse {
-			size := (f.lay.k + f.lay.m) * int(f.lay.unit)
-			b, err := e.getBuffer(ctx, f, size)
+			b, err := e.getBuffer(ctx, f, f.lay.bufSize())
 			if err != nil {
 				return nil, err
 			}
@@ -1060,7 +1063,7 @@ func (e *Engine) dirtyStripe(ctx context.Context, f *file, s uint64, lo, hi int6
 // its buffer, once. The caller holds f.mu and owns d (dirty, not flushing).
 func (e *Engine) fill(ctx context.Context, f *file, d *dirtyStripe) error {
 	if d.buf == nil {
-		buf := e.pool.tryGet((f.lay.k + f.lay.m) * int(f.lay.unit))
+		buf := e.pool.tryGet(f.lay.bufSize())
 		if buf == nil {
 			return errNoBuffer
 		}
@@ -1185,32 +1188,23 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 	defer cancel()
 	ready := stripes[:0:0]
 	for _, s := range stripes {
-		// A rebase below may let go of the lock or flush: look the
-		// stripe up again each time.
 		d := f.dirty[s]
 		if d == nil {
 			continue
 		}
 		err := e.fill(ctx, f, d)
-		if errors.Is(err, errNoBuffer) {
+		if err != nil && !errors.Is(err, errNoBuffer) && e.rebaseIfMoved(ctx, f, s) {
+			err = e.fill(ctx, f, d) // rebase keeps d, on the newest version
+		}
+		switch {
+		case errors.Is(err, errNoBuffer):
 			continue // stays dirty until memory frees up
-		}
-		if err != nil && e.rebaseIfMoved(ctx, f, s) {
-			if d = f.dirty[s]; d == nil {
-				continue
-			}
-			err = e.fill(ctx, f, d)
-		}
-		if errors.Is(err, errNoBuffer) {
-			continue
-		}
-		if err != nil {
+		case err != nil:
 			f.err = err // the stripe stays dirty: a later flush tries again
 			continue
 		}
 		ready = append(ready, s)
 	}
-	ready = slices.DeleteFunc(ready, func(s uint64) bool { return f.dirty[s] == nil })
 	stripes = ready
 	if len(stripes) == 0 {
 		return
@@ -1233,7 +1227,7 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 		var infos []*metapb.StripeInfo
 		var err error
 		if inline {
-			infos, err = e.commitInline(ctx, f.ino, lay, batch[0])
+			infos, err = e.commitInline(ctx, f.ino, batch[0])
 		} else {
 			infos, err = e.writeStripes(ctx, f.ino, lay, stripes, batch)
 		}
@@ -1347,7 +1341,7 @@ func (e *Engine) flushLocked(ctx context.Context, f *file) error {
 // waitForMemory waits, with f.mu released, until a whole stripe's buffer
 // is free. The caller holds f.mu.
 func (e *Engine) waitForMemory(ctx context.Context, f *file) error {
-	b, err := e.getBufferUnlocked(ctx, f, (f.lay.k+f.lay.m)*int(f.lay.unit))
+	b, err := e.getBufferUnlocked(ctx, f, f.lay.bufSize())
 	e.pool.put(b)
 	return err
 }

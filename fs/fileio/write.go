@@ -158,7 +158,7 @@ func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay layout, strip
 
 // commitInline commits stripe 0 of a small file with its bytes in metadata:
 // one call, no grant, no shards.
-func (e *Engine) commitInline(ctx context.Context, ino uint64, lay layout, d *dirtyStripe) ([]*metapb.StripeInfo, error) {
+func (e *Engine) commitInline(ctx context.Context, ino uint64, d *dirtyStripe) ([]*metapb.StripeInfo, error) {
 	data := d.buf.b[:d.length]
 	r, err := e.cfg.Meta.CommitStripes(ctx, &metapb.CommitStripesRequest{Ino: ino, Size: uint64(d.length),
 		Stripes: []*metapb.StripeCommit{{Stripe: 0, ExpectedVersion: d.base, Length: uint64(d.length), Inline: true, Data: data}}})
@@ -169,9 +169,7 @@ func (e *Engine) commitInline(ctx context.Context, ino uint64, lay layout, d *di
 		return nil, fmt.Errorf("fileio: inline commit of inode %d: no version in the reply: %w", ino, syscall.EIO)
 	}
 	e.stats.InlineCommits.Add(1)
-	return []*metapb.StripeInfo{{Stripe: 0, Version: r.Versions[0], Length: uint64(d.length),
-		Layout:     &metapb.Layout{K: uint32(lay.k), M: uint32(lay.m), Unit: uint64(lay.unit), InlineMax: uint64(lay.inline)},
-		InlineData: slices.Clone(data)}}, nil
+	return []*metapb.StripeInfo{{Stripe: 0, Version: r.Versions[0], Length: uint64(d.length), InlineData: slices.Clone(data)}}, nil
 }
 
 // grant asks meta for write grants, placing no shard on the chunkservers
