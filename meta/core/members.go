@@ -128,6 +128,21 @@ func (m *members) withAddresses(shards []*metapb.Shard) []*metapb.Shard {
 	return out
 }
 
+// canKeep reports whether a new version of shards can be written in place:
+// every shard is placed on a chunkserver that is up, not retiring, not
+// excluded and has at least minFree bytes free.
+func (m *members) canKeep(shards []*metapb.Shard, minFree uint64, exclude map[string]bool) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, sh := range shards {
+		mb, ok := m.byID[sh.ServerId]
+		if !ok || !mb.up || mb.retiring() || exclude[sh.ServerId] || mb.free < minFree {
+			return false
+		}
+	}
+	return true
+}
+
 func (m *members) isUp(id string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()

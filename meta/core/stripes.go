@@ -100,6 +100,10 @@ func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest)
 		return nil, err
 	}
 	exclude := idSet(req.Exclude)
+	inPlace := make(map[uint64]bool, len(req.InPlace))
+	for _, idx := range req.InPlace {
+		inPlace[idx] = true
+	}
 	out := &metapb.GrantWriteReply{}
 	err := s.update(ctx, func(t kv.Txn) error {
 		out.Grants = out.Grants[:0]
@@ -120,23 +124,19 @@ func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest)
 			if err := putMsg(t, keys.Stripe(req.Ino, idx), st); err != nil {
 				return err
 			}
-			chosen, err := s.members.place(n, l.DurableShardsNeeded(), l.Unit, exclude, nil)
-			if err != nil {
+			var shards []*metapb.Shard
+			keep := inPlace[idx] && st.Version > 0 && len(st.Shards) == n && proto.Equal(st.Layout, l) &&
+				s.members.canKeep(st.Shards, l.Unit, exclude)
+			if keep {
+				shards = st.Shards
+			} else if shards, err = s.placeStripe(t, l, exclude); err != nil {
 				return err
-			}
-			first, err := nextID(t, counterChunk, uint64(n))
-			if err != nil {
-				return err
-			}
-			shards := make([]*metapb.Shard, n)
-			for i, c := range chosen {
-				shards[i] = &metapb.Shard{ChunkId: first + uint64(i), ServerId: c.ID}
 			}
 			if err := putMsg(t, keys.Grant(req.Ino, idx, v), &metapb.GrantRecord{Shards: shards, ExpiresNs: expires, Layout: l}); err != nil {
 				return err
 			}
 			out.Grants = append(out.Grants, &metapb.StripeGrant{Stripe: idx, Version: v, CommittedVersion: st.Version,
-				Layout: l, Shards: s.members.withAddresses(shards)})
+				Layout: l, Shards: s.members.withAddresses(shards), InPlace: keep})
 		}
 		return nil
 	})
@@ -144,6 +144,26 @@ func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest)
 		return nil, err
 	}
 	return out, nil
+}
+
+// placeStripe chooses chunkservers and fresh chunk ids for the k+m shards
+// of a new stripe version of layout l (shards with no chunkserver when too
+// few are live, at least min-write-shards placed).
+func (s *Service) placeStripe(t kv.Txn, l *metapb.Layout, exclude map[string]bool) ([]*metapb.Shard, error) {
+	n := int(l.K + l.M)
+	chosen, err := s.members.place(n, l.DurableShardsNeeded(), l.Unit, exclude, nil)
+	if err != nil {
+		return nil, err
+	}
+	first, err := nextID(t, counterChunk, uint64(n))
+	if err != nil {
+		return nil, err
+	}
+	shards := make([]*metapb.Shard, n)
+	for i, c := range chosen {
+		shards[i] = &metapb.Shard{ChunkId: first + uint64(i), ServerId: c.ID}
+	}
+	return shards, nil
 }
 
 // idSet returns ids as a set.

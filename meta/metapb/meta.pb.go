@@ -2843,7 +2843,16 @@ type GrantWriteRequest struct {
 	Stripes []uint64               `protobuf:"varint,2,rep,packed,name=stripes,proto3" json:"stripes,omitempty"` // stripe indexes
 	// exclude lists chunkservers (ids) the writer cannot reach: no shard is
 	// placed on them.
-	Exclude       []string `protobuf:"bytes,3,rep,name=exclude,proto3" json:"exclude,omitempty"`
+	Exclude []string `protobuf:"bytes,3,rep,name=exclude,proto3" json:"exclude,omitempty"`
+	// in_place lists stripes (of stripes) to grant on their committed chunks
+	// when possible: the same chunk ids on the same chunkservers, a new
+	// version of each, so that the writer derives every shard's new version
+	// from the committed one on its chunkserver (a partial-stripe write sends
+	// only what changed). Possible when the committed stripe has shards (not
+	// inline), all of them placed, in the file's layout, and every one of
+	// their chunkservers is up, not retiring, not excluded and has room for a
+	// shard; otherwise the stripe is placed afresh as usual.
+	InPlace       []uint64 `protobuf:"varint,4,rep,packed,name=in_place,json=inPlace,proto3" json:"in_place,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2899,6 +2908,13 @@ func (x *GrantWriteRequest) GetExclude() []string {
 	return nil
 }
 
+func (x *GrantWriteRequest) GetInPlace() []uint64 {
+	if x != nil {
+		return x.InPlace
+	}
+	return nil
+}
+
 type StripeGrant struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Stripe           uint64                 `protobuf:"varint,1,opt,name=stripe,proto3" json:"stripe,omitempty"`
@@ -2908,7 +2924,10 @@ type StripeGrant struct {
 	// k+m shards, data shards first. A shard with an empty server_id has no
 	// chunkserver (too few live ones): the writer skips it and commits it as
 	// missing; the grant holds at least min_write_shards placed shards.
-	Shards        []*Shard `protobuf:"bytes,5,rep,name=shards,proto3" json:"shards,omitempty"`
+	Shards []*Shard `protobuf:"bytes,5,rep,name=shards,proto3" json:"shards,omitempty"`
+	// in_place is set when shards are the committed stripe's own chunks (see
+	// GrantWriteRequest.in_place).
+	InPlace       bool `protobuf:"varint,6,opt,name=in_place,json=inPlace,proto3" json:"in_place,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2976,6 +2995,13 @@ func (x *StripeGrant) GetShards() []*Shard {
 		return x.Shards
 	}
 	return nil
+}
+
+func (x *StripeGrant) GetInPlace() bool {
+	if x != nil {
+		return x.InPlace
+	}
+	return false
 }
 
 type GrantWriteReply struct {
@@ -5870,17 +5896,19 @@ const file_meta_proto_rawDesc = "" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x1e\n" +
 	"\n" +
 	"transports\x18\x04 \x03(\tR\n" +
-	"transports\"Y\n" +
+	"transports\"t\n" +
 	"\x11GrantWriteRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x18\n" +
 	"\astripes\x18\x02 \x03(\x04R\astripes\x12\x18\n" +
-	"\aexclude\x18\x03 \x03(\tR\aexclude\"\xcb\x01\n" +
+	"\aexclude\x18\x03 \x03(\tR\aexclude\x12\x19\n" +
+	"\bin_place\x18\x04 \x03(\x04R\ainPlace\"\xe6\x01\n" +
 	"\vStripeGrant\x12\x16\n" +
 	"\x06stripe\x18\x01 \x01(\x04R\x06stripe\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12+\n" +
 	"\x11committed_version\x18\x03 \x01(\x04R\x10committedVersion\x12.\n" +
 	"\x06layout\x18\x04 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\x12-\n" +
-	"\x06shards\x18\x05 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\"F\n" +
+	"\x06shards\x18\x05 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\x12\x19\n" +
+	"\bin_place\x18\x06 \x01(\bR\ainPlace\"F\n" +
 	"\x0fGrantWriteReply\x123\n" +
 	"\x06grants\x18\x01 \x03(\v2\x1b.rdmafs.meta.v1.StripeGrantR\x06grants\"\xf8\x01\n" +
 	"\fStripeCommit\x12\x16\n" +
