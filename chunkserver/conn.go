@@ -66,8 +66,8 @@ type lease struct {
 
 // staging is a prepared write: a buffer and a window granting remote write of it.
 type staging struct {
-	key    chunk.Key
-	length int
+	key chunk.Key
+	stageSpec
 	buf    mempool.Buf
 	mw     rdma.MemoryWindow
 	rkey   uint32
@@ -436,7 +436,11 @@ func (c *conn) handle(req *proto.Request, spare *int) proto.Reply {
 		c.endLease(l)
 		return proto.Reply{}
 	case proto.OpPrepareWrite:
-		return c.prepare(key, int(req.Length))
+		return c.prepare(key, stageSpec{length: int(req.Length)})
+	case proto.OpPreparePatch:
+		return c.preparePatch(key, int(req.Length), req.Base)
+	case proto.OpClone:
+		return c.clone(key, req.Base)
 	case proto.OpCommit:
 		return c.commit(key, req.CRC)
 	case proto.OpAbort:
@@ -559,8 +563,31 @@ func (c *conn) renewLease(id uint64) proto.Reply {
 	return proto.Reply{TTL: ms(ttl)}
 }
 
-func (c *conn) prepare(key chunk.Key, length int) proto.Reply {
+// stageSpec is what a prepare reserves: a staging buffer of length bytes the
+// client writes, and disk room for the new version. A plain write stages the
+// version itself and claims its length; a patch (base != 0) stages the encoded
+// patch and claims the length of its base, which the new version will have.
+type stageSpec struct {
+	length  int           // bytes staged
+	base    chunk.Version // the version a patch applies to; 0 for a plain write
+	baseLen int           // the base's length (a patch only)
+}
+
+// claim returns the length of the version to claim disk room for.
+func (sp stageSpec) claim() int {
+	if sp.base != 0 {
+		return sp.baseLen
+	}
+	return sp.length
+}
+
+// prepare reserves the staging of a plain write or a patch of key: the staged
+// length bounded by the store's largest version and the connection's staging
+// quota, key neither stored nor being written, disk room claimed for the new
+// version, then a buffer and a window granting the client remote write.
+func (c *conn) prepare(key chunk.Key, sp stageSpec) proto.Reply {
 	s := c.s
+	length := sp.length
 	if length > s.store.MaxLength() || length < 0 {
 		return proto.Reply{Status: proto.StatusTooLong}
 	}
@@ -586,7 +613,7 @@ func (c *conn) prepare(key chunk.Key, length int) proto.Reply {
 	}
 	c.stagedBytes += length
 	c.mu.Unlock()
-	st := &staging{key: key, length: length}
+	st := &staging{key: key, stageSpec: sp}
 	undo := func(status proto.Status) proto.Reply {
 		if st.mw != nil {
 			c.mws <- st.mw
@@ -603,7 +630,7 @@ func (c *conn) prepare(key chunk.Key, length int) proto.Reply {
 	}
 	// Disk space first: a full chunkserver says so (StatusNoSpace) before
 	// the client sends any data, and the client places the shard elsewhere.
-	err := s.store.Claim(key, length)
+	err := s.store.Claim(key, sp.claim())
 	c.noteClaim(key, err)
 	if err != nil {
 		return undo(statusOf(err))
@@ -641,6 +668,18 @@ func (c *conn) prepare(key chunk.Key, length int) proto.Reply {
 	return proto.Reply{Addr: addr, RKey: st.rkey, Length: uint32(length), TTL: ms(ttl)}
 }
 
+// commit makes the staged version key durable and answers {Length, CRC} of
+// the stored version. crc is the CRC32C of the staged bytes: of the version
+// itself for a plain write, of the encoded patch for a patch (commitPatch
+// builds the version).
+//
+// A retried commit whose first ack was lost finds no staging and the version
+// stored. It is answered OK, with the stored version's length and CRC, when crc
+// is the stored version's CRC (a plain write) or the CRC of the patch the
+// version was committed from (recorded in s.patched for the latest
+// patchLogSize patch commits of this process); otherwise StatusExists. A
+// patch commit retried after chunkd restarted, or after many later patch
+// commits, therefore answers StatusExists: the caller may Stat the version.
 func (c *conn) commit(key chunk.Key, crc uint32) proto.Reply {
 	s := c.s
 	c.mu.Lock()
@@ -652,8 +691,8 @@ func (c *conn) commit(key chunk.Key, crc uint32) proto.Reply {
 	if st == nil {
 		// A retried commit whose first ack was lost finds the version stored.
 		if info, err := s.store.Stat(key); err == nil {
-			if info.CRC == crc {
-				return proto.Reply{}
+			if info.CRC == crc || s.patched.committed(key, crc) {
+				return proto.Reply{Length: info.Length, CRC: info.CRC}
 			}
 			return proto.Reply{Status: proto.StatusExists}
 		}
@@ -672,23 +711,25 @@ func (c *conn) commit(key chunk.Key, crc uint32) proto.Reply {
 		st.mw = nil
 	}
 	data := s.pool.Bytes(st.buf)[:st.length]
-	status := proto.StatusOK
+	var rep proto.Reply
 	if got := checksum(data); got != crc {
 		s.metrics.Errors.WithLabelValues("checksum").Inc()
 		c.log.Info("chunkd: commit checksum mismatch", "chunk", key, "got", fmt.Sprintf("%08x", got), "want", fmt.Sprintf("%08x", crc))
-		status = proto.StatusChecksumMismatch
+		rep.Status = proto.StatusChecksumMismatch
+	} else if st.base != 0 {
+		rep = c.commitPatch(st, data, crc)
 	} else if err := s.store.Put(key, data, crc); err != nil {
 		c.noteErr("commit", key, err)
-		status = statusOf(err)
-	}
-	if status == proto.StatusOK {
+		rep.Status = statusOf(err)
+	} else {
 		s.cache.insert(chunk.Info{Key: key, Length: uint32(st.length), CRC: crc}, st.buf)
 		st.buf = mempool.Buf{}
 		s.metrics.BytesWritten.Add(float64(st.length))
 		s.updateStoreGauges()
+		rep = proto.Reply{Length: uint32(st.length), CRC: crc}
 	}
 	c.endStaging(st)
-	return proto.Reply{Status: status}
+	return rep
 }
 
 // noteClaim accounts for a claim of disk room: a refusal for want of space is

@@ -38,6 +38,28 @@
 //     fdatasync) and only then answers; the staged buffer becomes the version's
 //     resident copy. Abort drops a staging;
 //     an unused one expires. A commit the disk refuses answers StatusNoSpace.
+//     The commit answers the stored version's {length, crc32c}. A commit
+//     retried after its ack was lost finds no staging and the version stored:
+//     it answers OK when its crc32c is the version's, or that of the patch the
+//     version was committed from (chunkd remembers the latest 4096 patch
+//     commits since it started), and StatusExists otherwise.
+//   - PreparePatch(chunk, new version, length, base) and Clone(chunk, new
+//     version, base) derive a new version from a stored base version of the
+//     same chunk on this chunkd (0 < base < new version, else StatusInvalid; a
+//     missing base answers its status, unknown chunk or wrong version; a new
+//     version stored or being written StatusExists). The new version has
+//     exactly the base's length and is stored like any other: complete,
+//     checksummed, durable; the base is untouched. PreparePatch claims disk
+//     room for the base's length and grants a staging of length bytes for a
+//     patch (byte ranges to overwrite, see package proto); the client
+//     RDMA_WRITEs it and sends Commit with the crc32c of the patch. The commit
+//     verifies it, pins the base through the resident cache (loading it,
+//     checksum verified, if needed), copies it into a new buffer, applies the
+//     patch (a patch that does not fit the base answers StatusInvalid and
+//     stores nothing), checksums and stores the result, which becomes resident,
+//     and answers its {length, crc32c}. Clone stores a copy of the base
+//     straight from its resident copy and answers {length, crc32c}; cloning a
+//     version already stored with the base's length and crc32c answers OK.
 //   - Delete, Stat and List work on stored versions.
 //
 // A version is never overwritten: a new version goes to a free slot, so a reader of

@@ -161,12 +161,13 @@ func TestRandomRequests(t *testing.T) {
 			reqs := make([]proto.Request, 1+r.IntN(c.Limits().MaxBatch))
 			for j := range reqs {
 				q := proto.Request{
-					Op:      proto.Op(1 + r.IntN(int(proto.OpList))),
+					Op:      proto.Op(1 + r.IntN(int(proto.OpClone))),
 					Chunk:   uint64(r.IntN(4)),
 					Version: uint64(r.IntN(4)),
 					Length:  uint32(r.IntN(1 << 20)),
 					CRC:     r.Uint32(),
 					LeaseID: uint64(r.IntN(50)),
+					Base:    uint64(r.IntN(4)),
 				}
 				switch r.IntN(8) {
 				case 0:

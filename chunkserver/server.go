@@ -116,7 +116,7 @@ func (c *Config) setDefaults() error {
 // does not know the chunkserver; chunkd registers again.
 var ErrNotRegistered = errors.New("chunkserver: not registered with the metadata service")
 
-const numOps = int(proto.OpList) + 1
+const numOps = int(proto.OpClone) + 1
 const numStatus = int(proto.StatusShuttingDown) + 1
 
 // Server is a running chunkd: a listener, a registered memory pool and the
@@ -146,6 +146,10 @@ type Server struct {
 	corrupt map[chunk.Key]struct{}
 	rep     *repairer // nil: repair off
 	closed  bool
+	// patched remembers the patch CRCs of recent patch commits, so that a
+	// retried commit of a patch is recognized (see conn.commit). It has its
+	// own lock.
+	patched patchLog
 	wg      sync.WaitGroup // connections and background loops
 
 	closeOnce sync.Once
@@ -423,6 +427,7 @@ func (s *Server) deleteVersion(key chunk.Key) error {
 	s.mu.Lock()
 	delete(s.corrupt, key)
 	s.mu.Unlock()
+	s.patched.forget(key)
 	s.updateStoreGauges()
 	return err
 }

@@ -874,11 +874,30 @@ func (c *Client) ReadAt(ctx context.Context, key chunk.Key, off int, sgl []rdma.
 
 // PrepareWrite reserves staging for a new version key of length bytes.
 func (c *Client) PrepareWrite(ctx context.Context, key chunk.Key, length int) (Staging, error) {
+	return c.prepare(ctx, proto.Request{Op: proto.OpPrepareWrite, Chunk: key.Chunk, Version: key.Version}, length)
+}
+
+// PreparePatch reserves staging of length bytes for a patch that derives version key from (key.Chunk, base).
+// The patch is laid out as proto.EncodePatchHeader and proto.ApplyPatch
+// describe; chunkd claims disk room for the base's length, which the new
+// version will have. Write the patch with Write, then Commit with the CRC32C of
+// the patch bytes. Errors carry chunkd's status: StatusInvalid unless 0 < base <
+// key.Version (or for a length shorter than an empty patch's header), the
+// base's status when it is not stored (StatusUnknownChunk, StatusWrongVersion),
+// StatusExists when key is stored or being written, and those of PrepareWrite.
+func (c *Client) PreparePatch(ctx context.Context, key chunk.Key, base chunk.Version, length int) (Staging, error) {
+	return c.prepare(ctx, proto.Request{Op: proto.OpPreparePatch, Chunk: key.Chunk, Version: key.Version, Base: base}, length)
+}
+
+// prepare sends a PrepareWrite or PreparePatch request for length bytes.
+func (c *Client) prepare(ctx context.Context, req proto.Request, length int) (Staging, error) {
+	key := chunk.Key{Chunk: req.Chunk, Version: req.Version}
 	if length < 0 || length > c.limits.MaxLength {
-		return Staging{}, fmt.Errorf("prepare %v: %w", key, proto.StatusTooLong.Err(proto.OpPrepareWrite))
+		return Staging{}, fmt.Errorf("prepare %v: %w", key, proto.StatusTooLong.Err(req.Op))
 	}
+	req.Length = uint32(length)
 	sent := time.Now()
-	rep, err := c.do1(ctx, proto.Request{Op: proto.OpPrepareWrite, Chunk: key.Chunk, Version: key.Version, Length: uint32(length)})
+	rep, err := c.do1(ctx, req)
 	if err != nil {
 		return Staging{}, fmt.Errorf("prepare %v: %w", key, err)
 	}
@@ -893,12 +912,20 @@ func (c *Client) Write(ctx context.Context, st Staging, off int, sgl []rdma.SGE)
 }
 
 // Commit asks chunkd to verify crc (CRC32C) over the staged bytes and make the
-// version durable; it returns once the version is on disk.
+// version durable; it returns once the version is on disk. For a patch staging
+// (PreparePatch) crc is the CRC32C of the patch bytes.
 func (c *Client) Commit(ctx context.Context, key chunk.Key, crc uint32) error {
-	if _, err := c.do1(ctx, proto.Request{Op: proto.OpCommit, Chunk: key.Chunk, Version: key.Version, CRC: crc}); err != nil {
-		return fmt.Errorf("commit %v: %w", key, err)
+	_, err := c.commit(ctx, key, crc)
+	return err
+}
+
+// commit is Commit returning the stored version's info.
+func (c *Client) commit(ctx context.Context, key chunk.Key, crc uint32) (chunk.Info, error) {
+	rep, err := c.do1(ctx, proto.Request{Op: proto.OpCommit, Chunk: key.Chunk, Version: key.Version, CRC: crc})
+	if err != nil {
+		return chunk.Info{}, fmt.Errorf("commit %v: %w", key, err)
 	}
-	return nil
+	return chunk.Info{Key: key, Length: rep.Length, CRC: rep.CRC}, nil
 }
 
 // Abort drops a prepared write.
@@ -915,26 +942,59 @@ func (c *Client) Abort(ctx context.Context, key chunk.Key) error {
 // the SEND only after the written data is placed, so this saves a round trip. On
 // failure the staging is dropped.
 func (c *Client) WriteVersion(ctx context.Context, key chunk.Key, sgl []rdma.SGE, crc uint32) error {
+	_, err := c.writeStaged(ctx, proto.OpPrepareWrite, key, 0, sgl, crc)
+	return err
+}
+
+// WritePatch derives version key from (key.Chunk, base) with the patch in sgl (header and
+// ranges, as proto.EncodePatchHeader lays out): prepare, RDMA_WRITE, commit with crc (the CRC32C
+// of the patch bytes), like WriteVersion. It returns the new version's info (length, CRC).
+// The new version has the base's length. A patch chunkd cannot apply (ranges
+// unsorted, overlapping, empty or outside the base, or data not matching them)
+// fails with StatusInvalid and stores nothing; see PreparePatch for the other
+// statuses. A commit retried after a lost ack answers OK with the stored
+// version's info while chunkd remembers the patch (see the chunkserver package).
+func (c *Client) WritePatch(ctx context.Context, key chunk.Key, base chunk.Version, sgl []rdma.SGE, crc uint32) (chunk.Info, error) {
+	return c.writeStaged(ctx, proto.OpPreparePatch, key, base, sgl, crc)
+}
+
+// writeStaged is WriteVersion (prepare is OpPrepareWrite) and WritePatch
+// (OpPreparePatch from base).
+func (c *Client) writeStaged(ctx context.Context, prepare proto.Op, key chunk.Key, base chunk.Version, sgl []rdma.SGE, crc uint32) (chunk.Info, error) {
 	n := 0
 	for _, s := range sgl {
 		n += int(s.Length)
 	}
-	st, err := c.PrepareWrite(ctx, key, n)
+	st, err := c.prepare(ctx, proto.Request{Op: prepare, Chunk: key.Chunk, Version: key.Version, Base: base}, n)
 	if err != nil {
-		return err
+		return chunk.Info{}, err
 	}
 	o, err := c.startOneSided(ctx, rdma.OpRDMAWrite, st.Addr, st.RKey, int(st.Length), 0, sgl)
 	if err != nil {
 		if c.Err() == nil {
 			c.Abort(ctx, key)
 		}
-		return fmt.Errorf("write %v: %w", key, err)
+		return chunk.Info{}, fmt.Errorf("write %v: %w", key, err)
 	}
-	cerr := c.Commit(ctx, key, crc)
+	info, cerr := c.commit(ctx, key, crc)
 	if werr := c.finishOneSided(ctx, o, rdma.OpRDMAWrite); werr != nil {
-		return fmt.Errorf("write %v: %w", key, werr)
+		return chunk.Info{}, fmt.Errorf("write %v: %w", key, werr)
 	}
-	return cerr
+	return info, cerr
+}
+
+// Clone stores version key as a copy of (key.Chunk, base) and returns its info.
+// It returns once the copy is durable. Cloning a key already stored as a copy
+// of base (a retry) succeeds; errors carry chunkd's status: StatusInvalid unless
+// 0 < base < key.Version, the base's status when it is not stored
+// (StatusUnknownChunk, StatusWrongVersion), StatusExists when key is stored
+// otherwise or being written, StatusNoSpace when chunkd has no room for it.
+func (c *Client) Clone(ctx context.Context, key chunk.Key, base chunk.Version) (chunk.Info, error) {
+	rep, err := c.do1(ctx, proto.Request{Op: proto.OpClone, Chunk: key.Chunk, Version: key.Version, Base: base})
+	if err != nil {
+		return chunk.Info{}, fmt.Errorf("clone %v from version %x: %w", key, base, err)
+	}
+	return chunk.Info{Key: key, Length: rep.Length, CRC: rep.CRC}, nil
 }
 
 // Delete deletes version key.

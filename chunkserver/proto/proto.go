@@ -9,10 +9,20 @@
 //	request: op u8 | flags u8 | reserved u16 | length u32 | chunk u64 | version u64 | arg u64   (32 bytes)
 //	reply:   op u8 | reserved u8 | status u16 | length u32 | arg u64 | addr u64 | rkey u32 | crc u32 | ttl ms u32 | n u32 (40 bytes)
 //
-// arg is the lease id (RenewLease, ReleaseLease, and the ReadLease reply) or the
-// CRC32C (Commit). A List reply is followed by n entries of version u64 | length
-// u32 | crc u32. All integers are little endian. The replies of a batch come in the
-// order of its requests, in one message that carries the request's id.
+// arg is the lease id (RenewLease, ReleaseLease, and the ReadLease reply), the
+// CRC32C (Commit) or the base version a new version derives from (PreparePatch,
+// Clone). A List reply is followed by n entries of version u64 | length u32 | crc
+// u32. All integers are little endian. The replies of a batch come in the order of
+// its requests, in one message that carries the request's id.
+//
+// A patch (the bytes a client stages after PreparePatch) describes a new version
+// as byte ranges to overwrite in a copy of its base version:
+//
+//	count u32 | reserved u32 (0) | count × (off u32 | len u32) | data
+//
+// where data is the ranges' bytes back to back in table order. The ranges are
+// sorted by offset, do not overlap, are not empty and lie inside the base
+// version; the new version has exactly the base version's length.
 package proto
 
 import (
@@ -72,9 +82,19 @@ const (
 	OpStat Op = 8
 	// OpList returns the stored versions of Chunk.
 	OpList Op = 9
+	// OpPreparePatch reserves a staging region of Length bytes for a patch (see
+	// the package documentation) that derives the new (Chunk, Version) from the
+	// stored (Chunk, Base): the reply grants {Addr, RKey, Length, TTL} as for
+	// OpPrepareWrite. The client RDMA_WRITEs the patch and sends OpCommit with
+	// the CRC32C of the staged patch bytes; the commit's reply carries the
+	// Length and CRC of the new version.
+	OpPreparePatch Op = 10
+	// OpClone stores (Chunk, Version) as an exact copy of the stored (Chunk,
+	// Base) and answers {Length, CRC} of the new version once it is durable.
+	OpClone Op = 11
 )
 
-var opNames = [...]string{"", "ReadLease", "RenewLease", "ReleaseLease", "PrepareWrite", "Commit", "Abort", "Delete", "Stat", "List"}
+var opNames = [...]string{"", "ReadLease", "RenewLease", "ReleaseLease", "PrepareWrite", "Commit", "Abort", "Delete", "Stat", "List", "PreparePatch", "Clone"}
 
 func (o Op) String() string {
 	if o > 0 && int(o) < len(opNames) {
@@ -84,7 +104,7 @@ func (o Op) String() string {
 }
 
 // Valid reports whether o is a known operation.
-func (o Op) Valid() bool { return o >= OpReadLease && o <= OpList }
+func (o Op) Valid() bool { return o >= OpReadLease && o <= OpClone }
 
 // Status is the result of one request.
 type Status uint16
@@ -164,9 +184,13 @@ type Request struct {
 	Op      Op
 	Chunk   uint64
 	Version uint64
-	Length  uint32 // PrepareWrite
+	Length  uint32 // PrepareWrite, PreparePatch
 	LeaseID uint64 // RenewLease, ReleaseLease
 	CRC     uint32 // Commit
+	// Base is the version the new one derives from (PreparePatch, Clone). It
+	// must be stored and 0 < Base < Version: chunkd answers StatusInvalid
+	// otherwise (the decoder accepts any value).
+	Base uint64
 }
 
 // VersionInfo is one entry of a List reply.
@@ -181,11 +205,11 @@ type Reply struct {
 	Op       Op
 	Status   Status
 	LeaseID  uint64 // ReadLease
-	Addr     uint64 // ReadLease, PrepareWrite: remote address of the granted region
-	RKey     uint32 // ReadLease, PrepareWrite: rkey of the granted region
-	Length   uint32 // ReadLease, PrepareWrite, Stat
-	CRC      uint32 // ReadLease, Stat
-	TTL      uint32 // ReadLease, RenewLease, PrepareWrite: milliseconds the grant lasts
+	Addr     uint64 // ReadLease, PrepareWrite, PreparePatch: remote address of the granted region
+	RKey     uint32 // ReadLease, PrepareWrite, PreparePatch: rkey of the granted region
+	Length   uint32 // ReadLease, PrepareWrite, PreparePatch, Stat; Commit, Clone: the stored version's
+	CRC      uint32 // ReadLease, Stat; Commit, Clone: the stored version's
+	TTL      uint32 // ReadLease, RenewLease, PrepareWrite, PreparePatch: milliseconds the grant lasts
 	Versions []VersionInfo
 }
 
@@ -261,6 +285,8 @@ func EncodeRequests(b []byte, id uint64, reqs []Request) (int, error) {
 			arg = r.LeaseID
 		case OpCommit:
 			arg = uint64(r.CRC)
+		case OpPreparePatch, OpClone:
+			arg = r.Base
 		}
 		binary.LittleEndian.PutUint64(q[24:], arg)
 	}
@@ -311,6 +337,8 @@ func DecodeRequests(b []byte, dst []Request) (uint64, []Request, error) {
 				return h.ID, nil, fmt.Errorf("proto: commit crc %#x out of range in item %d", arg, i)
 			}
 			r.CRC = uint32(arg)
+		case OpPreparePatch, OpClone:
+			r.Base = arg
 		}
 		dst[i] = r
 	}

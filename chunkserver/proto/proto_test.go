@@ -21,6 +21,8 @@ func sampleRequests() []Request {
 		{Op: OpDelete, Chunk: 3, Version: 1},
 		{Op: OpStat, Chunk: 3, Version: 4},
 		{Op: OpList, Chunk: 3},
+		{Op: OpPreparePatch, Chunk: 3, Version: 6, Length: 4096, Base: 4},
+		{Op: OpClone, Chunk: 3, Version: 7, Base: 0xffffffffffff},
 	}
 }
 
@@ -30,6 +32,9 @@ func sampleReplies() []Reply {
 		{Op: OpPrepareWrite, Status: StatusNoSpace},
 		{Op: OpList, Versions: []VersionInfo{{Version: 1, Length: 10, CRC: 2}, {Version: 3, Length: 4, CRC: 5}}},
 		{Op: OpCommit, Status: StatusChecksumMismatch},
+		{Op: OpCommit, Length: 1 << 20, CRC: 0xfeedface},
+		{Op: OpPreparePatch, Addr: 0x7f0000002000, RKey: 0x55, Length: 24, TTL: 60000},
+		{Op: OpClone, Length: 4096, CRC: 7},
 	}
 }
 

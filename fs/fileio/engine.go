@@ -117,6 +117,10 @@ type Stats struct {
 	// SparseStripes counts dirty stripes begun sparse (small writes
 	// gathered without a whole-stripe buffer).
 	SparseStripes atomic.Int64
+	// DeltaWrites counts stripes written as a parity delta: only the
+	// changed ranges and the parity's, each shard's new version derived
+	// from the committed one on its chunkserver.
+	DeltaWrites atomic.Int64
 }
 
 // Stats returns the engine's counters.
@@ -284,6 +288,10 @@ type dirtyStripe struct {
 	// whole, as a sequential overwrite does, is never read.
 	committed *metapb.StripeInfo
 	fillEnd   int64
+	// delta is set while the stripe flushes as a parity delta (its buffer,
+	// if any, is then not filled); noDelta once a delta of it failed.
+	delta   *deltaPlan
+	noDelta bool
 	// The data area, buf.b[:dataLen], is zeroed lazily: [0, clean) holds
 	// written, filled or zeroed bytes and the rest whatever the buffer held
 	// before. A writer that covers the stripe in order, as sequential writes
@@ -367,6 +375,18 @@ func (e *Engine) materialize(f *file, d *dirtyStripe, buf *buffer) {
 	}
 	e.dropSparse(f, d)
 	f.bufBytes += len(buf.b)
+}
+
+// dropDirty gives back all the memory of dirty stripe d: its buffer, its
+// slabs and its delta's. The caller holds f.mu.
+func (e *Engine) dropDirty(f *file, d *dirtyStripe) {
+	if d.buf != nil {
+		f.bufBytes -= len(d.buf.b)
+		e.pool.put(d.buf)
+		d.buf = nil
+	}
+	e.dropSparse(f, d)
+	e.dropDelta(f, d)
 }
 
 // errNoBuffer reports that a sparse stripe could not get its buffer now.
@@ -643,8 +663,12 @@ func (e *Engine) read(ctx context.Context, ino uint64, p []byte, off int64, inPl
 				f.mu.Unlock()
 				return 0, nil, nil, err
 			}
-		} else {
-			d = f.flushing[s]
+		} else if d = f.flushing[s]; d != nil && d.delta != nil {
+			// Flushing as a delta: its writes over the committed stripe
+			// it builds on.
+			pc := piece{si: d.delta.si, so: so, dst: dst, full: dst, writes: d.writtenIn(so, int64(len(dst)))}
+			pieces = append(pieces, pc)
+			continue
 		}
 		if d != nil {
 			copy(dst, d.buf.b[so:so+int64(len(dst))])
@@ -1192,6 +1216,10 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 		if d == nil {
 			continue
 		}
+		if d.delta = e.planDelta(f, s, d); d.delta != nil {
+			ready = append(ready, s)
+			continue
+		}
 		err := e.fill(ctx, f, d)
 		if err != nil && !errors.Is(err, errNoBuffer) && e.rebaseIfMoved(ctx, f, s) {
 			err = e.fill(ctx, f, d) // rebase keeps d, on the newest version
@@ -1231,7 +1259,8 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 		} else {
 			infos, err = e.writeStripes(ctx, f.ino, lay, stripes, batch)
 		}
-		if err != nil && metaclient.ConflictStripes(err) == nil {
+		var df *deltaFailed
+		if err != nil && metaclient.ConflictStripes(err) == nil && !errors.As(err, &df) {
 			// writeStripes has waited and retried what can pass (chunkservers
 			// down, replacements, meta failover): what is left is final.
 			err = failWrite(err)
@@ -1242,6 +1271,7 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 		failed := isWriteFailed(err)
 		for i, s := range stripes {
 			delete(f.flushing, s)
+			d := batch[i]
 			switch {
 			case err == nil:
 				f.stripes[s] = infos[i]
@@ -1251,13 +1281,21 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 				// data is dropped once its error is reported, as on a
 				// local file system, so a failing cluster does not pin
 				// the mount's memory.
-				f.bufBytes -= len(batch[i].buf.b)
-				e.pool.put(batch[i].buf)
+				e.dropDirty(f, d)
 			default:
-				f.dirty[s] = batch[i] // kept for the next attempt
+				if df != nil && d.delta != nil {
+					d.noDelta = true
+				}
+				e.dropDelta(f, d)
+				f.dirty[s] = d // kept for the next attempt
 			}
 		}
 		if err == nil {
+			return
+		}
+		if df != nil {
+			e.log.Info("fileio: partial-stripe write failed, rewriting the stripes whole", "ino", f.ino, "stripes", len(stripes), "err", err)
+			e.startFlush(f, stripes)
 			return
 		}
 		if failed {
@@ -1393,12 +1431,7 @@ func (e *Engine) Truncate(ctx context.Context, ino uint64, size uint64) error {
 		start := int64(s) * ss
 		switch {
 		case start >= int64(size):
-			if d.buf != nil {
-				e.pool.put(d.buf)
-				f.bufBytes -= len(d.buf.b)
-			} else {
-				e.dropSparse(f, d)
-			}
+			e.dropDirty(f, d)
 			delete(f.dirty, s)
 		case start+d.length > int64(size):
 			cut := int64(size) - start

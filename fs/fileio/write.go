@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	chunkclient "github.com/rdmafs/rdmafs/chunkserver/client"
 	"github.com/rdmafs/rdmafs/chunkserver/proto"
 	"github.com/rdmafs/rdmafs/meta/metaerr"
 	"github.com/rdmafs/rdmafs/meta/metapb"
@@ -83,8 +84,13 @@ func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay layout, strip
 	}
 	unit := int(lay.unit)
 	var size int64
+	var inPlace []uint64
 	for i, d := range batch {
 		size = max(size, int64(stripes[i])*lay.stripeSize()+d.length)
+		if d.delta != nil {
+			inPlace = append(inPlace, stripes[i])
+			continue
+		}
 		sl := int(lay.shardLen(d.length))
 		shards := make([][]byte, lay.k+lay.m)
 		for j := range shards {
@@ -102,7 +108,7 @@ func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay layout, strip
 	}
 	deadline := e.cfg.Now().Add(e.cfg.WriteTimeout)
 	t0 := time.Now()
-	g, err := e.grant(ctx, ino, stripes, deadline)
+	g, err := e.grant(ctx, ino, stripes, inPlace, deadline)
 	if err != nil {
 		return nil, err
 	}
@@ -125,14 +131,28 @@ func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay layout, strip
 	for i, gr := range g.Grants {
 		wg.Go(func() {
 			r := &results[i]
+			if batch[i].delta != nil {
+				r.shards, r.err = gr.Shards, e.writeDelta(ctx, lay, gr, batch[i])
+				return
+			}
 			r.shards, r.missing, r.err = e.writeStripe(ctx, ino, lay, gr, batch[i], deadline)
 		})
 	}
 	wg.Wait()
+	// A failed delta is no failure of the write: the stripes go again,
+	// whole. Other errors come first.
+	var delta error
 	for _, r := range results {
-		if r.err != nil {
+		var df *deltaFailed
+		switch {
+		case errors.As(r.err, &df):
+			delta = r.err
+		case r.err != nil:
 			return nil, r.err
 		}
+	}
+	if delta != nil {
+		return nil, delta
 	}
 	t2 := time.Now()
 	commits := make([]*metapb.StripeCommit, len(g.Grants))
@@ -173,12 +193,13 @@ func (e *Engine) commitInline(ctx context.Context, ino uint64, d *dirtyStripe) (
 }
 
 // grant asks meta for write grants, placing no shard on the chunkservers
-// this mount suspects or found full. While too few chunkservers are live
+// this mount suspects or found full; the stripes of inPlace are granted on
+// their committed chunks where meta can. While too few chunkservers are live
 // for the layout's min-write-shards it waits, until deadline.
-func (e *Engine) grant(ctx context.Context, ino uint64, stripes []uint64, deadline time.Time) (*metapb.GrantWriteReply, error) {
+func (e *Engine) grant(ctx context.Context, ino uint64, stripes, inPlace []uint64, deadline time.Time) (*metapb.GrantWriteReply, error) {
 	wait := waitMin
 	for {
-		g, err := e.cfg.Meta.GrantWrite(ctx, &metapb.GrantWriteRequest{Ino: ino, Stripes: stripes, Exclude: e.conns.avoid()})
+		g, err := e.cfg.Meta.GrantWrite(ctx, &metapb.GrantWriteRequest{Ino: ino, Stripes: stripes, InPlace: inPlace, Exclude: e.conns.avoid()})
 		switch errno := metaerr.Errno(err); {
 		case err == nil:
 			return g, nil
@@ -314,16 +335,21 @@ const (
 	busyTotal = 2 * time.Second
 )
 
-// writeShard writes one shard version to sh's chunkserver, retrying while it
-// answers busy, and records the chunkserver's health.
+// writeShard writes one shard version to sh's chunkserver.
 func (e *Engine) writeShard(ctx context.Context, sh *metapb.Shard, key chunk.Key, sgl []rdma.SGE, crc uint32) error {
+	return e.toShard(ctx, sh, func(c *chunkclient.Client) error { return c.WriteVersion(ctx, key, sgl, crc) })
+}
+
+// toShard runs op, a write to sh's chunkserver, retrying while it answers
+// busy, and records the chunkserver's health.
+func (e *Engine) toShard(ctx context.Context, sh *metapb.Shard, op func(c *chunkclient.Client) error) error {
 	wait, waited := busyWait, time.Duration(0)
 	for {
 		c, p, err := e.conns.get(ctx, sh.ServerId, sh.Address)
 		if err != nil {
 			return err
 		}
-		err = c.WriteVersion(ctx, key, sgl, crc)
+		err = op(c)
 		if err == nil {
 			e.conns.succeeded(p)
 			return nil

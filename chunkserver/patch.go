@@ -1,0 +1,202 @@
+package chunkserver
+
+import (
+	"sync"
+
+	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	"github.com/rdmafs/rdmafs/chunkserver/mempool"
+	"github.com/rdmafs/rdmafs/chunkserver/proto"
+)
+
+// Partial-stripe writes: a new version derived on chunkd from a base version of
+// the same chunk, by a patch (PreparePatch, then Commit) or as a copy (Clone).
+// The new version is stored like any other (store.Put: complete, checksummed,
+// durable); the base is never modified.
+
+// checkBase checks that base may be the base of the new version key: 0 < base <
+// key.Version and (key.Chunk, base) stored. It returns the base's info, or the
+// status to answer.
+func (c *conn) checkBase(key chunk.Key, base chunk.Version) (chunk.Info, proto.Status) {
+	if base == 0 || base >= key.Version {
+		return chunk.Info{}, proto.StatusInvalid
+	}
+	info, err := c.s.store.Stat(chunk.Key{Chunk: key.Chunk, Version: base})
+	if err != nil {
+		return chunk.Info{}, statusOf(err)
+	}
+	return info, proto.StatusOK
+}
+
+// preparePatch reserves the staging of a patch of length bytes that derives key
+// from (key.Chunk, base): as prepare does for a plain write, except that the
+// disk room claimed is the base's length. A staging too short for a patch
+// header answers StatusInvalid.
+func (c *conn) preparePatch(key chunk.Key, length int, base chunk.Version) proto.Reply {
+	info, status := c.checkBase(key, base)
+	if status != proto.StatusOK {
+		return proto.Reply{Status: status}
+	}
+	if length < proto.PatchHeaderLen(0) {
+		return proto.Reply{Status: proto.StatusInvalid}
+	}
+	return c.prepare(key, stageSpec{length: length, base: base, baseLen: int(info.Length)})
+}
+
+// commitPatch builds and stores the version of a patch staging whose window is
+// revoked and whose patch bytes (with CRC patchCRC) are verified: the base
+// pinned through the cache, copied into a new buffer, the patch applied, the
+// result checksummed, stored and made resident. The caller ends the staging.
+func (c *conn) commitPatch(st *staging, patch []byte, patchCRC uint32) proto.Reply {
+	s := c.s
+	key := st.key
+	baseKey := chunk.Key{Chunk: key.Chunk, Version: st.base}
+	res, err := s.cache.acquire(c.ctx, baseKey)
+	if err != nil {
+		c.noteErr("patch base", key, err)
+		return proto.Reply{Status: statusOf(err)}
+	}
+	defer s.cache.release(res)
+	// A version being deleted may still be resident for a moment: the base
+	// must be stored now, with its bytes pinned.
+	if _, err := s.store.Stat(baseKey); err != nil {
+		return proto.Reply{Status: statusOf(err)}
+	}
+	n := int(res.info.Length)
+	buf, err := s.cache.alloc(n)
+	if err != nil {
+		c.noteErr("patch", key, err)
+		return proto.Reply{Status: statusOf(err)}
+	}
+	data := s.pool.Bytes(buf)[:n]
+	copy(data, s.pool.Bytes(res.buf)[:n])
+	if err := proto.ApplyPatch(data, patch); err != nil {
+		s.pool.Free(buf)
+		s.metrics.Errors.WithLabelValues("patch").Inc()
+		c.log.Debug("chunkd: bad patch", "chunk", key, "base", st.base, "err", err)
+		return proto.Reply{Status: proto.StatusInvalid}
+	}
+	crc := checksum(data)
+	// Recorded before the version is stored, so that a retry racing the
+	// ack finds it.
+	s.patched.add(key, patchCRC)
+	if err := s.store.Put(key, data, crc); err != nil {
+		s.patched.forget(key)
+		s.pool.Free(buf)
+		c.noteErr("commit", key, err)
+		return proto.Reply{Status: statusOf(err)}
+	}
+	s.cache.insert(chunk.Info{Key: key, Length: uint32(n), CRC: crc}, buf)
+	s.metrics.BytesWritten.Add(float64(n))
+	s.updateStoreGauges()
+	return proto.Reply{Length: uint32(n), CRC: crc}
+}
+
+// clone stores key as a copy of (key.Chunk, base), written straight from the
+// base's pinned resident copy, and answers {Length, CRC} once it is durable.
+// A clone of a key already stored with the base's length and CRC answers OK (a
+// retried clone); a key stored otherwise, or being written, StatusExists. The
+// clone is not made resident: it is read, if ever, from disk.
+func (c *conn) clone(key chunk.Key, base chunk.Version) proto.Reply {
+	s := c.s
+	binfo, status := c.checkBase(key, base)
+	if status != proto.StatusOK {
+		return proto.Reply{Status: status}
+	}
+	if info, err := s.store.Stat(key); err == nil {
+		if info.Length == binfo.Length && info.CRC == binfo.CRC {
+			return proto.Reply{Length: info.Length, CRC: info.CRC}
+		}
+		return proto.Reply{Status: proto.StatusExists}
+	}
+	s.mu.Lock()
+	if _, ok := s.staged[key]; ok {
+		s.mu.Unlock()
+		return proto.Reply{Status: proto.StatusExists}
+	}
+	s.staged[key] = c
+	s.mu.Unlock()
+	defer s.unstage(key, c)
+	err := s.store.Claim(key, int(binfo.Length))
+	c.noteClaim(key, err)
+	if err != nil {
+		return proto.Reply{Status: statusOf(err)}
+	}
+	defer s.store.Unclaim(key) // a no-op once Put took the claim
+	baseKey := chunk.Key{Chunk: key.Chunk, Version: base}
+	res, err := s.cache.acquire(c.ctx, baseKey)
+	if err != nil {
+		c.noteErr("clone", key, err)
+		return proto.Reply{Status: statusOf(err)}
+	}
+	defer s.cache.release(res)
+	if _, err := s.store.Stat(baseKey); err != nil { // deleted while resident
+		return proto.Reply{Status: statusOf(err)}
+	}
+	n := int(res.info.Length)
+	data := s.pool.Bytes(res.buf)[:n]
+	if n%mempool.Granularity != 0 {
+		// The store writes a block-aligned buffer with room past its end
+		// with direct I/O and zeroes the padding in place: not in a
+		// resident copy that other clones may be writing from at the same
+		// time. Without the room it writes through the page cache.
+		data = data[:n:n]
+	}
+	if err := s.store.Put(key, data, res.info.CRC); err != nil {
+		c.noteErr("clone", key, err)
+		return proto.Reply{Status: statusOf(err)}
+	}
+	s.metrics.BytesWritten.Add(float64(n))
+	s.updateStoreGauges()
+	return proto.Reply{Length: uint32(n), CRC: res.info.CRC}
+}
+
+// patchLogSize bounds the patch commits patchLog remembers.
+const patchLogSize = 4096
+
+// patchLog remembers, for the latest patch commits, the CRC of the patch each
+// version was built from: the CRC a retried commit of it carries, which is not
+// the version's. It is safe for concurrent use.
+type patchLog struct {
+	mu   sync.Mutex
+	crcs map[chunk.Key]uint32
+	ring []chunk.Key // insertion order, oldest overwritten first
+	next int
+}
+
+// add records that key is committed from a patch with CRC crc.
+func (l *patchLog) add(key chunk.Key, crc uint32) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.crcs == nil {
+		l.crcs = make(map[chunk.Key]uint32)
+		l.ring = make([]chunk.Key, 0, patchLogSize)
+	}
+	if _, ok := l.crcs[key]; !ok {
+		if len(l.ring) < patchLogSize {
+			l.ring = append(l.ring, key)
+		} else {
+			delete(l.crcs, l.ring[l.next])
+			l.ring[l.next] = key
+			l.next = (l.next + 1) % patchLogSize
+		}
+	}
+	l.crcs[key] = crc
+}
+
+// committed reports whether key was recorded as committed from a patch with
+// CRC crc.
+func (l *patchLog) committed(key chunk.Key, crc uint32) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	got, ok := l.crcs[key]
+	return ok && got == crc
+}
+
+// forget drops key's record (its commit failed, or the version is deleted). Its
+// slot in the ring stays until it is reused, and may then drop a later record
+// of the same key early: a retried commit of it would answer StatusExists.
+func (l *patchLog) forget(key chunk.Key) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.crcs, key)
+}

@@ -1,0 +1,130 @@
+package fileio_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/klauspost/reedsolomon"
+
+	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	"github.com/rdmafs/rdmafs/chunkserver/chunktest"
+	"github.com/rdmafs/rdmafs/fs/fstest"
+	"github.com/rdmafs/rdmafs/meta/core"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// TestDeltaWrites overwrites small ranges of a file's committed stripes with
+// an fsync after each few writes, as a database does: the stripes flush as
+// parity deltas. A chunkserver stops half way (the deltas that meet it fail
+// over to whole rewrites), and at the end a second one: with two of k+m
+// shards gone every stripe is read back through its parity, so a wrong
+// parity delta shows as wrong bytes. Both an erasure-coded layout and
+// replication (k = 1).
+func TestDeltaWrites(t *testing.T) {
+	for _, lay := range []core.Layout{{K: 4, M: 2, Unit: 256 << 10}, {K: 1, M: 2, Unit: 256 << 10}} {
+		t.Run(fmt.Sprintf("%d+%d", lay.K, lay.M), func(t *testing.T) {
+			c := fstest.Start(t, fstest.Options{Layout: lay, Chunkservers: int(lay.K+lay.M) + 1})
+			other, _ := c.Mount(t)
+			stripe := int(lay.K) * int(lay.Unit)
+			model := random(3*stripe-5000, 1) // the last stripe partly filled
+			p := filepath.Join(c.Dir, "db")
+			if err := writeSync(p, model); err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.OpenFile(p, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			r := rand.New(rand.NewPCG(2, 3))
+			for step := range 60 {
+				if step == 30 {
+					c.Chunk[0].Stop()
+				}
+				for range 1 + r.IntN(3) {
+					n := 1 + r.IntN(6000)
+					off := r.IntN(len(model) - n)
+					b := random(n, r.Uint64())
+					if _, err := f.WriteAt(b, int64(off)); err != nil {
+						t.Fatalf("step %d: write: %v", step, err)
+					}
+					copy(model[off:], b)
+				}
+				if err := f.Sync(); err != nil {
+					t.Fatalf("step %d: fsync: %v", step, err)
+				}
+				if step%10 == 9 {
+					readsBack(t, "db", model, other)
+					if step < 30 {
+						checkParity(t, c, p)
+					}
+				}
+			}
+			deltas := c.Engine.Stats().DeltaWrites.Load()
+			if deltas < 20 {
+				t.Fatalf("%d stripes written as deltas in 60 fsyncs of small overwrites", deltas)
+			}
+			c.Chunk[1].Stop()
+			fresh, _ := c.Mount(t) // nothing cached
+			readsBack(t, "db", model, fresh, other, c.Dir)
+			t.Logf("%d delta writes", deltas)
+		})
+	}
+}
+
+// checkParity reads every shard of every stripe of the file at p straight
+// from the chunkservers' stores and checks that the parity matches the data
+// (with k = 1, that the copies are equal).
+func checkParity(t *testing.T, c *fstest.Cluster, p string) {
+	t.Helper()
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ino := fi.Sys().(*syscall.Stat_t).Ino
+	r, err := c.Meta.Client(t).GetStripes(context.Background(), &metapb.GetStripesRequest{Ino: ino, First: 0, Count: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[string]*chunktest.Server{}
+	for _, s := range c.Chunk {
+		byID[s.ID()] = s
+	}
+	for _, si := range r.Stripes {
+		l := si.Layout
+		shards := make([][]byte, len(si.Shards))
+		for i, sh := range si.Shards {
+			srv := byID[sh.ServerId]
+			if srv == nil {
+				t.Fatalf("stripe %d shard %d on unknown chunkserver %q", si.Stripe, i, sh.ServerId)
+			}
+			b := make([]byte, l.Unit)
+			info, err := srv.Store.ReadInto(chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, b)
+			if err != nil {
+				t.Fatalf("stripe %d shard %d: %v", si.Stripe, i, err)
+			}
+			shards[i] = b[:info.Length]
+		}
+		if l.K == 1 {
+			for i := 1; i < len(shards); i++ {
+				if !bytes.Equal(shards[i], shards[0]) {
+					t.Fatalf("stripe %d version %d: copy %d differs from copy 0", si.Stripe, si.Version, i)
+				}
+			}
+			continue
+		}
+		enc, err := reedsolomon.New(int(l.K), int(l.M))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := enc.Verify(shards); !ok || err != nil {
+			t.Fatalf("stripe %d version %d: parity does not match the data (%v)", si.Stripe, si.Version, err)
+		}
+	}
+}
