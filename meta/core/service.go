@@ -176,6 +176,9 @@ type Service struct {
 	sessMu   sync.Mutex
 	sessions map[uint64]time.Time // session -> last keepalive
 	sessTTL  map[uint64]time.Duration
+
+	lockMu sync.Mutex
+	locks  lockState
 }
 
 // ErrNotFormatted is returned by New for a store that was never formatted.
@@ -258,7 +261,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		cfg.RequestTTL = 5 * time.Minute
 	}
 	s := &Service{store: cfg.Store, log: cfg.Logger, now: cfg.Now, cfg: cfg,
-		sessions: map[uint64]time.Time{}, sessTTL: map[uint64]time.Duration{}, repKick: make(chan struct{}, 1)}
+		sessions: map[uint64]time.Time{}, sessTTL: map[uint64]time.Duration{}, repKick: make(chan struct{}, 1),
+		locks: lockState{wake: map[uint64]chan struct{}{}, waitsFor: map[lockOwner][]lockOwner{}}}
 	s.members.init()
 	s.rep.init()
 	start := s.now()

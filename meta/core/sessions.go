@@ -73,9 +73,14 @@ func (s *Service) checkSession(id uint64) error {
 
 func (s *Service) endSession(ctx context.Context, id uint64, why string) error {
 	var purged int64
+	var locked []uint64
 	out := &metapb.Empty{}
 	_, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		purged = 0
+		var err error
+		if locked, err = dropSessionLocks(t, id); err != nil {
+			return err
+		}
 		var inos []uint64
 		prefix := keys.SessionOpenPrefix(id)
 		if err := t.Scan(prefix, kv.PrefixEnd(prefix), 0, func(k, v []byte) error {
@@ -101,6 +106,9 @@ func (s *Service) endSession(ctx context.Context, id uint64, why string) error {
 		return fmt.Errorf("end session %d: %w", id, err)
 	}
 	s.inodes.Add(-purged)
+	for _, ino := range locked {
+		s.lockChanged(ino)
+	}
 	s.sessMu.Lock()
 	delete(s.sessions, id)
 	delete(s.sessTTL, id)

@@ -26,6 +26,8 @@ const (
 	PrefixOpen        = 'o' // o ino session -> uint64 count
 	PrefixOrphan      = 'u' // u ino -> empty (nlink 0, still open)
 	PrefixSessionOpen = 'q' // q session ino -> empty (index of opens by session)
+	PrefixLock        = 'l' // l ino -> LockRecord
+	PrefixSessionLock = 'm' // m session ino -> empty (index of locks by session)
 )
 
 // ErrMalformed reports a key that does not have the expected shape.
@@ -110,6 +112,25 @@ func SessionOpenPrefix(session uint64) []byte { return u64s(PrefixSessionOpen, s
 // ParseSessionOpen returns the session and inode of a session open key.
 func ParseSessionOpen(key []byte) (session, ino uint64, err error) {
 	v, err := fixed(key, PrefixSessionOpen, 2)
+	if err != nil {
+		return 0, 0, err
+	}
+	return v[0], v[1], nil
+}
+
+// Lock is the key of the locks of ino.
+func Lock(ino uint64) []byte { return u64s(PrefixLock, ino) }
+
+// SessionLock is the key of the index entry saying that session holds
+// locks on ino.
+func SessionLock(session, ino uint64) []byte { return u64s(PrefixSessionLock, session, ino) }
+
+// SessionLockPrefix is the prefix of the lock index of session.
+func SessionLockPrefix(session uint64) []byte { return u64s(PrefixSessionLock, session) }
+
+// ParseSessionLock parses a SessionLock key.
+func ParseSessionLock(key []byte) (session, ino uint64, err error) {
+	v, err := fixed(key, PrefixSessionLock, 2)
 	if err != nil {
 		return 0, 0, err
 	}

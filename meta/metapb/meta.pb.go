@@ -128,6 +128,56 @@ func (XattrFlag) EnumDescriptor() ([]byte, []int) {
 	return file_meta_proto_rawDescGZIP(), []int{1}
 }
 
+// LockType is the type of a lock, as in fcntl(2).
+type LockType int32
+
+const (
+	LockType_LOCK_READ   LockType = 0
+	LockType_LOCK_WRITE  LockType = 1
+	LockType_LOCK_UNLOCK LockType = 2
+)
+
+// Enum value maps for LockType.
+var (
+	LockType_name = map[int32]string{
+		0: "LOCK_READ",
+		1: "LOCK_WRITE",
+		2: "LOCK_UNLOCK",
+	}
+	LockType_value = map[string]int32{
+		"LOCK_READ":   0,
+		"LOCK_WRITE":  1,
+		"LOCK_UNLOCK": 2,
+	}
+)
+
+func (x LockType) Enum() *LockType {
+	p := new(LockType)
+	*p = x
+	return p
+}
+
+func (x LockType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LockType) Descriptor() protoreflect.EnumDescriptor {
+	return file_meta_proto_enumTypes[2].Descriptor()
+}
+
+func (LockType) Type() protoreflect.EnumType {
+	return &file_meta_proto_enumTypes[2]
+}
+
+func (x LockType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LockType.Descriptor instead.
+func (LockType) EnumDescriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{2}
+}
+
 // Caller identifies the user on whose behalf a namespace request runs; every
 // permission check uses it.
 type Caller struct {
@@ -5683,6 +5733,274 @@ func (x *DumpHeader) GetSource() string {
 	return ""
 }
 
+// FileLock is a lock on a file: a POSIX record lock (of a process or of an
+// open file description) or a flock, held by owner within session.
+type FileLock struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       uint64                 `protobuf:"varint,1,opt,name=session,proto3" json:"session,omitempty"`
+	Owner         uint64                 `protobuf:"varint,2,opt,name=owner,proto3" json:"owner,omitempty"` // the kernel's lock owner, unique within the session
+	Pid           uint32                 `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`     // the holder's process id on its host, for F_GETLK
+	Flock         bool                   `protobuf:"varint,4,opt,name=flock,proto3" json:"flock,omitempty"` // a flock(2) lock (whole file); else a record lock
+	Type          LockType               `protobuf:"varint,5,opt,name=type,proto3,enum=rdmafs.meta.v1.LockType" json:"type,omitempty"`
+	Start         uint64                 `protobuf:"varint,6,opt,name=start,proto3" json:"start,omitempty"`
+	End           uint64                 `protobuf:"varint,7,opt,name=end,proto3" json:"end,omitempty"` // inclusive; math.MaxInt64 and above: to the end of the file
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileLock) Reset() {
+	*x = FileLock{}
+	mi := &file_meta_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileLock) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileLock) ProtoMessage() {}
+
+func (x *FileLock) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileLock.ProtoReflect.Descriptor instead.
+func (*FileLock) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *FileLock) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
+}
+
+func (x *FileLock) GetOwner() uint64 {
+	if x != nil {
+		return x.Owner
+	}
+	return 0
+}
+
+func (x *FileLock) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *FileLock) GetFlock() bool {
+	if x != nil {
+		return x.Flock
+	}
+	return false
+}
+
+func (x *FileLock) GetType() LockType {
+	if x != nil {
+		return x.Type
+	}
+	return LockType_LOCK_READ
+}
+
+func (x *FileLock) GetStart() uint64 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *FileLock) GetEnd() uint64 {
+	if x != nil {
+		return x.End
+	}
+	return 0
+}
+
+// LockRecord holds the locks of one file.
+type LockRecord struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Locks         []*FileLock            `protobuf:"bytes,1,rep,name=locks,proto3" json:"locks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LockRecord) Reset() {
+	*x = LockRecord{}
+	mi := &file_meta_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LockRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LockRecord) ProtoMessage() {}
+
+func (x *LockRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LockRecord.ProtoReflect.Descriptor instead.
+func (*LockRecord) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *LockRecord) GetLocks() []*FileLock {
+	if x != nil {
+		return x.Locks
+	}
+	return nil
+}
+
+// LockRequest sets lock (or, with test, looks for a lock in its way). A lock
+// replaces the owner's own locks of the same kind over its range (unlock
+// releases them); record locks of other owners conflict where they overlap
+// and one of the two is a write lock, flocks likewise for the whole file.
+// Without wait a conflict fails with EAGAIN; with wait the call waits for
+// the conflicting locks to go, up to a bound after which it returns with
+// granted false and the caller asks again, or fails with EDEADLK when the
+// holders wait, directly or not, for a record lock the owner holds. A
+// session's locks go when it ends (closed, or expired after a mount died).
+type LockRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	Lock          *FileLock              `protobuf:"bytes,2,opt,name=lock,proto3" json:"lock,omitempty"`
+	Wait          bool                   `protobuf:"varint,3,opt,name=wait,proto3" json:"wait,omitempty"`
+	Test          bool                   `protobuf:"varint,4,opt,name=test,proto3" json:"test,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LockRequest) Reset() {
+	*x = LockRequest{}
+	mi := &file_meta_proto_msgTypes[83]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LockRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LockRequest) ProtoMessage() {}
+
+func (x *LockRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[83]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
+func (*LockRequest) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{83}
+}
+
+func (x *LockRequest) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
+func (x *LockRequest) GetLock() *FileLock {
+	if x != nil {
+		return x.Lock
+	}
+	return nil
+}
+
+func (x *LockRequest) GetWait() bool {
+	if x != nil {
+		return x.Wait
+	}
+	return false
+}
+
+func (x *LockRequest) GetTest() bool {
+	if x != nil {
+		return x.Test
+	}
+	return false
+}
+
+type LockReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Granted       bool                   `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`  // the lock is set (not with test)
+	Conflict      *FileLock              `protobuf:"bytes,2,opt,name=conflict,proto3" json:"conflict,omitempty"` // test: a lock in the way, if any
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LockReply) Reset() {
+	*x = LockReply{}
+	mi := &file_meta_proto_msgTypes[84]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LockReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LockReply) ProtoMessage() {}
+
+func (x *LockReply) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[84]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LockReply.ProtoReflect.Descriptor instead.
+func (*LockReply) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{84}
+}
+
+func (x *LockReply) GetGranted() bool {
+	if x != nil {
+		return x.Granted
+	}
+	return false
+}
+
+func (x *LockReply) GetConflict() *FileLock {
+	if x != nil {
+		return x.Conflict
+	}
+	return nil
+}
+
 var File_meta_proto protoreflect.FileDescriptor
 
 const file_meta_proto_rawDesc = "" +
@@ -6139,7 +6457,26 @@ const file_meta_proto_rawDesc = "" +
 	"cluster_id\x18\x02 \x01(\tR\tclusterId\x12\x1d\n" +
 	"\n" +
 	"created_ns\x18\x03 \x01(\x03R\tcreatedNs\x12\x16\n" +
-	"\x06source\x18\x04 \x01(\tR\x06source*]\n" +
+	"\x06source\x18\x04 \x01(\tR\x06source\"\xb8\x01\n" +
+	"\bFileLock\x12\x18\n" +
+	"\asession\x18\x01 \x01(\x04R\asession\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\x04R\x05owner\x12\x10\n" +
+	"\x03pid\x18\x03 \x01(\rR\x03pid\x12\x14\n" +
+	"\x05flock\x18\x04 \x01(\bR\x05flock\x12,\n" +
+	"\x04type\x18\x05 \x01(\x0e2\x18.rdmafs.meta.v1.LockTypeR\x04type\x12\x14\n" +
+	"\x05start\x18\x06 \x01(\x04R\x05start\x12\x10\n" +
+	"\x03end\x18\a \x01(\x04R\x03end\"<\n" +
+	"\n" +
+	"LockRecord\x12.\n" +
+	"\x05locks\x18\x01 \x03(\v2\x18.rdmafs.meta.v1.FileLockR\x05locks\"u\n" +
+	"\vLockRequest\x12\x10\n" +
+	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12,\n" +
+	"\x04lock\x18\x02 \x01(\v2\x18.rdmafs.meta.v1.FileLockR\x04lock\x12\x12\n" +
+	"\x04wait\x18\x03 \x01(\bR\x04wait\x12\x12\n" +
+	"\x04test\x18\x04 \x01(\bR\x04test\"[\n" +
+	"\tLockReply\x12\x18\n" +
+	"\agranted\x18\x01 \x01(\bR\agranted\x124\n" +
+	"\bconflict\x18\x02 \x01(\v2\x18.rdmafs.meta.v1.FileLockR\bconflict*]\n" +
 	"\n" +
 	"RenameFlag\x12\x0f\n" +
 	"\vRENAME_NONE\x10\x00\x12\x14\n" +
@@ -6150,7 +6487,12 @@ const file_meta_proto_rawDesc = "" +
 	"\n" +
 	"XATTR_NONE\x10\x00\x12\x10\n" +
 	"\fXATTR_CREATE\x10\x01\x12\x11\n" +
-	"\rXATTR_REPLACE\x10\x022\x87\x14\n" +
+	"\rXATTR_REPLACE\x10\x02*:\n" +
+	"\bLockType\x12\r\n" +
+	"\tLOCK_READ\x10\x00\x12\x0e\n" +
+	"\n" +
+	"LOCK_WRITE\x10\x01\x12\x0f\n" +
+	"\vLOCK_UNLOCK\x10\x022\xc7\x14\n" +
 	"\x04Meta\x12C\n" +
 	"\x06Lookup\x12\x1d.rdmafs.meta.v1.LookupRequest\x1a\x1a.rdmafs.meta.v1.EntryReply\x12D\n" +
 	"\aGetAttr\x12\x1e.rdmafs.meta.v1.GetAttrRequest\x1a\x19.rdmafs.meta.v1.AttrReply\x12D\n" +
@@ -6174,7 +6516,8 @@ const file_meta_proto_rawDesc = "" +
 	"\tKeepAlive\x12 .rdmafs.meta.v1.KeepAliveRequest\x1a\x15.rdmafs.meta.v1.Empty\x12J\n" +
 	"\fCloseSession\x12#.rdmafs.meta.v1.CloseSessionRequest\x1a\x15.rdmafs.meta.v1.Empty\x12>\n" +
 	"\x04Open\x12\x1b.rdmafs.meta.v1.OpenRequest\x1a\x19.rdmafs.meta.v1.AttrReply\x12@\n" +
-	"\aRelease\x12\x1e.rdmafs.meta.v1.ReleaseRequest\x1a\x15.rdmafs.meta.v1.Empty\x12D\n" +
+	"\aRelease\x12\x1e.rdmafs.meta.v1.ReleaseRequest\x1a\x15.rdmafs.meta.v1.Empty\x12>\n" +
+	"\x04Lock\x12\x1b.rdmafs.meta.v1.LockRequest\x1a\x19.rdmafs.meta.v1.LockReply\x12D\n" +
 	"\tSetLayout\x12 .rdmafs.meta.v1.SetLayoutRequest\x1a\x15.rdmafs.meta.v1.Empty\x12J\n" +
 	"\tGetLayout\x12 .rdmafs.meta.v1.GetLayoutRequest\x1a\x1b.rdmafs.meta.v1.LayoutReply\x12P\n" +
 	"\n" +
@@ -6203,225 +6546,236 @@ func file_meta_proto_rawDescGZIP() []byte {
 	return file_meta_proto_rawDescData
 }
 
-var file_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 81)
+var file_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 85)
 var file_meta_proto_goTypes = []any{
 	(RenameFlag)(0),              // 0: rdmafs.meta.v1.RenameFlag
 	(XattrFlag)(0),               // 1: rdmafs.meta.v1.XattrFlag
-	(*Caller)(nil),               // 2: rdmafs.meta.v1.Caller
-	(*Layout)(nil),               // 3: rdmafs.meta.v1.Layout
-	(*Attr)(nil),                 // 4: rdmafs.meta.v1.Attr
-	(*ErrorInfo)(nil),            // 5: rdmafs.meta.v1.ErrorInfo
-	(*LookupRequest)(nil),        // 6: rdmafs.meta.v1.LookupRequest
-	(*EntryReply)(nil),           // 7: rdmafs.meta.v1.EntryReply
-	(*DirReply)(nil),             // 8: rdmafs.meta.v1.DirReply
-	(*GetAttrRequest)(nil),       // 9: rdmafs.meta.v1.GetAttrRequest
-	(*AttrReply)(nil),            // 10: rdmafs.meta.v1.AttrReply
-	(*SetAttrRequest)(nil),       // 11: rdmafs.meta.v1.SetAttrRequest
-	(*CreateRequest)(nil),        // 12: rdmafs.meta.v1.CreateRequest
-	(*MknodRequest)(nil),         // 13: rdmafs.meta.v1.MknodRequest
-	(*MkdirRequest)(nil),         // 14: rdmafs.meta.v1.MkdirRequest
-	(*SymlinkRequest)(nil),       // 15: rdmafs.meta.v1.SymlinkRequest
-	(*ReadlinkRequest)(nil),      // 16: rdmafs.meta.v1.ReadlinkRequest
-	(*ReadlinkReply)(nil),        // 17: rdmafs.meta.v1.ReadlinkReply
-	(*LinkRequest)(nil),          // 18: rdmafs.meta.v1.LinkRequest
-	(*UnlinkRequest)(nil),        // 19: rdmafs.meta.v1.UnlinkRequest
-	(*RmdirRequest)(nil),         // 20: rdmafs.meta.v1.RmdirRequest
-	(*Empty)(nil),                // 21: rdmafs.meta.v1.Empty
-	(*RenameRequest)(nil),        // 22: rdmafs.meta.v1.RenameRequest
-	(*ReadDirRequest)(nil),       // 23: rdmafs.meta.v1.ReadDirRequest
-	(*DirEntry)(nil),             // 24: rdmafs.meta.v1.DirEntry
-	(*ReadDirReply)(nil),         // 25: rdmafs.meta.v1.ReadDirReply
-	(*GetXattrRequest)(nil),      // 26: rdmafs.meta.v1.GetXattrRequest
-	(*GetXattrReply)(nil),        // 27: rdmafs.meta.v1.GetXattrReply
-	(*SetXattrRequest)(nil),      // 28: rdmafs.meta.v1.SetXattrRequest
-	(*ListXattrRequest)(nil),     // 29: rdmafs.meta.v1.ListXattrRequest
-	(*ListXattrReply)(nil),       // 30: rdmafs.meta.v1.ListXattrReply
-	(*RemoveXattrRequest)(nil),   // 31: rdmafs.meta.v1.RemoveXattrRequest
-	(*StatFSRequest)(nil),        // 32: rdmafs.meta.v1.StatFSRequest
-	(*StatFSReply)(nil),          // 33: rdmafs.meta.v1.StatFSReply
-	(*OpenSessionRequest)(nil),   // 34: rdmafs.meta.v1.OpenSessionRequest
-	(*OpenSessionReply)(nil),     // 35: rdmafs.meta.v1.OpenSessionReply
-	(*KeepAliveRequest)(nil),     // 36: rdmafs.meta.v1.KeepAliveRequest
-	(*CloseSessionRequest)(nil),  // 37: rdmafs.meta.v1.CloseSessionRequest
-	(*OpenRequest)(nil),          // 38: rdmafs.meta.v1.OpenRequest
-	(*ReleaseRequest)(nil),       // 39: rdmafs.meta.v1.ReleaseRequest
-	(*SetLayoutRequest)(nil),     // 40: rdmafs.meta.v1.SetLayoutRequest
-	(*GetLayoutRequest)(nil),     // 41: rdmafs.meta.v1.GetLayoutRequest
-	(*LayoutReply)(nil),          // 42: rdmafs.meta.v1.LayoutReply
-	(*Shard)(nil),                // 43: rdmafs.meta.v1.Shard
-	(*GrantWriteRequest)(nil),    // 44: rdmafs.meta.v1.GrantWriteRequest
-	(*StripeGrant)(nil),          // 45: rdmafs.meta.v1.StripeGrant
-	(*GrantWriteReply)(nil),      // 46: rdmafs.meta.v1.GrantWriteReply
-	(*StripeCommit)(nil),         // 47: rdmafs.meta.v1.StripeCommit
-	(*ReplaceShardsRequest)(nil), // 48: rdmafs.meta.v1.ReplaceShardsRequest
-	(*ReplaceShardsReply)(nil),   // 49: rdmafs.meta.v1.ReplaceShardsReply
-	(*CommitStripesRequest)(nil), // 50: rdmafs.meta.v1.CommitStripesRequest
-	(*CommitStripesReply)(nil),   // 51: rdmafs.meta.v1.CommitStripesReply
-	(*GetStripesRequest)(nil),    // 52: rdmafs.meta.v1.GetStripesRequest
-	(*StripeInfo)(nil),           // 53: rdmafs.meta.v1.StripeInfo
-	(*GetStripesReply)(nil),      // 54: rdmafs.meta.v1.GetStripesReply
-	(*RegisterRequest)(nil),      // 55: rdmafs.meta.v1.RegisterRequest
-	(*RegisterReply)(nil),        // 56: rdmafs.meta.v1.RegisterReply
-	(*ChunkRef)(nil),             // 57: rdmafs.meta.v1.ChunkRef
-	(*HeartbeatRequest)(nil),     // 58: rdmafs.meta.v1.HeartbeatRequest
-	(*HeartbeatReply)(nil),       // 59: rdmafs.meta.v1.HeartbeatReply
-	(*StatusRequest)(nil),        // 60: rdmafs.meta.v1.StatusRequest
-	(*ChunkserverStatus)(nil),    // 61: rdmafs.meta.v1.ChunkserverStatus
-	(*StatusReply)(nil),          // 62: rdmafs.meta.v1.StatusReply
-	(*InodeRecord)(nil),          // 63: rdmafs.meta.v1.InodeRecord
-	(*DentryRecord)(nil),         // 64: rdmafs.meta.v1.DentryRecord
-	(*CookieRecord)(nil),         // 65: rdmafs.meta.v1.CookieRecord
-	(*StripeRecord)(nil),         // 66: rdmafs.meta.v1.StripeRecord
-	(*GrantRecord)(nil),          // 67: rdmafs.meta.v1.GrantRecord
-	(*ChunkserverRecord)(nil),    // 68: rdmafs.meta.v1.ChunkserverRecord
-	(*SessionRecord)(nil),        // 69: rdmafs.meta.v1.SessionRecord
-	(*ClusterRecord)(nil),        // 70: rdmafs.meta.v1.ClusterRecord
-	(*RepairTask)(nil),           // 71: rdmafs.meta.v1.RepairTask
-	(*RepairResult)(nil),         // 72: rdmafs.meta.v1.RepairResult
-	(*RepairPollRequest)(nil),    // 73: rdmafs.meta.v1.RepairPollRequest
-	(*RepairPollReply)(nil),      // 74: rdmafs.meta.v1.RepairPollReply
-	(*DrainRequest)(nil),         // 75: rdmafs.meta.v1.DrainRequest
-	(*RebalanceRequest)(nil),     // 76: rdmafs.meta.v1.RebalanceRequest
-	(*RebalanceReply)(nil),       // 77: rdmafs.meta.v1.RebalanceReply
-	(*RepairStatus)(nil),         // 78: rdmafs.meta.v1.RepairStatus
-	(*RequestRecord)(nil),        // 79: rdmafs.meta.v1.RequestRecord
-	(*DumpRecord)(nil),           // 80: rdmafs.meta.v1.DumpRecord
-	(*DumpTrailer)(nil),          // 81: rdmafs.meta.v1.DumpTrailer
-	(*DumpHeader)(nil),           // 82: rdmafs.meta.v1.DumpHeader
+	(LockType)(0),                // 2: rdmafs.meta.v1.LockType
+	(*Caller)(nil),               // 3: rdmafs.meta.v1.Caller
+	(*Layout)(nil),               // 4: rdmafs.meta.v1.Layout
+	(*Attr)(nil),                 // 5: rdmafs.meta.v1.Attr
+	(*ErrorInfo)(nil),            // 6: rdmafs.meta.v1.ErrorInfo
+	(*LookupRequest)(nil),        // 7: rdmafs.meta.v1.LookupRequest
+	(*EntryReply)(nil),           // 8: rdmafs.meta.v1.EntryReply
+	(*DirReply)(nil),             // 9: rdmafs.meta.v1.DirReply
+	(*GetAttrRequest)(nil),       // 10: rdmafs.meta.v1.GetAttrRequest
+	(*AttrReply)(nil),            // 11: rdmafs.meta.v1.AttrReply
+	(*SetAttrRequest)(nil),       // 12: rdmafs.meta.v1.SetAttrRequest
+	(*CreateRequest)(nil),        // 13: rdmafs.meta.v1.CreateRequest
+	(*MknodRequest)(nil),         // 14: rdmafs.meta.v1.MknodRequest
+	(*MkdirRequest)(nil),         // 15: rdmafs.meta.v1.MkdirRequest
+	(*SymlinkRequest)(nil),       // 16: rdmafs.meta.v1.SymlinkRequest
+	(*ReadlinkRequest)(nil),      // 17: rdmafs.meta.v1.ReadlinkRequest
+	(*ReadlinkReply)(nil),        // 18: rdmafs.meta.v1.ReadlinkReply
+	(*LinkRequest)(nil),          // 19: rdmafs.meta.v1.LinkRequest
+	(*UnlinkRequest)(nil),        // 20: rdmafs.meta.v1.UnlinkRequest
+	(*RmdirRequest)(nil),         // 21: rdmafs.meta.v1.RmdirRequest
+	(*Empty)(nil),                // 22: rdmafs.meta.v1.Empty
+	(*RenameRequest)(nil),        // 23: rdmafs.meta.v1.RenameRequest
+	(*ReadDirRequest)(nil),       // 24: rdmafs.meta.v1.ReadDirRequest
+	(*DirEntry)(nil),             // 25: rdmafs.meta.v1.DirEntry
+	(*ReadDirReply)(nil),         // 26: rdmafs.meta.v1.ReadDirReply
+	(*GetXattrRequest)(nil),      // 27: rdmafs.meta.v1.GetXattrRequest
+	(*GetXattrReply)(nil),        // 28: rdmafs.meta.v1.GetXattrReply
+	(*SetXattrRequest)(nil),      // 29: rdmafs.meta.v1.SetXattrRequest
+	(*ListXattrRequest)(nil),     // 30: rdmafs.meta.v1.ListXattrRequest
+	(*ListXattrReply)(nil),       // 31: rdmafs.meta.v1.ListXattrReply
+	(*RemoveXattrRequest)(nil),   // 32: rdmafs.meta.v1.RemoveXattrRequest
+	(*StatFSRequest)(nil),        // 33: rdmafs.meta.v1.StatFSRequest
+	(*StatFSReply)(nil),          // 34: rdmafs.meta.v1.StatFSReply
+	(*OpenSessionRequest)(nil),   // 35: rdmafs.meta.v1.OpenSessionRequest
+	(*OpenSessionReply)(nil),     // 36: rdmafs.meta.v1.OpenSessionReply
+	(*KeepAliveRequest)(nil),     // 37: rdmafs.meta.v1.KeepAliveRequest
+	(*CloseSessionRequest)(nil),  // 38: rdmafs.meta.v1.CloseSessionRequest
+	(*OpenRequest)(nil),          // 39: rdmafs.meta.v1.OpenRequest
+	(*ReleaseRequest)(nil),       // 40: rdmafs.meta.v1.ReleaseRequest
+	(*SetLayoutRequest)(nil),     // 41: rdmafs.meta.v1.SetLayoutRequest
+	(*GetLayoutRequest)(nil),     // 42: rdmafs.meta.v1.GetLayoutRequest
+	(*LayoutReply)(nil),          // 43: rdmafs.meta.v1.LayoutReply
+	(*Shard)(nil),                // 44: rdmafs.meta.v1.Shard
+	(*GrantWriteRequest)(nil),    // 45: rdmafs.meta.v1.GrantWriteRequest
+	(*StripeGrant)(nil),          // 46: rdmafs.meta.v1.StripeGrant
+	(*GrantWriteReply)(nil),      // 47: rdmafs.meta.v1.GrantWriteReply
+	(*StripeCommit)(nil),         // 48: rdmafs.meta.v1.StripeCommit
+	(*ReplaceShardsRequest)(nil), // 49: rdmafs.meta.v1.ReplaceShardsRequest
+	(*ReplaceShardsReply)(nil),   // 50: rdmafs.meta.v1.ReplaceShardsReply
+	(*CommitStripesRequest)(nil), // 51: rdmafs.meta.v1.CommitStripesRequest
+	(*CommitStripesReply)(nil),   // 52: rdmafs.meta.v1.CommitStripesReply
+	(*GetStripesRequest)(nil),    // 53: rdmafs.meta.v1.GetStripesRequest
+	(*StripeInfo)(nil),           // 54: rdmafs.meta.v1.StripeInfo
+	(*GetStripesReply)(nil),      // 55: rdmafs.meta.v1.GetStripesReply
+	(*RegisterRequest)(nil),      // 56: rdmafs.meta.v1.RegisterRequest
+	(*RegisterReply)(nil),        // 57: rdmafs.meta.v1.RegisterReply
+	(*ChunkRef)(nil),             // 58: rdmafs.meta.v1.ChunkRef
+	(*HeartbeatRequest)(nil),     // 59: rdmafs.meta.v1.HeartbeatRequest
+	(*HeartbeatReply)(nil),       // 60: rdmafs.meta.v1.HeartbeatReply
+	(*StatusRequest)(nil),        // 61: rdmafs.meta.v1.StatusRequest
+	(*ChunkserverStatus)(nil),    // 62: rdmafs.meta.v1.ChunkserverStatus
+	(*StatusReply)(nil),          // 63: rdmafs.meta.v1.StatusReply
+	(*InodeRecord)(nil),          // 64: rdmafs.meta.v1.InodeRecord
+	(*DentryRecord)(nil),         // 65: rdmafs.meta.v1.DentryRecord
+	(*CookieRecord)(nil),         // 66: rdmafs.meta.v1.CookieRecord
+	(*StripeRecord)(nil),         // 67: rdmafs.meta.v1.StripeRecord
+	(*GrantRecord)(nil),          // 68: rdmafs.meta.v1.GrantRecord
+	(*ChunkserverRecord)(nil),    // 69: rdmafs.meta.v1.ChunkserverRecord
+	(*SessionRecord)(nil),        // 70: rdmafs.meta.v1.SessionRecord
+	(*ClusterRecord)(nil),        // 71: rdmafs.meta.v1.ClusterRecord
+	(*RepairTask)(nil),           // 72: rdmafs.meta.v1.RepairTask
+	(*RepairResult)(nil),         // 73: rdmafs.meta.v1.RepairResult
+	(*RepairPollRequest)(nil),    // 74: rdmafs.meta.v1.RepairPollRequest
+	(*RepairPollReply)(nil),      // 75: rdmafs.meta.v1.RepairPollReply
+	(*DrainRequest)(nil),         // 76: rdmafs.meta.v1.DrainRequest
+	(*RebalanceRequest)(nil),     // 77: rdmafs.meta.v1.RebalanceRequest
+	(*RebalanceReply)(nil),       // 78: rdmafs.meta.v1.RebalanceReply
+	(*RepairStatus)(nil),         // 79: rdmafs.meta.v1.RepairStatus
+	(*RequestRecord)(nil),        // 80: rdmafs.meta.v1.RequestRecord
+	(*DumpRecord)(nil),           // 81: rdmafs.meta.v1.DumpRecord
+	(*DumpTrailer)(nil),          // 82: rdmafs.meta.v1.DumpTrailer
+	(*DumpHeader)(nil),           // 83: rdmafs.meta.v1.DumpHeader
+	(*FileLock)(nil),             // 84: rdmafs.meta.v1.FileLock
+	(*LockRecord)(nil),           // 85: rdmafs.meta.v1.LockRecord
+	(*LockRequest)(nil),          // 86: rdmafs.meta.v1.LockRequest
+	(*LockReply)(nil),            // 87: rdmafs.meta.v1.LockReply
 }
 var file_meta_proto_depIdxs = []int32{
-	3,  // 0: rdmafs.meta.v1.Attr.layout:type_name -> rdmafs.meta.v1.Layout
-	2,  // 1: rdmafs.meta.v1.LookupRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,  // 2: rdmafs.meta.v1.EntryReply.attr:type_name -> rdmafs.meta.v1.Attr
-	4,  // 3: rdmafs.meta.v1.EntryReply.parent:type_name -> rdmafs.meta.v1.Attr
-	4,  // 4: rdmafs.meta.v1.DirReply.parent:type_name -> rdmafs.meta.v1.Attr
-	4,  // 5: rdmafs.meta.v1.AttrReply.attr:type_name -> rdmafs.meta.v1.Attr
-	2,  // 6: rdmafs.meta.v1.SetAttrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	2,  // 7: rdmafs.meta.v1.CreateRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	2,  // 8: rdmafs.meta.v1.MknodRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	2,  // 9: rdmafs.meta.v1.MkdirRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	2,  // 10: rdmafs.meta.v1.SymlinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	2,  // 11: rdmafs.meta.v1.LinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	2,  // 12: rdmafs.meta.v1.UnlinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	2,  // 13: rdmafs.meta.v1.RmdirRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	2,  // 14: rdmafs.meta.v1.RenameRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	2,  // 15: rdmafs.meta.v1.ReadDirRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,  // 16: rdmafs.meta.v1.DirEntry.attr:type_name -> rdmafs.meta.v1.Attr
-	24, // 17: rdmafs.meta.v1.ReadDirReply.entries:type_name -> rdmafs.meta.v1.DirEntry
-	2,  // 18: rdmafs.meta.v1.GetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	2,  // 19: rdmafs.meta.v1.SetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	2,  // 20: rdmafs.meta.v1.ListXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	2,  // 21: rdmafs.meta.v1.RemoveXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	2,  // 22: rdmafs.meta.v1.OpenRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	2,  // 23: rdmafs.meta.v1.SetLayoutRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,  // 24: rdmafs.meta.v1.SetLayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
-	3,  // 25: rdmafs.meta.v1.LayoutReply.layout:type_name -> rdmafs.meta.v1.Layout
-	3,  // 26: rdmafs.meta.v1.StripeGrant.layout:type_name -> rdmafs.meta.v1.Layout
-	43, // 27: rdmafs.meta.v1.StripeGrant.shards:type_name -> rdmafs.meta.v1.Shard
-	45, // 28: rdmafs.meta.v1.GrantWriteReply.grants:type_name -> rdmafs.meta.v1.StripeGrant
-	43, // 29: rdmafs.meta.v1.StripeCommit.shards:type_name -> rdmafs.meta.v1.Shard
-	43, // 30: rdmafs.meta.v1.ReplaceShardsReply.shards:type_name -> rdmafs.meta.v1.Shard
-	47, // 31: rdmafs.meta.v1.CommitStripesRequest.stripes:type_name -> rdmafs.meta.v1.StripeCommit
-	4,  // 32: rdmafs.meta.v1.CommitStripesReply.attr:type_name -> rdmafs.meta.v1.Attr
-	3,  // 33: rdmafs.meta.v1.StripeInfo.layout:type_name -> rdmafs.meta.v1.Layout
-	43, // 34: rdmafs.meta.v1.StripeInfo.shards:type_name -> rdmafs.meta.v1.Shard
-	53, // 35: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
-	3,  // 36: rdmafs.meta.v1.GetStripesReply.layout:type_name -> rdmafs.meta.v1.Layout
-	57, // 37: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
-	57, // 38: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
-	3,  // 39: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
-	61, // 40: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
-	78, // 41: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
-	4,  // 42: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
-	3,  // 43: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
-	3,  // 44: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	43, // 45: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	43, // 46: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	3,  // 47: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	3,  // 48: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
-	3,  // 49: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
-	43, // 50: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
-	72, // 51: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
-	57, // 52: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
-	71, // 53: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
-	82, // 54: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
-	81, // 55: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
-	6,  // 56: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
-	9,  // 57: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
-	11, // 58: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
-	12, // 59: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
-	13, // 60: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
-	14, // 61: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
-	15, // 62: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
-	16, // 63: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
-	18, // 64: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
-	19, // 65: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
-	20, // 66: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
-	22, // 67: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
-	23, // 68: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
-	26, // 69: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
-	28, // 70: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
-	29, // 71: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
-	31, // 72: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
-	32, // 73: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
-	34, // 74: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
-	36, // 75: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
-	37, // 76: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
-	38, // 77: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
-	39, // 78: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
-	40, // 79: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
-	41, // 80: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
-	44, // 81: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
-	50, // 82: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
-	48, // 83: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
-	52, // 84: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
-	55, // 85: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
-	58, // 86: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
-	60, // 87: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
-	73, // 88: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
-	75, // 89: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
-	76, // 90: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
-	7,  // 91: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
-	10, // 92: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	10, // 93: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	7,  // 94: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
-	7,  // 95: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
-	7,  // 96: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
-	7,  // 97: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
-	17, // 98: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
-	7,  // 99: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
-	8,  // 100: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
-	8,  // 101: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
-	21, // 102: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
-	25, // 103: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
-	27, // 104: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
-	21, // 105: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
-	30, // 106: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
-	21, // 107: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
-	33, // 108: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
-	35, // 109: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
-	21, // 110: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
-	21, // 111: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
-	10, // 112: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
-	21, // 113: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
-	21, // 114: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
-	42, // 115: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
-	46, // 116: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
-	51, // 117: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
-	49, // 118: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
-	54, // 119: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
-	56, // 120: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
-	59, // 121: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
-	62, // 122: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
-	74, // 123: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
-	21, // 124: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
-	77, // 125: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
-	91, // [91:126] is the sub-list for method output_type
-	56, // [56:91] is the sub-list for method input_type
-	56, // [56:56] is the sub-list for extension type_name
-	56, // [56:56] is the sub-list for extension extendee
-	0,  // [0:56] is the sub-list for field type_name
+	4,  // 0: rdmafs.meta.v1.Attr.layout:type_name -> rdmafs.meta.v1.Layout
+	3,  // 1: rdmafs.meta.v1.LookupRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,  // 2: rdmafs.meta.v1.EntryReply.attr:type_name -> rdmafs.meta.v1.Attr
+	5,  // 3: rdmafs.meta.v1.EntryReply.parent:type_name -> rdmafs.meta.v1.Attr
+	5,  // 4: rdmafs.meta.v1.DirReply.parent:type_name -> rdmafs.meta.v1.Attr
+	5,  // 5: rdmafs.meta.v1.AttrReply.attr:type_name -> rdmafs.meta.v1.Attr
+	3,  // 6: rdmafs.meta.v1.SetAttrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,  // 7: rdmafs.meta.v1.CreateRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,  // 8: rdmafs.meta.v1.MknodRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,  // 9: rdmafs.meta.v1.MkdirRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,  // 10: rdmafs.meta.v1.SymlinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,  // 11: rdmafs.meta.v1.LinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,  // 12: rdmafs.meta.v1.UnlinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,  // 13: rdmafs.meta.v1.RmdirRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,  // 14: rdmafs.meta.v1.RenameRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,  // 15: rdmafs.meta.v1.ReadDirRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,  // 16: rdmafs.meta.v1.DirEntry.attr:type_name -> rdmafs.meta.v1.Attr
+	25, // 17: rdmafs.meta.v1.ReadDirReply.entries:type_name -> rdmafs.meta.v1.DirEntry
+	3,  // 18: rdmafs.meta.v1.GetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,  // 19: rdmafs.meta.v1.SetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,  // 20: rdmafs.meta.v1.ListXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,  // 21: rdmafs.meta.v1.RemoveXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,  // 22: rdmafs.meta.v1.OpenRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,  // 23: rdmafs.meta.v1.SetLayoutRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,  // 24: rdmafs.meta.v1.SetLayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
+	4,  // 25: rdmafs.meta.v1.LayoutReply.layout:type_name -> rdmafs.meta.v1.Layout
+	4,  // 26: rdmafs.meta.v1.StripeGrant.layout:type_name -> rdmafs.meta.v1.Layout
+	44, // 27: rdmafs.meta.v1.StripeGrant.shards:type_name -> rdmafs.meta.v1.Shard
+	46, // 28: rdmafs.meta.v1.GrantWriteReply.grants:type_name -> rdmafs.meta.v1.StripeGrant
+	44, // 29: rdmafs.meta.v1.StripeCommit.shards:type_name -> rdmafs.meta.v1.Shard
+	44, // 30: rdmafs.meta.v1.ReplaceShardsReply.shards:type_name -> rdmafs.meta.v1.Shard
+	48, // 31: rdmafs.meta.v1.CommitStripesRequest.stripes:type_name -> rdmafs.meta.v1.StripeCommit
+	5,  // 32: rdmafs.meta.v1.CommitStripesReply.attr:type_name -> rdmafs.meta.v1.Attr
+	4,  // 33: rdmafs.meta.v1.StripeInfo.layout:type_name -> rdmafs.meta.v1.Layout
+	44, // 34: rdmafs.meta.v1.StripeInfo.shards:type_name -> rdmafs.meta.v1.Shard
+	54, // 35: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
+	4,  // 36: rdmafs.meta.v1.GetStripesReply.layout:type_name -> rdmafs.meta.v1.Layout
+	58, // 37: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
+	58, // 38: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
+	4,  // 39: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
+	62, // 40: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
+	79, // 41: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
+	5,  // 42: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
+	4,  // 43: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
+	4,  // 44: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	44, // 45: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	44, // 46: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	4,  // 47: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	4,  // 48: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
+	4,  // 49: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
+	44, // 50: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
+	73, // 51: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
+	58, // 52: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
+	72, // 53: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
+	83, // 54: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
+	82, // 55: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
+	2,  // 56: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
+	84, // 57: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
+	84, // 58: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
+	84, // 59: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
+	7,  // 60: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
+	10, // 61: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
+	12, // 62: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
+	13, // 63: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
+	14, // 64: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
+	15, // 65: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
+	16, // 66: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
+	17, // 67: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
+	19, // 68: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
+	20, // 69: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
+	21, // 70: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
+	23, // 71: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
+	24, // 72: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
+	27, // 73: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
+	29, // 74: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
+	30, // 75: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
+	32, // 76: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
+	33, // 77: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
+	35, // 78: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
+	37, // 79: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
+	38, // 80: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
+	39, // 81: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
+	40, // 82: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
+	86, // 83: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
+	41, // 84: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
+	42, // 85: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
+	45, // 86: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
+	51, // 87: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
+	49, // 88: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
+	53, // 89: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
+	56, // 90: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
+	59, // 91: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
+	61, // 92: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
+	74, // 93: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
+	76, // 94: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
+	77, // 95: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
+	8,  // 96: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
+	11, // 97: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	11, // 98: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	8,  // 99: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
+	8,  // 100: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
+	8,  // 101: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
+	8,  // 102: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
+	18, // 103: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
+	8,  // 104: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
+	9,  // 105: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
+	9,  // 106: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
+	22, // 107: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
+	26, // 108: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
+	28, // 109: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
+	22, // 110: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
+	31, // 111: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
+	22, // 112: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
+	34, // 113: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
+	36, // 114: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
+	22, // 115: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
+	22, // 116: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
+	11, // 117: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
+	22, // 118: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
+	87, // 119: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
+	22, // 120: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
+	43, // 121: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
+	47, // 122: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
+	52, // 123: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
+	50, // 124: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
+	55, // 125: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
+	57, // 126: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
+	60, // 127: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
+	63, // 128: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
+	75, // 129: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
+	22, // 130: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
+	78, // 131: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
+	96, // [96:132] is the sub-list for method output_type
+	60, // [60:96] is the sub-list for method input_type
+	60, // [60:60] is the sub-list for extension type_name
+	60, // [60:60] is the sub-list for extension extendee
+	0,  // [0:60] is the sub-list for field type_name
 }
 
 func init() { file_meta_proto_init() }
@@ -6434,8 +6788,8 @@ func file_meta_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_proto_rawDesc), len(file_meta_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   81,
+			NumEnums:      3,
+			NumMessages:   85,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -46,6 +46,7 @@ const (
 	Meta_CloseSession_FullMethodName  = "/rdmafs.meta.v1.Meta/CloseSession"
 	Meta_Open_FullMethodName          = "/rdmafs.meta.v1.Meta/Open"
 	Meta_Release_FullMethodName       = "/rdmafs.meta.v1.Meta/Release"
+	Meta_Lock_FullMethodName          = "/rdmafs.meta.v1.Meta/Lock"
 	Meta_SetLayout_FullMethodName     = "/rdmafs.meta.v1.Meta/SetLayout"
 	Meta_GetLayout_FullMethodName     = "/rdmafs.meta.v1.Meta/GetLayout"
 	Meta_GrantWrite_FullMethodName    = "/rdmafs.meta.v1.Meta/GrantWrite"
@@ -90,6 +91,9 @@ type MetaClient interface {
 	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*Empty, error)
 	Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*AttrReply, error)
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*Empty, error)
+	// Lock takes, changes, releases or tests a POSIX record lock or a flock
+	// on a file for an owner of a session (see LockRequest).
+	Lock(ctx context.Context, in *LockRequest, opts ...grpc.CallOption) (*LockReply, error)
 	SetLayout(ctx context.Context, in *SetLayoutRequest, opts ...grpc.CallOption) (*Empty, error)
 	GetLayout(ctx context.Context, in *GetLayoutRequest, opts ...grpc.CallOption) (*LayoutReply, error)
 	GrantWrite(ctx context.Context, in *GrantWriteRequest, opts ...grpc.CallOption) (*GrantWriteReply, error)
@@ -343,6 +347,16 @@ func (c *metaClient) Release(ctx context.Context, in *ReleaseRequest, opts ...gr
 	return out, nil
 }
 
+func (c *metaClient) Lock(ctx context.Context, in *LockRequest, opts ...grpc.CallOption) (*LockReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LockReply)
+	err := c.cc.Invoke(ctx, Meta_Lock_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *metaClient) SetLayout(ctx context.Context, in *SetLayoutRequest, opts ...grpc.CallOption) (*Empty, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Empty)
@@ -493,6 +507,9 @@ type MetaServer interface {
 	CloseSession(context.Context, *CloseSessionRequest) (*Empty, error)
 	Open(context.Context, *OpenRequest) (*AttrReply, error)
 	Release(context.Context, *ReleaseRequest) (*Empty, error)
+	// Lock takes, changes, releases or tests a POSIX record lock or a flock
+	// on a file for an owner of a session (see LockRequest).
+	Lock(context.Context, *LockRequest) (*LockReply, error)
 	SetLayout(context.Context, *SetLayoutRequest) (*Empty, error)
 	GetLayout(context.Context, *GetLayoutRequest) (*LayoutReply, error)
 	GrantWrite(context.Context, *GrantWriteRequest) (*GrantWriteReply, error)
@@ -584,6 +601,9 @@ func (UnimplementedMetaServer) Open(context.Context, *OpenRequest) (*AttrReply, 
 }
 func (UnimplementedMetaServer) Release(context.Context, *ReleaseRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedMetaServer) Lock(context.Context, *LockRequest) (*LockReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Lock not implemented")
 }
 func (UnimplementedMetaServer) SetLayout(context.Context, *SetLayoutRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetLayout not implemented")
@@ -1056,6 +1076,24 @@ func _Meta_Release_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Meta_Lock_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LockRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).Lock(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_Lock_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).Lock(ctx, req.(*LockRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Meta_SetLayout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(SetLayoutRequest)
 	if err := dec(in); err != nil {
@@ -1370,6 +1408,10 @@ var Meta_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Release",
 			Handler:    _Meta_Release_Handler,
+		},
+		{
+			MethodName: "Lock",
+			Handler:    _Meta_Lock_Handler,
 		},
 		{
 			MethodName: "SetLayout",

@@ -1,0 +1,308 @@
+package core
+
+import (
+	"context"
+	"math"
+	"slices"
+	"syscall"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rdmafs/rdmafs/meta/keys"
+	"github.com/rdmafs/rdmafs/meta/kv"
+	"github.com/rdmafs/rdmafs/meta/metaerr"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// File locks. The locks of a file are one record in the store, changed in a
+// transaction like any metadata, so they survive a meta restart or failover;
+// an index by session lets a session's end release its locks. Waiters are
+// in memory on the serving meta: every change of a file's locks wakes the
+// calls waiting on it, which try again. A wait lasts at most lockWaitMax per
+// call (the client asks again), so a failover or a lost wake-up costs one
+// round, never a hang.
+
+// lockWaitMax bounds one Lock call's wait.
+const lockWaitMax = 10 * time.Second
+
+// lockEOF is the end of a lock that runs to the end of the file.
+const lockEOF = math.MaxInt64
+
+// lockOwner identifies the holder of locks: an owner of a session, and the
+// kind of lock (record locks and flocks do not interact).
+type lockOwner struct {
+	session, owner uint64
+	flock          bool
+}
+
+func ownerOf(l *metapb.FileLock) lockOwner {
+	return lockOwner{l.Session, l.Owner, l.Flock}
+}
+
+// lockState is the serving meta's in-memory side of locking.
+type lockState struct {
+	wake     map[uint64]chan struct{}  // ino -> closed at the next change of its locks
+	waitsFor map[lockOwner][]lockOwner // a waiting record-lock owner -> the holders in its way
+}
+
+// Lock implements metapb.MetaServer.
+func (s *Service) Lock(ctx context.Context, req *metapb.LockRequest) (*metapb.LockReply, error) {
+	l := req.Lock
+	if l == nil || l.Session == 0 {
+		return nil, metaerr.New(syscall.EINVAL, "lock without an owner")
+	}
+	if l.Type > metapb.LockType_LOCK_UNLOCK || l.Start > l.End {
+		return nil, metaerr.New(syscall.EINVAL, "lock of type %d over [%d, %d]", l.Type, l.Start, l.End)
+	}
+	if err := s.checkSession(l.Session); err != nil {
+		return nil, err
+	}
+	norm := cloneLock(l)
+	norm.End = min(norm.End, lockEOF)
+	if norm.Flock {
+		norm.Start, norm.End = 0, lockEOF
+	}
+	if req.Test {
+		var out *metapb.LockReply
+		err := s.view(ctx, func(r kv.Reader) error {
+			rec, err := getLocks(r, req.Ino)
+			if err != nil {
+				return err
+			}
+			out = &metapb.LockReply{}
+			if c := conflicting(rec.Locks, norm); c != nil {
+				out.Conflict = c
+			}
+			return nil
+		})
+		return out, err
+	}
+	deadline := time.NewTimer(lockWaitMax)
+	defer deadline.Stop()
+	for {
+		wake := s.lockWake(req.Ino)
+		var holders []lockOwner
+		err := s.update(ctx, func(t kv.Txn) error {
+			holders = holders[:0]
+			rec, err := getLocks(t, req.Ino)
+			if err != nil {
+				return err
+			}
+			if norm.Type != metapb.LockType_LOCK_UNLOCK {
+				for _, c := range rec.Locks {
+					if conflicts(c, norm) {
+						holders = append(holders, ownerOf(c))
+					}
+				}
+				if len(holders) > 0 {
+					return nil
+				}
+			}
+			return putLocks(t, req.Ino, l.Session, setLock(rec.Locks, norm))
+		})
+		if err != nil {
+			return nil, err
+		}
+		if len(holders) == 0 {
+			s.lockChanged(req.Ino)
+			return &metapb.LockReply{Granted: true}, nil
+		}
+		if !req.Wait {
+			return nil, metaerr.New(syscall.EAGAIN, "inode %d: a conflicting lock is held", req.Ino)
+		}
+		me := ownerOf(norm)
+		if err := s.startWaiting(me, holders); err != nil {
+			return nil, err
+		}
+		select {
+		case <-wake:
+			s.stopWaiting(me)
+		case <-ctx.Done():
+			s.stopWaiting(me)
+			return nil, ctx.Err()
+		case <-deadline.C:
+			s.stopWaiting(me)
+			return &metapb.LockReply{}, nil
+		}
+	}
+}
+
+// lockWake returns the channel closed at the next change of ino's locks.
+func (s *Service) lockWake(ino uint64) <-chan struct{} {
+	s.lockMu.Lock()
+	defer s.lockMu.Unlock()
+	ch := s.locks.wake[ino]
+	if ch == nil {
+		ch = make(chan struct{})
+		s.locks.wake[ino] = ch
+	}
+	return ch
+}
+
+// lockChanged wakes the calls waiting on ino's locks.
+func (s *Service) lockChanged(ino uint64) {
+	s.lockMu.Lock()
+	defer s.lockMu.Unlock()
+	if ch := s.locks.wake[ino]; ch != nil {
+		close(ch)
+		delete(s.locks.wake, ino)
+	}
+}
+
+// startWaiting records that me waits for holders, or fails with EDEADLK when
+// one of them waits, directly or through others, for me (record locks only:
+// flock waits are not checked, as on Linux).
+func (s *Service) startWaiting(me lockOwner, holders []lockOwner) error {
+	if me.flock {
+		return nil
+	}
+	s.lockMu.Lock()
+	defer s.lockMu.Unlock()
+	seen := map[lockOwner]bool{}
+	var reaches func(o lockOwner) bool
+	reaches = func(o lockOwner) bool {
+		if o == me {
+			return true
+		}
+		if seen[o] {
+			return false
+		}
+		seen[o] = true
+		return slices.ContainsFunc(s.locks.waitsFor[o], reaches)
+	}
+	if slices.ContainsFunc(holders, reaches) {
+		return metaerr.New(syscall.EDEADLK, "waiting for this lock would deadlock")
+	}
+	s.locks.waitsFor[me] = holders
+	return nil
+}
+
+func (s *Service) stopWaiting(me lockOwner) {
+	if me.flock {
+		return
+	}
+	s.lockMu.Lock()
+	delete(s.locks.waitsFor, me)
+	s.lockMu.Unlock()
+}
+
+// conflicts reports whether held, another owner's lock, is in the way of l.
+func conflicts(held, l *metapb.FileLock) bool {
+	return ownerOf(held) != ownerOf(l) && held.Flock == l.Flock &&
+		(held.Type == metapb.LockType_LOCK_WRITE || l.Type == metapb.LockType_LOCK_WRITE) &&
+		held.Start <= l.End && l.Start <= held.End
+}
+
+// conflicting returns the first of locks in the way of l, or nil.
+func conflicting(locks []*metapb.FileLock, l *metapb.FileLock) *metapb.FileLock {
+	for _, c := range locks {
+		if conflicts(c, l) {
+			return c
+		}
+	}
+	return nil
+}
+
+// setLock returns locks with l's owner's locks over l's range replaced by l
+// (removed, for an unlock): the owner's locks are split where l's range cuts
+// them, and adjacent or overlapping locks of the same type merged.
+func setLock(locks []*metapb.FileLock, l *metapb.FileLock) []*metapb.FileLock {
+	me := ownerOf(l)
+	var out, mine []*metapb.FileLock
+	for _, c := range locks {
+		if ownerOf(c) != me {
+			out = append(out, c)
+			continue
+		}
+		if c.End < l.Start || c.Start > l.End {
+			mine = append(mine, c)
+			continue
+		}
+		if c.Start < l.Start {
+			left := cloneLock(c)
+			left.End = l.Start - 1
+			mine = append(mine, left)
+		}
+		if c.End > l.End {
+			right := cloneLock(c)
+			right.Start = l.End + 1
+			mine = append(mine, right)
+		}
+	}
+	if l.Type != metapb.LockType_LOCK_UNLOCK {
+		mine = append(mine, cloneLock(l))
+	}
+	slices.SortFunc(mine, func(a, b *metapb.FileLock) int {
+		switch {
+		case a.Start < b.Start:
+			return -1
+		case a.Start > b.Start:
+			return 1
+		}
+		return 0
+	})
+	var merged []*metapb.FileLock
+	for _, c := range mine {
+		if n := len(merged); n > 0 {
+			last := merged[n-1]
+			if last.Type == c.Type && last.End != lockEOF && last.End+1 >= c.Start {
+				last.End = max(last.End, c.End)
+				continue
+			}
+		}
+		merged = append(merged, c)
+	}
+	return append(out, merged...)
+}
+
+func cloneLock(l *metapb.FileLock) *metapb.FileLock { return proto.Clone(l).(*metapb.FileLock) }
+
+func getLocks(r kv.Reader, ino uint64) (*metapb.LockRecord, error) {
+	rec := &metapb.LockRecord{}
+	_, err := getMsg(r, keys.Lock(ino), rec)
+	return rec, err
+}
+
+// putLocks stores ino's locks and keeps session's index entry for ino.
+func putLocks(t kv.Txn, ino, session uint64, locks []*metapb.FileLock) error {
+	if len(locks) == 0 {
+		if err := t.Delete(keys.Lock(ino)); err != nil {
+			return err
+		}
+	} else if err := putMsg(t, keys.Lock(ino), &metapb.LockRecord{Locks: locks}); err != nil {
+		return err
+	}
+	if slices.ContainsFunc(locks, func(l *metapb.FileLock) bool { return l.Session == session }) {
+		return t.Put(keys.SessionLock(session, ino), nil)
+	}
+	return t.Delete(keys.SessionLock(session, ino))
+}
+
+// dropSessionLocks releases every lock of session, in transaction t, and
+// returns the files whose locks changed.
+func dropSessionLocks(t kv.Txn, session uint64) ([]uint64, error) {
+	var inos []uint64
+	prefix := keys.SessionLockPrefix(session)
+	if err := t.Scan(prefix, kv.PrefixEnd(prefix), 0, func(k, v []byte) error {
+		_, ino, err := keys.ParseSessionLock(k)
+		if err != nil {
+			return err
+		}
+		inos = append(inos, ino)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	for _, ino := range inos {
+		rec, err := getLocks(t, ino)
+		if err != nil {
+			return nil, err
+		}
+		left := slices.DeleteFunc(rec.Locks, func(l *metapb.FileLock) bool { return l.Session == session })
+		if err := putLocks(t, ino, session, left); err != nil {
+			return nil, err
+		}
+	}
+	return inos, nil
+}

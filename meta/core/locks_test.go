@@ -1,0 +1,112 @@
+package core
+
+import (
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// TestLocks: record locks conflict only across owners and only where one is
+// a write lock; an owner's locks split and merge; flocks are separate; a
+// waiter is woken by the release; a wait that would close a cycle fails
+// with EDEADLK; a session's end releases its locks.
+func TestLocks(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		f := e.create(root, RootIno, "f", 0o644)
+		sess := func() uint64 {
+			r, err := e.s.OpenSession(e.ctx, &metapb.OpenSessionRequest{Client: "t"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r.SessionId
+		}
+		sa, sb := sess(), sess()
+		lk := func(s, owner uint64, typ metapb.LockType, start, end uint64) *metapb.FileLock {
+			return &metapb.FileLock{Session: s, Owner: owner, Pid: uint32(owner), Type: typ, Start: start, End: end}
+		}
+		set := func(l *metapb.FileLock, wait bool) error {
+			r, err := e.s.Lock(e.ctx, &metapb.LockRequest{Ino: f, Lock: l, Wait: wait})
+			if err == nil && !r.Granted {
+				t.Fatalf("lock %v: not granted, no error", l)
+			}
+			return err
+		}
+		must := func(l *metapb.FileLock) {
+			t.Helper()
+			if err := set(l, false); err != nil {
+				t.Fatalf("lock %v: %v", l, err)
+			}
+		}
+		refused := func(l *metapb.FileLock) {
+			t.Helper()
+			wantErrno(t, set(l, false), syscall.EAGAIN)
+		}
+		const W, R, U = metapb.LockType_LOCK_WRITE, metapb.LockType_LOCK_READ, metapb.LockType_LOCK_UNLOCK
+		must(lk(sa, 1, W, 0, 99))
+		refused(lk(sb, 2, R, 50, 60))
+		must(lk(sb, 2, R, 100, 200))
+		must(lk(sa, 1, W, 0, 99)) // the owner's own lock is no conflict
+		r, err := e.s.Lock(e.ctx, &metapb.LockRequest{Ino: f, Lock: lk(sb, 2, W, 90, 95), Test: true})
+		if err != nil || r.Conflict == nil || r.Conflict.Pid != 1 || r.Conflict.Start != 0 || r.Conflict.End != 99 {
+			t.Fatalf("test for a conflict: %v %v", r, err)
+		}
+		// Unlocking the middle splits the lock.
+		must(lk(sa, 1, U, 40, 59))
+		must(lk(sb, 2, R, 45, 50))
+		refused(lk(sb, 2, W, 30, 39))
+		refused(lk(sb, 2, W, 60, 60))
+		// Read locks share.
+		must(lk(sb, 3, R, 45, 50))
+		// flocks do not meet record locks.
+		must(&metapb.FileLock{Session: sb, Owner: 7, Flock: true, Type: W})
+		refused(&metapb.FileLock{Session: sa, Owner: 8, Flock: true, Type: R})
+
+		// A waiter is woken by the release.
+		got := make(chan error, 1)
+		go func() { got <- set(lk(sb, 2, W, 0, 10), true) }()
+		waitUntil(t, func() bool { return e.s.waiting(lockOwner{sb, 2, false}) })
+		must(lk(sa, 1, U, 0, lockEOF))
+		if err := <-got; err != nil {
+			t.Fatalf("waiter: %v", err)
+		}
+
+		// Deadlock: owner 2 holds [0,10] and waits for [300,300] of owner
+		// 1 (via 20); owner 1 then waiting for [0,0] closes the cycle.
+		must(lk(sa, 1, W, 300, 300))
+		go func() { got <- set(lk(sb, 2, W, 300, 300), true) }()
+		waitUntil(t, func() bool { return e.s.waiting(lockOwner{sb, 2, false}) })
+		wantErrno(t, set(lk(sa, 1, W, 0, 0), true), syscall.EDEADLK)
+
+		// The end of session a releases its locks: the waiter gets in.
+		if _, err := e.s.CloseSession(e.ctx, &metapb.CloseSessionRequest{SessionId: sa}); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-got; err != nil {
+			t.Fatalf("waiter after the holder's session ended: %v", err)
+		}
+		// Another owner of the same session is another holder.
+		refused(&metapb.FileLock{Session: sb, Owner: 9, Flock: true, Type: R})
+	})
+}
+
+// waitUntil waits for cond, checked as the scheduler runs other goroutines.
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached in 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waiting reports whether record-lock owner o waits for a lock.
+func (s *Service) waiting(o lockOwner) bool {
+	s.lockMu.Lock()
+	defer s.lockMu.Unlock()
+	_, ok := s.locks.waitsFor[o]
+	return ok
+}
