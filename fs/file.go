@@ -27,6 +27,11 @@ type fileHandle struct {
 	seqMu            sync.Mutex
 	lastOff, lastLen int64
 	seqBytes         int64
+
+	// The flock held through this open file, released at its last close.
+	lockMu     sync.Mutex
+	flockOwner uint64
+	hasFlock   bool
 }
 
 var (
@@ -237,6 +242,7 @@ func (f *fileHandle) dropBehind(off, n int64) {
 // Flush implements gofs.FileFlusher: close(2) commits what was written, so that
 // the next open anywhere sees it (close-to-open consistency).
 func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
+	f.releaseLocks(ctx)
 	ctx, done := killable(ctx)
 	defer done()
 	if f.flags&syscall.O_ACCMODE == syscall.O_RDONLY || f.fsys.opts.Data == nil {
@@ -260,6 +266,7 @@ func (f *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 // (close has returned already): the release is queued and sent with the
 // others that queue up meanwhile, one call for many files.
 func (f *fileHandle) Release(ctx context.Context) syscall.Errno {
+	f.releaseFlock()
 	f.fsys.releases.add(f.ino)
 	return 0
 }

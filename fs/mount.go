@@ -32,7 +32,7 @@ func Mount(mountpoint string, root *Node, opts MountOptions) (*fuse.Server, erro
 	timeout := root.fsys.opts.EntryTimeout
 	attrTimeout := root.fsys.opts.AttrTimeout
 	negative := time.Duration(0)
-	server, err := gofs.Mount(mountpoint, root, &gofs.Options{
+	gopts := &gofs.Options{
 		MountOptions: fuse.MountOptions{
 			FsName:                   "rdmafs",
 			Name:                     "rdmafs",
@@ -41,7 +41,7 @@ func Mount(mountpoint string, root *Node, opts MountOptions) (*fuse.Server, erro
 			MaxBackground:            opts.MaxBackground,
 			AllowOther:               true,
 			DirectMount:              true,
-			EnableLocks:              false,
+			EnableLocks:              true,
 			DisableXAttrs:            false,
 			Options:                  []string{"default_permissions"},
 			Debug:                    opts.Debug,
@@ -59,8 +59,15 @@ func Mount(mountpoint string, root *Node, opts MountOptions) (*fuse.Server, erro
 		AttrTimeout:     &attrTimeout,
 		NegativeTimeout: &negative,
 		NullPermissions: true,
-	})
+	}
+	// gofs.Mount, with the lock owner of FLUSH passed through (rawFS).
+	raw := &rawFS{RawFileSystem: gofs.NewNodeFS(root, gopts), locks: &root.fsys.locks}
+	server, err := fuse.NewServer(raw, mountpoint, &gopts.MountOptions)
 	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
+	}
+	go server.Serve()
+	if err := server.WaitMount(); err != nil {
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
 	}
 	return server, nil

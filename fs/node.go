@@ -78,6 +78,7 @@ type FS struct {
 
 	dropping atomic.Int32 // page cache invalidations in flight (drop-behind)
 	releases releaser     // closed files' opens, on their way to meta
+	locks    lockTable    // the file locks this mount's processes hold
 
 	// Read replies, so that a read costs no allocation.
 	inPlace      sync.Pool // of *inPlaceResult

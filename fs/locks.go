@@ -1,0 +1,239 @@
+package fs
+
+import (
+	"context"
+	"sync"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// File locks are held by the metadata service for this mount's session, so
+// they hold across mounts: flock(2), POSIX record locks (fcntl F_SETLK,
+// F_SETLKW, F_GETLK) and open file description locks (the kernel gives
+// each its own owner). The kernel does not keep them itself; it asks us to
+// release a process's record locks on a file when the process closes any
+// descriptor of it (FLUSH, with the lock owner), and a file's flock when its
+// last descriptor closes (RELEASE).
+
+var (
+	_ gofs.FileGetlker  = (*fileHandle)(nil)
+	_ gofs.FileSetlker  = (*fileHandle)(nil)
+	_ gofs.FileSetlkwer = (*fileHandle)(nil)
+)
+
+// lockTable is what this mount knows of the locks it holds: which record
+// lock owners hold locks on which files (so that a close releases them),
+// and the lock owners of the FLUSH requests in flight.
+type lockTable struct {
+	mu    sync.Mutex
+	posix map[uint64]map[uint64]bool // owner -> inodes it holds record locks on
+	// flushing maps a FLUSH request's cancel channel, unique while it runs,
+	// to its lock owner: go-fuse's node API does not pass the owner on.
+	flushing sync.Map
+}
+
+// held records that owner holds (or, with held false, released) record
+// locks on ino.
+func (t *lockTable) held(owner, ino uint64, held bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.posix == nil {
+		t.posix = map[uint64]map[uint64]bool{}
+	}
+	inos := t.posix[owner]
+	if held {
+		if inos == nil {
+			inos = map[uint64]bool{}
+			t.posix[owner] = inos
+		}
+		inos[ino] = true
+		return
+	}
+	delete(inos, ino)
+	if len(inos) == 0 {
+		delete(t.posix, owner)
+	}
+}
+
+// holds reports whether owner holds record locks on ino (any inode when
+// ino is 0).
+func (t *lockTable) holds(owner, ino uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	inos := t.posix[owner]
+	return len(inos) > 0 && (ino == 0 || inos[ino])
+}
+
+// lockOf converts the kernel's lock to the service's.
+func (f *fileHandle) lockOf(owner uint64, lk *fuse.FileLock, flags uint32) *metapb.FileLock {
+	return &metapb.FileLock{Session: f.fsys.opts.Session, Owner: owner, Pid: lk.Pid, Flock: flags&fuse.LK_FLOCK != 0,
+		Type: metapb.LockType(lk.Typ), Start: lk.Start, End: lk.End}
+}
+
+// Getlk implements gofs.FileGetlker (F_GETLK, F_OFD_GETLK).
+func (f *fileHandle) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, out *fuse.FileLock) syscall.Errno {
+	ctx, done := killable(ctx)
+	defer done()
+	r, err := f.fsys.meta.Lock(ctx, &metapb.LockRequest{Ino: f.ino, Lock: f.lockOf(owner, lk, flags), Test: true})
+	if err != nil {
+		return errno(err)
+	}
+	if c := r.Conflict; c != nil {
+		*out = fuse.FileLock{Start: c.Start, End: c.End, Typ: uint32(c.Type), Pid: c.Pid}
+	} else {
+		*out = fuse.FileLock{Typ: syscall.F_UNLCK}
+	}
+	return 0
+}
+
+// Setlk implements gofs.FileSetlker (F_SETLK, flock with LOCK_NB): EAGAIN
+// when another owner holds a conflicting lock.
+func (f *fileHandle) Setlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
+	return f.setLock(ctx, owner, lk, flags, false)
+}
+
+// Setlkw implements gofs.FileSetlkwer (F_SETLKW, flock): it waits for the
+// conflicting locks to go; a signal interrupts it (EINTR), and a wait that
+// would deadlock fails with EDEADLK.
+func (f *fileHandle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
+	return f.setLock(ctx, owner, lk, flags, true)
+}
+
+func (f *fileHandle) setLock(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, wait bool) syscall.Errno {
+	ctx, done := killable(ctx)
+	defer done()
+	l := f.lockOf(owner, lk, flags)
+	locking := l.Type != metapb.LockType_LOCK_UNLOCK
+	if !locking && f.fsys.opts.Data != nil {
+		// What was written under the lock is committed before it goes,
+		// so that the next holder, on any mount, reads it.
+		if err := f.fsys.opts.Data.Flush(ctx, f.ino); err != nil {
+			return dataErrno(err)
+		}
+	}
+	for {
+		r, err := f.fsys.meta.Lock(ctx, &metapb.LockRequest{Ino: f.ino, Lock: l, Wait: wait})
+		if err != nil {
+			return errno(err)
+		}
+		if r.Granted {
+			break
+		}
+		// The service bounds each wait: ask again.
+	}
+	if locking {
+		// A lock taken: what this mount cached of the file may predate the
+		// last holder's writes on another mount, as NFS clients assume
+		// too. Reread it: the engine's committed state, the kernel's pages
+		// and attributes.
+		if f.fsys.opts.Data != nil {
+			if err := f.fsys.opts.Data.Open(ctx, f.ino); err != nil {
+				return dataErrno(err)
+			}
+		}
+		f.node.NotifyContent(0, 0)
+		f.revalidateSiblings()
+	}
+	if l.Flock {
+		f.lockMu.Lock()
+		f.flockOwner, f.hasFlock = owner, locking
+		f.lockMu.Unlock()
+	} else if locking {
+		f.fsys.locks.held(owner, f.ino, true)
+	}
+	return 0
+}
+
+// maxSiblings bounds the names revalidateSiblings drops: a lock on a file in
+// a large directory does not cost one notification per name.
+const maxSiblings = 256
+
+// revalidateSiblings drops the kernel's cached names next to the file, so
+// that a lock holder sees the files another mount's holder created or
+// removed (a database's journal) at its next lookup, not after the entry
+// timeout.
+func (f *fileHandle) revalidateSiblings() {
+	_, parent := f.node.Parent()
+	if parent == nil {
+		return
+	}
+	kids := parent.Children()
+	if len(kids) > maxSiblings {
+		return
+	}
+	for name := range kids {
+		parent.NotifyEntry(name)
+	}
+}
+
+// releaseLocks is called at FLUSH (every close of a descriptor): the closing
+// process's record locks on the file go, as POSIX wants. The caller holds
+// the request's own context.
+func (f *fileHandle) releaseLocks(ctx context.Context) {
+	fc, ok := ctx.(*fuse.Context)
+	if !ok {
+		return
+	}
+	v, ok := f.fsys.locks.flushing.Load(fc.Cancel)
+	if !ok {
+		return
+	}
+	owner := v.(uint64)
+	if !f.fsys.locks.holds(owner, f.ino) {
+		return
+	}
+	f.unlockAll(owner, false)
+	f.fsys.locks.held(owner, f.ino, false)
+}
+
+// releaseFlock is called at RELEASE (the last close of the open file): its
+// flock goes.
+func (f *fileHandle) releaseFlock() {
+	f.lockMu.Lock()
+	owner, has := f.flockOwner, f.hasFlock
+	f.hasFlock = false
+	f.lockMu.Unlock()
+	if has {
+		f.unlockAll(owner, true)
+	}
+}
+
+// unlockTimeout bounds the release of a closed file's locks; past it the
+// session's end releases them.
+const unlockTimeout = 30 * time.Second
+
+// unlockAll releases owner's locks of one kind on the file.
+func (f *fileHandle) unlockAll(owner uint64, flock bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), unlockTimeout)
+	defer cancel()
+	_, err := f.fsys.meta.Lock(ctx, &metapb.LockRequest{Ino: f.ino, Lock: &metapb.FileLock{Session: f.fsys.opts.Session, Owner: owner,
+		Flock: flock, Type: metapb.LockType_LOCK_UNLOCK, End: lockEOF}})
+	if err != nil {
+		f.fsys.log.Warn("release of a closed file's locks failed; they go when the session ends", "ino", f.ino, "err", err)
+	}
+}
+
+// lockEOF is the end of a lock to the end of the file (the kernel's OFFSET_MAX).
+const lockEOF = 1<<63 - 1
+
+// rawFS passes the lock owner of FLUSH requests to the node API, which
+// does not carry it.
+type rawFS struct {
+	fuse.RawFileSystem
+	locks *lockTable
+}
+
+// Flush hands the request's lock owner to fileHandle.Flush when it holds
+// record locks.
+func (r *rawFS) Flush(cancel <-chan struct{}, in *fuse.FlushIn) fuse.Status {
+	if r.locks.holds(in.LockOwner, 0) {
+		r.locks.flushing.Store(cancel, in.LockOwner)
+		defer r.locks.flushing.Delete(cancel)
+	}
+	return r.RawFileSystem.Flush(cancel, in)
+}

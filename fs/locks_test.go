@@ -1,0 +1,223 @@
+package fs_test
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmafs/rdmafs/fs/fstest"
+)
+
+// TestFlockAcrossMounts: a flock taken through one mount excludes the same
+// file's flock through another; a waiter on the other mount gets it when the
+// holder closes its file, and when a holding process is killed.
+func TestFlockAcrossMounts(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{})
+	b, _ := c.Mount(t)
+	pa, pb := filepath.Join(c.Dir, "lockfile"), filepath.Join(b, "lockfile")
+	if err := os.WriteFile(pa, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fa, err := os.Open(pa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(fa.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	fb, err := os.Open(pb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fb.Close()
+	if err := unix.Flock(int(fb.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != unix.EWOULDBLOCK {
+		t.Fatalf("flock LOCK_SH|LOCK_NB on mount B while mount A holds LOCK_EX: %v, want EWOULDBLOCK", err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- unix.Flock(int(fb.Fd()), unix.LOCK_EX) }()
+	select {
+	case err := <-got:
+		t.Fatalf("flock on mount B returned (%v) while mount A holds the lock", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	fa.Close() // the last close of A's open file releases its flock
+	if err := <-got; err != nil {
+		t.Fatalf("waiting flock on mount B: %v", err)
+	}
+	if err := unix.Flock(int(fb.Fd()), unix.LOCK_UN); err != nil {
+		t.Fatal(err)
+	}
+
+	// A process holding the lock through mount A is killed: its lock goes.
+	holder := exec.Command("flock", "--exclusive", "--close", pa, "sleep", "600")
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Process.Kill()
+	deadline := time.Now().Add(10 * time.Second)
+	for unix.Flock(int(fb.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+		unix.Flock(int(fb.Fd()), unix.LOCK_UN)
+		if time.Now().After(deadline) {
+			t.Fatal("the flock(1) holder did not get the lock in 10s")
+		}
+		time.Sleep(10 * time.Millisecond) // flock(1) starts up: nothing to wait on
+	}
+	go func() { got <- unix.Flock(int(fb.Fd()), unix.LOCK_EX) }()
+	holder.Process.Signal(syscall.SIGKILL)
+	holder.Wait()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("flock after the holder was killed: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the killed holder's flock was not released in 10s")
+	}
+}
+
+// TestRecordLocksAcrossMounts: fcntl record locks exclude other owners on
+// other mounts where they overlap, F_GETLK reports the holder, F_SETLKW waits
+// for the release, and closing any descriptor of the file releases the
+// process's locks on it (and only on it).
+func TestRecordLocksAcrossMounts(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{})
+	b, _ := c.Mount(t)
+	for _, name := range []string{"f", "other"} {
+		if err := os.WriteFile(filepath.Join(c.Dir, name), make([]byte, 100), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The holder is a child process: record locks belong to processes, and
+	// this test process is the other owner.
+	holder := exec.Command("python3", "-c", `
+import fcntl, os, sys
+f = open(sys.argv[1], "r+")
+o = open(sys.argv[2], "r+")
+fcntl.lockf(f, fcntl.LOCK_EX, 10, 0)      # bytes 0-9 of f
+fcntl.lockf(o, fcntl.LOCK_EX, 0, 0)       # all of other
+print("locked", flush=True)
+sys.stdin.readline()
+os.close(os.open(sys.argv[2], os.O_RDONLY)) # closing a descriptor of other releases other's lock only
+print("closed", flush=True)
+sys.stdin.readline()
+`, filepath.Join(c.Dir, "f"), filepath.Join(c.Dir, "other"))
+	holder.Stderr = os.Stderr
+	stdin, _ := holder.StdinPipe()
+	stdout, _ := holder.StdoutPipe()
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Process.Kill()
+	out := bufio.NewReader(stdout)
+	line := func() string {
+		l, err := out.ReadString('\n')
+		if err != nil {
+			t.Fatalf("holder: %v", err)
+		}
+		return strings.TrimSpace(l)
+	}
+	if l := line(); l != "locked" {
+		t.Fatalf("holder said %q", l)
+	}
+	fb, err := os.OpenFile(filepath.Join(b, "f"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fb.Close()
+	ob, err := os.OpenFile(filepath.Join(b, "other"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ob.Close()
+	lk := func(typ int16, start, n int64) *unix.Flock_t {
+		return &unix.Flock_t{Type: typ, Whence: 0, Start: start, Len: n}
+	}
+	if err := unix.FcntlFlock(fb.Fd(), unix.F_SETLK, lk(unix.F_RDLCK, 5, 1)); err != unix.EAGAIN && err != unix.EACCES {
+		t.Fatalf("F_SETLK over a range another mount's process holds: %v, want EAGAIN", err)
+	}
+	if err := unix.FcntlFlock(fb.Fd(), unix.F_SETLK, lk(unix.F_WRLCK, 10, 10)); err != nil {
+		t.Fatalf("F_SETLK next to the held range: %v", err)
+	}
+	q := lk(unix.F_WRLCK, 0, 0)
+	if err := unix.FcntlFlock(fb.Fd(), unix.F_GETLK, q); err != nil || q.Type != unix.F_WRLCK || q.Start != 0 || q.Len != 10 || int(q.Pid) != holder.Process.Pid {
+		t.Fatalf("F_GETLK: %+v %v, want the holder's write lock on 0-9 (pid %d)", q, err, holder.Process.Pid)
+	}
+	if err := unix.FcntlFlock(ob.Fd(), unix.F_SETLK, lk(unix.F_WRLCK, 50, 1)); err != unix.EAGAIN && err != unix.EACCES {
+		t.Fatalf("F_SETLK on other while held: %v", err)
+	}
+	fmt.Fprintln(stdin)
+	if l := line(); l != "closed" {
+		t.Fatalf("holder said %q", l)
+	}
+	if err := unix.FcntlFlock(ob.Fd(), unix.F_SETLK, lk(unix.F_WRLCK, 50, 1)); err != nil {
+		t.Fatalf("F_SETLK on other after the holder closed a descriptor of it: %v", err)
+	}
+	if err := unix.FcntlFlock(fb.Fd(), unix.F_SETLK, lk(unix.F_RDLCK, 5, 1)); err != unix.EAGAIN && err != unix.EACCES {
+		t.Fatalf("the holder's lock on f went with a close of another file: %v", err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- unix.FcntlFlock(fb.Fd(), unix.F_SETLKW, lk(unix.F_WRLCK, 0, 10)) }()
+	select {
+	case err := <-got:
+		t.Fatalf("F_SETLKW returned (%v) while the range is held", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	holder.Process.Signal(syscall.SIGKILL) // its exit closes its descriptors
+	holder.Wait()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("F_SETLKW after the holder died: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("F_SETLKW not granted 10s after the holder died")
+	}
+}
+
+// TestSqliteAcrossMounts: two sqlite3 processes, one per mount, each add 1 to
+// a counter in one database 300 times, each in its own transaction: the
+// counter ends at 600 (locks exclude, and each holder reads what the last
+// wrote).
+func TestSqliteAcrossMounts(t *testing.T) {
+	if _, err := exec.LookPath("sqlite3"); err != nil {
+		t.Skip("no sqlite3")
+	}
+	c := fstest.Start(t, fstest.Options{})
+	b, _ := c.Mount(t)
+	db := "counter.db"
+	if out, err := exec.Command("sqlite3", filepath.Join(c.Dir, db), "create table c(n integer); insert into c values(0);").CombinedOutput(); err != nil {
+		t.Fatalf("sqlite3: %v: %s", err, out)
+	}
+	const n = 300
+	script := ".timeout 60000\n" + strings.Repeat("begin immediate; update c set n = n + 1; commit;\n", n)
+	errs := make(chan error, 2)
+	for _, dir := range []string{c.Dir, b} {
+		go func() {
+			cmd := exec.Command("sqlite3", filepath.Join(dir, db))
+			cmd.Stdin = strings.NewReader(script)
+			out, err := cmd.CombinedOutput()
+			if err != nil || len(out) > 0 {
+				lines := strings.SplitN(string(out), "\n", 6)
+				err = fmt.Errorf("sqlite3 on %s: %v: %s", dir, err, strings.Join(lines[:min(5, len(lines))], "\n"))
+			}
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := exec.Command("sqlite3", filepath.Join(b, db), "select n from c;").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != fmt.Sprint(2*n) {
+		t.Fatalf("counter after 2 x %d increments: %q %v", n, out, err)
+	}
+}
