@@ -104,6 +104,7 @@ type opts struct {
 	disk         string // a tmpfs of this size per chunkd
 	net          *devcluster.Net
 	noMount      bool
+	metaArgs     []string // more meta flags
 }
 
 // newCluster brings up meta, the chunkservers and a mount with short
@@ -123,7 +124,7 @@ func newCluster(t *testing.T, o opts) *devcluster.Cluster {
 	defer cancel()
 	cfg := devcluster.Config{Dir: dir, Bin: binDir, Chunkservers: o.chunkservers, Transport: "tcp",
 		ChunkdMem: "64MiB", ClientMem: "128MiB", Mount: !o.noMount, HeartbeatTimeout: 2 * time.Second,
-		MetaArgs:   []string{"--repair-grace", "1s", "--repair-task-timeout", "20s"},
+		MetaArgs:   append([]string{"--repair-grace", "1s", "--repair-task-timeout", "20s"}, o.metaArgs...),
 		ChunkdArgs: []string{"--repair-mem", "16MiB"},
 		MountArgs:  mountArgs(), ChunkdDisk: o.disk, Net: o.net}
 	c, err := devcluster.Up(ctx, cfg)
