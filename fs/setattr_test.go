@@ -2,6 +2,7 @@ package fs_test
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -82,5 +83,43 @@ func TestFsyncDirectory(t *testing.T) {
 	}
 	if err := unix.Fdatasync(int(d.Fd())); err != nil {
 		t.Fatalf("fdatasync of a directory: %v", err)
+	}
+}
+
+// TestWriteByNonOwnerClearsSetuid: a write by a user who does not own a
+// set-user-ID, set-group-ID file but may write it succeeds and clears both
+// bits, as on ext4 (the kernel asks for the chmod on the writer's behalf).
+func TestWriteByNonOwnerClearsSetuid(t *testing.T) {
+	dir := fstest.Start(t, fstest.Options{}).Dir
+	p := filepath.Join(dir, "suid")
+	if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(p, 0o6777); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sh", "-c", `printf more >> "$0"`, p)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("write as uid 65534: %v %s", err, out)
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fi.Mode() & (os.ModeSetuid | os.ModeSetgid | os.ModePerm); got != 0o777 {
+		t.Fatalf("mode after a non-owner's write: %v, want -rwxrwxrwx", got)
+	}
+	if b, _ := os.ReadFile(p); string(b) != "xmore" {
+		t.Fatalf("content %q", b)
+	}
+	// Someone who may not write the file still may not chmod it.
+	if err := os.Chmod(p, 0o4755); err != nil {
+		t.Fatal(err)
+	}
+	cmd = exec.Command("chmod", "0755", p)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	if err := cmd.Run(); err == nil {
+		t.Fatal("a non-owner without write access cleared set-user-ID with chmod")
 	}
 }

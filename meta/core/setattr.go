@@ -23,7 +23,15 @@ func (s *Service) SetAttr(ctx context.Context, req *metapb.SetAttrRequest) (*met
 		a := rec.Attr
 		changed := false
 		if req.SetMode {
-			if !isOwner(c, a) {
+			// A write by someone who does not own a set-user-ID or
+			// set-group-ID file clears those bits: the kernel asks for it
+			// as a chmod on the writer's behalf, which a local file system
+			// grants to anyone who may write the file.
+			const priv = syscall.S_ISUID | syscall.S_ISGID
+			newMode, oldMode := req.Mode&0o7777, a.Mode&0o7777
+			killPriv := newMode != oldMode && newMode|priv == oldMode|priv && newMode&^oldMode == 0 &&
+				checkAccess(c, a, mayWrite) == nil
+			if !isOwner(c, a) && !killPriv {
 				return metaerr.New(syscall.EPERM, "chmod: uid %d does not own inode %d", c.Uid, a.Ino)
 			}
 			mode := req.Mode & 0o7777
