@@ -349,3 +349,77 @@ func (f *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode
 		return syscall.EOPNOTSUPP
 	}
 }
+
+var _ gofs.FileLseeker = (*fileHandle)(nil)
+
+// stripesPerCall is how many stripes one GetStripes call returns at most
+// (meta's limit: core.MaxStripesPerCall).
+const stripesPerCall = 1024
+
+// Lseek implements gofs.FileLseeker for SEEK_DATA and SEEK_HOLE (the kernel
+// answers the other whences itself). Holes are found at stripe granularity:
+// a stripe never written, and the part of a stripe past its data, are holes.
+// What this mount wrote is committed first, so that it counts as data.
+func (f *fileHandle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	ctx, done := killable(ctx)
+	defer done()
+	if whence != unix.SEEK_DATA && whence != unix.SEEK_HOLE {
+		return 0, syscall.EINVAL
+	}
+	if d := f.fsys.opts.Data; d != nil {
+		if err := d.Flush(ctx, f.ino); err != nil {
+			return 0, dataErrno(err)
+		}
+	}
+	first, pos := uint64(0), off
+	var size, sb uint64
+	for {
+		r, err := f.fsys.meta.GetStripes(ctx, &metapb.GetStripesRequest{Ino: f.ino, First: first, Count: stripesPerCall})
+		if err != nil {
+			return 0, errno(err)
+		}
+		size = r.Size
+		if l := r.Layout; l != nil {
+			sb = uint64(l.K) * uint64(l.Unit)
+		}
+		if off >= size {
+			return 0, syscall.ENXIO
+		}
+		if sb == 0 {
+			break // no layout: all data
+		}
+		if first == 0 {
+			first = off / sb
+			if first > 0 {
+				continue // start the scan at off's stripe
+			}
+		}
+		for _, si := range r.Stripes {
+			start, end := si.Stripe*sb, si.Stripe*sb+si.Length
+			if end <= pos || si.Length == 0 {
+				continue
+			}
+			if start > pos {
+				if whence == unix.SEEK_HOLE {
+					return pos, 0 // pos is in a hole
+				}
+				pos = start
+			}
+			if whence == unix.SEEK_DATA {
+				return min(pos, size), 0
+			}
+			pos = end // data up to end: the hole may start there
+		}
+		if len(r.Stripes) < stripesPerCall {
+			break
+		}
+		first = r.Stripes[len(r.Stripes)-1].Stripe + 1
+	}
+	if whence == unix.SEEK_DATA {
+		if sb == 0 {
+			return off, 0
+		}
+		return 0, syscall.ENXIO
+	}
+	return min(pos, size), 0
+}

@@ -371,6 +371,9 @@ func fillAttr(a *metapb.Attr, out *fuse.Attr) {
 	out.Ino = a.Ino
 	out.Size = a.Size
 	out.Blocks = (a.Size + 511) / 512
+	if a.StoredKnown {
+		out.Blocks = (a.Stored + 511) / 512
+	}
 	out.Mode = a.Mode
 	out.Nlink = a.Nlink
 	out.Uid, out.Gid = a.Uid, a.Gid
@@ -393,8 +396,9 @@ func (fsys *FS) fillAttr(a *metapb.Attr, out *fuse.Attr) {
 		return
 	}
 	if size, ok := fsys.opts.Data.Size(a.Ino); ok {
+		// Uncommitted writes past the committed size count as stored.
+		out.Blocks += (max(uint64(size), a.Size) - a.Size + 511) / 512
 		out.Size = uint64(size)
-		out.Blocks = (out.Size + 511) / 512
 	}
 }
 

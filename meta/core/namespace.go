@@ -140,7 +140,7 @@ func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, n
 			return err
 		}
 		a := &metapb.Attr{Ino: ino, Mode: n.mode, Uid: c.Uid, Gid: c.Gid, Nlink: 1,
-			AtimeNs: now, MtimeNs: now, CtimeNs: now, Rdev: n.rdev, Generation: 1}
+			AtimeNs: now, MtimeNs: now, CtimeNs: now, Rdev: n.rdev, Generation: 1, StoredKnown: true}
 		rec := &metapb.InodeRecord{Attr: a, Symlink: n.symlink}
 		if p.Attr.Mode&syscall.S_ISGID != 0 {
 			// setgid directory: new entries take its group, new

@@ -349,6 +349,10 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 					return err
 				}
 			}
+			if p.st.Version > 0 {
+				rec.Attr.Stored -= min(rec.Attr.Stored, p.st.Length)
+			}
+			rec.Attr.Stored += p.sc.Length
 			p.st.Length = p.sc.Length
 			if p.grant == nil {
 				// Inline: the next version of the stripe's counter, so that
@@ -540,6 +544,7 @@ func truncateStripes(t kv.Txn, rec *metapb.InodeRecord, size uint64, purge bool)
 		start := it.idx * sb
 		if start < size {
 			if keep := size - start; it.st.Length > keep {
+				rec.Attr.Stored -= min(rec.Attr.Stored, it.st.Length-keep)
 				it.st.Length = keep
 				if uint64(len(it.st.InlineData)) > keep {
 					it.st.InlineData = it.st.InlineData[:keep]
@@ -551,6 +556,7 @@ func truncateStripes(t kv.Txn, rec *metapb.InodeRecord, size uint64, purge bool)
 			continue
 		}
 		if it.st.Version > 0 {
+			rec.Attr.Stored -= min(rec.Attr.Stored, it.st.Length)
 			if err := queueGC(t, it.st.Shards, it.st.Version); err != nil {
 				return err
 			}

@@ -327,19 +327,25 @@ func (x *Layout) GetInlineMax() uint64 {
 // Attr is the POSIX attribute set of an inode. mode carries the file type bits
 // (S_IFMT) as in stat(2). Times are nanoseconds since the Unix epoch.
 type Attr struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
-	Mode          uint32                 `protobuf:"varint,2,opt,name=mode,proto3" json:"mode,omitempty"`
-	Uid           uint32                 `protobuf:"varint,3,opt,name=uid,proto3" json:"uid,omitempty"`
-	Gid           uint32                 `protobuf:"varint,4,opt,name=gid,proto3" json:"gid,omitempty"`
-	Nlink         uint32                 `protobuf:"varint,5,opt,name=nlink,proto3" json:"nlink,omitempty"`
-	Size          uint64                 `protobuf:"varint,6,opt,name=size,proto3" json:"size,omitempty"`
-	AtimeNs       int64                  `protobuf:"varint,7,opt,name=atime_ns,json=atimeNs,proto3" json:"atime_ns,omitempty"`
-	MtimeNs       int64                  `protobuf:"varint,8,opt,name=mtime_ns,json=mtimeNs,proto3" json:"mtime_ns,omitempty"`
-	CtimeNs       int64                  `protobuf:"varint,9,opt,name=ctime_ns,json=ctimeNs,proto3" json:"ctime_ns,omitempty"`
-	Rdev          uint32                 `protobuf:"varint,10,opt,name=rdev,proto3" json:"rdev,omitempty"`
-	Generation    uint64                 `protobuf:"varint,11,opt,name=generation,proto3" json:"generation,omitempty"`
-	Layout        *Layout                `protobuf:"bytes,12,opt,name=layout,proto3" json:"layout,omitempty"` // regular files: the file's layout
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Ino        uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	Mode       uint32                 `protobuf:"varint,2,opt,name=mode,proto3" json:"mode,omitempty"`
+	Uid        uint32                 `protobuf:"varint,3,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid        uint32                 `protobuf:"varint,4,opt,name=gid,proto3" json:"gid,omitempty"`
+	Nlink      uint32                 `protobuf:"varint,5,opt,name=nlink,proto3" json:"nlink,omitempty"`
+	Size       uint64                 `protobuf:"varint,6,opt,name=size,proto3" json:"size,omitempty"`
+	AtimeNs    int64                  `protobuf:"varint,7,opt,name=atime_ns,json=atimeNs,proto3" json:"atime_ns,omitempty"`
+	MtimeNs    int64                  `protobuf:"varint,8,opt,name=mtime_ns,json=mtimeNs,proto3" json:"mtime_ns,omitempty"`
+	CtimeNs    int64                  `protobuf:"varint,9,opt,name=ctime_ns,json=ctimeNs,proto3" json:"ctime_ns,omitempty"`
+	Rdev       uint32                 `protobuf:"varint,10,opt,name=rdev,proto3" json:"rdev,omitempty"`
+	Generation uint64                 `protobuf:"varint,11,opt,name=generation,proto3" json:"generation,omitempty"`
+	Layout     *Layout                `protobuf:"bytes,12,opt,name=layout,proto3" json:"layout,omitempty"` // regular files: the file's layout
+	// stored is the bytes of file data the file's stripes hold (their
+	// committed lengths: stripes never written are holes), kept when
+	// stored_known; st_blocks is stored in 512-byte units. Files made before
+	// it was kept report their size instead.
+	Stored        uint64 `protobuf:"varint,13,opt,name=stored,proto3" json:"stored,omitempty"`
+	StoredKnown   bool   `protobuf:"varint,14,opt,name=stored_known,json=storedKnown,proto3" json:"stored_known,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -456,6 +462,20 @@ func (x *Attr) GetLayout() *Layout {
 		return x.Layout
 	}
 	return nil
+}
+
+func (x *Attr) GetStored() uint64 {
+	if x != nil {
+		return x.Stored
+	}
+	return 0
+}
+
+func (x *Attr) GetStoredKnown() bool {
+	if x != nil {
+		return x.StoredKnown
+	}
+	return false
 }
 
 // ErrorInfo is attached as a gRPC status detail to every error that has a
@@ -6017,7 +6037,7 @@ const file_meta_proto_rawDesc = "" +
 	"\x04unit\x18\x03 \x01(\x04R\x04unit\x12(\n" +
 	"\x10min_write_shards\x18\x04 \x01(\rR\x0eminWriteShards\x12\x1d\n" +
 	"\n" +
-	"inline_max\x18\x05 \x01(\x04R\tinlineMax\"\xaf\x02\n" +
+	"inline_max\x18\x05 \x01(\x04R\tinlineMax\"\xea\x02\n" +
 	"\x04Attr\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x10\n" +
@@ -6033,7 +6053,9 @@ const file_meta_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\v \x01(\x04R\n" +
 	"generation\x12.\n" +
-	"\x06layout\x18\f \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\"L\n" +
+	"\x06layout\x18\f \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\x12\x16\n" +
+	"\x06stored\x18\r \x01(\x04R\x06stored\x12!\n" +
+	"\fstored_known\x18\x0e \x01(\bR\vstoredKnown\"L\n" +
 	"\tErrorInfo\x12\x14\n" +
 	"\x05errno\x18\x01 \x01(\rR\x05errno\x12)\n" +
 	"\x10conflict_stripes\x18\x02 \x03(\x04R\x0fconflictStripes\"k\n" +
