@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rdmafs/rdmafs/internal/devcluster"
 )
 
@@ -152,22 +154,88 @@ func TestCopyTree(t *testing.T) {
 	// The repository's own sources make a realistic tree too.
 	run(t, "", "cp", "-a", "../../rdma", filepath.Join(src, "rdma-src"))
 	dst := filepath.Join(c.MountPoint, "copy")
+	varyOwnersAndTimes(t, src)
 	run(t, "", "cp", "-a", src, dst)
 	run(t, "", "diff", "-r", "--no-dereference", src, dst)
-	// Modes survive too.
-	var modes []string
-	filepath.Walk(src, func(p string, fi os.FileInfo, err error) error {
-		if err == nil {
-			rel, _ := filepath.Rel(src, p)
-			if st, err := os.Lstat(filepath.Join(dst, rel)); err != nil || st.Mode() != fi.Mode() {
-				modes = append(modes, rel)
-			}
+	sameMetadata(t, "cp -a", src, dst)
+}
+
+// TestTarTree extracts a tar archive of a tree (the repository's sources,
+// owners and times varied) onto the mount as root, as a package manager or
+// a backup restore would: every file's bytes, mode, owner and modification
+// time (nanoseconds: POSIX pax format) arrive.
+func TestTarTree(t *testing.T) {
+	need(t, "tar")
+	c := up(t)
+	src := t.TempDir()
+	run(t, "", "cp", "-a", "../../fs", filepath.Join(src, "fs-src"))
+	os.WriteFile(filepath.Join(src, "setuid"), []byte("#!/bin/sh\n"), 0o755)
+	os.Chmod(filepath.Join(src, "setuid"), 0o4755)
+	varyOwnersAndTimes(t, src)
+	dst := filepath.Join(c.MountPoint, "untar")
+	os.Mkdir(dst, 0o755)
+	archive := filepath.Join(t.TempDir(), "tree.tar")
+	run(t, "", "tar", "--format=posix", "-C", src, "-cf", archive, ".")
+	run(t, "", "tar", "-C", dst, "-xpf", archive)
+	run(t, "", "diff", "-r", "--no-dereference", src, dst)
+	sameMetadata(t, "tar -x", src, dst)
+}
+
+// varyOwnersAndTimes gives the entries of the tree at root different owners
+// and modification times (with nanoseconds), deepest first so that setting
+// a directory's time is not undone by changes inside it.
+func varyOwnersAndTimes(t *testing.T, root string) {
+	t.Helper()
+	var paths []string
+	filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && p != root {
+			paths = append(paths, p)
 		}
 		return nil
 	})
-	if len(modes) > 0 {
-		t.Fatalf("modes differ after cp -a: %v", modes)
+	for i := len(paths) - 1; i >= 0; i-- {
+		p := paths[i]
+		if err := os.Lchown(p, 1000+i%3, 2000+i%5); err != nil {
+			t.Fatal(err)
+		}
+		ts := []unix.Timespec{unix.NsecToTimespec(int64(1e18) + int64(i)*1e9 + int64(i*7919)), unix.NsecToTimespec(int64(1.5e18) + int64(i)*1e9 + 123456789)}
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			t.Fatal(err)
+		}
 	}
+}
+
+// sameMetadata compares every entry under src with its copy under dst:
+// mode, owner and modification time (to the nanosecond).
+func sameMetadata(t *testing.T, how, src, dst string) {
+	t.Helper()
+	var diffs []string
+	n := 0
+	filepath.Walk(src, func(p string, _ os.FileInfo, err error) error {
+		if err != nil || p == src {
+			return nil
+		}
+		n++
+		rel, _ := filepath.Rel(src, p)
+		var a, b unix.Stat_t
+		if err := unix.Lstat(p, &a); err != nil {
+			return nil
+		}
+		if err := unix.Lstat(filepath.Join(dst, rel), &b); err != nil {
+			diffs = append(diffs, fmt.Sprintf("%s: %v", rel, err))
+			return nil
+		}
+		if a.Mode != b.Mode || a.Uid != b.Uid || a.Gid != b.Gid || a.Mtim != b.Mtim {
+			diffs = append(diffs, fmt.Sprintf("%s: mode %o/%o owner %d:%d/%d:%d mtime %d.%09d/%d.%09d", rel,
+				a.Mode, b.Mode, a.Uid, a.Gid, b.Uid, b.Gid, a.Mtim.Sec, a.Mtim.Nsec, b.Mtim.Sec, b.Mtim.Nsec))
+		}
+		return nil
+	})
+	if len(diffs) > 0 {
+		t.Fatalf("%s: %d of %d entries differ in mode, owner or mtime (source/copy), first ones:\n%s", how, len(diffs), n,
+			strings.Join(diffs[:min(len(diffs), 10)], "\n"))
+	}
+	t.Logf("%s: %d entries with the same mode, owner and mtime", how, n)
 }
 
 // TestSQLite runs a database on the mount and checks its integrity.
