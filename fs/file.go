@@ -28,10 +28,12 @@ type fileHandle struct {
 	lastOff, lastLen int64
 	seqBytes         int64
 
-	// The flock held through this open file, released at its last close.
-	lockMu     sync.Mutex
-	flockOwner uint64
-	hasFlock   bool
+	// The flock held through this open file, and the owners of record locks
+	// taken through it, released at its last close.
+	lockMu      sync.Mutex
+	flockOwner  uint64
+	hasFlock    bool
+	posixOwners []uint64
 }
 
 var (
@@ -266,7 +268,7 @@ func (f *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 // (close has returned already): the release is queued and sent with the
 // others that queue up meanwhile, one call for many files.
 func (f *fileHandle) Release(ctx context.Context) syscall.Errno {
-	f.releaseFlock()
+	f.releaseFileLocks()
 	f.fsys.releases.add(f.ino)
 	return 0
 }

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -145,6 +146,11 @@ func (f *fileHandle) setLock(ctx context.Context, owner uint64, lk *fuse.FileLoc
 		f.lockMu.Unlock()
 	} else if locking {
 		f.fsys.locks.held(owner, f.ino, true)
+		f.lockMu.Lock()
+		if !slices.Contains(f.posixOwners, owner) {
+			f.posixOwners = append(f.posixOwners, owner)
+		}
+		f.lockMu.Unlock()
 	}
 	return 0
 }
@@ -191,15 +197,25 @@ func (f *fileHandle) releaseLocks(ctx context.Context) {
 	f.fsys.locks.held(owner, f.ino, false)
 }
 
-// releaseFlock is called at RELEASE (the last close of the open file): its
-// flock goes.
-func (f *fileHandle) releaseFlock() {
+// releaseFileLocks is called at RELEASE (the last close of the open file):
+// its flock goes, and its open file description locks, which the kernel
+// owns by the open file. Record locks of processes taken through it went
+// at their processes' closes already (FLUSH), so every record lock still
+// held by an owner that locked through it is the description's own.
+func (f *fileHandle) releaseFileLocks() {
 	f.lockMu.Lock()
 	owner, has := f.flockOwner, f.hasFlock
-	f.hasFlock = false
+	owners := f.posixOwners
+	f.hasFlock, f.posixOwners = false, nil
 	f.lockMu.Unlock()
 	if has {
 		f.unlockAll(owner, true)
+	}
+	for _, o := range owners {
+		if f.fsys.locks.holds(o, f.ino) {
+			f.unlockAll(o, false)
+			f.fsys.locks.held(o, f.ino, false)
+		}
 	}
 }
 

@@ -221,3 +221,51 @@ func TestSqliteAcrossMounts(t *testing.T) {
 		t.Fatalf("counter after 2 x %d increments: %q %v", n, out, err)
 	}
 }
+
+// TestOFDLocks: open file description locks belong to the open file, not
+// the process: two opens in one process conflict (one on each mount, and two
+// on one mount), and closing the description that holds one releases it
+// (at the kernel's RELEASE, which follows close asynchronously, as it does
+// for flocks on every FUSE file system).
+func TestOFDLocks(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{})
+	b, _ := c.Mount(t)
+	if err := os.WriteFile(filepath.Join(c.Dir, "f"), make([]byte, 10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	open := func(dir string) *os.File {
+		f, err := os.OpenFile(filepath.Join(dir, "f"), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	wr := func() *unix.Flock_t { return &unix.Flock_t{Type: unix.F_WRLCK, Start: 0, Len: 0} }
+	fa, fb, fb2 := open(c.Dir), open(b), open(b)
+	defer fb.Close()
+	defer fb2.Close()
+	if err := unix.FcntlFlock(fa.Fd(), unix.F_OFD_SETLK, wr()); err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range []*os.File{fb, fb2} {
+		if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, wr()); err != unix.EAGAIN {
+			t.Fatalf("OFD lock through open %d of mount B while mount A's open holds one: %v", i, err)
+		}
+	}
+	// The kernel sends the release of a closed file after close returns:
+	// wait for the lock.
+	fa.Close()
+	got := make(chan error, 1)
+	go func() { got <- unix.FcntlFlock(fb.Fd(), unix.F_OFD_SETLKW, wr()) }()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("OFD lock after the holder's description closed: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the closed description's OFD lock was not released in 10s")
+	}
+	if err := unix.FcntlFlock(fb2.Fd(), unix.F_OFD_SETLK, wr()); err != unix.EAGAIN {
+		t.Fatalf("a second open description in the same process and mount: %v, want EAGAIN", err)
+	}
+}
