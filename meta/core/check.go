@@ -18,7 +18,8 @@ import (
 // type and has its readdir index record; link counts match the entries
 // (2 + subdirectories for directories); every directory but the root has
 // exactly one entry and records its parent; inodes without links are open
-// orphans; stripes belong to existing regular files.
+// orphans; stripes belong to existing regular files, whose stored bytes
+// are their stripes' lengths.
 func (s *Service) Check(ctx context.Context) ([]string, error) {
 	var problems []string
 	report := func(format string, args ...any) {
@@ -135,7 +136,8 @@ func (s *Service) Check(ctx context.Context) ([]string, error) {
 				}
 			}
 		}
-		return r.Scan([]byte{keys.PrefixStripe}, []byte{keys.PrefixStripe + 1}, 0, func(k, v []byte) error {
+		stored := map[uint64]uint64{}
+		if err := r.Scan([]byte{keys.PrefixStripe}, []byte{keys.PrefixStripe + 1}, 0, func(k, v []byte) error {
 			ino, stripe, err := keys.ParseStripe(k)
 			if err != nil {
 				return err
@@ -143,8 +145,23 @@ func (s *Service) Check(ctx context.Context) ([]string, error) {
 			if rec, ok := inodes[ino]; !ok || fileType(rec.Attr.Mode) != syscall.S_IFREG {
 				report("stripe %d of inode %d: not an existing regular file", stripe, ino)
 			}
+			st := &metapb.StripeRecord{}
+			if err := proto.Unmarshal(v, st); err != nil {
+				return fmt.Errorf("stripe %d of inode %d: %w", stripe, ino, err)
+			}
+			if st.Version > 0 {
+				stored[ino] += st.Length
+			}
 			return nil
-		})
+		}); err != nil {
+			return err
+		}
+		for ino, rec := range inodes {
+			if a := rec.Attr; a.StoredKnown && a.Stored != stored[ino] {
+				report("inode %d records %d bytes stored, its stripes hold %d", ino, a.Stored, stored[ino])
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err

@@ -33,7 +33,7 @@ func TestRandomOperationsKeepInvariants(t *testing.T) {
 		const workers, ops = 8, 250
 		var wg sync.WaitGroup
 		var unexpected []error
-		var succeeded [10]int
+		var succeeded [11]int
 		for w := 0; w < workers; w++ {
 			wg.Add(1)
 			go func(w int) {
@@ -41,7 +41,7 @@ func TestRandomOperationsKeepInvariants(t *testing.T) {
 				r := rand.New(rand.NewPCG(uint64(w), 42))
 				for i := 0; i < ops; i++ {
 					var err error
-					op := r.IntN(10)
+					op := r.IntN(11)
 					switch op {
 					case 0, 1:
 						var cr *metapb.EntryReply
@@ -90,6 +90,12 @@ func TestRandomOperationsKeepInvariants(t *testing.T) {
 								_, err = e.s.CommitStripes(e.ctx, &metapb.CommitStripesRequest{Ino: l.Attr.Ino, Size: 10,
 									Stripes: []*metapb.StripeCommit{{Stripe: 0, Version: gr.Version, ExpectedVersion: gr.CommittedVersion, Length: 10}}})
 							}
+						}
+					case 10: // truncate: stripes cut or dropped
+						var l *metapb.EntryReply
+						l, err = e.s.Lookup(e.ctx, &metapb.LookupRequest{Parent: pickDir(r), Name: name(r)})
+						if err == nil && l.Attr.Mode&syscall.S_IFMT == syscall.S_IFREG {
+							_, err = e.s.SetAttr(e.ctx, &metapb.SetAttrRequest{Caller: root, Ino: l.Attr.Ino, SetSize: true, Size: uint64(r.IntN(12))})
 						}
 					}
 					if err == nil {
