@@ -36,6 +36,7 @@ test: deps vet
 SOAK_CYCLES ?= 200
 soak: deps
 	RDMAFS_SOAK=1 RDMAFS_SOAK_CYCLES=$(SOAK_CYCLES) $(GO) test -count=1 -timeout 180m -run 'TestSoak$$' -v ./tests/fault/
+	RDMAFS_POSIXCHECK_OPS=1000000 $(GO) test -count=1 -timeout 180m -v ./tests/posixcheck/
 
 ## fuzz: run every fuzz target for FUZZTIME each
 fuzz:

@@ -59,6 +59,7 @@ func (d *pairedReads) Write(context.Context, uint64, []byte, int64) (int, error)
 }
 func (d *pairedReads) Flush(context.Context, uint64) error            { return nil }
 func (d *pairedReads) Truncate(context.Context, uint64, uint64) error { return nil }
+func (d *pairedReads) Truncated(uint64)                               {}
 func (d *pairedReads) Size(uint64) (int64, bool)                      { return fileSize, true }
 
 // iocb and ioEvent are the kernel's struct iocb and struct io_event (linux/aio_abi.h).

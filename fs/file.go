@@ -72,7 +72,9 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			return nil, 0, errno(err)
 		}
 		if flags&syscall.O_TRUNC != 0 {
-			if err := d.Truncate(ctx, n.ino, 0); err != nil {
+			err := d.Truncate(ctx, n.ino, 0)
+			d.Truncated(n.ino) // the open has truncated the file in meta
+			if err != nil {
 				return nil, 0, errno(err)
 			}
 		}
@@ -323,6 +325,7 @@ func (f *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode
 		}
 		_, err = f.fsys.meta.SetAttr(ctx, &metapb.SetAttrRequest{Caller: f.fsys.callers.of(ctx), Ino: f.ino,
 			SetSize: true, Size: end, SessionId: f.fsys.opts.Session})
+		d.Truncated(f.ino)
 		return errno(err)
 	case unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE:
 		// Past the end of the file there is nothing to punch: flush, so that

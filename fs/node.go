@@ -43,6 +43,9 @@ type Data interface {
 	Flush(ctx context.Context, ino uint64) error
 	// Truncate drops buffered data of ino past size before the size changes.
 	Truncate(ctx context.Context, ino uint64, size uint64) error
+	// Truncated is called once the metadata service has answered the size
+	// change Truncate prepared for (applied or refused).
+	Truncated(ino uint64)
 	// Size reports the size of ino as this mount sees it while it holds
 	// writes not yet committed (false: the metadata service's is current).
 	Size(ino uint64) (int64, bool)
@@ -491,6 +494,9 @@ func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 		}
 	}
 	r, err := n.fsys.meta.SetAttr(ctx, req)
+	if d := n.fsys.opts.Data; d != nil && req.SetSize {
+		d.Truncated(n.ino)
+	}
 	if err != nil {
 		return errno(err)
 	}

@@ -260,6 +260,11 @@ type file struct {
 	bufBytes int   // buffer bytes held by dirty and flushing stripes
 	sparse   int   // of which slab bytes held by sparse stripes
 	err      error // a background flush's failure, reported by the next Flush
+	// A truncate in progress: until meta has answered it (Truncated), a
+	// size read from meta meanwhile may be the old one; the file's size is
+	// sizeCap.
+	capped  bool
+	sizeCap int64
 
 	readahead *ec.Readahead        // the sequential-read policy; nil until the first read
 	cache     map[uint64]*prefetch // stripes fetched ahead of the reader
@@ -541,6 +546,9 @@ func (e *Engine) fetch(ctx context.Context, f *file, first, count uint64) error 
 		return fmt.Errorf("fileio: inode %d has no layout: %w", f.ino, syscall.EIO)
 	}
 	size := int64(r.Size)
+	if f.capped {
+		size = f.sizeCap
+	}
 	for _, m := range []map[uint64]*dirtyStripe{f.dirty, f.flushing} {
 		for s, d := range m {
 			size = max(size, int64(s)*f.lay.stripeSize()+d.length)
@@ -1421,6 +1429,7 @@ func (e *Engine) Truncate(ctx context.Context, ino uint64, size uint64) error {
 		f.readahead.Reset()
 	}
 	f.known = false
+	f.capped, f.sizeCap = true, int64(size)
 	if f.lay.k == 0 {
 		clear(f.stripes)
 		f.size = -1
@@ -1447,6 +1456,15 @@ func (e *Engine) Truncate(ctx context.Context, ino uint64, size uint64) error {
 	clear(f.stripes)
 	f.size = -1
 	return nil
+}
+
+// Truncated implements fs.Data: meta has applied (or refused) the size a
+// Truncate prepared for, so sizes read from it are current again.
+func (e *Engine) Truncated(ino uint64) {
+	f := e.file(ino)
+	f.mu.Lock()
+	f.capped = false
+	f.mu.Unlock()
 }
 
 // rebaseIfMoved rebases dirty stripe s when the committed version it was to be

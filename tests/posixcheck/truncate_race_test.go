@@ -1,0 +1,86 @@
+package posixcheck
+
+import (
+	"math/rand/v2"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmafs/rdmafs/fs/fstest"
+)
+
+// TestFtruncateSizeDuringReads is the discrepancy the checker found, made
+// reliable: ftruncate on a file with uncommitted writes while reads of the
+// file are being served (here another descriptor's O_DIRECT reads; in the
+// checker, the kernel's asynchronous readahead) must leave fstat reporting
+// the new size. A read served between the engine's truncate and the
+// metadata service's SetAttr reloads the old committed size into the
+// engine, which then reports it, over the service's, for as long as dirty
+// stripes remain.
+func TestFtruncateSizeDuringReads(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{})
+	p := filepath.Join(c.Dir, "truncate-race")
+	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	size := int64(2 << 20)
+	if _, err := unix.Pwrite(fd, make([]byte, size), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fsync(fd); err != nil {
+		t.Fatal(err)
+	}
+	rfd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(rfd)
+	var stop atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// O_DIRECT wants an aligned buffer: an anonymous mapping.
+		b, err := unix.Mmap(-1, 0, 128<<10, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer unix.Munmap(b)
+		r := rand.New(rand.NewPCG(1, 2))
+		for !stop.Load() {
+			unix.Pread(rfd, b, r.Int64N(3<<20)&^4095) // errors and counts do not matter here
+		}
+	}()
+	defer func() {
+		stop.Store(true)
+		<-done
+	}()
+	r := rand.New(rand.NewPCG(3, 4))
+	page := make([]byte, 4096)
+	for i := range 2000 {
+		// A dirty stripe below any new size, and a dirty extension.
+		if _, err := unix.Pwrite(fd, page, r.Int64N(256<<10)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := unix.Pwrite(fd, page, size); err != nil {
+			t.Fatal(err)
+		}
+		size += int64(len(page))
+		n := r.Int64N(3 << 20)
+		if err := unix.Ftruncate(fd, n); err != nil {
+			t.Fatal(err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Size != n {
+			t.Fatalf("iteration %d: ftruncate from %d to %d returned, then fstat reports %d", i, size, n, st.Size)
+		}
+		size = n
+	}
+}
