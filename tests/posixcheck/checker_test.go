@@ -148,7 +148,6 @@ type checker struct {
 	nring   int
 	cur     op
 	pageSz  int64
-	nops    int
 	unsupp  map[opKind]bool
 	counts  [numKinds]int
 	maxSeen int
@@ -201,7 +200,12 @@ func variantStream(name string) uint64 {
 	return h
 }
 
+// closeAll ends the helper and closes the descriptors (on failure too).
 func (c *checker) closeAll() {
+	if c.mm != nil {
+		c.mm.stop()
+		c.mm = nil
+	}
 	if c.fd >= 0 {
 		unix.Close(c.fd)
 		c.fd = -1
@@ -209,10 +213,6 @@ func (c *checker) closeAll() {
 	if c.srcFd >= 0 {
 		unix.Close(c.srcFd)
 		c.srcFd = -1
-	}
-	if c.mm != nil {
-		c.mm.stop()
-		c.mm = nil
 	}
 }
 

@@ -3,10 +3,19 @@
 // pread, mmap writes and reads, ftruncate, fallocate, copy_file_range,
 // fsync, fdatasync, close and reopen), each result and, after every
 // operation, the size (fstat and lseek SEEK_END) compared with an in-memory
-// model of the file. Every verifyEvery operations, and at the end, the file is
-// read whole and compared; in the two-mounts variant it is also closed and
-// read whole through a second mount of the same file system (close-to-open
-// consistency), then reopened.
+// model of the file. Every 100 operations (verifyEvery), and at the end, the
+// file is read whole and compared; in the two-mounts variant it is also
+// closed and read whole through a second mount of the same file system
+// (close-to-open consistency), then reopened. Variants (subtests of TestPOSIX,
+// each with a subtest per seed): one-mount (no mmap), one-mount-mmap and
+// two-mounts. TestCheckerOnLocalFS runs the same checker on a local
+// directory, which validates the model. The mmap operations run in a helper
+// process (see mmaphelper_test.go). TestFtruncateSizeDuringReads is a
+// focused reproduction of a discrepancy the checker found.
+//
+// fallocate modes the file system answers with EOPNOTSUPP are logged and no
+// longer used; rdmafs documents mode 0, FALLOC_FL_KEEP_SIZE and
+// FALLOC_FL_PUNCH_HOLE|FALLOC_FL_KEEP_SIZE, the three the checker uses.
 //
 // Environment:
 //
