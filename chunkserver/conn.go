@@ -338,6 +338,18 @@ func (c *conn) revoke(mw rdma.MemoryWindow) {
 	c.mws <- mw
 }
 
+// stage marks key as being written by c; it reports false when another
+// write of it is in progress.
+func (s *Server) stage(key chunk.Key, c *conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.staged[key]; ok {
+		return false
+	}
+	s.staged[key] = c
+	return true
+}
+
 func (s *Server) unstage(key chunk.Key, c *conn) {
 	s.mu.Lock()
 	if s.staged[key] == c {
@@ -594,13 +606,9 @@ func (c *conn) prepare(key chunk.Key, sp stageSpec) proto.Reply {
 	if _, err := s.store.Stat(key); err == nil {
 		return proto.Reply{Status: proto.StatusExists}
 	}
-	s.mu.Lock()
-	if _, ok := s.staged[key]; ok {
-		s.mu.Unlock()
+	if !s.stage(key, c) {
 		return proto.Reply{Status: proto.StatusExists}
 	}
-	s.staged[key] = c
-	s.mu.Unlock()
 	c.mu.Lock()
 	if c.staging == nil || c.stagedBytes+length > s.cfg.MaxStagingPerConn {
 		closing := c.staging == nil
@@ -675,11 +683,9 @@ func (c *conn) prepare(key chunk.Key, sp stageSpec) proto.Reply {
 //
 // A retried commit whose first ack was lost finds no staging and the version
 // stored. It is answered OK, with the stored version's length and CRC, when crc
-// is the stored version's CRC (a plain write) or the CRC of the patch the
-// version was committed from (recorded in s.patched for the latest
-// patchLogSize patch commits of this process); otherwise StatusExists. A
-// patch commit retried after chunkd restarted, or after many later patch
-// commits, therefore answers StatusExists: the caller may Stat the version.
+// is the stored version's CRC (a plain write), otherwise StatusExists — a
+// retried patch commit too, whose crc is the patch's: its writer rewrites the
+// stripe whole, as after any failed patch.
 func (c *conn) commit(key chunk.Key, crc uint32) proto.Reply {
 	s := c.s
 	c.mu.Lock()
@@ -691,7 +697,7 @@ func (c *conn) commit(key chunk.Key, crc uint32) proto.Reply {
 	if st == nil {
 		// A retried commit whose first ack was lost finds the version stored.
 		if info, err := s.store.Stat(key); err == nil {
-			if info.CRC == crc || s.patched.committed(key, crc) {
+			if info.CRC == crc {
 				return proto.Reply{Length: info.Length, CRC: info.CRC}
 			}
 			return proto.Reply{Status: proto.StatusExists}
@@ -717,7 +723,7 @@ func (c *conn) commit(key chunk.Key, crc uint32) proto.Reply {
 		c.log.Info("chunkd: commit checksum mismatch", "chunk", key, "got", fmt.Sprintf("%08x", got), "want", fmt.Sprintf("%08x", crc))
 		rep.Status = proto.StatusChecksumMismatch
 	} else if st.base != 0 {
-		rep = c.commitPatch(st, data, crc)
+		rep = c.commitPatch(st, data)
 	} else if err := s.store.Put(key, data, crc); err != nil {
 		c.noteErr("commit", key, err)
 		rep.Status = statusOf(err)

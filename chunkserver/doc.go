@@ -40,9 +40,8 @@
 //     an unused one expires. A commit the disk refuses answers StatusNoSpace.
 //     The commit answers the stored version's {length, crc32c}. A commit
 //     retried after its ack was lost finds no staging and the version stored:
-//     it answers OK when its crc32c is the version's, or that of the patch the
-//     version was committed from (chunkd remembers the latest 4096 patch
-//     commits since it started), and StatusExists otherwise.
+//     it answers OK when its crc32c is the version's and StatusExists
+//     otherwise (a retried patch commit too: its crc32c is the patch's).
 //   - PreparePatch(chunk, new version, length, base) and Clone(chunk, new
 //     version, base) derive a new version from a stored base version of the
 //     same chunk on this chunkd (0 < base < new version, else StatusInvalid; a

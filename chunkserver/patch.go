@@ -1,8 +1,6 @@
 package chunkserver
 
 import (
-	"sync"
-
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 	"github.com/rdmafs/rdmafs/chunkserver/mempool"
 	"github.com/rdmafs/rdmafs/chunkserver/proto"
@@ -43,10 +41,10 @@ func (c *conn) preparePatch(key chunk.Key, length int, base chunk.Version) proto
 }
 
 // commitPatch builds and stores the version of a patch staging whose window is
-// revoked and whose patch bytes (with CRC patchCRC) are verified: the base
+// revoked and whose patch bytes are verified: the base
 // pinned through the cache, copied into a new buffer, the patch applied, the
 // result checksummed, stored and made resident. The caller ends the staging.
-func (c *conn) commitPatch(st *staging, patch []byte, patchCRC uint32) proto.Reply {
+func (c *conn) commitPatch(st *staging, patch []byte) proto.Reply {
 	s := c.s
 	key := st.key
 	baseKey := chunk.Key{Chunk: key.Chunk, Version: st.base}
@@ -76,11 +74,7 @@ func (c *conn) commitPatch(st *staging, patch []byte, patchCRC uint32) proto.Rep
 		return proto.Reply{Status: proto.StatusInvalid}
 	}
 	crc := checksum(data)
-	// Recorded before the version is stored, so that a retry racing the
-	// ack finds it.
-	s.patched.add(key, patchCRC)
 	if err := s.store.Put(key, data, crc); err != nil {
-		s.patched.forget(key)
 		s.pool.Free(buf)
 		c.noteErr("commit", key, err)
 		return proto.Reply{Status: statusOf(err)}
@@ -108,13 +102,9 @@ func (c *conn) clone(key chunk.Key, base chunk.Version) proto.Reply {
 		}
 		return proto.Reply{Status: proto.StatusExists}
 	}
-	s.mu.Lock()
-	if _, ok := s.staged[key]; ok {
-		s.mu.Unlock()
+	if !s.stage(key, c) {
 		return proto.Reply{Status: proto.StatusExists}
 	}
-	s.staged[key] = c
-	s.mu.Unlock()
 	defer s.unstage(key, c)
 	err := s.store.Claim(key, int(binfo.Length))
 	c.noteClaim(key, err)
@@ -148,55 +138,4 @@ func (c *conn) clone(key chunk.Key, base chunk.Version) proto.Reply {
 	s.metrics.BytesWritten.Add(float64(n))
 	s.updateStoreGauges()
 	return proto.Reply{Length: uint32(n), CRC: res.info.CRC}
-}
-
-// patchLogSize bounds the patch commits patchLog remembers.
-const patchLogSize = 4096
-
-// patchLog remembers, for the latest patch commits, the CRC of the patch each
-// version was built from: the CRC a retried commit of it carries, which is not
-// the version's. It is safe for concurrent use.
-type patchLog struct {
-	mu   sync.Mutex
-	crcs map[chunk.Key]uint32
-	ring []chunk.Key // insertion order, oldest overwritten first
-	next int
-}
-
-// add records that key is committed from a patch with CRC crc.
-func (l *patchLog) add(key chunk.Key, crc uint32) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.crcs == nil {
-		l.crcs = make(map[chunk.Key]uint32)
-		l.ring = make([]chunk.Key, 0, patchLogSize)
-	}
-	if _, ok := l.crcs[key]; !ok {
-		if len(l.ring) < patchLogSize {
-			l.ring = append(l.ring, key)
-		} else {
-			delete(l.crcs, l.ring[l.next])
-			l.ring[l.next] = key
-			l.next = (l.next + 1) % patchLogSize
-		}
-	}
-	l.crcs[key] = crc
-}
-
-// committed reports whether key was recorded as committed from a patch with
-// CRC crc.
-func (l *patchLog) committed(key chunk.Key, crc uint32) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	got, ok := l.crcs[key]
-	return ok && got == crc
-}
-
-// forget drops key's record (its commit failed, or the version is deleted). Its
-// slot in the ring stays until it is reused, and may then drop a later record
-// of the same key early: a retried commit of it would answer StatusExists.
-func (l *patchLog) forget(key chunk.Key) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	delete(l.crcs, key)
 }

@@ -146,10 +146,6 @@ type Server struct {
 	corrupt map[chunk.Key]struct{}
 	rep     *repairer // nil: repair off
 	closed  bool
-	// patched remembers the patch CRCs of recent patch commits, so that a
-	// retried commit of a patch is recognized (see conn.commit). It has its
-	// own lock.
-	patched patchLog
 	wg      sync.WaitGroup // connections and background loops
 
 	closeOnce sync.Once
@@ -427,7 +423,6 @@ func (s *Server) deleteVersion(key chunk.Key) error {
 	s.mu.Lock()
 	delete(s.corrupt, key)
 	s.mu.Unlock()
-	s.patched.forget(key)
 	s.updateStoreGauges()
 	return err
 }

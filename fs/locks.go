@@ -228,14 +228,11 @@ func (f *fileHandle) unlockAll(owner uint64, flock bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), unlockTimeout)
 	defer cancel()
 	_, err := f.fsys.meta.Lock(ctx, &metapb.LockRequest{Ino: f.ino, Lock: &metapb.FileLock{Session: f.fsys.opts.Session, Owner: owner,
-		Flock: flock, Type: metapb.LockType_LOCK_UNLOCK, End: lockEOF}})
+		Flock: flock, Type: metapb.LockType_LOCK_UNLOCK, End: metapb.LockToEOF}})
 	if err != nil {
 		f.fsys.log.Warn("release of a closed file's locks failed; they go when the session ends", "ino", f.ino, "err", err)
 	}
 }
-
-// lockEOF is the end of a lock to the end of the file (the kernel's OFFSET_MAX).
-const lockEOF = 1<<63 - 1
 
 // rawFS passes the lock owner of FLUSH requests to the node API, which
 // does not carry it.

@@ -2,7 +2,6 @@ package core
 
 import (
 	"context"
-	"math"
 	"slices"
 	"syscall"
 	"time"
@@ -27,7 +26,7 @@ import (
 const lockWaitMax = 10 * time.Second
 
 // lockEOF is the end of a lock that runs to the end of the file.
-const lockEOF = math.MaxInt64
+const lockEOF = metapb.LockToEOF
 
 // lockOwner identifies the holder of locks: an owner of a session, and the
 // kind of lock (record locks and flocks do not interact).

@@ -110,3 +110,30 @@ func (s *Service) waiting(o lockOwner) bool {
 	_, ok := s.locks.waitsFor[o]
 	return ok
 }
+
+// TestKillPrivByWriter: someone who may write a set-user-ID, set-group-ID
+// file but does not own it may clear those bits (the kernel's chmod on a
+// writer's behalf) and nothing else; without write access, not even that.
+func TestKillPrivByWriter(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		f := e.create(root, RootIno, "f", 0o644)
+		chmod := func(c *metapb.Caller, mode uint32) error {
+			_, err := e.s.SetAttr(e.ctx, &metapb.SetAttrRequest{Caller: c, Ino: f, SetMode: true, Mode: mode})
+			return err
+		}
+		if err := chmod(root, 0o6666); err != nil {
+			t.Fatal(err)
+		}
+		wantErrno(t, chmod(alice, 0o6644), syscall.EPERM) // not only the bits
+		if err := chmod(alice, 0o666); err != nil {
+			t.Fatalf("clearing both bits as a writer: %v", err)
+		}
+		if m := e.attr(f).Mode & 0o7777; m != 0o666 {
+			t.Fatalf("mode %o after the writer's chmod, want 666", m)
+		}
+		if err := chmod(root, 0o6644); err != nil {
+			t.Fatal(err)
+		}
+		wantErrno(t, chmod(alice, 0o644), syscall.EPERM) // may not write it
+	})
+}
