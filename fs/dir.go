@@ -96,8 +96,11 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	return d.n.entry(ctx, d.last.Attr, out), 0
 }
 
-// Fsyncdir implements gofs.FileFsyncdirer: a directory's entries are durable
-// once the metadata service has answered the operation that made them (each
-// is a transaction committed to its log, or to etcd, before the reply), so
-// there is nothing left to wait for.
-func (d *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno { return 0 }
+// Fsyncdir implements gofs.FileFsyncdirer: it returns once every operation
+// this mount saw answered is durable in the metadata service (which may
+// answer before its log's fdatasync), the directory's entries among them.
+func (d *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
+	ctx, done := killable(ctx)
+	defer done()
+	return d.n.fsys.syncMeta(ctx)
+}

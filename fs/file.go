@@ -256,14 +256,17 @@ func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
 }
 
 // Fsync implements gofs.FileFsyncer: every shard durable and the version
-// committed before it returns.
+// committed, and that commit and every metadata operation this mount saw
+// answered before it durable in the metadata service, before it returns.
 func (f *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
-	if f.fsys.opts.Data == nil {
-		return 0
+	if d := f.fsys.opts.Data; d != nil {
+		if err := d.Flush(ctx, f.ino); err != nil {
+			return dataErrno(err)
+		}
 	}
-	return dataErrno(f.fsys.opts.Data.Flush(ctx, f.ino))
+	return f.fsys.syncMeta(ctx)
 }
 
 // Release implements gofs.FileReleaser. The kernel does not wait for it

@@ -405,6 +405,16 @@ func (fsys *FS) fillAttr(a *metapb.Attr, out *fuse.Attr) {
 	}
 }
 
+// syncMeta waits until the metadata operations this mount saw answered are
+// durable (the meta client skips the call when none was made since the
+// last).
+func (fsys *FS) syncMeta(ctx context.Context) syscall.Errno {
+	if _, err := fsys.meta.Sync(ctx, &metapb.SyncRequest{}); err != nil {
+		return errno(err)
+	}
+	return 0
+}
+
 // entry fills out for a new or found entry and returns its inode, reusing the
 // kernel's inode for a number it already knows.
 func (n *Node) entry(ctx context.Context, a *metapb.Attr, out *fuse.EntryOut) *gofs.Inode {

@@ -19,6 +19,7 @@ func newMetaCommand() *cobra.Command {
 		dataDir, kvURL, listen, secretFile, metricsListen, logLevel string
 		hbTimeout, sessionTTL, grantTTL, electionTTL                time.Duration
 		repairGrace, repairTaskTimeout                              time.Duration
+		durableReplies                                              bool
 	)
 	cmd := &cobra.Command{
 		Use:   "meta",
@@ -52,7 +53,8 @@ func newMetaCommand() *cobra.Command {
 			ctx := cmd.Context()
 			srv, err := server.Start(ctx, server.Config{DataDir: dataDir, KV: kvURL, ElectionTTL: electionTTL, Listen: listen, Secret: secret,
 				MetricsListen: metricsListen, HeartbeatTimeout: hbTimeout, SessionTTL: sessionTTL,
-				GrantTTL: grantTTL, Logger: logger, RepairGrace: repairGrace, RepairTaskTimeout: repairTaskTimeout})
+				GrantTTL: grantTTL, Logger: logger, RepairGrace: repairGrace, RepairTaskTimeout: repairTaskTimeout,
+				DurableReplies: durableReplies})
 			if err != nil {
 				return err
 			}
@@ -75,6 +77,7 @@ func newMetaCommand() *cobra.Command {
 	f.DurationVar(&grantTTL, "grant-ttl", 10*time.Minute, "collect the chunks of write grants not committed within this time")
 	f.DurationVar(&repairGrace, "repair-grace", 10*time.Minute, "rebuild the shards of a chunkserver elsewhere once it has been down this long")
 	f.DurationVar(&repairTaskTimeout, "repair-task-timeout", 2*time.Minute, "give a repair task to another chunkserver if its target has not finished it within this time")
+	f.BoolVar(&durableReplies, "durable-replies", false, "answer each operation only once it is durable on disk (default: once it is in the log, which survives a crash of this process; a client's fsync or fsyncdir waits for the disk)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
 }

@@ -28,6 +28,11 @@ type failover struct {
 	client  uint64       // random id of this client for request ids
 	seq     atomic.Uint64
 	timeout atomic.Int64 // time.Duration; 0: DefaultFailoverTimeout
+
+	// mutations counts the mutating calls that returned; synced is the
+	// count a successful Sync call covered.
+	mutations atomic.Uint64
+	synced    atomic.Uint64
 }
 
 func randomClientID() uint64 {
@@ -52,7 +57,7 @@ func (f *failover) close() error {
 func readOnly(method string) bool {
 	switch method {
 	case "Lookup", "GetAttr", "Readlink", "ReadDir", "GetXattr", "ListXattr", "StatFS",
-		"Status", "GetLayout", "GetStripes", "KeepAlive", "Heartbeat":
+		"Status", "GetLayout", "GetStripes", "KeepAlive", "Heartbeat", "Sync":
 		return true
 	}
 	return false
@@ -71,10 +76,22 @@ func retryable(err error) bool {
 // Invoke implements grpc.ClientConnInterface.
 func (f *failover) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
 	short := method[strings.LastIndexByte(method, '/')+1:]
+	if short == "Sync" {
+		return f.sync(ctx, method, args, reply, opts...)
+	}
+	return f.invoke(ctx, method, short, args, reply, opts...)
+}
+
+// invoke makes the call, moving on to the next server while the current one
+// is unavailable; a mutating call carries a request id.
+func (f *failover) invoke(ctx context.Context, method, short string, args, reply any, opts ...grpc.CallOption) error {
 	var id reqid.ID
 	withID := !readOnly(short)
 	if withID {
 		id = reqid.ID{Client: f.client, Seq: f.seq.Add(1), Millis: uint64(time.Now().UnixMilli())}
+		// Counted when it returns, whatever the outcome: a failed call
+		// may have been applied.
+		defer f.mutations.Add(1)
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		to := time.Duration(f.timeout.Load())
@@ -120,6 +137,22 @@ func (f *failover) Invoke(ctx context.Context, method string, args, reply any, o
 			}
 		}
 	}
+}
+
+// sync makes a Sync call unless every mutating call that returned before it
+// is covered by a Sync that succeeded: an fsync after nothing changed costs
+// no round trip.
+func (f *failover) sync(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	m := f.mutations.Load()
+	if f.synced.Load() >= m {
+		return nil
+	}
+	if err := f.invoke(ctx, method, "Sync", args, reply, opts...); err != nil {
+		return err
+	}
+	for s := f.synced.Load(); s < m && !f.synced.CompareAndSwap(s, m); s = f.synced.Load() {
+	}
+	return nil
 }
 
 // NewStream implements grpc.ClientConnInterface; streams are not retried.

@@ -231,6 +231,12 @@ func (s *Service) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 			return nil, err
 		}
 	}
+	// Only durable deletions go out: a chunk version that an operation
+	// answered early made garbage is referenced again if that operation
+	// does not survive a crash of this machine.
+	if err := s.sync(ctx); err != nil {
+		return nil, err
+	}
 	out := &metapb.HeartbeatReply{}
 	prefix := keys.GCPrefix(req.Id)
 	err := s.view(ctx, func(r kv.Reader) error {

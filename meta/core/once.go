@@ -15,7 +15,7 @@ import (
 	"github.com/rdmafs/rdmafs/meta/reqid"
 )
 
-// updateOnce is update for a mutating request that must take effect
+// updateOnce is updateLogged for a mutating request that must take effect
 // exactly once. When the call carries a request id (reqid), the reply is
 // stored with the request id in the same transaction; a retry of the call
 // (after a failover, possibly on another metadata server) finds it and gets
@@ -28,10 +28,10 @@ func updateOnce[T proto.Message](s *Service, ctx context.Context, out *T, fn fun
 		return false, metaerr.New(syscall.EINVAL, "%v", err)
 	}
 	if !ok {
-		return false, s.update(ctx, fn)
+		return false, s.updateLogged(ctx, fn)
 	}
 	key := keys.Request(id.Millis, id.Client, id.Seq)
-	err = s.update(ctx, func(t kv.Txn) error {
+	err = s.updateLogged(ctx, func(t kv.Txn) error {
 		replayed = false
 		if id.Retry {
 			// Only a retry can find a record: first attempts write the

@@ -146,6 +146,13 @@ type Config struct {
 	// request id is kept for retries (default 5m; clients retry for at most
 	// client.DefaultFailoverTimeout, 2m, by default).
 	RequestTTL time.Duration
+	// DurableReplies makes every operation wait until its transaction is
+	// durable before the reply. Without it, on a store that can answer a
+	// transaction once it is logged (bbolt), the operations of clients are
+	// answered then: they survive a crash of the metadata server's process
+	// at once and one of its machine after the next fdatasync, which the
+	// Sync call (a client's fsync) waits for, as on a local file system.
+	DurableReplies bool
 	// Takeover says that the store was being served by another metadata
 	// server until now (etcd, after winning the election): the registered
 	// chunkservers count as up until they miss one heartbeat timeout,
@@ -159,6 +166,7 @@ type Service struct {
 	metapb.UnimplementedMetaServer
 
 	store   kv.Store
+	logged  loggedStore // nil: every reply waits for durability
 	log     *slog.Logger
 	now     func() time.Time
 	cfg     Config
@@ -180,6 +188,23 @@ type Service struct {
 	lockMu sync.Mutex
 	locks  lockState
 }
+
+// loggedStore is a store that can answer a transaction once it is logged,
+// before it is durable, and wait for durability later (the bbolt backend).
+type loggedStore interface {
+	UpdateLogged(ctx context.Context, fn func(kv.Txn) error) error
+	Sync(ctx context.Context) error
+}
+
+// inoGapAtStart is how far the inode counter is moved on at a start after a
+// server that answered before durability did not stop cleanly: a create
+// acknowledged but lost in a crash of the machine must not see its number
+// given to another file, which its client may still use.
+const inoGapAtStart = 1 << 20
+
+// counterServing marks a store served with replies before durability; Close
+// removes it.
+const counterServing = "serving"
 
 // ErrNotFormatted is returned by New for a store that was never formatted.
 var ErrNotFormatted = errors.New("core: the metadata store is not formatted (run rdmafs format)")
@@ -315,7 +340,38 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("core: load state: %w", err)
 	}
 	s.inodes.Store(inodes)
+	if ls, ok := cfg.Store.(loggedStore); ok && !cfg.DurableReplies {
+		unclean := false
+		if err := s.update(ctx, func(t kv.Txn) error {
+			_, found, err := t.Get(keys.Counter(counterServing))
+			if err != nil {
+				return err
+			}
+			if unclean = found; found {
+				if _, err := nextID(t, counterIno, inoGapAtStart); err != nil {
+					return err
+				}
+			}
+			return t.Put(keys.Counter(counterServing), keys.EncodeUint64(1))
+		}); err != nil {
+			return nil, fmt.Errorf("core: mark the store served: %w", err)
+		}
+		if unclean {
+			s.log.Warn("the last server of this store did not stop cleanly: new inode numbers continue past a gap", "gap", inoGapAtStart)
+		}
+		s.logged = ls
+	}
 	return s, nil
+}
+
+// Close ends the service's use of the store: it waits until every answered
+// operation is durable and clears the mark that makes the next start skip
+// inode numbers. Nothing may call the service afterwards.
+func (s *Service) Close(ctx context.Context) error {
+	if s.logged == nil {
+		return nil
+	}
+	return s.update(ctx, func(t kv.Txn) error { return t.Delete(keys.Counter(counterServing)) })
 }
 
 // ClusterID returns the id generated at format time.
@@ -382,6 +438,40 @@ func (s *Service) update(ctx context.Context, fn func(t kv.Txn) error) error {
 		return fn(t)
 	})
 	return wrapErr(err)
+}
+
+// updateLogged is update answered once the transaction is logged, before
+// it is durable, when the store can (see Config.DurableReplies).
+func (s *Service) updateLogged(ctx context.Context, fn func(t kv.Txn) error) error {
+	if s.logged == nil {
+		return s.update(ctx, fn)
+	}
+	attempts := 0
+	err := s.logged.UpdateLogged(ctx, func(t kv.Txn) error {
+		attempts++
+		if attempts > 1 && s.cfg.OnRetry != nil {
+			s.cfg.OnRetry()
+		}
+		return fn(t)
+	})
+	return wrapErr(err)
+}
+
+// sync waits until every transaction answered before the call is durable.
+func (s *Service) sync(ctx context.Context) error {
+	if s.logged == nil {
+		return nil
+	}
+	return wrapErr(s.logged.Sync(ctx))
+}
+
+// Sync implements metapb.MetaServer: it returns once every operation
+// answered before it is durable (a client's fsync and fsyncdir).
+func (s *Service) Sync(ctx context.Context, _ *metapb.SyncRequest) (*metapb.Empty, error) {
+	if err := s.sync(ctx); err != nil {
+		return nil, err
+	}
+	return &metapb.Empty{}, nil
 }
 
 // view runs fn in a read-only transaction.

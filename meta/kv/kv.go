@@ -21,6 +21,10 @@ var ErrConflict = errors.New("kv: transaction conflict")
 // refused transaction was applied; the client should retry elsewhere.
 var ErrNotLeader = errors.New("kv: this server is no longer the writer of the store")
 
+// ErrBroken is returned (wrapped) by a Store that acknowledged transactions
+// it then failed to make durable (the disk failed): it accepts no more.
+var ErrBroken = errors.New("kv: store broken: acknowledged transactions may not be durable")
+
 // ErrClosed is returned by a Store after Close.
 var ErrClosed = errors.New("kv: store closed")
 

@@ -1609,6 +1609,43 @@ func (*Empty) Descriptor() ([]byte, []int) {
 	return file_meta_proto_rawDescGZIP(), []int{19}
 }
 
+// SyncRequest asks that every operation answered before it be durable.
+type SyncRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncRequest) Reset() {
+	*x = SyncRequest{}
+	mi := &file_meta_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncRequest) ProtoMessage() {}
+
+func (x *SyncRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
+func (*SyncRequest) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{20}
+}
+
 type RenameRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
@@ -1623,7 +1660,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_meta_proto_msgTypes[20]
+	mi := &file_meta_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1635,7 +1672,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[20]
+	mi := &file_meta_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1648,7 +1685,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{20}
+	return file_meta_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RenameRequest) GetCaller() *Caller {
@@ -1709,7 +1746,7 @@ type ReadDirRequest struct {
 
 func (x *ReadDirRequest) Reset() {
 	*x = ReadDirRequest{}
-	mi := &file_meta_proto_msgTypes[21]
+	mi := &file_meta_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1721,7 +1758,7 @@ func (x *ReadDirRequest) String() string {
 func (*ReadDirRequest) ProtoMessage() {}
 
 func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[21]
+	mi := &file_meta_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1734,7 +1771,7 @@ func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirRequest.ProtoReflect.Descriptor instead.
 func (*ReadDirRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{21}
+	return file_meta_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReadDirRequest) GetCaller() *Caller {
@@ -1785,7 +1822,7 @@ type DirEntry struct {
 
 func (x *DirEntry) Reset() {
 	*x = DirEntry{}
-	mi := &file_meta_proto_msgTypes[22]
+	mi := &file_meta_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1797,7 +1834,7 @@ func (x *DirEntry) String() string {
 func (*DirEntry) ProtoMessage() {}
 
 func (x *DirEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[22]
+	mi := &file_meta_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1810,7 +1847,7 @@ func (x *DirEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DirEntry.ProtoReflect.Descriptor instead.
 func (*DirEntry) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{22}
+	return file_meta_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DirEntry) GetName() string {
@@ -1858,7 +1895,7 @@ type ReadDirReply struct {
 
 func (x *ReadDirReply) Reset() {
 	*x = ReadDirReply{}
-	mi := &file_meta_proto_msgTypes[23]
+	mi := &file_meta_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1870,7 +1907,7 @@ func (x *ReadDirReply) String() string {
 func (*ReadDirReply) ProtoMessage() {}
 
 func (x *ReadDirReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[23]
+	mi := &file_meta_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1883,7 +1920,7 @@ func (x *ReadDirReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirReply.ProtoReflect.Descriptor instead.
 func (*ReadDirReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{23}
+	return file_meta_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReadDirReply) GetEntries() []*DirEntry {
@@ -1911,7 +1948,7 @@ type GetXattrRequest struct {
 
 func (x *GetXattrRequest) Reset() {
 	*x = GetXattrRequest{}
-	mi := &file_meta_proto_msgTypes[24]
+	mi := &file_meta_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1923,7 +1960,7 @@ func (x *GetXattrRequest) String() string {
 func (*GetXattrRequest) ProtoMessage() {}
 
 func (x *GetXattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[24]
+	mi := &file_meta_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1936,7 +1973,7 @@ func (x *GetXattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetXattrRequest.ProtoReflect.Descriptor instead.
 func (*GetXattrRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{24}
+	return file_meta_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetXattrRequest) GetCaller() *Caller {
@@ -1969,7 +2006,7 @@ type GetXattrReply struct {
 
 func (x *GetXattrReply) Reset() {
 	*x = GetXattrReply{}
-	mi := &file_meta_proto_msgTypes[25]
+	mi := &file_meta_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1981,7 +2018,7 @@ func (x *GetXattrReply) String() string {
 func (*GetXattrReply) ProtoMessage() {}
 
 func (x *GetXattrReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[25]
+	mi := &file_meta_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1994,7 +2031,7 @@ func (x *GetXattrReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetXattrReply.ProtoReflect.Descriptor instead.
 func (*GetXattrReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{25}
+	return file_meta_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetXattrReply) GetValue() []byte {
@@ -2017,7 +2054,7 @@ type SetXattrRequest struct {
 
 func (x *SetXattrRequest) Reset() {
 	*x = SetXattrRequest{}
-	mi := &file_meta_proto_msgTypes[26]
+	mi := &file_meta_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2029,7 +2066,7 @@ func (x *SetXattrRequest) String() string {
 func (*SetXattrRequest) ProtoMessage() {}
 
 func (x *SetXattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[26]
+	mi := &file_meta_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2042,7 +2079,7 @@ func (x *SetXattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetXattrRequest.ProtoReflect.Descriptor instead.
 func (*SetXattrRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{26}
+	return file_meta_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SetXattrRequest) GetCaller() *Caller {
@@ -2090,7 +2127,7 @@ type ListXattrRequest struct {
 
 func (x *ListXattrRequest) Reset() {
 	*x = ListXattrRequest{}
-	mi := &file_meta_proto_msgTypes[27]
+	mi := &file_meta_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2102,7 +2139,7 @@ func (x *ListXattrRequest) String() string {
 func (*ListXattrRequest) ProtoMessage() {}
 
 func (x *ListXattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[27]
+	mi := &file_meta_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2115,7 +2152,7 @@ func (x *ListXattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListXattrRequest.ProtoReflect.Descriptor instead.
 func (*ListXattrRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{27}
+	return file_meta_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListXattrRequest) GetCaller() *Caller {
@@ -2141,7 +2178,7 @@ type ListXattrReply struct {
 
 func (x *ListXattrReply) Reset() {
 	*x = ListXattrReply{}
-	mi := &file_meta_proto_msgTypes[28]
+	mi := &file_meta_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2153,7 +2190,7 @@ func (x *ListXattrReply) String() string {
 func (*ListXattrReply) ProtoMessage() {}
 
 func (x *ListXattrReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[28]
+	mi := &file_meta_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2166,7 +2203,7 @@ func (x *ListXattrReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListXattrReply.ProtoReflect.Descriptor instead.
 func (*ListXattrReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{28}
+	return file_meta_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListXattrReply) GetNames() []string {
@@ -2187,7 +2224,7 @@ type RemoveXattrRequest struct {
 
 func (x *RemoveXattrRequest) Reset() {
 	*x = RemoveXattrRequest{}
-	mi := &file_meta_proto_msgTypes[29]
+	mi := &file_meta_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2199,7 +2236,7 @@ func (x *RemoveXattrRequest) String() string {
 func (*RemoveXattrRequest) ProtoMessage() {}
 
 func (x *RemoveXattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[29]
+	mi := &file_meta_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2212,7 +2249,7 @@ func (x *RemoveXattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveXattrRequest.ProtoReflect.Descriptor instead.
 func (*RemoveXattrRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{29}
+	return file_meta_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RemoveXattrRequest) GetCaller() *Caller {
@@ -2244,7 +2281,7 @@ type StatFSRequest struct {
 
 func (x *StatFSRequest) Reset() {
 	*x = StatFSRequest{}
-	mi := &file_meta_proto_msgTypes[30]
+	mi := &file_meta_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2256,7 +2293,7 @@ func (x *StatFSRequest) String() string {
 func (*StatFSRequest) ProtoMessage() {}
 
 func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[30]
+	mi := &file_meta_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2269,7 +2306,7 @@ func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSRequest.ProtoReflect.Descriptor instead.
 func (*StatFSRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{30}
+	return file_meta_proto_rawDescGZIP(), []int{31}
 }
 
 type StatFSReply struct {
@@ -2287,7 +2324,7 @@ type StatFSReply struct {
 
 func (x *StatFSReply) Reset() {
 	*x = StatFSReply{}
-	mi := &file_meta_proto_msgTypes[31]
+	mi := &file_meta_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2299,7 +2336,7 @@ func (x *StatFSReply) String() string {
 func (*StatFSReply) ProtoMessage() {}
 
 func (x *StatFSReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[31]
+	mi := &file_meta_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2312,7 +2349,7 @@ func (x *StatFSReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSReply.ProtoReflect.Descriptor instead.
 func (*StatFSReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{31}
+	return file_meta_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StatFSReply) GetBlockSize() uint64 {
@@ -2374,7 +2411,7 @@ type OpenSessionRequest struct {
 
 func (x *OpenSessionRequest) Reset() {
 	*x = OpenSessionRequest{}
-	mi := &file_meta_proto_msgTypes[32]
+	mi := &file_meta_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2386,7 +2423,7 @@ func (x *OpenSessionRequest) String() string {
 func (*OpenSessionRequest) ProtoMessage() {}
 
 func (x *OpenSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[32]
+	mi := &file_meta_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2399,7 +2436,7 @@ func (x *OpenSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenSessionRequest.ProtoReflect.Descriptor instead.
 func (*OpenSessionRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{32}
+	return file_meta_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *OpenSessionRequest) GetClient() string {
@@ -2426,7 +2463,7 @@ type OpenSessionReply struct {
 
 func (x *OpenSessionReply) Reset() {
 	*x = OpenSessionReply{}
-	mi := &file_meta_proto_msgTypes[33]
+	mi := &file_meta_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2438,7 +2475,7 @@ func (x *OpenSessionReply) String() string {
 func (*OpenSessionReply) ProtoMessage() {}
 
 func (x *OpenSessionReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[33]
+	mi := &file_meta_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2451,7 +2488,7 @@ func (x *OpenSessionReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenSessionReply.ProtoReflect.Descriptor instead.
 func (*OpenSessionReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{33}
+	return file_meta_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *OpenSessionReply) GetSessionId() uint64 {
@@ -2477,7 +2514,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_meta_proto_msgTypes[34]
+	mi := &file_meta_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2489,7 +2526,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[34]
+	mi := &file_meta_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2502,7 +2539,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{34}
+	return file_meta_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *KeepAliveRequest) GetSessionId() uint64 {
@@ -2521,7 +2558,7 @@ type CloseSessionRequest struct {
 
 func (x *CloseSessionRequest) Reset() {
 	*x = CloseSessionRequest{}
-	mi := &file_meta_proto_msgTypes[35]
+	mi := &file_meta_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2533,7 +2570,7 @@ func (x *CloseSessionRequest) String() string {
 func (*CloseSessionRequest) ProtoMessage() {}
 
 func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[35]
+	mi := &file_meta_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2546,7 +2583,7 @@ func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
 func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{35}
+	return file_meta_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CloseSessionRequest) GetSessionId() uint64 {
@@ -2570,7 +2607,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_meta_proto_msgTypes[36]
+	mi := &file_meta_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2582,7 +2619,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[36]
+	mi := &file_meta_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2595,7 +2632,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{36}
+	return file_meta_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *OpenRequest) GetCaller() *Caller {
@@ -2641,7 +2678,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_meta_proto_msgTypes[37]
+	mi := &file_meta_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2653,7 +2690,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[37]
+	mi := &file_meta_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2666,7 +2703,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{37}
+	return file_meta_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReleaseRequest) GetIno() uint64 {
@@ -2701,7 +2738,7 @@ type SetLayoutRequest struct {
 
 func (x *SetLayoutRequest) Reset() {
 	*x = SetLayoutRequest{}
-	mi := &file_meta_proto_msgTypes[38]
+	mi := &file_meta_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2713,7 +2750,7 @@ func (x *SetLayoutRequest) String() string {
 func (*SetLayoutRequest) ProtoMessage() {}
 
 func (x *SetLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[38]
+	mi := &file_meta_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2726,7 +2763,7 @@ func (x *SetLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetLayoutRequest.ProtoReflect.Descriptor instead.
 func (*SetLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{38}
+	return file_meta_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SetLayoutRequest) GetCaller() *Caller {
@@ -2759,7 +2796,7 @@ type GetLayoutRequest struct {
 
 func (x *GetLayoutRequest) Reset() {
 	*x = GetLayoutRequest{}
-	mi := &file_meta_proto_msgTypes[39]
+	mi := &file_meta_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2771,7 +2808,7 @@ func (x *GetLayoutRequest) String() string {
 func (*GetLayoutRequest) ProtoMessage() {}
 
 func (x *GetLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[39]
+	mi := &file_meta_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2784,7 +2821,7 @@ func (x *GetLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLayoutRequest.ProtoReflect.Descriptor instead.
 func (*GetLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{39}
+	return file_meta_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetLayoutRequest) GetIno() uint64 {
@@ -2803,7 +2840,7 @@ type LayoutReply struct {
 
 func (x *LayoutReply) Reset() {
 	*x = LayoutReply{}
-	mi := &file_meta_proto_msgTypes[40]
+	mi := &file_meta_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2815,7 +2852,7 @@ func (x *LayoutReply) String() string {
 func (*LayoutReply) ProtoMessage() {}
 
 func (x *LayoutReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[40]
+	mi := &file_meta_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2828,7 +2865,7 @@ func (x *LayoutReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayoutReply.ProtoReflect.Descriptor instead.
 func (*LayoutReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{40}
+	return file_meta_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *LayoutReply) GetLayout() *Layout {
@@ -2851,7 +2888,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_meta_proto_msgTypes[41]
+	mi := &file_meta_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2863,7 +2900,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[41]
+	mi := &file_meta_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2876,7 +2913,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{41}
+	return file_meta_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Shard) GetChunkId() uint64 {
@@ -2929,7 +2966,7 @@ type GrantWriteRequest struct {
 
 func (x *GrantWriteRequest) Reset() {
 	*x = GrantWriteRequest{}
-	mi := &file_meta_proto_msgTypes[42]
+	mi := &file_meta_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2941,7 +2978,7 @@ func (x *GrantWriteRequest) String() string {
 func (*GrantWriteRequest) ProtoMessage() {}
 
 func (x *GrantWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[42]
+	mi := &file_meta_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2954,7 +2991,7 @@ func (x *GrantWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantWriteRequest.ProtoReflect.Descriptor instead.
 func (*GrantWriteRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{42}
+	return file_meta_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GrantWriteRequest) GetIno() uint64 {
@@ -3004,7 +3041,7 @@ type StripeGrant struct {
 
 func (x *StripeGrant) Reset() {
 	*x = StripeGrant{}
-	mi := &file_meta_proto_msgTypes[43]
+	mi := &file_meta_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3016,7 +3053,7 @@ func (x *StripeGrant) String() string {
 func (*StripeGrant) ProtoMessage() {}
 
 func (x *StripeGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[43]
+	mi := &file_meta_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3029,7 +3066,7 @@ func (x *StripeGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeGrant.ProtoReflect.Descriptor instead.
 func (*StripeGrant) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{43}
+	return file_meta_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *StripeGrant) GetStripe() uint64 {
@@ -3083,7 +3120,7 @@ type GrantWriteReply struct {
 
 func (x *GrantWriteReply) Reset() {
 	*x = GrantWriteReply{}
-	mi := &file_meta_proto_msgTypes[44]
+	mi := &file_meta_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3095,7 +3132,7 @@ func (x *GrantWriteReply) String() string {
 func (*GrantWriteReply) ProtoMessage() {}
 
 func (x *GrantWriteReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[44]
+	mi := &file_meta_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3108,7 +3145,7 @@ func (x *GrantWriteReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantWriteReply.ProtoReflect.Descriptor instead.
 func (*GrantWriteReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{44}
+	return file_meta_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GrantWriteReply) GetGrants() []*StripeGrant {
@@ -3140,7 +3177,7 @@ type StripeCommit struct {
 
 func (x *StripeCommit) Reset() {
 	*x = StripeCommit{}
-	mi := &file_meta_proto_msgTypes[45]
+	mi := &file_meta_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3152,7 +3189,7 @@ func (x *StripeCommit) String() string {
 func (*StripeCommit) ProtoMessage() {}
 
 func (x *StripeCommit) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[45]
+	mi := &file_meta_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3165,7 +3202,7 @@ func (x *StripeCommit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeCommit.ProtoReflect.Descriptor instead.
 func (*StripeCommit) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{45}
+	return file_meta_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *StripeCommit) GetStripe() uint64 {
@@ -3241,7 +3278,7 @@ type ReplaceShardsRequest struct {
 
 func (x *ReplaceShardsRequest) Reset() {
 	*x = ReplaceShardsRequest{}
-	mi := &file_meta_proto_msgTypes[46]
+	mi := &file_meta_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3253,7 +3290,7 @@ func (x *ReplaceShardsRequest) String() string {
 func (*ReplaceShardsRequest) ProtoMessage() {}
 
 func (x *ReplaceShardsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[46]
+	mi := &file_meta_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3266,7 +3303,7 @@ func (x *ReplaceShardsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceShardsRequest.ProtoReflect.Descriptor instead.
 func (*ReplaceShardsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{46}
+	return file_meta_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ReplaceShardsRequest) GetIno() uint64 {
@@ -3314,7 +3351,7 @@ type ReplaceShardsReply struct {
 
 func (x *ReplaceShardsReply) Reset() {
 	*x = ReplaceShardsReply{}
-	mi := &file_meta_proto_msgTypes[47]
+	mi := &file_meta_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3326,7 +3363,7 @@ func (x *ReplaceShardsReply) String() string {
 func (*ReplaceShardsReply) ProtoMessage() {}
 
 func (x *ReplaceShardsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[47]
+	mi := &file_meta_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3339,7 +3376,7 @@ func (x *ReplaceShardsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceShardsReply.ProtoReflect.Descriptor instead.
 func (*ReplaceShardsReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{47}
+	return file_meta_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ReplaceShardsReply) GetShards() []*Shard {
@@ -3365,7 +3402,7 @@ type CommitStripesRequest struct {
 
 func (x *CommitStripesRequest) Reset() {
 	*x = CommitStripesRequest{}
-	mi := &file_meta_proto_msgTypes[48]
+	mi := &file_meta_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3377,7 +3414,7 @@ func (x *CommitStripesRequest) String() string {
 func (*CommitStripesRequest) ProtoMessage() {}
 
 func (x *CommitStripesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[48]
+	mi := &file_meta_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3390,7 +3427,7 @@ func (x *CommitStripesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitStripesRequest.ProtoReflect.Descriptor instead.
 func (*CommitStripesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{48}
+	return file_meta_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CommitStripesRequest) GetIno() uint64 {
@@ -3437,7 +3474,7 @@ type CommitStripesReply struct {
 
 func (x *CommitStripesReply) Reset() {
 	*x = CommitStripesReply{}
-	mi := &file_meta_proto_msgTypes[49]
+	mi := &file_meta_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3449,7 +3486,7 @@ func (x *CommitStripesReply) String() string {
 func (*CommitStripesReply) ProtoMessage() {}
 
 func (x *CommitStripesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[49]
+	mi := &file_meta_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3462,7 +3499,7 @@ func (x *CommitStripesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitStripesReply.ProtoReflect.Descriptor instead.
 func (*CommitStripesReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{49}
+	return file_meta_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *CommitStripesReply) GetAttr() *Attr {
@@ -3497,7 +3534,7 @@ type GetStripesRequest struct {
 
 func (x *GetStripesRequest) Reset() {
 	*x = GetStripesRequest{}
-	mi := &file_meta_proto_msgTypes[50]
+	mi := &file_meta_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3509,7 +3546,7 @@ func (x *GetStripesRequest) String() string {
 func (*GetStripesRequest) ProtoMessage() {}
 
 func (x *GetStripesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[50]
+	mi := &file_meta_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3522,7 +3559,7 @@ func (x *GetStripesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStripesRequest.ProtoReflect.Descriptor instead.
 func (*GetStripesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{50}
+	return file_meta_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *GetStripesRequest) GetIno() uint64 {
@@ -3564,7 +3601,7 @@ type StripeInfo struct {
 
 func (x *StripeInfo) Reset() {
 	*x = StripeInfo{}
-	mi := &file_meta_proto_msgTypes[51]
+	mi := &file_meta_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3576,7 +3613,7 @@ func (x *StripeInfo) String() string {
 func (*StripeInfo) ProtoMessage() {}
 
 func (x *StripeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[51]
+	mi := &file_meta_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3589,7 +3626,7 @@ func (x *StripeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeInfo.ProtoReflect.Descriptor instead.
 func (*StripeInfo) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{51}
+	return file_meta_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *StripeInfo) GetStripe() uint64 {
@@ -3645,7 +3682,7 @@ type GetStripesReply struct {
 
 func (x *GetStripesReply) Reset() {
 	*x = GetStripesReply{}
-	mi := &file_meta_proto_msgTypes[52]
+	mi := &file_meta_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3657,7 +3694,7 @@ func (x *GetStripesReply) String() string {
 func (*GetStripesReply) ProtoMessage() {}
 
 func (x *GetStripesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[52]
+	mi := &file_meta_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3670,7 +3707,7 @@ func (x *GetStripesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStripesReply.ProtoReflect.Descriptor instead.
 func (*GetStripesReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{52}
+	return file_meta_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *GetStripesReply) GetStripes() []*StripeInfo {
@@ -3708,7 +3745,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_meta_proto_msgTypes[53]
+	mi := &file_meta_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3720,7 +3757,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[53]
+	mi := &file_meta_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3733,7 +3770,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{53}
+	return file_meta_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RegisterRequest) GetId() string {
@@ -3788,7 +3825,7 @@ type RegisterReply struct {
 
 func (x *RegisterReply) Reset() {
 	*x = RegisterReply{}
-	mi := &file_meta_proto_msgTypes[54]
+	mi := &file_meta_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3800,7 +3837,7 @@ func (x *RegisterReply) String() string {
 func (*RegisterReply) ProtoMessage() {}
 
 func (x *RegisterReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[54]
+	mi := &file_meta_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3813,7 +3850,7 @@ func (x *RegisterReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterReply.ProtoReflect.Descriptor instead.
 func (*RegisterReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{54}
+	return file_meta_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RegisterReply) GetHeartbeatIntervalMs() int64 {
@@ -3841,7 +3878,7 @@ type ChunkRef struct {
 
 func (x *ChunkRef) Reset() {
 	*x = ChunkRef{}
-	mi := &file_meta_proto_msgTypes[55]
+	mi := &file_meta_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3853,7 +3890,7 @@ func (x *ChunkRef) String() string {
 func (*ChunkRef) ProtoMessage() {}
 
 func (x *ChunkRef) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[55]
+	mi := &file_meta_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3866,7 +3903,7 @@ func (x *ChunkRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkRef.ProtoReflect.Descriptor instead.
 func (*ChunkRef) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{55}
+	return file_meta_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ChunkRef) GetChunkId() uint64 {
@@ -3897,7 +3934,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_meta_proto_msgTypes[56]
+	mi := &file_meta_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3909,7 +3946,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[56]
+	mi := &file_meta_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3922,7 +3959,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{56}
+	return file_meta_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *HeartbeatRequest) GetId() string {
@@ -3977,7 +4014,7 @@ type HeartbeatReply struct {
 
 func (x *HeartbeatReply) Reset() {
 	*x = HeartbeatReply{}
-	mi := &file_meta_proto_msgTypes[57]
+	mi := &file_meta_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3989,7 +4026,7 @@ func (x *HeartbeatReply) String() string {
 func (*HeartbeatReply) ProtoMessage() {}
 
 func (x *HeartbeatReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[57]
+	mi := &file_meta_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4002,7 +4039,7 @@ func (x *HeartbeatReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatReply.ProtoReflect.Descriptor instead.
 func (*HeartbeatReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{57}
+	return file_meta_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *HeartbeatReply) GetDelete() []*ChunkRef {
@@ -4027,7 +4064,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_meta_proto_msgTypes[58]
+	mi := &file_meta_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4039,7 +4076,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[58]
+	mi := &file_meta_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4052,7 +4089,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{58}
+	return file_meta_proto_rawDescGZIP(), []int{59}
 }
 
 type ChunkserverStatus struct {
@@ -4077,7 +4114,7 @@ type ChunkserverStatus struct {
 
 func (x *ChunkserverStatus) Reset() {
 	*x = ChunkserverStatus{}
-	mi := &file_meta_proto_msgTypes[59]
+	mi := &file_meta_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4089,7 +4126,7 @@ func (x *ChunkserverStatus) String() string {
 func (*ChunkserverStatus) ProtoMessage() {}
 
 func (x *ChunkserverStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[59]
+	mi := &file_meta_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4102,7 +4139,7 @@ func (x *ChunkserverStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkserverStatus.ProtoReflect.Descriptor instead.
 func (*ChunkserverStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{59}
+	return file_meta_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ChunkserverStatus) GetId() string {
@@ -4221,7 +4258,7 @@ type StatusReply struct {
 
 func (x *StatusReply) Reset() {
 	*x = StatusReply{}
-	mi := &file_meta_proto_msgTypes[60]
+	mi := &file_meta_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4233,7 +4270,7 @@ func (x *StatusReply) String() string {
 func (*StatusReply) ProtoMessage() {}
 
 func (x *StatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[60]
+	mi := &file_meta_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4246,7 +4283,7 @@ func (x *StatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReply.ProtoReflect.Descriptor instead.
 func (*StatusReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{60}
+	return file_meta_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *StatusReply) GetClusterId() string {
@@ -4334,7 +4371,7 @@ type InodeRecord struct {
 
 func (x *InodeRecord) Reset() {
 	*x = InodeRecord{}
-	mi := &file_meta_proto_msgTypes[61]
+	mi := &file_meta_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4346,7 +4383,7 @@ func (x *InodeRecord) String() string {
 func (*InodeRecord) ProtoMessage() {}
 
 func (x *InodeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[61]
+	mi := &file_meta_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4359,7 +4396,7 @@ func (x *InodeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InodeRecord.ProtoReflect.Descriptor instead.
 func (*InodeRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{61}
+	return file_meta_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *InodeRecord) GetAttr() *Attr {
@@ -4416,7 +4453,7 @@ type DentryRecord struct {
 
 func (x *DentryRecord) Reset() {
 	*x = DentryRecord{}
-	mi := &file_meta_proto_msgTypes[62]
+	mi := &file_meta_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4428,7 +4465,7 @@ func (x *DentryRecord) String() string {
 func (*DentryRecord) ProtoMessage() {}
 
 func (x *DentryRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[62]
+	mi := &file_meta_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4441,7 +4478,7 @@ func (x *DentryRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DentryRecord.ProtoReflect.Descriptor instead.
 func (*DentryRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{62}
+	return file_meta_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *DentryRecord) GetIno() uint64 {
@@ -4477,7 +4514,7 @@ type CookieRecord struct {
 
 func (x *CookieRecord) Reset() {
 	*x = CookieRecord{}
-	mi := &file_meta_proto_msgTypes[63]
+	mi := &file_meta_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4489,7 +4526,7 @@ func (x *CookieRecord) String() string {
 func (*CookieRecord) ProtoMessage() {}
 
 func (x *CookieRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[63]
+	mi := &file_meta_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4502,7 +4539,7 @@ func (x *CookieRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CookieRecord.ProtoReflect.Descriptor instead.
 func (*CookieRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{63}
+	return file_meta_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *CookieRecord) GetName() string {
@@ -4541,7 +4578,7 @@ type StripeRecord struct {
 
 func (x *StripeRecord) Reset() {
 	*x = StripeRecord{}
-	mi := &file_meta_proto_msgTypes[64]
+	mi := &file_meta_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4553,7 +4590,7 @@ func (x *StripeRecord) String() string {
 func (*StripeRecord) ProtoMessage() {}
 
 func (x *StripeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[64]
+	mi := &file_meta_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4566,7 +4603,7 @@ func (x *StripeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeRecord.ProtoReflect.Descriptor instead.
 func (*StripeRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{64}
+	return file_meta_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *StripeRecord) GetVersion() uint64 {
@@ -4623,7 +4660,7 @@ type GrantRecord struct {
 
 func (x *GrantRecord) Reset() {
 	*x = GrantRecord{}
-	mi := &file_meta_proto_msgTypes[65]
+	mi := &file_meta_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4635,7 +4672,7 @@ func (x *GrantRecord) String() string {
 func (*GrantRecord) ProtoMessage() {}
 
 func (x *GrantRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[65]
+	mi := &file_meta_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4648,7 +4685,7 @@ func (x *GrantRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRecord.ProtoReflect.Descriptor instead.
 func (*GrantRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{65}
+	return file_meta_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *GrantRecord) GetShards() []*Shard {
@@ -4689,7 +4726,7 @@ type ChunkserverRecord struct {
 
 func (x *ChunkserverRecord) Reset() {
 	*x = ChunkserverRecord{}
-	mi := &file_meta_proto_msgTypes[66]
+	mi := &file_meta_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4701,7 +4738,7 @@ func (x *ChunkserverRecord) String() string {
 func (*ChunkserverRecord) ProtoMessage() {}
 
 func (x *ChunkserverRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[66]
+	mi := &file_meta_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4714,7 +4751,7 @@ func (x *ChunkserverRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkserverRecord.ProtoReflect.Descriptor instead.
 func (*ChunkserverRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{66}
+	return file_meta_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ChunkserverRecord) GetId() string {
@@ -4785,7 +4822,7 @@ type SessionRecord struct {
 
 func (x *SessionRecord) Reset() {
 	*x = SessionRecord{}
-	mi := &file_meta_proto_msgTypes[67]
+	mi := &file_meta_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4797,7 +4834,7 @@ func (x *SessionRecord) String() string {
 func (*SessionRecord) ProtoMessage() {}
 
 func (x *SessionRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[67]
+	mi := &file_meta_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4810,7 +4847,7 @@ func (x *SessionRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRecord.ProtoReflect.Descriptor instead.
 func (*SessionRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{67}
+	return file_meta_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *SessionRecord) GetClient() string {
@@ -4846,7 +4883,7 @@ type ClusterRecord struct {
 
 func (x *ClusterRecord) Reset() {
 	*x = ClusterRecord{}
-	mi := &file_meta_proto_msgTypes[68]
+	mi := &file_meta_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4858,7 +4895,7 @@ func (x *ClusterRecord) String() string {
 func (*ClusterRecord) ProtoMessage() {}
 
 func (x *ClusterRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[68]
+	mi := &file_meta_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4871,7 +4908,7 @@ func (x *ClusterRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterRecord.ProtoReflect.Descriptor instead.
 func (*ClusterRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{68}
+	return file_meta_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ClusterRecord) GetClusterId() string {
@@ -4914,7 +4951,7 @@ type RepairTask struct {
 
 func (x *RepairTask) Reset() {
 	*x = RepairTask{}
-	mi := &file_meta_proto_msgTypes[69]
+	mi := &file_meta_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4926,7 +4963,7 @@ func (x *RepairTask) String() string {
 func (*RepairTask) ProtoMessage() {}
 
 func (x *RepairTask) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[69]
+	mi := &file_meta_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4939,7 +4976,7 @@ func (x *RepairTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairTask.ProtoReflect.Descriptor instead.
 func (*RepairTask) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{69}
+	return file_meta_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *RepairTask) GetTaskId() uint64 {
@@ -5024,7 +5061,7 @@ type RepairResult struct {
 
 func (x *RepairResult) Reset() {
 	*x = RepairResult{}
-	mi := &file_meta_proto_msgTypes[70]
+	mi := &file_meta_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5036,7 +5073,7 @@ func (x *RepairResult) String() string {
 func (*RepairResult) ProtoMessage() {}
 
 func (x *RepairResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[70]
+	mi := &file_meta_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5049,7 +5086,7 @@ func (x *RepairResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairResult.ProtoReflect.Descriptor instead.
 func (*RepairResult) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{70}
+	return file_meta_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *RepairResult) GetTaskId() uint64 {
@@ -5115,7 +5152,7 @@ type RepairPollRequest struct {
 
 func (x *RepairPollRequest) Reset() {
 	*x = RepairPollRequest{}
-	mi := &file_meta_proto_msgTypes[71]
+	mi := &file_meta_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5127,7 +5164,7 @@ func (x *RepairPollRequest) String() string {
 func (*RepairPollRequest) ProtoMessage() {}
 
 func (x *RepairPollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[71]
+	mi := &file_meta_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5140,7 +5177,7 @@ func (x *RepairPollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPollRequest.ProtoReflect.Descriptor instead.
 func (*RepairPollRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{71}
+	return file_meta_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *RepairPollRequest) GetId() string {
@@ -5181,7 +5218,7 @@ type RepairPollReply struct {
 
 func (x *RepairPollReply) Reset() {
 	*x = RepairPollReply{}
-	mi := &file_meta_proto_msgTypes[72]
+	mi := &file_meta_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5193,7 +5230,7 @@ func (x *RepairPollReply) String() string {
 func (*RepairPollReply) ProtoMessage() {}
 
 func (x *RepairPollReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[72]
+	mi := &file_meta_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5206,7 +5243,7 @@ func (x *RepairPollReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPollReply.ProtoReflect.Descriptor instead.
 func (*RepairPollReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{72}
+	return file_meta_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *RepairPollReply) GetTasks() []*RepairTask {
@@ -5235,7 +5272,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_meta_proto_msgTypes[73]
+	mi := &file_meta_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5247,7 +5284,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[73]
+	mi := &file_meta_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5260,7 +5297,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{73}
+	return file_meta_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *DrainRequest) GetId() string {
@@ -5287,7 +5324,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_meta_proto_msgTypes[74]
+	mi := &file_meta_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5299,7 +5336,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[74]
+	mi := &file_meta_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5312,7 +5349,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{74}
+	return file_meta_proto_rawDescGZIP(), []int{75}
 }
 
 type RebalanceReply struct {
@@ -5324,7 +5361,7 @@ type RebalanceReply struct {
 
 func (x *RebalanceReply) Reset() {
 	*x = RebalanceReply{}
-	mi := &file_meta_proto_msgTypes[75]
+	mi := &file_meta_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5336,7 +5373,7 @@ func (x *RebalanceReply) String() string {
 func (*RebalanceReply) ProtoMessage() {}
 
 func (x *RebalanceReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[75]
+	mi := &file_meta_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5349,7 +5386,7 @@ func (x *RebalanceReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceReply.ProtoReflect.Descriptor instead.
 func (*RebalanceReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{75}
+	return file_meta_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *RebalanceReply) GetMovesPlanned() uint64 {
@@ -5381,7 +5418,7 @@ type RepairStatus struct {
 
 func (x *RepairStatus) Reset() {
 	*x = RepairStatus{}
-	mi := &file_meta_proto_msgTypes[76]
+	mi := &file_meta_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5393,7 +5430,7 @@ func (x *RepairStatus) String() string {
 func (*RepairStatus) ProtoMessage() {}
 
 func (x *RepairStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[76]
+	mi := &file_meta_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5406,7 +5443,7 @@ func (x *RepairStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairStatus.ProtoReflect.Descriptor instead.
 func (*RepairStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{76}
+	return file_meta_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *RepairStatus) GetHealthyStripes() uint64 {
@@ -5514,7 +5551,7 @@ type RequestRecord struct {
 
 func (x *RequestRecord) Reset() {
 	*x = RequestRecord{}
-	mi := &file_meta_proto_msgTypes[77]
+	mi := &file_meta_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5526,7 +5563,7 @@ func (x *RequestRecord) String() string {
 func (*RequestRecord) ProtoMessage() {}
 
 func (x *RequestRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[77]
+	mi := &file_meta_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5539,7 +5576,7 @@ func (x *RequestRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRecord.ProtoReflect.Descriptor instead.
 func (*RequestRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{77}
+	return file_meta_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *RequestRecord) GetCommittedNs() int64 {
@@ -5572,7 +5609,7 @@ type DumpRecord struct {
 
 func (x *DumpRecord) Reset() {
 	*x = DumpRecord{}
-	mi := &file_meta_proto_msgTypes[78]
+	mi := &file_meta_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5584,7 +5621,7 @@ func (x *DumpRecord) String() string {
 func (*DumpRecord) ProtoMessage() {}
 
 func (x *DumpRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[78]
+	mi := &file_meta_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5597,7 +5634,7 @@ func (x *DumpRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpRecord.ProtoReflect.Descriptor instead.
 func (*DumpRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{78}
+	return file_meta_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *DumpRecord) GetHeader() *DumpHeader {
@@ -5642,7 +5679,7 @@ type DumpTrailer struct {
 
 func (x *DumpTrailer) Reset() {
 	*x = DumpTrailer{}
-	mi := &file_meta_proto_msgTypes[79]
+	mi := &file_meta_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5654,7 +5691,7 @@ func (x *DumpTrailer) String() string {
 func (*DumpTrailer) ProtoMessage() {}
 
 func (x *DumpTrailer) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[79]
+	mi := &file_meta_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5667,7 +5704,7 @@ func (x *DumpTrailer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpTrailer.ProtoReflect.Descriptor instead.
 func (*DumpTrailer) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{79}
+	return file_meta_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *DumpTrailer) GetRecords() uint64 {
@@ -5697,7 +5734,7 @@ type DumpHeader struct {
 
 func (x *DumpHeader) Reset() {
 	*x = DumpHeader{}
-	mi := &file_meta_proto_msgTypes[80]
+	mi := &file_meta_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5709,7 +5746,7 @@ func (x *DumpHeader) String() string {
 func (*DumpHeader) ProtoMessage() {}
 
 func (x *DumpHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[80]
+	mi := &file_meta_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5722,7 +5759,7 @@ func (x *DumpHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpHeader.ProtoReflect.Descriptor instead.
 func (*DumpHeader) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{80}
+	return file_meta_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *DumpHeader) GetFormatVersion() uint32 {
@@ -5770,7 +5807,7 @@ type FileLock struct {
 
 func (x *FileLock) Reset() {
 	*x = FileLock{}
-	mi := &file_meta_proto_msgTypes[81]
+	mi := &file_meta_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5782,7 +5819,7 @@ func (x *FileLock) String() string {
 func (*FileLock) ProtoMessage() {}
 
 func (x *FileLock) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[81]
+	mi := &file_meta_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5795,7 +5832,7 @@ func (x *FileLock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileLock.ProtoReflect.Descriptor instead.
 func (*FileLock) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{81}
+	return file_meta_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *FileLock) GetSession() uint64 {
@@ -5857,7 +5894,7 @@ type LockRecord struct {
 
 func (x *LockRecord) Reset() {
 	*x = LockRecord{}
-	mi := &file_meta_proto_msgTypes[82]
+	mi := &file_meta_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5869,7 +5906,7 @@ func (x *LockRecord) String() string {
 func (*LockRecord) ProtoMessage() {}
 
 func (x *LockRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[82]
+	mi := &file_meta_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5882,7 +5919,7 @@ func (x *LockRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecord.ProtoReflect.Descriptor instead.
 func (*LockRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{82}
+	return file_meta_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *LockRecord) GetLocks() []*FileLock {
@@ -5913,7 +5950,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_meta_proto_msgTypes[83]
+	mi := &file_meta_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5925,7 +5962,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[83]
+	mi := &file_meta_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5938,7 +5975,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{83}
+	return file_meta_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *LockRequest) GetIno() uint64 {
@@ -5979,7 +6016,7 @@ type LockReply struct {
 
 func (x *LockReply) Reset() {
 	*x = LockReply{}
-	mi := &file_meta_proto_msgTypes[84]
+	mi := &file_meta_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5991,7 +6028,7 @@ func (x *LockReply) String() string {
 func (*LockReply) ProtoMessage() {}
 
 func (x *LockReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[84]
+	mi := &file_meta_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6004,7 +6041,7 @@ func (x *LockReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockReply.ProtoReflect.Descriptor instead.
 func (*LockReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{84}
+	return file_meta_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *LockReply) GetGranted() bool {
@@ -6141,7 +6178,8 @@ const file_meta_proto_rawDesc = "" +
 	"\x06caller\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.CallerR\x06caller\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\"\a\n" +
-	"\x05Empty\"\xbb\x01\n" +
+	"\x05Empty\"\r\n" +
+	"\vSyncRequest\"\xbb\x01\n" +
 	"\rRenameRequest\x12.\n" +
 	"\x06caller\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.CallerR\x06caller\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
@@ -6514,7 +6552,7 @@ const file_meta_proto_rawDesc = "" +
 	"\tLOCK_READ\x10\x00\x12\x0e\n" +
 	"\n" +
 	"LOCK_WRITE\x10\x01\x12\x0f\n" +
-	"\vLOCK_UNLOCK\x10\x022\xc7\x14\n" +
+	"\vLOCK_UNLOCK\x10\x022\x83\x15\n" +
 	"\x04Meta\x12C\n" +
 	"\x06Lookup\x12\x1d.rdmafs.meta.v1.LookupRequest\x1a\x1a.rdmafs.meta.v1.EntryReply\x12D\n" +
 	"\aGetAttr\x12\x1e.rdmafs.meta.v1.GetAttrRequest\x1a\x19.rdmafs.meta.v1.AttrReply\x12D\n" +
@@ -6533,7 +6571,8 @@ const file_meta_proto_rawDesc = "" +
 	"\bSetXattr\x12\x1f.rdmafs.meta.v1.SetXattrRequest\x1a\x15.rdmafs.meta.v1.Empty\x12M\n" +
 	"\tListXattr\x12 .rdmafs.meta.v1.ListXattrRequest\x1a\x1e.rdmafs.meta.v1.ListXattrReply\x12H\n" +
 	"\vRemoveXattr\x12\".rdmafs.meta.v1.RemoveXattrRequest\x1a\x15.rdmafs.meta.v1.Empty\x12D\n" +
-	"\x06StatFS\x12\x1d.rdmafs.meta.v1.StatFSRequest\x1a\x1b.rdmafs.meta.v1.StatFSReply\x12S\n" +
+	"\x06StatFS\x12\x1d.rdmafs.meta.v1.StatFSRequest\x1a\x1b.rdmafs.meta.v1.StatFSReply\x12:\n" +
+	"\x04Sync\x12\x1b.rdmafs.meta.v1.SyncRequest\x1a\x15.rdmafs.meta.v1.Empty\x12S\n" +
 	"\vOpenSession\x12\".rdmafs.meta.v1.OpenSessionRequest\x1a .rdmafs.meta.v1.OpenSessionReply\x12D\n" +
 	"\tKeepAlive\x12 .rdmafs.meta.v1.KeepAliveRequest\x1a\x15.rdmafs.meta.v1.Empty\x12J\n" +
 	"\fCloseSession\x12#.rdmafs.meta.v1.CloseSessionRequest\x1a\x15.rdmafs.meta.v1.Empty\x12>\n" +
@@ -6569,7 +6608,7 @@ func file_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 85)
+var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 86)
 var file_meta_proto_goTypes = []any{
 	(RenameFlag)(0),              // 0: rdmafs.meta.v1.RenameFlag
 	(XattrFlag)(0),               // 1: rdmafs.meta.v1.XattrFlag
@@ -6594,71 +6633,72 @@ var file_meta_proto_goTypes = []any{
 	(*UnlinkRequest)(nil),        // 20: rdmafs.meta.v1.UnlinkRequest
 	(*RmdirRequest)(nil),         // 21: rdmafs.meta.v1.RmdirRequest
 	(*Empty)(nil),                // 22: rdmafs.meta.v1.Empty
-	(*RenameRequest)(nil),        // 23: rdmafs.meta.v1.RenameRequest
-	(*ReadDirRequest)(nil),       // 24: rdmafs.meta.v1.ReadDirRequest
-	(*DirEntry)(nil),             // 25: rdmafs.meta.v1.DirEntry
-	(*ReadDirReply)(nil),         // 26: rdmafs.meta.v1.ReadDirReply
-	(*GetXattrRequest)(nil),      // 27: rdmafs.meta.v1.GetXattrRequest
-	(*GetXattrReply)(nil),        // 28: rdmafs.meta.v1.GetXattrReply
-	(*SetXattrRequest)(nil),      // 29: rdmafs.meta.v1.SetXattrRequest
-	(*ListXattrRequest)(nil),     // 30: rdmafs.meta.v1.ListXattrRequest
-	(*ListXattrReply)(nil),       // 31: rdmafs.meta.v1.ListXattrReply
-	(*RemoveXattrRequest)(nil),   // 32: rdmafs.meta.v1.RemoveXattrRequest
-	(*StatFSRequest)(nil),        // 33: rdmafs.meta.v1.StatFSRequest
-	(*StatFSReply)(nil),          // 34: rdmafs.meta.v1.StatFSReply
-	(*OpenSessionRequest)(nil),   // 35: rdmafs.meta.v1.OpenSessionRequest
-	(*OpenSessionReply)(nil),     // 36: rdmafs.meta.v1.OpenSessionReply
-	(*KeepAliveRequest)(nil),     // 37: rdmafs.meta.v1.KeepAliveRequest
-	(*CloseSessionRequest)(nil),  // 38: rdmafs.meta.v1.CloseSessionRequest
-	(*OpenRequest)(nil),          // 39: rdmafs.meta.v1.OpenRequest
-	(*ReleaseRequest)(nil),       // 40: rdmafs.meta.v1.ReleaseRequest
-	(*SetLayoutRequest)(nil),     // 41: rdmafs.meta.v1.SetLayoutRequest
-	(*GetLayoutRequest)(nil),     // 42: rdmafs.meta.v1.GetLayoutRequest
-	(*LayoutReply)(nil),          // 43: rdmafs.meta.v1.LayoutReply
-	(*Shard)(nil),                // 44: rdmafs.meta.v1.Shard
-	(*GrantWriteRequest)(nil),    // 45: rdmafs.meta.v1.GrantWriteRequest
-	(*StripeGrant)(nil),          // 46: rdmafs.meta.v1.StripeGrant
-	(*GrantWriteReply)(nil),      // 47: rdmafs.meta.v1.GrantWriteReply
-	(*StripeCommit)(nil),         // 48: rdmafs.meta.v1.StripeCommit
-	(*ReplaceShardsRequest)(nil), // 49: rdmafs.meta.v1.ReplaceShardsRequest
-	(*ReplaceShardsReply)(nil),   // 50: rdmafs.meta.v1.ReplaceShardsReply
-	(*CommitStripesRequest)(nil), // 51: rdmafs.meta.v1.CommitStripesRequest
-	(*CommitStripesReply)(nil),   // 52: rdmafs.meta.v1.CommitStripesReply
-	(*GetStripesRequest)(nil),    // 53: rdmafs.meta.v1.GetStripesRequest
-	(*StripeInfo)(nil),           // 54: rdmafs.meta.v1.StripeInfo
-	(*GetStripesReply)(nil),      // 55: rdmafs.meta.v1.GetStripesReply
-	(*RegisterRequest)(nil),      // 56: rdmafs.meta.v1.RegisterRequest
-	(*RegisterReply)(nil),        // 57: rdmafs.meta.v1.RegisterReply
-	(*ChunkRef)(nil),             // 58: rdmafs.meta.v1.ChunkRef
-	(*HeartbeatRequest)(nil),     // 59: rdmafs.meta.v1.HeartbeatRequest
-	(*HeartbeatReply)(nil),       // 60: rdmafs.meta.v1.HeartbeatReply
-	(*StatusRequest)(nil),        // 61: rdmafs.meta.v1.StatusRequest
-	(*ChunkserverStatus)(nil),    // 62: rdmafs.meta.v1.ChunkserverStatus
-	(*StatusReply)(nil),          // 63: rdmafs.meta.v1.StatusReply
-	(*InodeRecord)(nil),          // 64: rdmafs.meta.v1.InodeRecord
-	(*DentryRecord)(nil),         // 65: rdmafs.meta.v1.DentryRecord
-	(*CookieRecord)(nil),         // 66: rdmafs.meta.v1.CookieRecord
-	(*StripeRecord)(nil),         // 67: rdmafs.meta.v1.StripeRecord
-	(*GrantRecord)(nil),          // 68: rdmafs.meta.v1.GrantRecord
-	(*ChunkserverRecord)(nil),    // 69: rdmafs.meta.v1.ChunkserverRecord
-	(*SessionRecord)(nil),        // 70: rdmafs.meta.v1.SessionRecord
-	(*ClusterRecord)(nil),        // 71: rdmafs.meta.v1.ClusterRecord
-	(*RepairTask)(nil),           // 72: rdmafs.meta.v1.RepairTask
-	(*RepairResult)(nil),         // 73: rdmafs.meta.v1.RepairResult
-	(*RepairPollRequest)(nil),    // 74: rdmafs.meta.v1.RepairPollRequest
-	(*RepairPollReply)(nil),      // 75: rdmafs.meta.v1.RepairPollReply
-	(*DrainRequest)(nil),         // 76: rdmafs.meta.v1.DrainRequest
-	(*RebalanceRequest)(nil),     // 77: rdmafs.meta.v1.RebalanceRequest
-	(*RebalanceReply)(nil),       // 78: rdmafs.meta.v1.RebalanceReply
-	(*RepairStatus)(nil),         // 79: rdmafs.meta.v1.RepairStatus
-	(*RequestRecord)(nil),        // 80: rdmafs.meta.v1.RequestRecord
-	(*DumpRecord)(nil),           // 81: rdmafs.meta.v1.DumpRecord
-	(*DumpTrailer)(nil),          // 82: rdmafs.meta.v1.DumpTrailer
-	(*DumpHeader)(nil),           // 83: rdmafs.meta.v1.DumpHeader
-	(*FileLock)(nil),             // 84: rdmafs.meta.v1.FileLock
-	(*LockRecord)(nil),           // 85: rdmafs.meta.v1.LockRecord
-	(*LockRequest)(nil),          // 86: rdmafs.meta.v1.LockRequest
-	(*LockReply)(nil),            // 87: rdmafs.meta.v1.LockReply
+	(*SyncRequest)(nil),          // 23: rdmafs.meta.v1.SyncRequest
+	(*RenameRequest)(nil),        // 24: rdmafs.meta.v1.RenameRequest
+	(*ReadDirRequest)(nil),       // 25: rdmafs.meta.v1.ReadDirRequest
+	(*DirEntry)(nil),             // 26: rdmafs.meta.v1.DirEntry
+	(*ReadDirReply)(nil),         // 27: rdmafs.meta.v1.ReadDirReply
+	(*GetXattrRequest)(nil),      // 28: rdmafs.meta.v1.GetXattrRequest
+	(*GetXattrReply)(nil),        // 29: rdmafs.meta.v1.GetXattrReply
+	(*SetXattrRequest)(nil),      // 30: rdmafs.meta.v1.SetXattrRequest
+	(*ListXattrRequest)(nil),     // 31: rdmafs.meta.v1.ListXattrRequest
+	(*ListXattrReply)(nil),       // 32: rdmafs.meta.v1.ListXattrReply
+	(*RemoveXattrRequest)(nil),   // 33: rdmafs.meta.v1.RemoveXattrRequest
+	(*StatFSRequest)(nil),        // 34: rdmafs.meta.v1.StatFSRequest
+	(*StatFSReply)(nil),          // 35: rdmafs.meta.v1.StatFSReply
+	(*OpenSessionRequest)(nil),   // 36: rdmafs.meta.v1.OpenSessionRequest
+	(*OpenSessionReply)(nil),     // 37: rdmafs.meta.v1.OpenSessionReply
+	(*KeepAliveRequest)(nil),     // 38: rdmafs.meta.v1.KeepAliveRequest
+	(*CloseSessionRequest)(nil),  // 39: rdmafs.meta.v1.CloseSessionRequest
+	(*OpenRequest)(nil),          // 40: rdmafs.meta.v1.OpenRequest
+	(*ReleaseRequest)(nil),       // 41: rdmafs.meta.v1.ReleaseRequest
+	(*SetLayoutRequest)(nil),     // 42: rdmafs.meta.v1.SetLayoutRequest
+	(*GetLayoutRequest)(nil),     // 43: rdmafs.meta.v1.GetLayoutRequest
+	(*LayoutReply)(nil),          // 44: rdmafs.meta.v1.LayoutReply
+	(*Shard)(nil),                // 45: rdmafs.meta.v1.Shard
+	(*GrantWriteRequest)(nil),    // 46: rdmafs.meta.v1.GrantWriteRequest
+	(*StripeGrant)(nil),          // 47: rdmafs.meta.v1.StripeGrant
+	(*GrantWriteReply)(nil),      // 48: rdmafs.meta.v1.GrantWriteReply
+	(*StripeCommit)(nil),         // 49: rdmafs.meta.v1.StripeCommit
+	(*ReplaceShardsRequest)(nil), // 50: rdmafs.meta.v1.ReplaceShardsRequest
+	(*ReplaceShardsReply)(nil),   // 51: rdmafs.meta.v1.ReplaceShardsReply
+	(*CommitStripesRequest)(nil), // 52: rdmafs.meta.v1.CommitStripesRequest
+	(*CommitStripesReply)(nil),   // 53: rdmafs.meta.v1.CommitStripesReply
+	(*GetStripesRequest)(nil),    // 54: rdmafs.meta.v1.GetStripesRequest
+	(*StripeInfo)(nil),           // 55: rdmafs.meta.v1.StripeInfo
+	(*GetStripesReply)(nil),      // 56: rdmafs.meta.v1.GetStripesReply
+	(*RegisterRequest)(nil),      // 57: rdmafs.meta.v1.RegisterRequest
+	(*RegisterReply)(nil),        // 58: rdmafs.meta.v1.RegisterReply
+	(*ChunkRef)(nil),             // 59: rdmafs.meta.v1.ChunkRef
+	(*HeartbeatRequest)(nil),     // 60: rdmafs.meta.v1.HeartbeatRequest
+	(*HeartbeatReply)(nil),       // 61: rdmafs.meta.v1.HeartbeatReply
+	(*StatusRequest)(nil),        // 62: rdmafs.meta.v1.StatusRequest
+	(*ChunkserverStatus)(nil),    // 63: rdmafs.meta.v1.ChunkserverStatus
+	(*StatusReply)(nil),          // 64: rdmafs.meta.v1.StatusReply
+	(*InodeRecord)(nil),          // 65: rdmafs.meta.v1.InodeRecord
+	(*DentryRecord)(nil),         // 66: rdmafs.meta.v1.DentryRecord
+	(*CookieRecord)(nil),         // 67: rdmafs.meta.v1.CookieRecord
+	(*StripeRecord)(nil),         // 68: rdmafs.meta.v1.StripeRecord
+	(*GrantRecord)(nil),          // 69: rdmafs.meta.v1.GrantRecord
+	(*ChunkserverRecord)(nil),    // 70: rdmafs.meta.v1.ChunkserverRecord
+	(*SessionRecord)(nil),        // 71: rdmafs.meta.v1.SessionRecord
+	(*ClusterRecord)(nil),        // 72: rdmafs.meta.v1.ClusterRecord
+	(*RepairTask)(nil),           // 73: rdmafs.meta.v1.RepairTask
+	(*RepairResult)(nil),         // 74: rdmafs.meta.v1.RepairResult
+	(*RepairPollRequest)(nil),    // 75: rdmafs.meta.v1.RepairPollRequest
+	(*RepairPollReply)(nil),      // 76: rdmafs.meta.v1.RepairPollReply
+	(*DrainRequest)(nil),         // 77: rdmafs.meta.v1.DrainRequest
+	(*RebalanceRequest)(nil),     // 78: rdmafs.meta.v1.RebalanceRequest
+	(*RebalanceReply)(nil),       // 79: rdmafs.meta.v1.RebalanceReply
+	(*RepairStatus)(nil),         // 80: rdmafs.meta.v1.RepairStatus
+	(*RequestRecord)(nil),        // 81: rdmafs.meta.v1.RequestRecord
+	(*DumpRecord)(nil),           // 82: rdmafs.meta.v1.DumpRecord
+	(*DumpTrailer)(nil),          // 83: rdmafs.meta.v1.DumpTrailer
+	(*DumpHeader)(nil),           // 84: rdmafs.meta.v1.DumpHeader
+	(*FileLock)(nil),             // 85: rdmafs.meta.v1.FileLock
+	(*LockRecord)(nil),           // 86: rdmafs.meta.v1.LockRecord
+	(*LockRequest)(nil),          // 87: rdmafs.meta.v1.LockRequest
+	(*LockReply)(nil),            // 88: rdmafs.meta.v1.LockReply
 }
 var file_meta_proto_depIdxs = []int32{
 	4,  // 0: rdmafs.meta.v1.Attr.layout:type_name -> rdmafs.meta.v1.Layout
@@ -6678,7 +6718,7 @@ var file_meta_proto_depIdxs = []int32{
 	3,  // 14: rdmafs.meta.v1.RenameRequest.caller:type_name -> rdmafs.meta.v1.Caller
 	3,  // 15: rdmafs.meta.v1.ReadDirRequest.caller:type_name -> rdmafs.meta.v1.Caller
 	5,  // 16: rdmafs.meta.v1.DirEntry.attr:type_name -> rdmafs.meta.v1.Attr
-	25, // 17: rdmafs.meta.v1.ReadDirReply.entries:type_name -> rdmafs.meta.v1.DirEntry
+	26, // 17: rdmafs.meta.v1.ReadDirReply.entries:type_name -> rdmafs.meta.v1.DirEntry
 	3,  // 18: rdmafs.meta.v1.GetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
 	3,  // 19: rdmafs.meta.v1.SetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
 	3,  // 20: rdmafs.meta.v1.ListXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
@@ -6688,39 +6728,39 @@ var file_meta_proto_depIdxs = []int32{
 	4,  // 24: rdmafs.meta.v1.SetLayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
 	4,  // 25: rdmafs.meta.v1.LayoutReply.layout:type_name -> rdmafs.meta.v1.Layout
 	4,  // 26: rdmafs.meta.v1.StripeGrant.layout:type_name -> rdmafs.meta.v1.Layout
-	44, // 27: rdmafs.meta.v1.StripeGrant.shards:type_name -> rdmafs.meta.v1.Shard
-	46, // 28: rdmafs.meta.v1.GrantWriteReply.grants:type_name -> rdmafs.meta.v1.StripeGrant
-	44, // 29: rdmafs.meta.v1.StripeCommit.shards:type_name -> rdmafs.meta.v1.Shard
-	44, // 30: rdmafs.meta.v1.ReplaceShardsReply.shards:type_name -> rdmafs.meta.v1.Shard
-	48, // 31: rdmafs.meta.v1.CommitStripesRequest.stripes:type_name -> rdmafs.meta.v1.StripeCommit
+	45, // 27: rdmafs.meta.v1.StripeGrant.shards:type_name -> rdmafs.meta.v1.Shard
+	47, // 28: rdmafs.meta.v1.GrantWriteReply.grants:type_name -> rdmafs.meta.v1.StripeGrant
+	45, // 29: rdmafs.meta.v1.StripeCommit.shards:type_name -> rdmafs.meta.v1.Shard
+	45, // 30: rdmafs.meta.v1.ReplaceShardsReply.shards:type_name -> rdmafs.meta.v1.Shard
+	49, // 31: rdmafs.meta.v1.CommitStripesRequest.stripes:type_name -> rdmafs.meta.v1.StripeCommit
 	5,  // 32: rdmafs.meta.v1.CommitStripesReply.attr:type_name -> rdmafs.meta.v1.Attr
 	4,  // 33: rdmafs.meta.v1.StripeInfo.layout:type_name -> rdmafs.meta.v1.Layout
-	44, // 34: rdmafs.meta.v1.StripeInfo.shards:type_name -> rdmafs.meta.v1.Shard
-	54, // 35: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
+	45, // 34: rdmafs.meta.v1.StripeInfo.shards:type_name -> rdmafs.meta.v1.Shard
+	55, // 35: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
 	4,  // 36: rdmafs.meta.v1.GetStripesReply.layout:type_name -> rdmafs.meta.v1.Layout
-	58, // 37: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
-	58, // 38: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
+	59, // 37: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
+	59, // 38: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
 	4,  // 39: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
-	62, // 40: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
-	79, // 41: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
+	63, // 40: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
+	80, // 41: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
 	5,  // 42: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
 	4,  // 43: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
 	4,  // 44: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	44, // 45: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	44, // 46: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	45, // 45: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	45, // 46: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
 	4,  // 47: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
 	4,  // 48: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
 	4,  // 49: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
-	44, // 50: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
-	73, // 51: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
-	58, // 52: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
-	72, // 53: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
-	83, // 54: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
-	82, // 55: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
+	45, // 50: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
+	74, // 51: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
+	59, // 52: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
+	73, // 53: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
+	84, // 54: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
+	83, // 55: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
 	2,  // 56: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
-	84, // 57: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
-	84, // 58: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
-	84, // 59: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
+	85, // 57: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
+	85, // 58: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
+	85, // 59: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
 	7,  // 60: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
 	10, // 61: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
 	12, // 62: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
@@ -6732,69 +6772,71 @@ var file_meta_proto_depIdxs = []int32{
 	19, // 68: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
 	20, // 69: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
 	21, // 70: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
-	23, // 71: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
-	24, // 72: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
-	27, // 73: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
-	29, // 74: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
-	30, // 75: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
-	32, // 76: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
-	33, // 77: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
-	35, // 78: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
-	37, // 79: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
-	38, // 80: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
-	39, // 81: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
-	40, // 82: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
-	86, // 83: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
-	41, // 84: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
-	42, // 85: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
-	45, // 86: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
-	51, // 87: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
-	49, // 88: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
-	53, // 89: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
-	56, // 90: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
-	59, // 91: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
-	61, // 92: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
-	74, // 93: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
-	76, // 94: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
-	77, // 95: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
-	8,  // 96: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
-	11, // 97: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	11, // 98: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	8,  // 99: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
-	8,  // 100: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
-	8,  // 101: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
-	8,  // 102: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
-	18, // 103: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
-	8,  // 104: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
-	9,  // 105: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
-	9,  // 106: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
-	22, // 107: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
-	26, // 108: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
-	28, // 109: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
-	22, // 110: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
-	31, // 111: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
-	22, // 112: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
-	34, // 113: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
-	36, // 114: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
-	22, // 115: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
-	22, // 116: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
-	11, // 117: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
-	22, // 118: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
-	87, // 119: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
-	22, // 120: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
-	43, // 121: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
-	47, // 122: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
-	52, // 123: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
-	50, // 124: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
-	55, // 125: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
-	57, // 126: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
-	60, // 127: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
-	63, // 128: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
-	75, // 129: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
-	22, // 130: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
-	78, // 131: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
-	96, // [96:132] is the sub-list for method output_type
-	60, // [60:96] is the sub-list for method input_type
+	24, // 71: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
+	25, // 72: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
+	28, // 73: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
+	30, // 74: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
+	31, // 75: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
+	33, // 76: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
+	34, // 77: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
+	23, // 78: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
+	36, // 79: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
+	38, // 80: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
+	39, // 81: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
+	40, // 82: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
+	41, // 83: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
+	87, // 84: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
+	42, // 85: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
+	43, // 86: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
+	46, // 87: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
+	52, // 88: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
+	50, // 89: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
+	54, // 90: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
+	57, // 91: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
+	60, // 92: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
+	62, // 93: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
+	75, // 94: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
+	77, // 95: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
+	78, // 96: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
+	8,  // 97: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
+	11, // 98: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	11, // 99: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	8,  // 100: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
+	8,  // 101: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
+	8,  // 102: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
+	8,  // 103: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
+	18, // 104: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
+	8,  // 105: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
+	9,  // 106: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
+	9,  // 107: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
+	22, // 108: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
+	27, // 109: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
+	29, // 110: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
+	22, // 111: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
+	32, // 112: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
+	22, // 113: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
+	35, // 114: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
+	22, // 115: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
+	37, // 116: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
+	22, // 117: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
+	22, // 118: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
+	11, // 119: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
+	22, // 120: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
+	88, // 121: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
+	22, // 122: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
+	44, // 123: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
+	48, // 124: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
+	53, // 125: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
+	51, // 126: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
+	56, // 127: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
+	58, // 128: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
+	61, // 129: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
+	64, // 130: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
+	76, // 131: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
+	22, // 132: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
+	79, // 133: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
+	97, // [97:134] is the sub-list for method output_type
+	60, // [60:97] is the sub-list for method input_type
 	60, // [60:60] is the sub-list for extension type_name
 	60, // [60:60] is the sub-list for extension extendee
 	0,  // [0:60] is the sub-list for field type_name
@@ -6811,7 +6853,7 @@ func file_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_proto_rawDesc), len(file_meta_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   85,
+			NumMessages:   86,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

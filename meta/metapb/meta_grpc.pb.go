@@ -41,6 +41,7 @@ const (
 	Meta_ListXattr_FullMethodName     = "/rdmafs.meta.v1.Meta/ListXattr"
 	Meta_RemoveXattr_FullMethodName   = "/rdmafs.meta.v1.Meta/RemoveXattr"
 	Meta_StatFS_FullMethodName        = "/rdmafs.meta.v1.Meta/StatFS"
+	Meta_Sync_FullMethodName          = "/rdmafs.meta.v1.Meta/Sync"
 	Meta_OpenSession_FullMethodName   = "/rdmafs.meta.v1.Meta/OpenSession"
 	Meta_KeepAlive_FullMethodName     = "/rdmafs.meta.v1.Meta/KeepAlive"
 	Meta_CloseSession_FullMethodName  = "/rdmafs.meta.v1.Meta/CloseSession"
@@ -86,6 +87,10 @@ type MetaClient interface {
 	ListXattr(ctx context.Context, in *ListXattrRequest, opts ...grpc.CallOption) (*ListXattrReply, error)
 	RemoveXattr(ctx context.Context, in *RemoveXattrRequest, opts ...grpc.CallOption) (*Empty, error)
 	StatFS(ctx context.Context, in *StatFSRequest, opts ...grpc.CallOption) (*StatFSReply, error)
+	// Sync returns once every operation answered before it is durable (the
+	// server may answer operations once they are logged, before their log's
+	// fdatasync). fsync and fsyncdir call it.
+	Sync(ctx context.Context, in *SyncRequest, opts ...grpc.CallOption) (*Empty, error)
 	OpenSession(ctx context.Context, in *OpenSessionRequest, opts ...grpc.CallOption) (*OpenSessionReply, error)
 	KeepAlive(ctx context.Context, in *KeepAliveRequest, opts ...grpc.CallOption) (*Empty, error)
 	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*Empty, error)
@@ -297,6 +302,16 @@ func (c *metaClient) StatFS(ctx context.Context, in *StatFSRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *metaClient) Sync(ctx context.Context, in *SyncRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Meta_Sync_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *metaClient) OpenSession(ctx context.Context, in *OpenSessionRequest, opts ...grpc.CallOption) (*OpenSessionReply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(OpenSessionReply)
@@ -502,6 +517,10 @@ type MetaServer interface {
 	ListXattr(context.Context, *ListXattrRequest) (*ListXattrReply, error)
 	RemoveXattr(context.Context, *RemoveXattrRequest) (*Empty, error)
 	StatFS(context.Context, *StatFSRequest) (*StatFSReply, error)
+	// Sync returns once every operation answered before it is durable (the
+	// server may answer operations once they are logged, before their log's
+	// fdatasync). fsync and fsyncdir call it.
+	Sync(context.Context, *SyncRequest) (*Empty, error)
 	OpenSession(context.Context, *OpenSessionRequest) (*OpenSessionReply, error)
 	KeepAlive(context.Context, *KeepAliveRequest) (*Empty, error)
 	CloseSession(context.Context, *CloseSessionRequest) (*Empty, error)
@@ -586,6 +605,9 @@ func (UnimplementedMetaServer) RemoveXattr(context.Context, *RemoveXattrRequest)
 }
 func (UnimplementedMetaServer) StatFS(context.Context, *StatFSRequest) (*StatFSReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method StatFS not implemented")
+}
+func (UnimplementedMetaServer) Sync(context.Context, *SyncRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method Sync not implemented")
 }
 func (UnimplementedMetaServer) OpenSession(context.Context, *OpenSessionRequest) (*OpenSessionReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method OpenSession not implemented")
@@ -982,6 +1004,24 @@ func _Meta_StatFS_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(MetaServer).StatFS(ctx, req.(*StatFSRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Meta_Sync_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SyncRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).Sync(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_Sync_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).Sync(ctx, req.(*SyncRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1388,6 +1428,10 @@ var Meta_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "StatFS",
 			Handler:    _Meta_StatFS_Handler,
+		},
+		{
+			MethodName: "Sync",
+			Handler:    _Meta_Sync_Handler,
 		},
 		{
 			MethodName: "OpenSession",

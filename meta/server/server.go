@@ -109,6 +109,9 @@ type Config struct {
 	// RepairGrace and RepairTaskTimeout are passed to core.Config.
 	RepairGrace       time.Duration
 	RepairTaskTimeout time.Duration
+	// DurableReplies is passed to core.Config (bbolt only: etcd answers
+	// once a transaction is durable in any case).
+	DurableReplies bool
 	// Logger receives logs (default slog.Default()).
 	Logger *slog.Logger
 	// Registry receives the metrics (default: a new registry).
@@ -159,7 +162,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	// that fail to reach it, and by the heartbeat sweep.
 	svc, err := core.New(ctx, core.Config{Store: store, Logger: cfg.Logger, HeartbeatTimeout: cfg.HeartbeatTimeout,
 		SessionTTL: cfg.SessionTTL, GrantTTL: cfg.GrantTTL, OnRetry: m.retries.Inc,
-		RepairGrace: cfg.RepairGrace, RepairTaskTimeout: cfg.RepairTaskTimeout, Takeover: true})
+		RepairGrace: cfg.RepairGrace, RepairTaskTimeout: cfg.RepairTaskTimeout, Takeover: true,
+		DurableReplies: cfg.DurableReplies})
 	if err != nil {
 		store.Close()
 		return nil, err
@@ -260,7 +264,10 @@ func (s *Server) Stop(ctx context.Context) error {
 		}
 		s.cancel()
 		s.wg.Wait()
-		err = s.store.Close()
+		err = s.svc.Close(ctx)
+		if cerr := s.store.Close(); err == nil {
+			err = cerr
+		}
 		s.cfg.Logger.Info("meta server stopped")
 	})
 	return err

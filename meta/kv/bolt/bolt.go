@@ -4,13 +4,17 @@
 // Transactions run one after another as they arrive, against the state the
 // transactions before them left, including those not durable yet. A single
 // writer appends the writes of each group of transactions to the log with
-// one sequential write and one fdatasync, and only then answers them: an
-// acknowledged transaction is durable, and so is everything it read. (A
-// bbolt commit costs two fdatasyncs and a scattered write per dirty page,
-// several times as long.) A checkpointer applies the logged
-// groups to bbolt in the background with bbolt's own durable commits, after
-// which their log space is reused; until then reads see them in memory.
-// Open replays the log into bbolt after a crash.
+// one sequential write and one fdatasync. Update answers a transaction once
+// its group is durable; UpdateLogged answers it as soon as the group is
+// written, before the fdatasync: it then survives a crash of this process
+// (the record is in the page cache) but not one of the machine until the
+// fdatasync ends, and Sync waits for that. The next group is written only
+// after the fdatasync of the one before, while its transactions gather.
+// (A bbolt commit costs two fdatasyncs and a scattered write per dirty
+// page, several times as long.) A checkpointer applies the logged groups to
+// bbolt in the background with bbolt's own durable commits, after which
+// their log space is reused; until then reads see them in memory. Open
+// replays the log into bbolt after a crash.
 package bolt
 
 import (
@@ -121,12 +125,23 @@ type Store struct {
 	inflight atomic.Int64 // Update calls not yet returned
 	peak     atomic.Int64 // highest inflight since the writer last reset it
 	commitNs int64        // moving average of a group commit's duration (the writer's)
+
+	// durMu guards the durability state: the last group answered (written
+	// to the log, or durable), the last durable one, the channel closed
+	// when durable next advances, and broken, set when a written group
+	// could not be made durable (the store refuses transactions from then).
+	durMu    sync.Mutex
+	answered uint64
+	durable  uint64
+	advanced chan struct{}
+	broken   error
 }
 
 // group is the transactions committed together.
 type group struct {
-	seq  uint64 // order of the groups in this process
-	reqs []*request
+	seq     uint64 // order of the groups in this process
+	reqs    []*request
+	waiting int // requests that wait for durability (not early)
 	// writes merges the writes of the group's successful transactions in
 	// the order they ran; a nil value is a deletion.
 	writes map[string][]byte
@@ -142,8 +157,9 @@ type pendingWrite struct {
 }
 
 type request struct {
-	err  error      // what fn returned (set under mu)
-	done chan error // the outcome, once the request's group is durable
+	err   error      // what fn returned (set under mu)
+	done  chan error // the outcome, once the request's group is durable (or logged, when early)
+	early bool       // answer once the group is written, before its fdatasync
 }
 
 // errRunAgain tells Update that its transaction read writes of a group that
@@ -184,7 +200,7 @@ func Open(dir string, opts Options) (*Store, error) {
 		opts.Slack = 4 << 20
 	}
 	s := &Store{db: db, opts: opts, path: path, open: newGroup(1), pending: map[string]pendingWrite{},
-		kick: make(chan struct{}, 1), finished: make(chan struct{}),
+		kick: make(chan struct{}, 1), finished: make(chan struct{}), advanced: make(chan struct{}),
 		ckKick: make(chan struct{}, 1), ckStop: make(chan struct{}), ckFinished: make(chan struct{})}
 	s.taken = sync.NewCond(&s.mu)
 	if s.log, err = openWAL(dir, opts.LogSegment); err != nil {
@@ -378,6 +394,38 @@ func (s *Store) snapshot() (*bbolt.Tx, []*group, error) {
 // transactions, and joins the open group; Update returns when the writer
 // has made that group durable.
 func (s *Store) Update(ctx context.Context, fn func(kv.Txn) error) error {
+	return s.update(ctx, fn, false)
+}
+
+// UpdateLogged is Update that returns as soon as the transaction's group is
+// written to the log, before the log's fdatasync: the transaction survives a
+// crash of this process from then on, and one of the machine once Sync
+// (called after UpdateLogged returned) has returned. Readers see it at once.
+func (s *Store) UpdateLogged(ctx context.Context, fn func(kv.Txn) error) error {
+	return s.update(ctx, fn, true)
+}
+
+// Sync waits until every transaction acknowledged before the call is
+// durable. It fails if the store could not make one durable.
+func (s *Store) Sync(ctx context.Context) error {
+	s.durMu.Lock()
+	target := s.answered
+	for s.durable < target && s.broken == nil {
+		ch := s.advanced
+		s.durMu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		s.durMu.Lock()
+	}
+	err := s.broken
+	s.durMu.Unlock()
+	return err
+}
+
+func (s *Store) update(ctx context.Context, fn func(kv.Txn) error, early bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -385,7 +433,7 @@ func (s *Store) Update(ctx context.Context, fn func(kv.Txn) error) error {
 	for p := s.peak.Load(); n > p && !s.peak.CompareAndSwap(p, n); p = s.peak.Load() {
 	}
 	defer s.inflight.Add(-1)
-	r := &request{done: make(chan error, 1)}
+	r := &request{done: make(chan error, 1), early: early}
 	for {
 		if err := s.run(ctx, fn, r); err != nil {
 			return err
@@ -408,6 +456,9 @@ func (s *Store) run(ctx context.Context, fn func(kv.Txn) error, r *request) erro
 	}
 	if s.closed {
 		return kv.ErrClosed
+	}
+	if err := s.brokenErr(); err != nil {
+		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -436,6 +487,9 @@ func (s *Store) run(ctx context.Context, fn func(kv.Txn) error, r *request) erro
 		}
 	}
 	g.reqs = append(g.reqs, r)
+	if !r.early {
+		g.waiting++
+	}
 	s.arrived = time.Now()
 	// Wake the writer when it may be idle, or when the group it lingers
 	// for is complete; otherwise it wakes by itself once arrivals pause.
@@ -505,6 +559,11 @@ func (s *Store) writer() {
 			peakReset = time.Now()
 		}
 		linger := min(s.opts.Linger, time.Duration(s.commitNs/2))
+		if s.open.waiting == 0 {
+			// Early requests are answered before the fdatasync: a wait
+			// would only delay them.
+			linger = 0
+		}
 		if want := min(int(s.peak.Load()), s.opts.MaxBatch); len(s.open.reqs) < want && linger > 0 && !s.closed {
 			start := time.Now()
 			deadline := start.Add(min(s.opts.MaxLinger, 10*linger))
@@ -540,23 +599,25 @@ func (s *Store) writer() {
 }
 
 // commit makes the writes of g durable and reports the outcome of its
-// transactions. If the commit fails, the transactions that ran after g's
-// (and may have read its writes) run again.
+// transactions: early ones once g is written, the others once it is
+// durable. If the write fails, the transactions that ran after g's (and may
+// have read its writes) run again. If the fdatasync fails after the write,
+// g is made durable by a checkpoint into bbolt instead; if that fails too,
+// the store is broken.
 func (s *Store) commit(g *group) {
 	start := time.Now()
 	var err error
+	durable := true
 	if len(g.writes) > 0 {
 		g.keys = make([]string, 0, len(g.writes))
 		for k := range g.writes {
 			g.keys = append(g.keys, k)
 		}
 		slices.Sort(g.keys)
-		err = s.logGroup(g)
-		// An average over the last eight or so commits.
-		s.commitNs += (int64(time.Since(start)) - s.commitNs) / 8
+		durable, err = s.logGroup(g)
 	}
-	if s.opts.OnCommit != nil {
-		s.opts.OnCommit(len(g.reqs), time.Since(start))
+	if err != nil {
+		s.noteCommit(g, start)
 	}
 	var again []*request
 	s.mu.Lock()
@@ -582,10 +643,38 @@ func (s *Store) commit(g *group) {
 	for _, r := range again {
 		r.done <- errRunAgain
 	}
+	if err != nil {
+		// What fn returned may rest on writes of g that were not applied.
+		for _, r := range g.reqs {
+			r.done <- err
+		}
+		return
+	}
+	s.durMu.Lock()
+	s.answered = g.seq
+	s.durMu.Unlock()
 	for _, r := range g.reqs {
+		if r.early {
+			r.done <- r.err
+		}
+	}
+	if !durable {
+		err = s.flushLog()
+	}
+	s.noteCommit(g, start)
+	s.durMu.Lock()
+	if err == nil {
+		s.durable = g.seq
+	}
+	err = s.broken
+	close(s.advanced) // wakes Sync: durable advanced, or the store broke
+	s.advanced = make(chan struct{})
+	s.durMu.Unlock()
+	for _, r := range g.reqs {
+		if r.early {
+			continue
+		}
 		if err != nil {
-			// What fn returned may rest on writes of g that were
-			// not applied.
 			r.done <- err
 			continue
 		}
@@ -593,13 +682,56 @@ func (s *Store) commit(g *group) {
 	}
 }
 
-// logGroup makes g durable: appended to the log and visible in logged, or,
-// if it is too large for the log, committed to bbolt directly.
-func (s *Store) logGroup(g *group) error {
+// noteCommit updates the average commit time and reports the commit.
+func (s *Store) noteCommit(g *group, start time.Time) {
+	d := time.Since(start)
+	if len(g.writes) > 0 {
+		// An average over the last eight or so commits.
+		s.commitNs += (int64(d) - s.commitNs) / 8
+	}
+	if s.opts.OnCommit != nil {
+		s.opts.OnCommit(len(g.reqs), d)
+	}
+}
+
+// flushLog makes the written groups durable: an fdatasync of the log or,
+// if that fails, a checkpoint of every logged group into bbolt in a new
+// epoch of the log (renewEpoch). If both fail, the store is broken: the
+// groups are answered already and readable, but may not survive a crash of
+// the machine, so no transaction is accepted from then on.
+func (s *Store) flushLog() error {
+	err := s.log.flush()
+	if err == nil {
+		return nil
+	}
+	s.opts.Logger.Error("bolt: the log's fdatasync failed; checkpointing into the database instead", "err", err)
+	if cerr := s.renewEpoch(); cerr != nil {
+		s.log.stale = true
+		err = fmt.Errorf("bolt: acknowledged transactions could not be made durable (%v; checkpoint: %v): %w", err, cerr, kv.ErrBroken)
+		s.opts.Logger.Error("bolt: store broken: no more transactions accepted", "err", err)
+		s.durMu.Lock()
+		s.broken = err
+		s.durMu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// brokenErr returns the error that broke the store, or nil.
+func (s *Store) brokenErr() error {
+	s.durMu.Lock()
+	defer s.durMu.Unlock()
+	return s.broken
+}
+
+// logGroup writes g to the log and makes it visible in logged; durable
+// reports whether it is durable already: a group too large for the log is
+// committed to bbolt directly.
+func (s *Store) logGroup(g *group) (durable bool, err error) {
 	w := s.log
 	if w.stale {
 		if err := s.renewEpoch(); err != nil {
-			return err
+			return false, err
 		}
 	}
 	size := recordSize(g)
@@ -609,25 +741,24 @@ func (s *Store) logGroup(g *group) error {
 			// bbolt may have made the commit durable all the same,
 			// with g.lsn as the applied sequence number.
 			w.stale = true
-			return err
+			return false, err
 		}
 		w.lsn = g.lsn
-		return nil
+		return true, nil
 	}
 	if !w.fits(size) {
 		// The other segment is reused once its records are in bbolt.
 		if err := s.checkpoint(nil); err != nil {
-			return err
+			return false, err
 		}
 		w.switchSegment()
 	}
 	lsn := w.lsn + 1
-	if err := w.append(w.encode(g, lsn), lsn); err != nil {
-		// The record may be whole on disk or in the page cache even
-		// though the write or fdatasync failed; the next group reuses
-		// its sequence number.
+	if err := w.write(w.encode(g, lsn), lsn); err != nil {
+		// The record may be whole in the page cache even though the
+		// write failed; the next group reuses its sequence number.
 		w.stale = true
-		return err
+		return false, err
 	}
 	g.lsn = lsn
 	s.ovMu.Lock()
@@ -640,7 +771,7 @@ func (s *Store) logGroup(g *group) error {
 		default:
 		}
 	}
-	return nil
+	return false, nil
 }
 
 // renewEpoch is called by the writer after a group failed to be made

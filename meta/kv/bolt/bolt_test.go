@@ -590,11 +590,11 @@ func TestCheckpointFailureKeepsLog(t *testing.T) {
 	}
 }
 
-// TestFailedSyncThenSegmentSwitch makes the fdatasync of a record fail: its
-// transaction gets the error, although the record stays in the page cache
-// (and may be on disk). The next group reuses its sequence number and, too
-// large for the rest of the segment, goes to the other one. A restart must
-// replay the acknowledged group, not the failed one.
+// TestFailedSyncThenSegmentSwitch makes the fdatasync of a record fail
+// after the write: the group is made durable by a checkpoint into bbolt
+// instead, and its transaction succeeds. The log goes on in a new epoch
+// from the other segment; a restart must replay the later groups and no
+// record of the old epoch.
 func TestFailedSyncThenSegmentSwitch(t *testing.T) {
 	dir, opts, s := openSmallLog(t)
 	var fail atomic.Bool
@@ -610,19 +610,114 @@ func TestFailedSyncThenSegmentSwitch(t *testing.T) {
 		putKV(t, s, fmt.Sprintf("k%d", i), val)
 	}
 	fail.Store(true)
-	err := s.Update(context.Background(), func(tx kv.Txn) error { return tx.Put([]byte("failed"), []byte("x")) })
-	if !errors.Is(err, errIO) {
-		t.Fatalf("Update whose log record could not be synced: %v, want the sync error", err)
+	if err := s.Update(context.Background(), func(tx kv.Txn) error { return tx.Put([]byte("checkpointed"), []byte("x")) }); err != nil {
+		t.Fatalf("Update whose log record could not be synced but was checkpointed: %v", err)
 	}
 	fail.Store(false)
 	putKV(t, s, "acked", strings.Repeat("a", 20000))
 	want := contents(t, s)
-	if strings.Contains(want, "failed=") || !strings.Contains(want, "acked=") {
-		t.Fatalf("live store: failed write visible or acknowledged one missing")
+	if !strings.Contains(want, "checkpointed=") || !strings.Contains(want, "acked=") {
+		t.Fatalf("live store: an acknowledged write is missing")
 	}
 	got := contents(t, reopen(t, crashImage(t, dir), opts))
 	if got != want {
-		t.Fatalf("after replay: acknowledged group present: %v, failed group present: %v (want true, false)",
-			strings.Contains(got, "acked="), strings.Contains(got, "failed="))
+		t.Fatalf("after replay: checkpointed group present: %v, acked group present: %v (want both)",
+			strings.Contains(got, "checkpointed="), strings.Contains(got, "acked="))
+	}
+}
+
+// TestEarlyReply holds the log's fdatasync: UpdateLogged returns before it,
+// readers see the write, a crash image of that moment has it only in the
+// log's page cache (which a copy of the files reads), Update and Sync wait
+// for the fdatasync, and afterwards a restart has everything.
+func TestEarlyReply(t *testing.T) {
+	dir, opts, s := openSmallLog(t)
+	ctx := context.Background()
+	entered, release := make(chan struct{}, 16), make(chan struct{})
+	var hold atomic.Bool
+	s.log.sync = func(f *os.File) error {
+		if hold.Load() {
+			entered <- struct{}{}
+			<-release
+		}
+		return fdatasync(f)
+	}
+	putKV(t, s, "before", "1")
+	hold.Store(true)
+	if err := s.UpdateLogged(ctx, func(tx kv.Txn) error { return tx.Put([]byte("early"), []byte("2")) }); err != nil {
+		t.Fatal(err)
+	}
+	<-entered // the writer is in the fdatasync of early's group
+	if got := contents(t, s); !strings.Contains(got, "early=2") {
+		t.Fatalf("an acknowledged early write is not readable: %s", got)
+	}
+	durable := make(chan error, 1)
+	go func() {
+		durable <- s.Update(ctx, func(tx kv.Txn) error { return tx.Put([]byte("durable"), []byte("3")) })
+	}()
+	synced := make(chan error, 1)
+	go func() { synced <- s.Sync(ctx) }()
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	if err := s.Sync(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Sync during a held fdatasync: %v, want the context's deadline", err)
+	}
+	cancel()
+	select {
+	case err := <-durable:
+		t.Fatalf("Update returned (%v) while the fdatasync before its group was held", err)
+	case err := <-synced:
+		t.Fatalf("Sync returned (%v) while the fdatasync was held", err)
+	default:
+	}
+	hold.Store(false)
+	close(release)
+	if err := <-synced; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-durable; err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := contents(t, s)
+	if got := contents(t, reopen(t, crashImage(t, dir), opts)); got != want {
+		t.Fatalf("after replay:\n%s\nwant\n%s", got, want)
+	}
+}
+
+// TestBrokenStore makes both the log's fdatasync and the checkpoint that
+// replaces it fail after an early reply: the store refuses transactions
+// from then on, and Sync reports it.
+func TestBrokenStore(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, Options{Slack: -1, maxSize: 1 << 20, LogSegment: 4 << 20, CheckpointEvery: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	errIO := errors.New("injected EIO")
+	var fail atomic.Bool
+	s.log.sync = func(f *os.File) error {
+		if fail.Load() {
+			return errIO
+		}
+		return fdatasync(f)
+	}
+	// 1.5 MB in the log: the checkpoint of it cannot fit in 1 MiB.
+	val := strings.Repeat("v", 50<<10)
+	for i := 0; i < 30; i++ {
+		putKV(t, s, fmt.Sprintf("k%02d", i), val)
+	}
+	fail.Store(true)
+	if err := s.UpdateLogged(ctx, func(tx kv.Txn) error { return tx.Put([]byte("early"), []byte("x")) }); err != nil {
+		t.Fatalf("UpdateLogged: %v (it is answered before the fdatasync)", err)
+	}
+	if err := s.Sync(ctx); !errors.Is(err, kv.ErrBroken) {
+		t.Fatalf("Sync after a failed fdatasync and checkpoint: %v, want ErrBroken", err)
+	}
+	if err := s.Update(ctx, func(tx kv.Txn) error { return tx.Put([]byte("later"), []byte("y")) }); !errors.Is(err, kv.ErrBroken) {
+		t.Fatalf("Update on a broken store: %v, want ErrBroken", err)
 	}
 }

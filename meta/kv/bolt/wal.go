@@ -12,7 +12,7 @@ import (
 
 // The write-ahead log is two segment files, written in turn, each from its
 // start: a group's record is appended to the current segment with one write
-// and one fdatasync. When the current segment is full the writer moves to
+// and then made durable with one fdatasync. When the current segment is full the writer moves to
 // the other one, once every record in it has been checkpointed into bbolt.
 // Segments are extended with written zeros ahead of the records, so that an
 // append overwrites allocated blocks and fdatasync writes no file metadata.
@@ -176,9 +176,10 @@ func (w *wal) switchSegment() {
 	w.off = 0
 }
 
-// append writes rec (from encode, for sequence number lsn) at the end of the
-// current segment and makes it durable.
-func (w *wal) append(rec []byte, lsn uint64) error {
+// write writes rec (from encode, for sequence number lsn) at the end of the
+// current segment: from then on it survives a crash of this process (it is
+// in the page cache), but not yet one of the machine (flush makes it durable).
+func (w *wal) write(rec []byte, lsn uint64) error {
 	f := w.files[w.cur]
 	end := w.off + int64(len(rec))
 	if end > w.size[w.cur] {
@@ -189,11 +190,16 @@ func (w *wal) append(rec []byte, lsn uint64) error {
 	if _, err := f.WriteAt(rec, w.off); err != nil {
 		return fmt.Errorf("bolt: write log: %w", err)
 	}
-	if err := w.sync(f); err != nil {
-		return fmt.Errorf("bolt: sync log: %w", err)
-	}
 	w.off = end
 	w.lsn = lsn
+	return nil
+}
+
+// flush makes the records written to the current segment durable.
+func (w *wal) flush() error {
+	if err := w.sync(w.files[w.cur]); err != nil {
+		return fmt.Errorf("bolt: sync log: %w", err)
+	}
 	return nil
 }
 
