@@ -1459,11 +1459,17 @@ func (e *Engine) Truncate(ctx context.Context, ino uint64, size uint64) error {
 }
 
 // Truncated implements fs.Data: meta has applied (or refused) the size a
-// Truncate prepared for, so sizes read from it are current again.
+// Truncate prepared for, so sizes read from it are current again. What reads
+// fetched meanwhile may be from before the new size (a stripe's old length,
+// its old bytes): it is dropped and fetched again.
 func (e *Engine) Truncated(ino uint64) {
 	f := e.file(ino)
 	f.mu.Lock()
 	f.capped = false
+	e.dropCacheLocked(f)
+	clear(f.stripes)
+	f.known = false
+	f.size = -1
 	f.mu.Unlock()
 }
 
