@@ -147,6 +147,7 @@ func cgroupValue(t *testing.T, dir, file string) int64 {
 // writing and reading processes each run in a 128 MiB memory cgroup. Every
 // byte comes back (SHA-256), and the mount never needed more than its limit.
 func TestLargerThanMemory(t *testing.T) {
+	needRoot(t)
 	const limit = 128 << 20
 	const size = 1 << 30
 	c := upWith(t, func(cfg *devcluster.Config) { cfg.ClientMem = "32MiB" })

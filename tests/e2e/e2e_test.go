@@ -24,15 +24,19 @@ import (
 	"github.com/rdmafs/rdmafs/internal/devcluster"
 )
 
+// binDir holds the rdmafs binaries TestMain built; empty when not root (every
+// test then skips in needRoot before it would use it).
 var binDir string
 
+// TestMain builds the binaries, as root only: without root every test skips
+// itself (needRoot), so go test -v lists each as SKIP with its reason
+// instead of the package passing having run nothing.
 func TestMain(m *testing.M) {
 	if child := os.Getenv(childEnv); child != "" {
 		os.Exit(runChild(child))
 	}
 	if os.Geteuid() != 0 {
-		fmt.Println("e2e: skipped, mounting needs root")
-		os.Exit(0)
+		os.Exit(m.Run())
 	}
 	dir, err := os.MkdirTemp("", "rdmafs-e2e-bin-")
 	if err != nil {
@@ -48,6 +52,16 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// needRoot skips t unless the test runs as root: the suite mounts FUSE file
+// systems and runs its daemons as root, and TestMain builds the binaries only
+// then. Every test calls it first.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("e2e needs root: it mounts FUSE and runs the daemons as root (binaries are built only as root)")
+	}
 }
 
 // up starts a cluster of real processes, mounted, torn down after the test.
@@ -127,6 +141,7 @@ func pattern(n int, seed uint64) []byte {
 // through libaio at queue depth 16, which the kernel sends to the mount
 // concurrently (asynchronous direct I/O).
 func TestFioVerify(t *testing.T) {
+	needRoot(t)
 	need(t, "fio")
 	c := up(t)
 	out := run(t, c.MountPoint, "fio", "--name=seq", "--rw=write", "--bs=1M", "--size=96M", "--end_fsync=1",
@@ -142,6 +157,7 @@ func TestFioVerify(t *testing.T) {
 // TestCopyTree copies a tree in with cp -a and compares it with diff -r: file
 // contents, symlinks, modes.
 func TestCopyTree(t *testing.T) {
+	needRoot(t)
 	c := up(t)
 	src := t.TempDir()
 	for i := 0; i < 40; i++ {
@@ -165,6 +181,7 @@ func TestCopyTree(t *testing.T) {
 // a backup restore would: every file's bytes, mode, owner and modification
 // time (nanoseconds: POSIX pax format) arrive.
 func TestTarTree(t *testing.T) {
+	needRoot(t)
 	need(t, "tar")
 	c := up(t)
 	src := t.TempDir()
@@ -240,6 +257,7 @@ func sameMetadata(t *testing.T, how, src, dst string) {
 
 // TestSQLite runs a database on the mount and checks its integrity.
 func TestSQLite(t *testing.T) {
+	needRoot(t)
 	need(t, "sqlite3")
 	c := up(t)
 	db := filepath.Join(c.MountPoint, "test.db")
@@ -267,6 +285,7 @@ func TestSQLite(t *testing.T) {
 // TestChunkdKilledDuringReads kills one and then a second chunkd with SIGKILL
 // while readers loop over a file: every read returns the right bytes.
 func TestChunkdKilledDuringReads(t *testing.T) {
+	needRoot(t)
 	c := up(t)
 	data := pattern(24<<20, 42)
 	want := sha256.Sum256(data)
@@ -318,6 +337,7 @@ func TestChunkdKilledDuringReads(t *testing.T) {
 // mount, every block holds its old or its new content, and every block whose
 // fsync returned holds the new.
 func TestClientKilledDuringWrites(t *testing.T) {
+	needRoot(t)
 	c := up(t)
 	const block, blocks = 1 << 20, 48
 	p := filepath.Join(c.MountPoint, "victim")
@@ -386,6 +406,7 @@ func TestClientKilledDuringWrites(t *testing.T) {
 // TestRemount unmounts cleanly (SIGTERM to the mount) and mounts again:
 // everything written is there.
 func TestRemount(t *testing.T) {
+	needRoot(t)
 	c := up(t)
 	files := map[string][]byte{}
 	for i := 0; i < 10; i++ {

@@ -24,6 +24,7 @@ import (
 // killed with SIGKILL; the load must finish without a single error and
 // every acknowledged file must be there with its content afterwards.
 func TestMetaFailover(t *testing.T) {
+	needRoot(t)
 	etcd := etcdtest.StartT(t)
 	dir, err := os.MkdirTemp("", "rdmafs-e2e-etcd-")
 	if err != nil {
@@ -168,6 +169,7 @@ func TestMetaFailover(t *testing.T) {
 // exactly what the acknowledged calls made - no lost create, no double
 // unlink reported as ENOENT, no retried create reported as EEXIST.
 func TestMetaFailoverClient(t *testing.T) {
+	needRoot(t)
 	etcd := etcdtest.StartT(t)
 	dir, err := os.MkdirTemp("", "rdmafs-e2e-etcd-client-")
 	if err != nil {

@@ -216,6 +216,7 @@ func rdmafs(t *testing.T, args ...string) (string, error) {
 // the four survivors plus two replacement chunkservers: a 4+2 stripe needs
 // six distinct ones), kills two more and reads every byte back.
 func TestRepairAfterLosingChunkservers(t *testing.T) {
+	needRoot(t)
 	c := repairCluster(t, 6)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -309,6 +310,7 @@ func TestRepairAfterLosingChunkservers(t *testing.T) {
 // one while writers and readers keep going: no byte is lost and the drained
 // chunkserver ends with zero chunks.
 func TestDrainUnderLoad(t *testing.T) {
+	needRoot(t)
 	c := repairCluster(t, 6)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
