@@ -5,7 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/rdmafs/rdmafs/internal/wake"
+	"github.com/rdmafs/rdmafs/rdma/internal/wake"
 )
 
 // waker parks the goroutines that wait on a completion queue until its
