@@ -23,8 +23,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/chunkserver"
-	"github.com/rdmafs/rdmafs/chunkserver/metamember"
 	"github.com/rdmafs/rdmafs/chunkserver/store"
+	"github.com/rdmafs/rdmafs/cmd/chunkd/metamember"
 	"github.com/rdmafs/rdmafs/internal/bytesize"
 	"github.com/rdmafs/rdmafs/internal/sched"
 	"github.com/rdmafs/rdmafs/meta/client"

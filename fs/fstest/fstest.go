@@ -11,7 +11,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/chunkserver"
 	"github.com/rdmafs/rdmafs/chunkserver/chunktest"
-	"github.com/rdmafs/rdmafs/chunkserver/metamember"
+	"github.com/rdmafs/rdmafs/cmd/chunkd/metamember"
 	"github.com/rdmafs/rdmafs/fs"
 	"github.com/rdmafs/rdmafs/fs/fileio"
 	"github.com/rdmafs/rdmafs/meta/core"

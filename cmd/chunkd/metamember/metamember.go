@@ -1,5 +1,17 @@
 // Package metamember connects chunkd to the metadata service: it implements
-// chunkserver.Membership with the meta client's Register and Heartbeat calls.
+// chunkserver.Membership and chunkserver.RepairPlanner with the metadata
+// client's Register, Heartbeat and RepairPoll calls, converting between
+// chunkd's types and meta's protobufs (metapb).
+//
+// Why it lives here, with cmd/chunkd: the chunkserver library and the meta
+// tree are siblings that do not import each other; the chunkserver library
+// states what it needs of the metadata service as Go interfaces (Membership,
+// RepairPlanner) and knows nothing of metapb. This adapter is the one place
+// that knows both, so it belongs above both, with the command that wires chunkd
+// together (and the test harness fs/fstest, which wires a whole cluster). Under
+// chunkserver/ it made the chunkserver tree depend on meta's protobufs; under
+// meta/ it would make meta depend on the chunkserver library (and through it on
+// rdma), an arrow pointing up (DESIGN.md lists chunkserver above meta).
 package metamember
 
 import (
