@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -18,7 +16,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
@@ -26,6 +23,7 @@ import (
 	"github.com/rdmafs/rdmafs/chunkserver/store"
 	"github.com/rdmafs/rdmafs/cmd/chunkd/metamember"
 	"github.com/rdmafs/rdmafs/internal/bytesize"
+	"github.com/rdmafs/rdmafs/internal/metricshttp"
 	"github.com/rdmafs/rdmafs/internal/sched"
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/rdma/transport"
@@ -69,7 +67,7 @@ func newCommand() *cobra.Command {
 	fl.StringVar(&f.mem, "mem", "", "registered memory for resident chunks and staging, e.g. 512MiB (default min(RAM/8, 4GiB))")
 	fl.StringVar(&f.transport, "transport", "auto", "rdma transport: "+strings.Join(transport.Names(), ", "))
 	fl.StringVar(&f.zone, "zone", "", "failure-domain label")
-	fl.StringVar(&f.metrics, "metrics", "", "address of the Prometheus /metrics endpoint (empty: off)")
+	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics (/metrics) and Go profiles (/debug/pprof/) on this address (empty: off)")
 	fl.StringVar(&f.secretFile, "secret-file", "", "file holding the cluster secret clients must present")
 	fl.StringVar(&f.readyFile, "ready-file", "", "file to write the listen address to once serving")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -188,17 +186,19 @@ func run(ctx context.Context, f *flags) error {
 		return err
 	}
 	if f.metrics != "" {
-		ln, err := net.Listen("tcp", f.metrics)
+		ms, err := metricshttp.Start(f.metrics, reg)
 		if err != nil {
 			srv.Close()
 			return fmt.Errorf("--metrics: %w", err)
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go hs.Serve(ln)
-		defer hs.Close()
-		log.Info("chunkd: metrics", "addr", ln.Addr().String())
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := ms.Shutdown(sctx); err != nil {
+				log.Warn("chunkd: metrics server", "err", err)
+			}
+		}()
+		log.Info("chunkd: metrics", "addr", ms.Addr())
 	}
 	if f.readyFile != "" {
 		tmp := f.readyFile + ".tmp"

@@ -71,7 +71,7 @@ func newMetaCommand() *cobra.Command {
 	f.DurationVar(&electionTTL, "election-ttl", 5*time.Second, "with --kv: leader lease; a standby takes over this long after the leader dies")
 	f.StringVar(&listen, "listen", "127.0.0.1:7400", "gRPC listen address")
 	f.StringVar(&secretFile, "secret-file", "", "cluster secret file (default DATA/secret)")
-	f.StringVar(&metricsListen, "metrics", "", "Prometheus metrics listen address, e.g. 127.0.0.1:7401 (off when empty)")
+	f.StringVar(&metricsListen, "metrics", "", "serve Prometheus metrics (/metrics) and Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:7401 (off when empty)")
 	f.DurationVar(&hbTimeout, "heartbeat-timeout", 10*time.Second, "mark a chunkserver down after this long without a heartbeat")
 	f.DurationVar(&sessionTTL, "session-ttl", 30*time.Second, "default client session lifetime without keepalive")
 	f.DurationVar(&grantTTL, "grant-ttl", 10*time.Minute, "collect the chunks of write grants not committed within this time")

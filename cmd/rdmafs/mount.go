@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,12 +16,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
 	"github.com/rdmafs/rdmafs/fs"
 	"github.com/rdmafs/rdmafs/fs/fileio"
 	"github.com/rdmafs/rdmafs/internal/bytesize"
+	"github.com/rdmafs/rdmafs/internal/metricshttp"
 	"github.com/rdmafs/rdmafs/internal/sched"
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/client"
@@ -70,7 +69,7 @@ unmounts; --background returns once the file system is mounted.`,
 	fl.DurationVar(&f.writeTimeout, "write-timeout", 60*time.Second, "how long a write waits while fewer chunkservers than the layout's min-write-shards are reachable, before it fails with EIO")
 	fl.DurationVar(&f.attrTimeout, "attr-timeout", time.Second, "how long the kernel caches attributes")
 	fl.DurationVar(&f.entryTimeout, "entry-timeout", time.Second, "how long the kernel caches names")
-	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (empty: off)")
+	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics (/metrics) and Go profiles (/debug/pprof/) on this address (empty: off)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFile, "log-file", "", "log to this file (default stderr; --background: MOUNTPOINT's name in /tmp)")
 	fl.BoolVar(&f.background, "background", false, "return once mounted, serving in a background process")
@@ -217,6 +216,22 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 		return fmt.Errorf("mount: %w", err)
 	}
 	defer eng.Close()
+	if f.metrics != "" {
+		// Listening before mounting: a taken address fails the mount
+		// before the kernel sees it.
+		ms, err := metricshttp.Start(f.metrics, mountMetrics(eng))
+		if err != nil {
+			return fmt.Errorf("mount: --metrics: %w", err)
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := ms.Shutdown(sctx); err != nil {
+				logger.Warn("mount: metrics server", "err", err)
+			}
+		}()
+		logger.Info("metrics", "addr", ms.Addr())
+	}
 	fsys, root := fs.New(fs.Options{Meta: mc, Session: sess.ID(), Data: eng, AttrTimeout: f.attrTimeout, EntryTimeout: f.entryTimeout, Logger: logger,
 		DropBehind: int64(dropBehind)})
 	defer func() {
@@ -230,19 +245,6 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 		return err
 	}
 	logger.Info("mounted", "meta", metaAddr, "mountpoint", mountpoint, "transport", dev.Name())
-	if f.metrics != "" {
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_degraded_stripe_reads_total", Help: "Stripes read with shards missing, rebuilt from survivors."},
-				func() float64 { return float64(eng.Stats().DegradedReads.Load()) }),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_readahead_stripes_total", Help: "Stripes prefetched for sequential readers."},
-				func() float64 { return float64(eng.Stats().ReadaheadStripes.Load()) }),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_readahead_hits_total", Help: "Reads served from prefetched stripes."},
-				func() float64 { return float64(eng.Stats().ReadaheadHits.Load()) }))
-		hs := &http.Server{Addr: f.metrics, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})}
-		go hs.ListenAndServe()
-		defer hs.Close()
-	}
 	if os.Getenv(mountChildEnv) != "" {
 		ready := os.NewFile(mountReadyFD, "ready")
 		ready.Write([]byte{1})
@@ -275,6 +277,20 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 		<-served
 	}
 	return nil
+}
+
+// mountMetrics is the registry a mount serves on --metrics: the Go runtime,
+// the process and the data engine's counters.
+func mountMetrics(eng *fileio.Engine) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_degraded_stripe_reads_total", Help: "Stripes read with shards missing, rebuilt from survivors."},
+			func() float64 { return float64(eng.Stats().DegradedReads.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_readahead_stripes_total", Help: "Stripes prefetched for sequential readers."},
+			func() float64 { return float64(eng.Stats().ReadaheadStripes.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_readahead_hits_total", Help: "Reads served from prefetched stripes."},
+			func() float64 { return float64(eng.Stats().ReadaheadHits.Load()) }))
+	return reg
 }
 
 func mountLogger(f *mountFlags) (*slog.Logger, error) {

@@ -6,16 +6,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/rdmafs/rdmafs/internal/metricshttp"
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/core"
 	"github.com/rdmafs/rdmafs/meta/kv/etcdkv"
@@ -47,7 +46,7 @@ type ha struct {
 	store   *etcdkv.Store
 	prefix  string
 	mux     *connMux
-	metrics *http.Server
+	metrics *metricshttp.Server
 	cancel  context.CancelFunc
 	done    chan struct{}
 	stopCtx chan context.Context // Stop's context, for the graceful stop of the leader term
@@ -75,17 +74,10 @@ func startHA(ctx context.Context, cfg Config, m *metrics) (*Server, error) {
 		return nil, fmt.Errorf("server: listen on %s: %w", cfg.Listen, err)
 	}
 	h := &ha{cfg: cfg, m: m, store: store, prefix: ec.Prefix, mux: newConnMux(lis), done: make(chan struct{}), stopCtx: make(chan context.Context, 1)}
-	if cfg.MetricsListen != "" {
-		mlis, err := net.Listen("tcp", cfg.MetricsListen)
-		if err != nil {
-			lis.Close()
-			store.Close()
-			return nil, fmt.Errorf("server: metrics listen on %s: %w", cfg.MetricsListen, err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
-		h.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go h.metrics.Serve(mlis)
+	if h.metrics, err = startMetrics(cfg); err != nil {
+		lis.Close()
+		store.Close()
+		return nil, err
 	}
 	go h.mux.run()
 	runCtx, cancel := context.WithCancel(context.Background())
@@ -220,9 +212,7 @@ func (h *ha) stop(ctx context.Context) error {
 	h.cancel()
 	<-h.done
 	h.mux.Close()
-	if h.metrics != nil {
-		h.metrics.Shutdown(ctx)
-	}
+	stopMetrics(ctx, h.metrics, h.cfg.Logger)
 	err := h.store.Close()
 	h.cfg.Logger.Info("meta server stopped")
 	return err

@@ -9,16 +9,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
+	"github.com/rdmafs/rdmafs/internal/metricshttp"
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/core"
 	"github.com/rdmafs/rdmafs/meta/kv"
@@ -100,7 +99,9 @@ type Config struct {
 	Listen string
 	// Secret is the cluster secret clients must present.
 	Secret string
-	// MetricsListen, when set, serves Prometheus metrics at /metrics.
+	// MetricsListen, when set, serves Prometheus metrics at /metrics and Go
+	// profiles at /debug/pprof/ (metricshttp.Start); Start fails when it
+	// cannot listen there.
 	MetricsListen string
 	// HeartbeatTimeout, SessionTTL and GrantTTL are passed to core.Config.
 	HeartbeatTimeout time.Duration
@@ -126,8 +127,7 @@ type Server struct {
 	ha      *ha // etcd mode only
 	grpc    *grpc.Server
 	lis     net.Listener
-	metrics *http.Server
-	mlis    net.Listener
+	metrics *metricshttp.Server
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	once    sync.Once
@@ -177,24 +177,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, store: store, svc: svc, lis: lis}
 	s.grpc = newGRPC(cfg, m)
 	metapb.RegisterMetaServer(s.grpc, svc)
-	if cfg.MetricsListen != "" {
-		mlis, err := net.Listen("tcp", cfg.MetricsListen)
-		if err != nil {
-			lis.Close()
-			store.Close()
-			return nil, fmt.Errorf("server: metrics listen on %s: %w", cfg.MetricsListen, err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
-		s.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		s.mlis = mlis
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			if err := s.metrics.Serve(mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				cfg.Logger.Error("metrics server", "err", err)
-			}
-		}()
+	if s.metrics, err = startMetrics(cfg); err != nil {
+		lis.Close()
+		store.Close()
+		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
@@ -224,10 +210,31 @@ func (s *Server) Addr() string {
 
 // MetricsAddr returns the metrics listen address, or "" without metrics.
 func (s *Server) MetricsAddr() string {
-	if s.mlis == nil {
-		return ""
+	if s.ha != nil {
+		return s.ha.metrics.Addr()
 	}
-	return s.mlis.Addr().String()
+	return s.metrics.Addr()
+}
+
+// startMetrics starts the metrics server of cfg.MetricsListen, if set (nil
+// if not), or returns why it cannot listen.
+func startMetrics(cfg Config) (*metricshttp.Server, error) {
+	if cfg.MetricsListen == "" {
+		return nil, nil
+	}
+	ms, err := metricshttp.Start(cfg.MetricsListen, cfg.Registry)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	return ms, nil
+}
+
+// stopMetrics shuts the metrics server down (nothing without one), logging
+// a failure.
+func stopMetrics(ctx context.Context, ms *metricshttp.Server, log *slog.Logger) {
+	if err := ms.Shutdown(ctx); err != nil {
+		log.Error("metrics server", "err", err)
+	}
 }
 
 // Service returns the service the server runs (in etcd mode: the service of
@@ -259,9 +266,7 @@ func (s *Server) Stop(ctx context.Context) error {
 			s.grpc.Stop()
 			<-done
 		}
-		if s.metrics != nil {
-			s.metrics.Shutdown(ctx)
-		}
+		stopMetrics(ctx, s.metrics, s.cfg.Logger)
 		s.cancel()
 		s.wg.Wait()
 		err = s.svc.Close(ctx)

@@ -1,0 +1,92 @@
+// Package metricshttp serves a process's Prometheus metrics and Go profiles
+// over HTTP: the one server chunkd, the meta server and the mount start
+// when given a metrics address (--metrics, --metrics-listen).
+package metricshttp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// readHeaderTimeout bounds how long a client may take to send a request's
+// headers, so that idle connections cannot pile up.
+const readHeaderTimeout = 10 * time.Second
+
+// Server is a running metrics and profiling HTTP server.
+type Server struct {
+	hs   *http.Server
+	lis  net.Listener
+	done chan struct{} // closed when Serve has returned
+	err  error         // what Serve failed with (nil after Shutdown); valid once done is closed
+}
+
+// Start listens on addr (host:port; port 0 picks a free one) and serves, in
+// the background until Shutdown:
+//
+//   - /metrics: the metrics gathered from g, in the Prometheus text format;
+//   - /debug/pprof/: the Go runtime's profiles (the index, cmdline,
+//     profile, symbol, trace and every named profile such as heap or
+//     goroutine), as net/http/pprof serves them.
+//
+// When it cannot listen it returns an error naming addr and serves nothing:
+// a process asked to serve metrics should then fail to start, not run
+// without them.
+func Start(addr string, g prometheus.Gatherer) (*Server, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: listen on %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	s := &Server{hs: &http.Server{Handler: mux, ReadHeaderTimeout: readHeaderTimeout}, lis: lis, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		if err := s.hs.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+			s.err = fmt.Errorf("metrics: serve on %s: %w", lis.Addr(), err)
+		}
+	}()
+	return s, nil
+}
+
+// Addr returns the address the server listens on, with the port it picked
+// when asked for port 0; "" for a nil Server (metrics off).
+func (s *Server) Addr() string {
+	if s == nil {
+		return ""
+	}
+	return s.lis.Addr().String()
+}
+
+// Shutdown stops listening, lets the requests being served finish until ctx
+// ends and then closes their connections. It returns the error the server
+// failed with while serving, if any, else ctx's error if requests had to be
+// cut off, else nil. A nil Server (metrics off) returns nil at once. Call it
+// once.
+func (s *Server) Shutdown(ctx context.Context) error {
+	if s == nil {
+		return nil
+	}
+	err := s.hs.Shutdown(ctx)
+	if err != nil {
+		s.hs.Close()
+		err = fmt.Errorf("metrics: shut down %s: %w", s.lis.Addr(), err)
+	}
+	<-s.done
+	if s.err != nil {
+		return s.err
+	}
+	return err
+}
