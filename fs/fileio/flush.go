@@ -1,0 +1,278 @@
+package fileio
+
+// Flush scheduling: which dirty stripes go to the chunkservers when, and
+// waiting for them (writeStripes, in write.go, does the writing).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"syscall"
+	"time"
+
+	metaclient "github.com/rdmafs/rdmafs/meta/client"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// flushTimeout bounds one background flush: its writes and commits outlive
+// the request that started them.
+const flushTimeout = 2 * time.Minute
+
+// wait waits on f.cond until a flush ends or ctx ends, and returns ctx's
+// error then. The caller holds f.mu.
+func (f *file) wait(ctx context.Context) error {
+	if ctx.Done() == nil {
+		f.cond.Wait()
+		return nil
+	}
+	stop := context.AfterFunc(ctx, func() {
+		f.mu.Lock()
+		f.cond.Broadcast()
+		f.mu.Unlock()
+	})
+	f.cond.Wait()
+	stop()
+	return ctx.Err()
+}
+
+func keys(m map[uint64]*dirtyStripe) []uint64 {
+	ks := make([]uint64, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+// flushOthers starts flushing the dirty whole stripes of files other than
+// f that have no flush in progress and whose lock is free now. The caller
+// holds f.mu.
+func (e *Engine) flushOthers(f *file) {
+	e.mu.Lock()
+	others := make([]*file, 0, len(e.files))
+	for _, g := range e.files {
+		if g != f {
+			others = append(others, g)
+		}
+	}
+	e.mu.Unlock()
+	for _, g := range others {
+		if !g.mu.TryLock() {
+			continue
+		}
+		if len(g.flushing) == 0 {
+			var whole []uint64
+			for s, d := range g.dirty {
+				if d.buf != nil {
+					whole = append(whole, s)
+				}
+			}
+			if len(whole) > 0 {
+				slices.Sort(whole)
+				e.startFlush(g, whole)
+			}
+		}
+		g.mu.Unlock()
+	}
+}
+
+// startFlush moves stripes from dirty to flushing and writes and commits them
+// in the background. The caller holds f.mu.
+func (e *Engine) startFlush(f *file, stripes []uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+	defer cancel()
+	ready := stripes[:0:0]
+	for _, s := range stripes {
+		d := f.dirty[s]
+		if d == nil {
+			continue
+		}
+		if d.delta = e.planDelta(f, s, d); d.delta != nil {
+			ready = append(ready, s)
+			continue
+		}
+		err := e.fill(ctx, f, d)
+		if err != nil && !errors.Is(err, errNoBuffer) && e.rebaseIfMoved(ctx, f, s) {
+			err = e.fill(ctx, f, d) // rebase keeps d, on the newest version
+		}
+		switch {
+		case errors.Is(err, errNoBuffer):
+			continue // stays dirty until memory frees up
+		case err != nil:
+			f.err = err // the stripe stays dirty: a later flush tries again
+			continue
+		}
+		ready = append(ready, s)
+	}
+	stripes = ready
+	if len(stripes) == 0 {
+		return
+	}
+	batch := make([]*dirtyStripe, 0, len(stripes))
+	for _, s := range stripes {
+		d := f.dirty[s]
+		delete(f.dirty, s)
+		f.flushing[s] = d
+		batch = append(batch, d)
+	}
+	lay := f.lay
+	// A file that stays within the layout's inline size commits its one
+	// stripe into metadata.
+	inline := lay.inline > 0 && len(stripes) == 1 && stripes[0] == 0 &&
+		f.size >= 0 && f.size <= lay.inline && batch[0].length <= lay.inline
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		defer cancel()
+		var infos []*metapb.StripeInfo
+		var err error
+		if inline {
+			infos, err = e.commitInline(ctx, f.ino, batch[0])
+		} else {
+			infos, err = e.writeStripes(ctx, f.ino, lay, stripes, batch)
+		}
+		var df *deltaFailed
+		if err != nil && metaclient.ConflictStripes(err) == nil && !errors.As(err, &df) {
+			// writeStripes has waited and retried what can pass (chunkservers
+			// down, replacements, meta failover): what is left is final.
+			err = failWrite(err)
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		defer f.cond.Broadcast()
+		failed := isWriteFailed(err)
+		for i, s := range stripes {
+			delete(f.flushing, s)
+			d := batch[i]
+			switch {
+			case err == nil:
+				f.stripes[s] = infos[i]
+				fallthrough
+			case failed:
+				// Written, or failed for good: a failed write-back's
+				// data is dropped once its error is reported, as on a
+				// local file system, so a failing cluster does not pin
+				// the mount's memory.
+				e.dropDirty(f, d)
+			default:
+				if df != nil && d.delta != nil {
+					d.noDelta = true
+				}
+				e.dropDelta(f, d)
+				f.dirty[s] = d // kept for the next attempt
+			}
+		}
+		if err == nil {
+			return
+		}
+		if df != nil {
+			e.log.Info("fileio: partial-stripe write failed, rewriting the stripes whole", "ino", f.ino, "stripes", len(stripes), "err", err)
+			e.startFlush(f, stripes)
+			return
+		}
+		if failed {
+			e.log.Error("fileio: write failed, data not written", "ino", f.ino, "stripes", len(stripes), "err", err)
+			clear(f.stripes) // the size and stripes this writer assumed did not commit
+			f.known = false
+			f.size = -1
+			f.err = err
+			return
+		}
+		if conflicts := metaclient.ConflictStripes(err); len(conflicts) > 0 {
+			if rerr := e.rebase(ctx, f, conflicts); rerr != nil {
+				f.err = rerr
+				return
+			}
+			e.startFlush(f, conflicts)
+			return
+		}
+		f.err = err
+	}()
+}
+
+// Flush implements fs.Data: it flushes every dirty stripe of ino, waits for all
+// flushes in progress, and reports the first failure since the last Flush. A
+// flush that lost the version compare-and-set to another writer is rebased
+// and tried again; any other failure is final once writeStripes has waited
+// and retried what can pass (EIO, or ENOSPC), and its data is dropped. When ctx
+// ends (the caller is being killed) Flush returns its error at once and the
+// flushes in progress go on.
+func (e *Engine) Flush(ctx context.Context, ino uint64) error {
+	f := e.file(ino)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return e.flushLocked(ctx, f)
+}
+
+func (e *Engine) flushLocked(ctx context.Context, f *file) error {
+	// Sparse stripes flush as buffer memory allows, some per round: a round
+	// that flushed some is progress, bounded by the stripes there were.
+	progress := len(f.dirty)
+	for attempt := 0; ; attempt++ {
+		started := 0
+		if len(f.dirty) > 0 {
+			before := len(f.flushing)
+			e.startFlush(f, keys(f.dirty))
+			started = len(f.flushing) - before
+		}
+		for len(f.flushing) > 0 {
+			if err := f.wait(ctx); err != nil {
+				return err
+			}
+		}
+		err := f.err
+		f.err = nil
+		if err == nil && len(f.dirty) == 0 {
+			return nil
+		}
+		if err == nil && started == 0 {
+			// No stripe got buffer memory (other files hold it): wait for
+			// some; that is no failed attempt.
+			if err := e.waitForMemory(ctx, f); err != nil {
+				return err
+			}
+			attempt--
+			continue
+		}
+		if err == nil && progress > 0 {
+			progress-- // some stripes flushed, the others go next round
+			attempt--
+			continue
+		}
+		if attempt == 2 || isWriteFailed(err) {
+			if err == nil {
+				err = fmt.Errorf("fileio: inode %d: stripes kept changing under the writer: %w", f.ino, syscall.EIO)
+			}
+			return err
+		}
+	}
+}
+
+// waitForMemory waits, with f.mu released, until a whole stripe's buffer
+// is free. The caller holds f.mu.
+func (e *Engine) waitForMemory(ctx context.Context, f *file) error {
+	b, err := e.getBufferUnlocked(ctx, f, f.lay.bufSize())
+	e.pool.put(b)
+	return err
+}
+
+// FlushAll flushes every file with dirty data (before an unmount); it returns
+// the first error and goes on with the other files.
+func (e *Engine) FlushAll(ctx context.Context) error {
+	e.mu.Lock()
+	files := make([]*file, 0, len(e.files))
+	for _, f := range e.files {
+		files = append(files, f)
+	}
+	e.mu.Unlock()
+	var first error
+	for _, f := range files {
+		f.mu.Lock()
+		err := e.flushLocked(ctx, f)
+		f.mu.Unlock()
+		if err != nil && first == nil {
+			first = fmt.Errorf("fileio: flush inode %d: %w", f.ino, err)
+		}
+	}
+	return first
+}
