@@ -17,7 +17,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/core"
-	"github.com/rdmafs/rdmafs/meta/kv/etcdkv/etcdtest"
+	"github.com/rdmafs/rdmafs/meta/kv/etcdkv/etcdproc"
 	"github.com/rdmafs/rdmafs/meta/metabench"
 	"github.com/rdmafs/rdmafs/meta/server"
 )
@@ -69,7 +69,7 @@ func newBenchMetaCommand() *cobra.Command {
 			}
 			url := kvFlag
 			if kvFlag == "etcd" {
-				etcd, err := etcdtest.Start(ctx, etcdtest.Options{})
+				etcd, err := etcdproc.Start(ctx, etcdproc.Options{})
 				if err != nil {
 					return fmt.Errorf("bench meta --kv etcd: %w", err)
 				}
