@@ -151,8 +151,11 @@ func (c *conn) postRecv(slot int) error {
 // releases everything it held.
 func (c *conn) run() {
 	c.wg.Add(2 + c.s.cfg.Credits)
+	// The reaper's ticker exists before any request is served, so whoever
+	// ticks an injected one after a reply reaches this connection too.
+	tick := c.s.cfg.NewTicker(c.s.cfg.ReapInterval)
 	go c.poll()
-	go c.reap()
+	go c.reap(tick)
 	for i := 0; i < c.s.cfg.Credits; i++ {
 		go c.worker()
 	}
@@ -265,10 +268,10 @@ func (c *conn) dispatch(wcs []rdma.WorkCompletion) bool {
 	return true
 }
 
-// reap revokes expired leases and staging grants.
-func (c *conn) reap() {
+// reap revokes, at each tick of t, the leases and staging grants expired by
+// the configured clock, until the connection ends; it stops t.
+func (c *conn) reap(t Ticker) {
 	defer c.wg.Done()
-	t := time.NewTicker(c.s.cfg.ReapInterval)
 	defer t.Stop()
 	var leases []*lease
 	var stagings []*staging
@@ -276,7 +279,8 @@ func (c *conn) reap() {
 		select {
 		case <-c.ctx.Done():
 			return
-		case now := <-t.C:
+		case <-t.C():
+			now := c.s.cfg.Now()
 			leases, stagings = leases[:0], stagings[:0]
 			c.mu.Lock()
 			for id, l := range c.leases {
@@ -502,7 +506,7 @@ func (c *conn) readLease(key chunk.Key) proto.Reply {
 	ttl := c.s.cfg.LeaseTTL
 	c.mu.Lock()
 	if l := c.byKey[key]; l != nil {
-		l.expiry = time.Now().Add(ttl)
+		l.expiry = c.s.cfg.Now().Add(ttl)
 		c.mu.Unlock()
 		return l.reply(ttl)
 	}
@@ -539,14 +543,14 @@ func (c *conn) readLease(key chunk.Key) proto.Reply {
 		return proto.Reply{Status: proto.StatusShuttingDown}
 	}
 	if other := c.byKey[key]; other != nil { // a concurrent request won
-		other.expiry = time.Now().Add(ttl)
+		other.expiry = c.s.cfg.Now().Add(ttl)
 		rep := other.reply(ttl)
 		c.mu.Unlock()
 		c.endLeaseQuiet(l)
 		return rep
 	}
 	l.id = c.s.nextLease.Add(1)
-	l.expiry = time.Now().Add(ttl)
+	l.expiry = c.s.cfg.Now().Add(ttl)
 	c.leases[l.id] = l
 	c.byKey[key] = l
 	c.mu.Unlock()
@@ -571,7 +575,7 @@ func (c *conn) renewLease(id uint64) proto.Reply {
 	if l == nil {
 		return proto.Reply{Status: proto.StatusLeaseExpired}
 	}
-	l.expiry = time.Now().Add(ttl)
+	l.expiry = c.s.cfg.Now().Add(ttl)
 	return proto.Reply{TTL: ms(ttl)}
 }
 
@@ -660,7 +664,7 @@ func (c *conn) prepare(key chunk.Key, sp stageSpec) proto.Reply {
 		}
 	}
 	ttl := s.cfg.StagingTTL
-	st.expiry = time.Now().Add(ttl)
+	st.expiry = c.s.cfg.Now().Add(ttl)
 	c.mu.Lock()
 	if c.staging == nil {
 		c.mu.Unlock()

@@ -94,6 +94,8 @@ func TestCrashRecovery(t *testing.T) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
+		// Not synchronization: the kill lands at a different point of the
+		// load each round. chunkd is another process, with no clock to inject.
 		time.Sleep(time.Duration(50+150*round) * time.Millisecond)
 		p.Kill() // SIGKILL by PID, mid-write
 		cancel()

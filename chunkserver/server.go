@@ -55,6 +55,16 @@ type Config struct {
 	// ReapInterval is how often expired leases and staging are revoked
 	// (default 50ms).
 	ReapInterval time.Duration
+	// Now is the clock read leases and staging grants are timed by: a grant
+	// made or renewed at Now() lasts until Now() passes it by its TTL
+	// (default time.Now). Connect tokens are checked against time.Now
+	// whatever Now is: they carry the client's wall clock.
+	Now func() time.Time
+	// NewTicker returns the ticker that wakes each connection's reaper,
+	// asked for once per connection with ReapInterval, before the connection
+	// serves its first request; at each tick the reaper revokes the leases
+	// and staging grants expired by Now (default: a time.Ticker).
+	NewTicker func(d time.Duration) Ticker
 	// MaxClockSkew bounds the age of a connect token (default 5 minutes).
 	MaxClockSkew time.Duration
 	// Zone is the failure-domain label registered with the metadata service.
@@ -100,6 +110,12 @@ func (c *Config) setDefaults() error {
 	defd(&c.ReapInterval, 50*time.Millisecond)
 	defd(&c.MaxClockSkew, 5*time.Minute)
 	defd(&c.HeartbeatInterval, 5*time.Second)
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.NewTicker == nil {
+		c.NewTicker = newRealTicker
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

@@ -255,9 +255,14 @@ func isRevoked(err error) bool {
 	return errors.As(err, &re) && re.Status == rdma.WCRemAccessErr
 }
 
+// TestLeaseExpiryRevokes: a read lease lasts its TTL from its grant or last
+// renewal by the server's clock, and is revoked (its rkey dead) once the
+// clock passes that; an rkey works only on its connection; a release revokes
+// at once.
 func TestLeaseExpiryRevokes(t *testing.T) {
 	const ttl = time.Second
-	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{LeaseTTL: ttl, ReapInterval: 10 * time.Millisecond}})
+	clock := newFakeClock()
+	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{LeaseTTL: ttl, Now: clock.Now, NewTicker: clock.NewTicker}})
 	w, wenv := s.Dial(t)
 	key := chunk.Key{Chunk: 5, Version: 1}
 	put(t, w, wenv, 0, key, 64<<10)
@@ -272,15 +277,25 @@ func TestLeaseExpiryRevokes(t *testing.T) {
 		t.Fatalf("read under lease: %v", err)
 	}
 	// Renewal keeps it alive past the first expiry.
-	time.Sleep(ttl / 2)
+	clock.Advance(ttl / 2)
+	clock.Reap()
 	if l, err = c.RenewLease(ctx, l); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(ttl * 6 / 10)
+	clock.Advance(ttl * 6 / 10) // past the first expiry, before the renewed one
+	clock.Reap()
 	if err := c.Read(ctx, l, 0, []rdma.SGE{env.SGE(0, 64<<10)}); err != nil {
 		t.Fatalf("read under renewed lease: %v", err)
 	}
-	time.Sleep(ttl * 3 / 2)
+	// At its very expiry (renewed at 0.5 ttl, now 1.5 ttl) it still holds;
+	// a nanosecond later the reaper revokes it.
+	clock.Advance(ttl * 4 / 10)
+	clock.Reap()
+	if err := c.Read(ctx, l, 0, []rdma.SGE{env.SGE(0, 64<<10)}); err != nil {
+		t.Fatalf("read at the renewed lease's last moment: %v", err)
+	}
+	clock.Advance(time.Nanosecond)
+	clock.Reap()
 	if err := c.Read(ctx, l, 0, []rdma.SGE{env.SGE(0, 64<<10)}); !isRevoked(err) {
 		t.Fatalf("read after expiry: %v, want REM_ACCESS_ERR", err)
 	}
@@ -307,8 +322,11 @@ func TestLeaseExpiryRevokes(t *testing.T) {
 	}
 }
 
+// TestStagingRevoked: a staging grant's rkey dies at commit, and an unused
+// grant lasts its TTL by the server's clock, then is freed and revoked.
 func TestStagingRevoked(t *testing.T) {
-	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{StagingTTL: time.Second, ReapInterval: 10 * time.Millisecond}})
+	clock := newFakeClock()
+	s := chunktest.Start(t, chunktest.Options{Config: chunkserver.Config{StagingTTL: time.Second, Now: clock.Now, NewTicker: clock.NewTicker}})
 	ctx := ctxT(t)
 	// After commit the staging rkey is dead: the committed bytes cannot change.
 	c, env := s.Dial(t)
@@ -333,7 +351,13 @@ func TestStagingRevoked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond)
+	clock.Advance(time.Second) // the last moment of its TTL: still there
+	clock.Reap()
+	if err := c2.Write(ctx, st2, 0, []rdma.SGE{env2.SGE(0, 8192)}); err != nil {
+		t.Fatalf("write at the staging grant's last moment: %v", err)
+	}
+	clock.Advance(time.Nanosecond)
+	clock.Reap()
 	if err := c2.Commit(ctx, chunk.Key{Chunk: 6, Version: 2}, 0); !proto.IsStatus(err, proto.StatusNoPrepare) {
 		t.Fatalf("commit after staging expiry: %v", err)
 	}
