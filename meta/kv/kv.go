@@ -7,6 +7,7 @@ package kv
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // ErrStop may be returned by a Scan callback to end the scan early without an error.
@@ -61,6 +62,21 @@ type Store interface {
 	Update(ctx context.Context, fn func(Txn) error) error
 	// Close releases the store; pending transactions finish first.
 	Close() error
+}
+
+// CallSafely runs fn(t), a transaction function given to Store.Update, and
+// returns its error. If fn panics, the panic is recovered
+// and returned as an error quoting its value ("kv: transaction panicked:
+// ..."), so that a bug in one transaction fails that transaction alone, not
+// the server and the transactions batched with it. Backends call fn through
+// it and treat its error as fn's: nothing fn wrote is applied.
+func CallSafely(fn func(Txn) error, t Txn) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("kv: transaction panicked: %v", p)
+		}
+	}()
+	return fn(t)
 }
 
 // PrefixEnd returns the smallest key greater than every key with the given

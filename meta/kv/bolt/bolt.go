@@ -471,7 +471,7 @@ func (s *Store) run(ctx context.Context, fn func(kv.Txn) error, r *request) erro
 	}
 	t := &txn{reader: reader{b: tx.Bucket([]byte(bucketName)), logged: logged},
 		pending: s.pending, sorted: s.sorted, writes: map[string][]byte{}}
-	r.err = callSafely(fn, t)
+	r.err = kv.CallSafely(fn, t)
 	if err := tx.Rollback(); err != nil {
 		s.opts.Logger.Warn("bolt: close read transaction", "err", err)
 	}
@@ -927,13 +927,4 @@ func (s *Store) ensureSlack() error {
 	}
 	s.filesz = target
 	return nil
-}
-
-func callSafely(fn func(kv.Txn) error, t kv.Txn) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("bolt: transaction panicked: %v", p)
-		}
-	}()
-	return fn(t)
 }

@@ -303,7 +303,7 @@ func (s *Store) Update(ctx context.Context, fn func(kv.Txn) error) error {
 	for attempt := 0; ; attempt++ {
 		o := &occ{s: s}
 		t := &txn{o: o, ctx: ctx, writes: map[string][]byte{}}
-		err := callSafely(fn, t)
+		err := kv.CallSafely(fn, t)
 		if err == nil {
 			err = o.commit(ctx, t.writes)
 		}
@@ -446,7 +446,7 @@ func (s *Store) runBatch(batch []*request) {
 				continue
 			}
 			t := &txn{o: o, ctx: r.ctx, base: merged, writes: map[string][]byte{}}
-			ferr := callSafely(r.fn, t)
+			ferr := kv.CallSafely(r.fn, t)
 			if errors.Is(ferr, errSnapshotGone) {
 				retry = true
 				break
@@ -500,7 +500,7 @@ func (o *occ) prefetch(ctx context.Context, batch []*request) error {
 	for range maxPrefetchRounds {
 		for _, r := range batch {
 			if r.ctx.Err() == nil {
-				callSafely(r.fn, &txn{o: o, ctx: r.ctx, writes: map[string][]byte{}})
+				kv.CallSafely(r.fn, &txn{o: o, ctx: r.ctx, writes: map[string][]byte{}})
 			}
 		}
 		if len(o.wantKeys) == 0 && len(o.wantPages) == 0 {
@@ -565,15 +565,6 @@ func (o *occ) fetchWanted(ctx context.Context) error {
 		o.pages[[2]string{pw.from, pw.end}] = (*clientv3.GetResponse)(rr)
 	}
 	return nil
-}
-
-func callSafely(fn func(kv.Txn) error, t kv.Txn) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("etcdkv: transaction panicked: %v", p)
-		}
-	}()
-	return fn(t)
 }
 
 // errSnapshotGone reports that the snapshot revision of a transaction can

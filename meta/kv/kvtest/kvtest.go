@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -19,6 +20,7 @@ func Run(t *testing.T, newStore Factory) {
 	t.Run("GetPutDelete", func(t *testing.T) { testGetPutDelete(t, newStore(t)) })
 	t.Run("Scan", func(t *testing.T) { testScan(t, newStore(t)) })
 	t.Run("FailedTxnLeavesNoTrace", func(t *testing.T) { testAbort(t, newStore(t)) })
+	t.Run("PanickingTxnFailsAlone", func(t *testing.T) { testPanic(t, newStore(t)) })
 	t.Run("ReadYourWrites", func(t *testing.T) { testReadYourWrites(t, newStore(t)) })
 	t.Run("ConcurrentIncrements", func(t *testing.T) { testConcurrent(t, newStore(t)) })
 }
@@ -141,6 +143,45 @@ func testAbort(t *testing.T, s kv.Store) {
 	cancel()
 	if err := s.Update(ctx, func(tx kv.Txn) error { return tx.Put([]byte("c"), nil) }); !errors.Is(err, context.Canceled) {
 		t.Fatalf("canceled Update returned %v", err)
+	}
+}
+
+// testPanic checks kv.CallSafely's contract from the outside: a transaction
+// function that panics makes its Update return an error, writes nothing,
+// and leaves the store serving, also transactions run alongside it.
+func testPanic(t *testing.T, s kv.Store) {
+	defer s.Close()
+	put(t, s, "k", "old")
+	err := s.Update(context.Background(), func(tx kv.Txn) error {
+		tx.Put([]byte("k"), []byte("new"))
+		panic("boom")
+	})
+	if err == nil || !strings.Contains(err.Error(), "transaction panicked: boom") {
+		t.Fatalf("Update of a panicking transaction returned %v", err)
+	}
+	if v, _ := get(t, s, "k"); v != "old" {
+		t.Fatalf("panicking transaction wrote k=%q", v)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Go(func() {
+			errs[i] = s.Update(context.Background(), func(tx kv.Txn) error {
+				if i%2 == 1 {
+					panic(fmt.Sprintf("boom %d", i))
+				}
+				return tx.Put([]byte(fmt.Sprintf("c%d", i)), []byte("v"))
+			})
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if (err != nil) != (i%2 == 1) {
+			t.Errorf("concurrent transaction %d (panics: %v): %v", i, i%2 == 1, err)
+		}
+		if _, ok := get(t, s, fmt.Sprintf("c%d", i)); ok != (i%2 == 0) {
+			t.Errorf("concurrent transaction %d (panics: %v): its key exists: %v", i, i%2 == 1, ok)
+		}
 	}
 }
 
