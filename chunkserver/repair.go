@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"sync"
 	"time"
 
@@ -376,14 +375,12 @@ func (r *repairer) readInto(ctx context.Context, src ShardSource, buf mempool.Bu
 		}
 	}
 	data := r.mem.Bytes(buf)[off : off+length]
-	if crc := crc32.Checksum(data, crcTable); crc != l.CRC {
+	if crc := store.Checksum(data); crc != l.CRC {
 		return fmt.Errorf("%v read with crc32c %08x, its chunkd holds %08x", src.Key, crc, l.CRC)
 	}
 	r.s.metrics.RepairReadBytes.Add(float64(length))
 	return nil
 }
-
-var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
 func (r *repairer) codec(k, m int) (reedsolomon.Encoder, error) {
 	r.mu.Lock()

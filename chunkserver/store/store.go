@@ -63,7 +63,7 @@ import (
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 )
 
-// Castagnoli is the CRC32C table used for every checksum of chunk data.
+// castagnoli is the CRC32C table used for every checksum of chunk data, made once.
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Checksum returns the CRC32C (Castagnoli) of data, the checksum chunkd stores and

@@ -65,11 +65,11 @@ type Store interface {
 }
 
 // CallSafely runs fn(t), a transaction function given to Store.Update, and
-// returns its error. If fn panics, the panic is recovered
-// and returned as an error quoting its value ("kv: transaction panicked:
-// ..."), so that a bug in one transaction fails that transaction alone, not
-// the server and the transactions batched with it. Backends call fn through
-// it and treat its error as fn's: nothing fn wrote is applied.
+// returns its error. If fn panics, the panic is recovered and returned as an
+// error quoting its value ("kv: transaction panicked: ..."), so that a bug in
+// one transaction fails that transaction alone, not the server and the
+// transactions batched with it. Backends call fn through it and treat its
+// error as fn's: nothing fn wrote is applied.
 func CallSafely(fn func(Txn) error, t Txn) (err error) {
 	defer func() {
 		if p := recover(); p != nil {

@@ -160,10 +160,16 @@ func (w *wal) encode(g *group, lsn uint64) []byte {
 	return b
 }
 
+// castagnoli is the CRC-32C table of the log's record checksums, made once.
+// (The meta tree may not import chunkserver/store, whose Checksum is the
+// same function over chunk data.)
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// checksum returns the CRC-32C of a record's header fields after the
+// checksum and of its payload.
 func checksum(rec []byte) uint32 {
-	table := crc32.MakeTable(crc32.Castagnoli)
-	c := crc32.Update(0, table, rec[checksumFrom:checksumTo])
-	return crc32.Update(c, table, rec[headerSize:])
+	c := crc32.Update(0, castagnoli, rec[checksumFrom:checksumTo])
+	return crc32.Update(c, castagnoli, rec[headerSize:])
 }
 
 // fits reports whether a record of n bytes fits in the current segment.
