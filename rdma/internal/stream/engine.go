@@ -9,11 +9,11 @@ import (
 // maxBatch bounds the requests one batch takes from the send queue.
 const maxBatch = 256
 
-// The socket is written by whoever holds q.wmu: the goroutine posting requests,
+// The socket is written by whoever holds q.w.mu: the goroutine posting requests,
 // the reader answering them, or the writer goroutine. The first two only try the
 // lock and write without blocking (one non-blocking writev), or leave the writing
 // to the goroutine holding the lock; what the socket does not take at once is left
-// in q.wIOV for the writer goroutine, the only one that waits for the socket. So
+// in q.w.iov for the writer goroutine, the only one that waits for the socket. So
 // PostSend never blocks, and the reader can never be stuck writing to a peer whose
 // reader is stuck writing to us.
 
@@ -25,19 +25,19 @@ const maxBatch = 256
 // found the holder had written everything already: in a 4 KiB random-read load
 // they were half of the mount's blocking on locks.
 func (q *queuePair) flush() {
-	q.flushWanted.Store(true)
+	q.w.flushWanted.Store(true)
 	q.tryFlush()
 }
 
 // tryFlush writes what is queued, as flush, if a flush is wanted. A goroutine
-// that held q.wmu calls it after unlocking: a flush that found the lock taken
+// that held q.w.mu calls it after unlocking: a flush that found the lock taken
 // (before this goroutine unlocked) stored flushWanted first, and this load
 // sees it.
 func (q *queuePair) tryFlush() {
-	for q.flushWanted.Load() && q.wmu.TryLock() {
-		q.flushWanted.Store(false)
+	for q.w.flushWanted.Load() && q.w.mu.TryLock() {
+		q.w.flushWanted.Store(false)
 		done := q.push(false)
-		q.wmu.Unlock()
+		q.w.mu.Unlock()
 		if !done {
 			q.kickWriter()
 			return
@@ -55,9 +55,9 @@ func (q *queuePair) writeLoop() {
 		case <-q.disconnected:
 			return
 		}
-		q.wmu.Lock()
+		q.w.mu.Lock()
 		q.push(true)
-		q.wmu.Unlock()
+		q.w.mu.Unlock()
 		q.tryFlush()
 		if q.State() != rdma.QPStateRTS {
 			return
@@ -67,37 +67,37 @@ func (q *queuePair) writeLoop() {
 
 // push writes the unfinished batch, then new batches built from the send queue and
 // the responses, until nothing is queued (true) or, when !blocking, the socket would
-// block (false). The caller holds q.wmu.
+// block (false). The caller holds q.w.mu.
 func (q *queuePair) push(blocking bool) bool {
-	if q.wBroken {
+	if q.w.broken {
 		return true
 	}
 	for {
-		if len(q.wIOV) == 0 && !q.buildBatch() {
+		if len(q.w.iov) == 0 && !q.buildBatch() {
 			return true
 		}
 		var err error
 		switch {
-		case blocking && q.fd < 0:
-			q.wBufs = q.wIOV
-			_, err = q.wBufs.WriteTo(q.conn)
-			q.wIOV = q.wIOV[:0]
+		case blocking && q.w.fd < 0:
+			q.w.bufs = q.w.iov
+			_, err = q.w.bufs.WriteTo(q.conn)
+			q.w.iov = q.w.iov[:0]
 		case blocking:
-			for len(q.wIOV) > 0 && err == nil {
+			for len(q.w.iov) > 0 && err == nil {
 				var n int
-				n, err = q.writevOnce(true)
-				q.wIOV = trimIOV(q.wIOV, n)
+				n, err = q.w.writevOnce(true)
+				q.w.iov = trimIOV(q.w.iov, n)
 			}
 		default:
 			var n int
-			n, err = q.writevOnce(false)
-			q.wIOV = trimIOV(q.wIOV, n)
+			n, err = q.w.writevOnce(false)
+			q.w.iov = trimIOV(q.w.iov, n)
 		}
 		if err != nil {
 			q.writeFailed()
 			return true
 		}
-		if len(q.wIOV) > 0 {
+		if len(q.w.iov) > 0 {
 			return false
 		}
 		closeAfter := q.finishBatch()
@@ -116,16 +116,16 @@ const writeErrGrace = 100 * time.Millisecond
 // The peer may have closed after a NAK that the reader has yet to read, and
 // that NAK's status is the one to report; the reader also sees the end of the
 // stream. Only if neither fails the queue pair soon does it fail with
-// RETRY_EXC_ERR. The caller holds q.wmu.
+// RETRY_EXC_ERR. The caller holds q.w.mu.
 func (q *queuePair) writeFailed() {
-	q.wBroken = true
-	q.wIOV = q.wIOV[:0]
+	q.w.broken = true
+	q.w.iov = q.w.iov[:0]
 	q.finishBatch()
 	time.AfterFunc(min(writeErrGrace, q.attr.RetryTimeout), func() { q.fail(rdma.WCRetryExcErr) })
 }
 
 // buildBatch moves the send queue's waiting requests and the queued responses
-// into q.wIOV, and reports whether there is anything to write.
+// into q.w.iov, and reports whether there is anything to write.
 func (q *queuePair) buildBatch() bool {
 	q.mu.Lock()
 	if q.state != rdma.QPStateRTS {
@@ -144,18 +144,18 @@ func (q *queuePair) buildBatch() bool {
 		q.sqNext++
 	}
 	last := q.sqNext
-	q.wItems, q.out = q.out, q.wItems[:0]
+	q.w.items, q.out = q.out, q.w.items[:0]
 	q.checkLocalErrLocked()
 	// The slots are read under q.mu: once on the wire, their ACK can arrive
 	// and be handled (completeSendLocked clears them) before this goroutine
 	// takes the lock again, and only the lock orders the two for the memory
 	// model.
 	defer q.mu.Unlock()
-	if first == last && len(q.wItems) == 0 {
+	if first == last && len(q.w.items) == 0 {
 		return false
 	}
-	// Start from the full backing arrays: writing trims q.wIOV from the front.
-	hdrs, iov := q.wHdrs[:0], q.wIOVBase[:0]
+	// Start from the full backing arrays: writing trims q.w.iov from the front.
+	hdrs, iov := q.w.hdrs[:0], q.w.iovBase[:0]
 	var h header
 	for i := first; i < last; i++ {
 		s := &q.sq[i%uint64(len(q.sq))]
@@ -177,15 +177,15 @@ func (q *queuePair) buildBatch() bool {
 			iov = append(iov, s.segs...)
 		}
 	}
-	for i := range q.wItems {
-		it := &q.wItems[i]
+	for i := range q.w.items {
+		it := &q.w.items[i]
 		h = header{op: it.op, status: it.status, psn: it.psn, rkey: it.rkey, imm: it.imm, length: uint32(len(it.payload))}
 		hdrs, iov = appendHeader(hdrs, iov, &h)
 		if len(it.payload) > 0 {
 			iov = append(iov, it.payload)
 		}
 	}
-	q.wHdrs, q.wIOV, q.wIOVBase = hdrs, iov, iov
+	q.w.hdrs, q.w.iov, q.w.iovBase = hdrs, iov, iov
 	return true
 }
 
@@ -193,21 +193,21 @@ func (q *queuePair) buildBatch() bool {
 // whether one of them ends the connection.
 func (q *queuePair) finishBatch() bool {
 	closeAfter := false
-	for i := range q.wItems {
-		if q.wItems[i].region != nil {
-			q.wItems[i].region.Release()
+	for i := range q.w.items {
+		if q.w.items[i].region != nil {
+			q.w.items[i].region.Release()
 		}
-		closeAfter = closeAfter || q.wItems[i].closeAfter
-		q.wItems[i] = outItem{}
+		closeAfter = closeAfter || q.w.items[i].closeAfter
+		q.w.items[i] = outItem{}
 	}
-	q.wItems = q.wItems[:0]
+	q.w.items = q.w.items[:0]
 	return closeAfter
 }
 
 // releaseWriteState frees what an unfinished batch held; the queue pair is being
-// torn down and nobody writes any more. The caller holds q.wmu.
+// torn down and nobody writes any more. The caller holds q.w.mu.
 func (q *queuePair) releaseWriteState() {
-	q.wIOV = q.wIOV[:0]
+	q.w.iov = q.w.iov[:0]
 	q.finishBatch()
 }
 

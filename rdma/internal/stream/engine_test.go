@@ -31,7 +31,7 @@ func TestPostWhileSocketLocked(t *testing.T) {
 	}
 	qa := a.QP.(*queuePair)
 	for round := range 3 {
-		qa.wmu.Lock()
+		qa.w.mu.Lock()
 		var wrs []rdma.SendWR
 		for i := range round + 1 {
 			off := 512 * i
@@ -40,7 +40,7 @@ func TestPostWhileSocketLocked(t *testing.T) {
 			a.PostSend(t, wr) // finds the lock taken
 		}
 		rdmatest.NoWC(t, a.SCQ)
-		qa.wmu.Unlock()
+		qa.w.mu.Unlock()
 		qa.tryFlush()
 		for i, wc := range rdmatest.WaitWC(t, a.SCQ, len(wrs)) {
 			rdmatest.Expect(t, wc, uint64(i), rdma.WCSuccess, rdma.WCRDMARead)

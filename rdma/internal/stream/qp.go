@@ -53,6 +53,29 @@ type outItem struct {
 	closeAfter bool // the connection ends once this item is on the wire
 }
 
+// sockWriter is a queue pair's socket writer: the batch of frames being
+// written (requests and responses, many per writev) and the socket. Whoever
+// holds mu writes (see engine.go); nothing in it is allocated per write.
+type sockWriter struct {
+	mu sync.Mutex
+	// flushWanted is set by a flush that may have found mu taken; the
+	// holder flushes again after unlocking (see flush).
+	flushWanted atomic.Bool
+	iov         [][]byte  // the unwritten rest of the current batch
+	iovBase     [][]byte  // the backing array iov is a view of
+	items       []outItem // the responses of the current batch
+	hdrs        []byte    // arena of the current batch's headers
+	bufs        net.Buffers
+	raw         syscall.RawConn
+	fd          int         // the detached socket, or -1 when it is read through the poller
+	msg         unix.Msghdr // sendmsg's header, for a detached socket
+	iovecs      []unix.Iovec
+	n           int   // bytes the last writev callback wrote
+	err         error // the last writev callback's error
+	broken      bool  // a write failed: nothing more is written
+	writevFn    func(fd uintptr) bool
+}
+
 // queuePair is an RC queue pair carried by one TCP connection. A reader goroutine
 // handles everything that arrives — it is the target-side engine that serves
 // RDMA_READ / RDMA_WRITE against the key table without calling the application —
@@ -85,24 +108,8 @@ type queuePair struct {
 	out  []outItem
 	kick chan struct{}
 
-	// The socket writer's state, guarded by wmu (taken before mu).
-	wmu sync.Mutex
-	// flushWanted is set by a flush that may have found wmu taken; the
-	// holder flushes again after unlocking (see flush).
-	flushWanted atomic.Bool
-	wIOV        [][]byte  // the unwritten rest of the current batch
-	wIOVBase    [][]byte  // the backing array wIOV is a view of
-	wItems      []outItem // the responses of the current batch
-	wHdrs       []byte    // arena of the current batch's headers
-	wBufs       net.Buffers
-	raw         syscall.RawConn
-	fd          int         // the detached socket, or -1 when it is read through the poller
-	msg         unix.Msghdr // sendmsg's header, for a detached socket
-	iovecs      []unix.Iovec
-	wn          int
-	werr        error
-	wBroken     bool // a write failed: nothing more is written
-	writevFn    func(fd uintptr) bool
+	// w writes the socket; its state is guarded by w.mu (taken before mu).
+	w sockWriter
 
 	failStatus   rdma.WCStatus
 	running      atomic.Int32 // reader and writer goroutines alive
@@ -139,7 +146,7 @@ func (d *Device) newQP(pd *soft.PD, attr rdma.QPAttr) (rdma.QueuePair, error) {
 		kick:         make(chan struct{}, 1),
 		done:         make(chan struct{}),
 		disconnected: make(chan struct{}),
-		fd:           -1,
+		w:            sockWriter{fd: -1},
 	}
 	for i := range q.sq {
 		q.sq[i].segs = make([][]byte, 0, attr.MaxSGE)
@@ -199,17 +206,17 @@ func (q *queuePair) start(conn net.Conn, peerRNR time.Duration, detach bool) err
 			return err
 		}
 		conn.Close()
-		q.fd = fd
+		q.w.fd = fd
 	} else {
-		q.raw = raw
-		q.writevFn = q.writev
+		q.w.raw = raw
+		q.w.writevFn = q.w.writev
 		q.conn = conn
 	}
 	q.peerRNR = peerRNR
 	q.state = rdma.QPStateRTS
 	q.running.Store(2)
 	q.mu.Unlock()
-	go q.readLoop(newFrameReader(q.raw, q.fd, &q.progress, q.notifyCQs))
+	go q.readLoop(newFrameReader(q.w.raw, q.w.fd, &q.progress, q.notifyCQs))
 	go q.writeLoop()
 	go q.watchdog()
 	return nil
@@ -478,14 +485,14 @@ func (q *queuePair) failLocked(status rdma.WCStatus) {
 // queue pair down.
 func (q *queuePair) exit() {
 	if q.running.Add(-1) == 0 {
-		q.wmu.Lock()
+		q.w.mu.Lock()
 		q.releaseWriteState()
 		q.mu.Lock()
 		q.teardownLocked()
 		q.mu.Unlock()
-		q.wmu.Unlock()
-		if q.fd >= 0 {
-			unix.Close(q.fd)
+		q.w.mu.Unlock()
+		if q.w.fd >= 0 {
+			unix.Close(q.w.fd)
 		} else {
 			q.conn.Close()
 		}
@@ -498,11 +505,11 @@ func (q *queuePair) exit() {
 // wait, under the caller's locks, for the reader to leave its read callback,
 // where it may be delivering completions to a handler that needs those locks.
 func (q *queuePair) shutdownConn() {
-	if q.fd >= 0 {
-		unix.Shutdown(q.fd, unix.SHUT_RDWR)
+	if q.w.fd >= 0 {
+		unix.Shutdown(q.w.fd, unix.SHUT_RDWR)
 		return
 	}
-	q.raw.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) })
+	q.w.raw.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) })
 }
 
 func (q *queuePair) teardownLocked() {

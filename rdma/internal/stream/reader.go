@@ -286,7 +286,7 @@ func (rd *frameReader) discard(n uint32) error {
 }
 
 // rawRead is read(2) as a raw system call, for a non-blocking socket: see
-// queuePair.writev for why.
+// sockWriter.writev for why.
 func rawRead(fd uintptr, p []byte) (int, error) {
 	r, _, errno := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
 	if errno != 0 {

@@ -73,7 +73,7 @@ func recvBlocking(fd int, p []byte, all bool) (int, error) {
 
 // sendmsg writes iov to a detached socket with one sendmsg(2). Without wait it
 // never sleeps: a full socket writes 0 bytes without error, and it is a raw
-// system call (see queuePair.writev for why). With wait it sleeps until the
+// system call (see sockWriter.writev for why). With wait it sleeps until the
 // socket takes everything or fails.
 func sendmsg(fd int, msg *unix.Msghdr, iov []unix.Iovec, wait bool) (int, error) {
 	msg.Iov = unsafe.SliceData(iov)

@@ -6,14 +6,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// writevOnce makes one non-blocking writev of q.wIOV (at most IOV_MAX entries) and
+// writevOnce makes one non-blocking writev of w.iov (at most IOV_MAX entries) and
 // returns the bytes written; a socket that would block writes 0 without error.
-// On a detached socket (q.fd >= 0) wait makes it sleep until the socket takes
-// the bytes instead. The caller holds q.wmu. Nothing is allocated: the iovec
-// array, the message header and the callback live in the queue pair.
-func (q *queuePair) writevOnce(wait bool) (int, error) {
-	iov := q.iovecs[:0]
-	for _, b := range q.wIOV {
+// On a detached socket (w.fd >= 0) wait makes it sleep until the socket takes
+// the bytes instead. The caller holds w.mu. Nothing is allocated: the iovec
+// array, the message header and the callback live in the writer.
+func (w *sockWriter) writevOnce(wait bool) (int, error) {
+	iov := w.iovecs[:0]
+	for _, b := range w.iov {
 		if len(b) == 0 {
 			continue
 		}
@@ -22,22 +22,22 @@ func (q *queuePair) writevOnce(wait bool) (int, error) {
 		}
 		iov = append(iov, unix.Iovec{Base: unsafe.SliceData(b), Len: uint64(len(b))})
 	}
-	q.iovecs = iov
+	w.iovecs = iov
 	if len(iov) == 0 {
 		return 0, nil
 	}
-	if q.fd >= 0 {
-		n, err := sendmsg(q.fd, &q.msg, iov, wait)
+	if w.fd >= 0 {
+		n, err := sendmsg(w.fd, &w.msg, iov, wait)
 		clear(iov)
 		return n, err
 	}
-	q.wn, q.werr = 0, nil
-	err := q.raw.Write(q.writevFn)
+	w.n, w.err = 0, nil
+	err := w.raw.Write(w.writevFn)
 	clear(iov) // drop the pointers into memory that may be freed
 	if err != nil {
-		return q.wn, err
+		return w.n, err
 	}
-	return q.wn, q.werr
+	return w.n, w.err
 }
 
 // writev is the raw-connection callback of writevOnce: one attempt, never a wait.
@@ -48,14 +48,14 @@ func (q *queuePair) writevOnce(wait bool) (int, error) {
 // chunkd serving one request at a time, that was a futex wake, a context switch
 // and a 20 µs nanosleep per request (perf: about 7% of the machine's CPU in a 4
 // KiB random read load).
-func (q *queuePair) writev(fd uintptr) bool {
-	r, _, errno := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(unsafe.SliceData(q.iovecs))), uintptr(len(q.iovecs)))
+func (w *sockWriter) writev(fd uintptr) bool {
+	r, _, errno := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(unsafe.SliceData(w.iovecs))), uintptr(len(w.iovecs)))
 	switch errno {
 	case 0:
-		q.wn = int(r)
+		w.n = int(r)
 	case unix.EAGAIN, unix.EINTR:
 	default:
-		q.werr = errno
+		w.err = errno
 	}
 	return true
 }
