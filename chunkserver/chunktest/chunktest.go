@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,6 +23,7 @@ import (
 	"github.com/rdmafs/rdmafs/chunkserver"
 	"github.com/rdmafs/rdmafs/chunkserver/client"
 	"github.com/rdmafs/rdmafs/chunkserver/store"
+	"github.com/rdmafs/rdmafs/internal/cmdbuild"
 	"github.com/rdmafs/rdmafs/rdma"
 	"github.com/rdmafs/rdmafs/rdma/transport"
 )
@@ -211,16 +211,6 @@ func (s *Server) Dial(t testing.TB) (*client.Client, *ClientEnv) {
 	return env.Dial(t, s.Addr(), s.Secret), env
 }
 
-// ModuleRoot returns the directory of the module's go.mod.
-func ModuleRoot(t testing.TB) string {
-	t.Helper()
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		t.Fatal("chunktest: cannot locate the module")
-	}
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
-}
-
 // BuildChunkd builds cmd/chunkd into a temporary directory and returns the binary's
 // path. Set CHUNKD_BIN to use a prebuilt binary instead.
 func BuildChunkd(t testing.TB) string {
@@ -228,13 +218,11 @@ func BuildChunkd(t testing.TB) string {
 	if bin := os.Getenv("CHUNKD_BIN"); bin != "" {
 		return bin
 	}
-	bin := filepath.Join(t.TempDir(), "chunkd")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/chunkd")
-	cmd.Dir = ModuleRoot(t)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("chunktest: build chunkd: %v\n%s", err, out)
+	dir := t.TempDir()
+	if err := cmdbuild.Build(dir, "./cmd/chunkd"); err != nil {
+		t.Fatalf("chunktest: %v", err)
 	}
-	return bin
+	return filepath.Join(dir, "chunkd")
 }
 
 // ProcOptions configure a chunkd process.

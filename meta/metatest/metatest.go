@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmafs/rdmafs/internal/cmdbuild"
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/core"
@@ -202,18 +203,11 @@ func FreeAddr(t testing.TB) string {
 // returns the binary's path.
 func BuildRdmafs(t testing.TB) string {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
-	if err != nil {
-		t.Fatalf("metatest: find module root: %v", err)
+	dir := t.TempDir()
+	if err := cmdbuild.Build(dir, "./cmd/rdmafs"); err != nil {
+		t.Fatalf("metatest: %v", err)
 	}
-	root := strings.TrimSpace(string(out))
-	bin := filepath.Join(t.TempDir(), "rdmafs")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/rdmafs")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("metatest: build rdmafs: %v\n%s", err, out)
-	}
-	return bin
+	return filepath.Join(dir, "rdmafs")
 }
 
 // Process is a `rdmafs meta` process.

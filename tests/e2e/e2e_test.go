@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rdmafs/rdmafs/internal/cmdbuild"
 	"github.com/rdmafs/rdmafs/internal/devcluster"
 )
 
@@ -38,19 +39,14 @@ func TestMain(m *testing.M) {
 	if os.Geteuid() != 0 {
 		os.Exit(m.Run())
 	}
-	dir, err := os.MkdirTemp("", "rdmafs-e2e-bin-")
+	dir, remove, err := cmdbuild.Temp()
 	if err != nil {
-		panic(err)
-	}
-	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/...")
-	build.Dir = "../.."
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Printf("e2e: build: %v\n%s", err, out)
+		fmt.Printf("e2e: %v\n", err)
 		os.Exit(1)
 	}
 	binDir = dir
 	code := m.Run()
-	os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
 }
 

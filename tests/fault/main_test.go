@@ -23,13 +23,13 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/rdmafs/rdmafs/internal/cmdbuild"
 	"github.com/rdmafs/rdmafs/internal/devcluster"
 )
 
@@ -81,20 +81,14 @@ func TestMain(m *testing.M) {
 		binDir = dir
 		os.Exit(m.Run())
 	}
-	dir, err := os.MkdirTemp("", "rdmafs-fault-bin-")
+	dir, remove, err := cmdbuild.Temp()
 	if err != nil {
-		panic(err)
-	}
-	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/...")
-	build.Dir = "../.."
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Printf("fault: build: %v\n%s", err, out)
-		os.RemoveAll(dir)
+		fmt.Printf("fault: %v\n", err)
 		os.Exit(1)
 	}
 	binDir = dir
 	code := m.Run()
-	os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
 }
 
