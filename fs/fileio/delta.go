@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"slices"
 	"sync"
 	"syscall"
@@ -12,6 +11,7 @@ import (
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 	chunkclient "github.com/rdmafs/rdmafs/chunkserver/client"
 	"github.com/rdmafs/rdmafs/chunkserver/proto"
+	"github.com/rdmafs/rdmafs/chunkserver/store"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/rdma"
 )
@@ -286,7 +286,7 @@ func (e *Engine) writeDelta(ctx context.Context, lay layout, gr *metapb.StripeGr
 			pr[i] = proto.PatchRange{Off: uint32(r.lo), Len: uint32(r.len())}
 		}
 		proto.EncodePatchHeader(p.buf.b[ds.off:], pr)
-		crc := crc32.Checksum(p.buf.b[ds.off:ds.off+ds.n], crcTable)
+		crc := store.Checksum(p.buf.b[ds.off : ds.off+ds.n])
 		sgl := []rdma.SGE{p.buf.sge(ds.off, ds.n)}
 		return e.toShard(ctx, sh, func(c *chunkclient.Client) error {
 			_, err := c.WritePatch(ctx, key, base, sgl, crc)

@@ -35,7 +35,6 @@ package fileio
 import (
 	"context"
 	"fmt"
-	"hash/crc32"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -130,8 +129,6 @@ type Stats struct {
 
 // Stats returns the engine's counters.
 func (e *Engine) Stats() *Stats { return &e.stats }
-
-var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
 // New allocates and registers the engine's buffer memory, once.
 func New(cfg Config) (*Engine, error) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"slices"
 	"sync"
 	"syscall"
@@ -13,6 +12,7 @@ import (
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 	chunkclient "github.com/rdmafs/rdmafs/chunkserver/client"
 	"github.com/rdmafs/rdmafs/chunkserver/proto"
+	"github.com/rdmafs/rdmafs/chunkserver/store"
 	"github.com/rdmafs/rdmafs/meta/metaerr"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/rdma"
@@ -311,7 +311,7 @@ func (e *Engine) writeShards(ctx context.Context, gr *metapb.StripeGrant, d *dir
 		sh := shards[j]
 		wg.Go(func() {
 			b := d.buf.b[j*unit : j*unit+sl]
-			crc := crc32.Checksum(b, crcTable)
+			crc := store.Checksum(b)
 			errs[x] = e.writeShard(ctx, sh, chunk.Key{Chunk: sh.ChunkId, Version: gr.Version}, []rdma.SGE{d.buf.sge(j*unit, sl)}, crc)
 		})
 	}
