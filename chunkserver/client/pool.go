@@ -1,105 +1,304 @@
-package client
+package fileio
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"log/slog"
 	"sync"
+	"sync/atomic"
+	"time"
 
+	chunkclient "github.com/rdmafs/rdmafs/chunkserver/client"
+	"github.com/rdmafs/rdmafs/chunkserver/proto"
 	"github.com/rdmafs/rdmafs/rdma"
 )
 
-// Pool keeps one connection per chunkd address for the FUSE client and repair:
-// Get returns the live connection to an address and dials a new one when there
-// is none or the last one failed (a failed connection stays failed, as queue
-// pairs do). It is safe for concurrent use; concurrent Gets of an address share
-// one dial.
-type Pool struct {
+// conns keeps one connection per chunkserver and dials again when one fails.
+// Dials to one address are serialized so that concurrent users share one
+// connection instead of replacing each other's. Finding a live connection, which
+// every read and write does, takes no exclusive lock.
+//
+// conns also keeps this mount's view of each chunkserver's health: one that
+// refused, reset or timed out is suspect at once: get fails fast for it (no
+// dial, no wait) and new grants exclude it until a background prober, which
+// redials it with backoff, reaches it again. Reads and writes so route
+// around it without waiting for the metadata service's heartbeat timeout.
+// One that answered "no space" is full for a while: a writer short of
+// chunkservers then reports ENOSPC instead of waiting for them.
+type conns struct {
 	dev  rdma.Device
 	pd   rdma.ProtectionDomain
-	opts Options
+	opts chunkclient.Options // the secret and timeouts; MinTimeout bounds a dial
+	now  func() time.Time
+	log  *slog.Logger
+	mu   sync.RWMutex
+	m    map[string]*peer
 
-	mu     sync.Mutex
-	conns  map[string]*poolEntry
-	closed bool
+	closed chan struct{} // closed by closeAll: probers stop
+	kickMu sync.Mutex
+	kick   chan struct{} // closed and replaced by kickProbes
 }
 
-type poolEntry struct {
-	c    *Client
-	err  error
-	done chan struct{} // closed when the dial finished
+func newConns(dev rdma.Device, pd rdma.ProtectionDomain, opts chunkclient.Options, now func() time.Time, log *slog.Logger) *conns {
+	return &conns{dev: dev, pd: pd, opts: opts, now: now, log: log, m: map[string]*peer{},
+		closed: make(chan struct{}), kick: make(chan struct{})}
 }
 
-// NewPool returns a pool that dials through dev with queue pairs in pd.
-func NewPool(dev rdma.Device, pd rdma.ProtectionDomain, opts Options) *Pool {
-	return &Pool{dev: dev, pd: pd, opts: opts, conns: make(map[string]*poolEntry)}
+type peer struct {
+	addr string
+	mu   sync.Mutex                         // serializes dialing; guards id and failures
+	c    atomic.Pointer[chunkclient.Client] // the current connection, or nil
+	// suspectUntil is when the prober dials a suspect next, 0 when it is not
+	// suspect; fullUntil is until when it counts as full (Unix nanoseconds).
+	suspectUntil atomic.Int64
+	fullUntil    atomic.Int64
+	probing      atomic.Bool // a prober goroutine runs for this suspect
+	id           string      // the chunkserver's id, once known
+	failures     int         // consecutive failures, for the backoff
 }
 
-// Get returns a live connection to addr.
-func (p *Pool) Get(ctx context.Context, addr string) (*Client, error) {
-	for {
-		p.mu.Lock()
-		if p.closed {
-			p.mu.Unlock()
-			return nil, ErrClosed
-		}
-		e := p.conns[addr]
-		if e == nil {
-			e = &poolEntry{done: make(chan struct{})}
-			p.conns[addr] = e
-			p.mu.Unlock()
-			e.c, e.err = Dial(ctx, p.dev, p.pd, addr, p.opts)
-			close(e.done)
-			p.mu.Lock()
-			if e.err != nil || p.closed {
-				if p.conns[addr] == e {
-					delete(p.conns, addr)
-				}
-				closed := p.closed
-				p.mu.Unlock()
-				if e.err == nil && closed {
-					e.c.Close()
-					return nil, ErrClosed
-				}
-				return nil, e.err
-			}
-			p.mu.Unlock()
-			return e.c, nil
-		}
-		p.mu.Unlock()
-		select {
-		case <-e.done:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		if e.err == nil && e.c.Err() == nil {
-			return e.c, nil
-		}
-		// Failed dial or dead connection: drop it (once) and dial again.
-		p.mu.Lock()
-		if p.conns[addr] == e {
-			delete(p.conns, addr)
-			if e.c != nil {
-				go e.c.Close()
-			}
-		}
-		p.mu.Unlock()
-		if e.err != nil {
-			return nil, e.err
-		}
+// Suspicion backoff: the first failure makes a chunkserver suspect for
+// minBackoff, each further one in a row doubles it up to maxBackoff.
+const (
+	minBackoff = 500 * time.Millisecond
+	maxBackoff = 10 * time.Second
+	// fullHold is how long a chunkserver that answered "no space" gets no
+	// new shards from this mount: its heartbeats tell meta within that time.
+	fullHold = 5 * time.Second
+)
+
+// errSuspect is returned by get for a suspect chunkserver.
+var errSuspect = errors.New("chunkserver suspect after a failure, not retried yet")
+
+// live reports whether cl is a connection that has not failed or closed.
+// Client.Err takes no lock while the connection is up.
+func live(cl *chunkclient.Client) bool { return cl != nil && cl.Err() == nil }
+
+// peer returns the state of addr, creating it.
+func (c *conns) peer(addr string) *peer {
+	c.mu.RLock()
+	p := c.m[addr]
+	c.mu.RUnlock()
+	if p != nil {
+		return p
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p = c.m[addr]; p == nil {
+		p = &peer{addr: addr}
+		c.m[addr] = p
+	}
+	return p
 }
 
-// Close closes every connection of the pool.
-func (p *Pool) Close() error {
+// get returns a live connection to the chunkserver id at addr, dialing one
+// (bounded by the dial timeout) when there is none, and the chunkserver's
+// state for failed and succeeded. A suspect chunkserver fails at once with
+// errSuspect (its prober redials it), so no caller waits on a chunkserver
+// that may still be gone.
+func (c *conns) get(ctx context.Context, id, addr string) (*chunkclient.Client, *peer, error) {
+	if addr == "" {
+		return nil, nil, fmt.Errorf("fileio: shard on chunkserver %q has no address (unknown or never placed): %w", id, errSuspect)
+	}
+	p := c.peer(addr)
+	if cl := p.c.Load(); live(cl) {
+		return cl, p, nil
+	}
+	if p.suspectUntil.Load() != 0 {
+		return nil, p, fmt.Errorf("fileio: chunkserver %s: %w", addr, errSuspect)
+	}
+	cl, err := c.dial(ctx, p, id, false)
+	return cl, p, err
+}
+
+// dial connects to p unless another caller has meanwhile; a failed dial
+// makes p suspect. Unless probe is set, a p found suspect meanwhile fails
+// at once: callers queued behind a dial that failed do not dial in turn.
+func (c *conns) dial(ctx context.Context, p *peer, id string, probe bool) (*chunkclient.Client, error) {
 	p.mu.Lock()
-	p.closed = true
-	conns := p.conns
-	p.conns = map[string]*poolEntry{}
-	p.mu.Unlock()
-	for _, e := range conns {
-		<-e.done
-		if e.c != nil {
-			e.c.Close()
+	defer p.mu.Unlock()
+	if id != "" {
+		p.id = id
+	}
+	old := p.c.Load()
+	if live(old) { // another caller dialed while this one waited
+		return old, nil
+	}
+	if !probe && p.suspectUntil.Load() != 0 {
+		return nil, fmt.Errorf("fileio: chunkserver %s: %w", p.addr, errSuspect)
+	}
+	if old != nil {
+		old.Close()
+		p.c.Store(nil)
+	}
+	dctx, cancel := context.WithTimeout(ctx, c.opts.MinTimeout)
+	defer cancel()
+	cl, err := chunkclient.Dial(dctx, c.dev, c.pd, p.addr, c.opts)
+	if err != nil {
+		err = fmt.Errorf("fileio: connect to chunkserver %s: %w", p.addr, err)
+		c.suspectLocked(p, err)
+		return nil, err
+	}
+	p.c.Store(cl)
+	return cl, nil
+}
+
+// prober dials suspect p whenever its backoff has passed, or sooner when
+// kicked, until a dial succeeds and ends the suspicion (or the mount closes).
+// Suspects are probed in the background, not by the next caller, because
+// new writes avoid them and might never call on one again.
+func (c *conns) prober(p *peer) {
+	for {
+		until := p.suspectUntil.Load()
+		if until == 0 {
+			// Hand over: a failure after the check above found probing
+			// still set and started no prober, so look once more.
+			p.probing.Store(false)
+			if p.suspectUntil.Load() == 0 || !p.probing.CompareAndSwap(false, true) {
+				return
+			}
+			continue
+		}
+		c.kickMu.Lock()
+		kick := c.kick
+		c.kickMu.Unlock()
+		t := time.NewTimer(time.Duration(until - c.now().UnixNano()))
+		select {
+		case <-t.C:
+		case <-kick:
+		case <-c.closed:
+			t.Stop()
+			p.probing.Store(false)
+			return
+		}
+		t.Stop()
+		if _, err := c.dial(context.Background(), p, "", true); err == nil {
+			c.succeeded(p) // the suspicion ends; the loop hands over
 		}
 	}
-	return nil
+}
+
+// kickProbes makes every suspect's prober dial now: a writer waiting for
+// chunkservers finds the ones back without waiting out their backoffs.
+func (c *conns) kickProbes() {
+	c.kickMu.Lock()
+	defer c.kickMu.Unlock()
+	close(c.kick)
+	c.kick = make(chan struct{})
+}
+
+// failed records the outcome of an operation on p that returned err: a
+// failure of the chunkserver or the path to it (anything but a status it
+// answered, or the caller's own cancellation) makes it suspect and closes
+// its connection; "no space" marks it full.
+func (c *conns) failed(ctx context.Context, p *peer, err error) {
+	switch {
+	case err == nil || errors.Is(err, errSuspect):
+	case proto.IsStatus(err, proto.StatusNoSpace):
+		p.fullUntil.Store(c.now().Add(fullHold).UnixNano())
+	case ctx.Err() != nil && !errors.Is(err, context.DeadlineExceeded):
+		// The caller gave up, not the chunkserver.
+	case peerFailure(err):
+		p.mu.Lock()
+		c.suspectLocked(p, err)
+		p.mu.Unlock()
+	}
+}
+
+// suspectLocked makes p suspect for its backoff and closes its connection.
+// The caller holds p.mu.
+func (c *conns) suspectLocked(p *peer, err error) {
+	p.failures++
+	backoff := min(minBackoff<<min(p.failures-1, 16), maxBackoff)
+	p.suspectUntil.Store(c.now().Add(backoff).UnixNano())
+	if cl := p.c.Swap(nil); cl != nil {
+		go cl.Close() // closing waits for the transport; nobody needs to wait for it
+	}
+	if p.probing.CompareAndSwap(false, true) {
+		go c.prober(p)
+	}
+	if p.failures == 1 {
+		c.log.Warn("fileio: chunkserver suspect, routing around it", "address", p.addr, "id", p.id, "err", err)
+	}
+}
+
+// succeeded records a successful operation on p: it is healthy again.
+func (c *conns) succeeded(p *peer) {
+	if p.fullUntil.Load() != 0 {
+		p.fullUntil.Store(0)
+	}
+	if p.suspectUntil.Load() == 0 {
+		return
+	}
+	p.mu.Lock()
+	if p.failures > 0 {
+		c.log.Info("fileio: chunkserver reachable again", "address", p.addr, "id", p.id)
+	}
+	p.failures = 0
+	p.suspectUntil.Store(0)
+	p.mu.Unlock()
+}
+
+// peerFailure reports whether err says the chunkserver or the network failed
+// rather than the request: statuses chunkd answered are not, except I/O
+// errors and shutting down.
+func peerFailure(err error) bool {
+	var se *proto.StatusError
+	if errors.As(err, &se) {
+		return se.Status == proto.StatusIOError || se.Status == proto.StatusShuttingDown
+	}
+	return true
+}
+
+// avoid returns the ids of chunkservers new shards should not go to: the
+// suspect ones this mount knows the id of. (Full ones are meta's to avoid:
+// their heartbeats report their space, within the reserve they keep.)
+func (c *conns) avoid() []string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var out []string
+	for _, p := range c.m {
+		// A suspect stays avoided until an operation or a probe succeeds,
+		// not only during its backoff.
+		if p.suspectUntil.Load() != 0 {
+			p.mu.Lock()
+			if p.id != "" {
+				out = append(out, p.id)
+			}
+			p.mu.Unlock()
+		}
+	}
+	return out
+}
+
+// anyFull reports whether some chunkserver answered "no space" recently.
+func (c *conns) anyFull() bool {
+	now := c.now().UnixNano()
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, p := range c.m {
+		if p.fullUntil.Load() > now {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *conns) closeAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-c.closed:
+	default:
+		close(c.closed)
+	}
+	for addr, p := range c.m {
+		p.mu.Lock()
+		if cl := p.c.Swap(nil); cl != nil {
+			cl.Close()
+		}
+		p.mu.Unlock()
+		delete(c.m, addr)
+	}
 }

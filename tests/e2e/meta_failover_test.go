@@ -64,7 +64,7 @@ func TestMetaFailover(t *testing.T) {
 		mu       sync.Mutex
 		acked    = map[string][]byte{}
 		firstErr error
-		ops      atomic.Int64
+		ops      = newProgress()
 	)
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
@@ -77,6 +77,7 @@ func TestMetaFailover(t *testing.T) {
 					firstErr = err
 				}
 				mu.Unlock()
+				ops.fail()
 			}
 			if err := os.Mkdir(wdir, 0o755); err != nil {
 				fail(err)
@@ -113,26 +114,33 @@ func TestMetaFailover(t *testing.T) {
 				mu.Lock()
 				acked[final] = data
 				mu.Unlock()
-				ops.Add(1)
+				ops.step()
 			}
 		}(w)
 	}
-	time.Sleep(2 * time.Second)
-	before := ops.Load()
-	if err := c.KillMeta(0); err != nil {
-		t.Fatal(err)
+	// Kill once the load runs (warm files acknowledged), and stop it once as
+	// many again were written after the kill: all but the one per worker
+	// that may have been in flight, and that meta 0 still answered, went
+	// through the new leader.
+	const warm = 8 * workers
+	waited := ops.wait(warm, time.Minute)
+	before := ops.load()
+	if waited {
+		if err := c.KillMeta(0); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("killed meta 0 (SIGKILL) after %d files", before)
+		waited = ops.wait(before+warm, time.Minute)
 	}
-	t.Logf("killed meta 0 (SIGKILL) after %d files", before)
-	time.Sleep(8 * time.Second)
 	stop.Store(true)
 	wg.Wait()
 	if firstErr != nil {
 		t.Fatalf("an error reached the application across the meta failover: %v", firstErr)
 	}
-	after := ops.Load()
+	after := ops.load()
 	t.Logf("%d files written and acknowledged, %d of them after the kill", after, after-before)
-	if after <= before {
-		t.Fatal("no file was written after the meta server died")
+	if !waited {
+		t.Fatalf("the load stalled: %d files before the kill, %d after", before, after-before)
 	}
 	if l := c.Leader(ctx); l != 1 {
 		t.Fatalf("leader after the kill is %d, want 1", l)
@@ -195,7 +203,7 @@ func TestMetaFailoverClient(t *testing.T) {
 		mu      sync.Mutex
 		want    = map[uint64]map[string]bool{}
 		errs    []error
-		ops     atomic.Int64
+		ops     = newProgress()
 		parents = make([]uint64, workers)
 	)
 	for w := range parents {
@@ -217,6 +225,7 @@ func TestMetaFailoverClient(t *testing.T) {
 					mu.Lock()
 					errs = append(errs, fmt.Errorf("create w%d/%s: %w", w, name, err))
 					mu.Unlock()
+					ops.fail()
 					return
 				}
 				mu.Lock()
@@ -227,31 +236,38 @@ func TestMetaFailoverClient(t *testing.T) {
 						mu.Lock()
 						errs = append(errs, fmt.Errorf("unlink w%d/%s: %w", w, name, err))
 						mu.Unlock()
+						ops.fail()
 						return
 					}
 					mu.Lock()
 					delete(want[p], name)
 					mu.Unlock()
 				}
-				ops.Add(1)
+				ops.step()
 			}
 		}(w)
 	}
-	time.Sleep(1500 * time.Millisecond)
-	before := ops.Load()
-	if err := c.KillMeta(0); err != nil {
-		t.Fatal(err)
+	// As in TestMetaFailover: kill once the load runs, stop once as many
+	// steps again were acknowledged after the kill (all but one per worker
+	// through the new leader).
+	const warm = 8 * workers
+	waited := ops.wait(warm, time.Minute)
+	before := ops.load()
+	if waited {
+		if err := c.KillMeta(0); err != nil {
+			t.Fatal(err)
+		}
+		waited = ops.wait(before+warm, time.Minute)
 	}
-	time.Sleep(6 * time.Second)
 	stop.Store(true)
 	wg.Wait()
 	if len(errs) > 0 {
 		t.Fatalf("%d calls failed across the failover, first: %v", len(errs), errs[0])
 	}
-	after := ops.Load()
+	after := ops.load()
 	t.Logf("%d create(+unlink) steps, %d after the kill", after, after-before)
-	if after <= before {
-		t.Fatal("nothing succeeded after the meta server died")
+	if !waited {
+		t.Fatalf("the load stalled: %d steps before the kill, %d after", before, after-before)
 	}
 	for w, p := range parents {
 		got := map[string]bool{}
@@ -275,4 +291,62 @@ func TestMetaFailoverClient(t *testing.T) {
 	}
 	log, _ := os.ReadFile(filepath.Join(dir, "meta1.log"))
 	t.Logf("new leader replayed %d stored outcomes of retried requests", bytes.Count(log, []byte("replayed the stored outcome")))
+}
+
+// progress counts the steps a load has acknowledged, for a test to wait on.
+type progress struct {
+	mu     sync.Mutex
+	n      int64
+	at     int64         // the count the waiter wants
+	hit    chan struct{} // closed when n reaches at; nil: no waiter
+	failed chan struct{} // closed by fail
+	once   sync.Once
+}
+
+func newProgress() *progress { return &progress{failed: make(chan struct{})} }
+
+// step counts one acknowledged step.
+func (p *progress) step() {
+	p.mu.Lock()
+	p.n++
+	if p.hit != nil && p.n >= p.at {
+		close(p.hit)
+		p.hit = nil
+	}
+	p.mu.Unlock()
+}
+
+// fail records that a worker gave up: waits end at once.
+func (p *progress) fail() { p.once.Do(func() { close(p.failed) }) }
+
+// load returns the steps counted so far.
+func (p *progress) load() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.n
+}
+
+// wait returns true once n steps have been counted in all, false if a
+// worker failed first or d passed. One caller at a time.
+func (p *progress) wait(n int64, d time.Duration) bool {
+	p.mu.Lock()
+	if p.n >= n {
+		p.mu.Unlock()
+		return true
+	}
+	hit := make(chan struct{})
+	p.at, p.hit = n, hit
+	p.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-hit:
+		return true
+	case <-p.failed:
+	case <-t.C:
+	}
+	p.mu.Lock()
+	p.hit = nil
+	p.mu.Unlock()
+	return false
 }
