@@ -46,6 +46,14 @@ func durablyKept(s *Store) int {
 	return s.freeCount
 }
 
+// pendingFree returns the bytes of deleted versions' slots not yet durably
+// free (not yet reusable).
+func pendingFree(s *Store) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.dirtyBytes
+}
+
 // slotFiles counts the non-empty slot files on disk.
 func slotFiles(t *testing.T, dir string) int {
 	t.Helper()

@@ -309,7 +309,9 @@ func TestSlotReuse(t *testing.T) {
 			}
 		}
 		if v%10 == 0 {
-			time.Sleep(300 * time.Millisecond) // let the freed slots become reusable
+			// The freed slots become reusable once maintain has made them
+			// durably free.
+			waitFor(t, "deleted slots to be durably free", 10*time.Second, func() bool { return pendingFree(s) == 0 })
 		}
 	}
 	s.Close()

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -17,6 +18,7 @@ import (
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/core"
+	"github.com/rdmafs/rdmafs/meta/kv/etcdkv"
 	"github.com/rdmafs/rdmafs/meta/kv/etcdkv/etcdtest"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/meta/reqid"
@@ -54,9 +56,15 @@ func TestLeaderFailover(t *testing.T) {
 	a := start()
 	waitLeader(t, a)
 	b := start()
+	// b has entered the election once its candidacy key is in etcd, behind
+	// a's: from then on only a's resignation or lost lease may elect it.
+	waitCandidates(t, etcd.Endpoint(), etcdkv.LeaderPrefix("ha"), 2)
+	// A candidate that wrongly skipped the wait would load the state and
+	// serve within milliseconds. Not electing is a non-event with nothing to
+	// wait on, so this window deliberately lets time pass before looking.
 	time.Sleep(200 * time.Millisecond)
-	if b.IsLeader() {
-		t.Fatal("two leaders")
+	if b.IsLeader() || !a.IsLeader() {
+		t.Fatalf("a leader %v, b leader %v: want a only", a.IsLeader(), b.IsLeader())
 	}
 	// The standby refuses calls with Unavailable.
 	if _, err := rawClient(t, b.Addr()).GetAttr(ctx, &metapb.GetAttrRequest{Ino: core.RootIno}); err == nil || client.Errno(err) == 0 {
@@ -67,25 +75,50 @@ func TestLeaderFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	const files = 60
-	done := make(chan error, 1)
+	// The creator goes on without pause from before a stops until it has
+	// made another batch of files after a.Stop returned, so creates are in
+	// flight while a stops and some must fail over to b.
+	const batch = 30
+	var (
+		started = make(chan struct{}) // closed after the first batch
+		stopped = make(chan struct{}) // closed when a.Stop returned
+		done    = make(chan error, 1)
+		files   int
+	)
 	go func() {
-		for i := 0; i < files; i++ {
+		after := -1 // files made when stopped was seen
+		for i := 0; after < 0 || i < after+batch; i++ {
+			if i == batch {
+				close(started)
+			}
+			if after < 0 && i >= batch {
+				select {
+				case <-stopped:
+					after = i
+				default:
+				}
+			}
 			if _, err := c.Create(ctx, &metapb.CreateRequest{Parent: core.RootIno, Name: fmt.Sprintf("f%d", i), Mode: 0o644, Exclusive: true}); err != nil {
 				done <- fmt.Errorf("create f%d: %w", i, err)
 				return
 			}
-			time.Sleep(5 * time.Millisecond)
+			files = i + 1
 		}
 		done <- nil
 	}()
-	time.Sleep(100 * time.Millisecond)
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("creates before the failover: %v", err)
+	}
 	if err := a.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
+	close(stopped)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("%d files created across the failover", files)
 	if !b.IsLeader() {
 		t.Fatal("the standby did not take over")
 	}
@@ -96,8 +129,40 @@ func TestLeaderFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Entries) != files {
+	if len(r.Entries) != files || files < 2*batch {
 		t.Fatalf("%d entries after failover, want %d", len(r.Entries), files)
+	}
+}
+
+// waitCandidates waits until n meta servers stand in the election under
+// prefix on the etcd at endpoint (each holds a key there while campaigning or
+// leading).
+func waitCandidates(t *testing.T, endpoint, prefix string, n int64) {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	for {
+		r, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatalf("waiting for %d candidates under %s: %v", n, prefix, err)
+		}
+		if r.Count >= n {
+			return
+		}
+		// Watch from the next revision: the next change of the prefix wakes us.
+		wctx, wcancel := context.WithCancel(ctx)
+		select {
+		case <-cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(r.Header.Revision+1)):
+			wcancel()
+		case <-ctx.Done():
+			wcancel()
+			t.Fatalf("%d candidates under %s after 15s, want %d", r.Count, prefix, n)
+		}
 	}
 }
 

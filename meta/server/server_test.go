@@ -149,6 +149,9 @@ func TestSessionKeepalive(t *testing.T) {
 		if _, err := c.GetAttr(ctx, &metapb.GetAttrRequest{Ino: f.Attr.Ino}); err != nil {
 			t.Fatalf("open unlinked file lost while the session is alive: %v", err)
 		}
+		// Real time on purpose: the client's keepalive timer and the
+		// server's session expiry both run on the real clock (neither the
+		// meta client nor server.Config takes one to inject).
 		sleep(100e6)
 	}
 	if err := s.Close(ctx); err != nil {
