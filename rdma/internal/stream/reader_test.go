@@ -56,6 +56,7 @@ func TestFrameReaderIdleAndLowat(t *testing.T) {
 	// After every read, the bytes read since idle was last called must stay
 	// under idleBytes: a read that reaches it calls idle.
 	inner := rd.readFn
+	parked := make(chan struct{}, 1) // a read found the socket empty and is about to park
 	rd.readFn = func(fd uintptr) bool {
 		ok := inner(fd)
 		reads++
@@ -63,6 +64,12 @@ func TestFrameReaderIdleAndLowat(t *testing.T) {
 			violations++
 		}
 		maxLowat = max(maxLowat, rd.lowat)
+		if !ok {
+			select {
+			case parked <- struct{}{}:
+			default:
+			}
+		}
 		return ok
 	}
 	// The first MiB trickles in, so that the reader parks in the middle
@@ -93,10 +100,20 @@ func TestFrameReaderIdleAndLowat(t *testing.T) {
 	}
 	// A small read that parks restores the low-water mark: one byte must
 	// wake it.
+	select { // forget the parks of the large read
+	case <-parked:
+	default:
+	}
 	done := make(chan error, 1)
 	one := make([]byte, 1)
 	go func() { done <- rd.readInto(one) }()
-	time.Sleep(20 * time.Millisecond)
+	select {
+	case <-parked:
+	case err := <-done:
+		t.Fatalf("a read of an empty socket returned: %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the small read neither parked nor returned")
+	}
 	w.Write([]byte("x"))
 	select {
 	case err := <-done:
