@@ -100,7 +100,7 @@ func newRepairer(s *Server, cfg RepairConfig) (*repairer, error) {
 		return nil, fmt.Errorf("chunkserver: repair memory of %d bytes: %w", cfg.MemBytes, err)
 	}
 	return &repairer{s: s, cfg: cfg, pd: pd, mem: mem,
-		conns: client.NewPool(s.cfg.Device, pd, client.Options{Secret: s.cfg.Secret}),
+		conns: client.NewPool(s.cfg.Device, pd, client.Options{Secret: s.cfg.Secret}, nil, s.log),
 		limit: newRateLimiter(cfg.Bandwidth), codes: map[[2]int]reedsolomon.Encoder{}}, nil
 }
 
@@ -336,7 +336,7 @@ func (r *repairer) store(t RepairTask, data []byte) error {
 }
 
 func (r *repairer) lease(ctx context.Context, src ShardSource) (client.Lease, error) {
-	c, err := r.conns.Get(ctx, src.Addr)
+	c, _, err := r.conns.Get(ctx, "", src.Addr)
 	if err != nil {
 		return client.Lease{}, err
 	}
@@ -344,7 +344,7 @@ func (r *repairer) lease(ctx context.Context, src ShardSource) (client.Lease, er
 }
 
 func (r *repairer) release(ctx context.Context, src ShardSource, l client.Lease) {
-	if c, err := r.conns.Get(ctx, src.Addr); err == nil {
+	if c, _, err := r.conns.Get(ctx, "", src.Addr); err == nil {
 		c.ReleaseLease(ctx, l)
 	}
 }
@@ -352,7 +352,7 @@ func (r *repairer) release(ctx context.Context, src ShardSource, l client.Lease)
 // readInto reads a whole shard with RDMA_READ into buf at off, within the
 // bandwidth bound, and checks it against the checksum its chunkd holds.
 func (r *repairer) readInto(ctx context.Context, src ShardSource, buf mempool.Buf, off, length int) error {
-	c, err := r.conns.Get(ctx, src.Addr)
+	c, _, err := r.conns.Get(ctx, "", src.Addr)
 	if err != nil {
 		return err
 	}

@@ -692,14 +692,15 @@ func TestReadPathAllocations(t *testing.T) {
 }
 
 // TestPoolRedials: the pool hands out one connection per address and replaces it
-// after it failed (here: an access to a revoked lease kills the queue pair).
+// after it failed (here: an access to a revoked lease kills the queue pair);
+// a chunkserver that refuses a dial is suspect.
 func TestPoolRedials(t *testing.T) {
 	s := chunktest.Start(t, chunktest.Options{})
 	env := chunktest.NewClientEnv(t, 1<<20)
-	pool := client.NewPool(env.Dev, env.PD, client.Options{Secret: s.Secret})
+	pool := client.NewPool(env.Dev, env.PD, client.Options{Secret: s.Secret}, nil, nil)
 	defer pool.Close()
 	ctx := ctxT(t)
-	c1, err := pool.Get(ctx, s.Addr())
+	c1, _, err := pool.Get(ctx, "", s.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -710,7 +711,7 @@ func TestPoolRedials(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if c, err := pool.Get(ctx, s.Addr()); err != nil || c != c1 {
+			if c, _, err := pool.Get(ctx, "", s.Addr()); err != nil || c != c1 {
 				t.Errorf("Get = %p, %v; want the live connection %p", c, err, c1)
 			}
 		}()
@@ -725,15 +726,23 @@ func TestPoolRedials(t *testing.T) {
 		t.Fatalf("read of a released lease: %v", err)
 	}
 	<-c1.Done()
-	c2, err := pool.Get(ctx, s.Addr())
+	c2, _, err := pool.Get(ctx, "", s.Addr())
 	if err != nil || c2 == c1 {
 		t.Fatalf("after failure: %p, %v", c2, err)
 	}
 	if _, err := c2.ReadAt(ctx, key, 0, []rdma.SGE{env.SGE(0, 4096)}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Get(ctx, "127.0.0.1:1"); err == nil {
+	if _, _, err := pool.Get(ctx, "cs-gone", "127.0.0.1:1"); err == nil {
 		t.Fatal("dial of a closed port succeeded")
+	}
+	// The refused chunkserver is suspect: the next Get fails at once, and
+	// new shards avoid it.
+	if _, _, err := pool.Get(ctx, "cs-gone", "127.0.0.1:1"); !errors.Is(err, client.ErrSuspect) {
+		t.Fatalf("Get of a suspect chunkserver: %v, want ErrSuspect", err)
+	}
+	if got := pool.Avoid(); len(got) != 1 || got[0] != "cs-gone" {
+		t.Fatalf("Avoid() = %v, want [cs-gone]", got)
 	}
 }
 

@@ -52,6 +52,12 @@ type Options struct {
 	MinTimeout, MaxTimeout time.Duration
 }
 
+// Defaults of Options.MinTimeout and MaxTimeout.
+const (
+	defaultMinTimeout = 2 * time.Second
+	defaultMaxTimeout = 10 * time.Second
+)
+
 // ErrStalled is wrapped by the error of a connection that failed because
 // its chunkserver answered nothing for the stall timeout.
 var ErrStalled = errors.New("chunkserver client: no answer within the stall timeout")
@@ -183,10 +189,10 @@ func Dial(ctx context.Context, dev rdma.Device, pd rdma.ProtectionDomain, addr s
 		opts.MaxCachedLeases = 128
 	}
 	if opts.MaxTimeout <= 0 {
-		opts.MaxTimeout = 10 * time.Second
+		opts.MaxTimeout = defaultMaxTimeout
 	}
 	if opts.MinTimeout <= 0 || opts.MinTimeout > opts.MaxTimeout {
-		opts.MinTimeout = min(2*time.Second, opts.MaxTimeout)
+		opts.MinTimeout = min(defaultMinTimeout, opts.MaxTimeout)
 	}
 	c := &Client{
 		addr: addr, maxSGE: rdma.MaxSGELimit, minTimeout: opts.MinTimeout, maxTimeout: opts.MaxTimeout,

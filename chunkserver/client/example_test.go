@@ -27,9 +27,9 @@ func Example() {
 		return rdma.SGE{Addr: mr.Addr() + uint64(off), Length: uint32(n), LKey: mr.LKey()}
 	}
 
-	pool := client.NewPool(dev, pd, client.Options{Secret: []byte("cluster secret")})
+	pool := client.NewPool(dev, pd, client.Options{Secret: []byte("cluster secret")}, nil, nil)
 	defer pool.Close()
-	c, err := pool.Get(ctx, "127.0.0.1:7400")
+	c, _, err := pool.Get(ctx, "", "127.0.0.1:7400")
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -85,7 +85,7 @@ func (e *Engine) planDelta(f *file, s uint64, d *dirtyStripe) *deltaPlan {
 	if lay.inline > 0 && s == 0 && f.size >= 0 && f.size <= lay.inline {
 		return nil // the flush commits it inline
 	}
-	avoid := e.conns.avoid()
+	avoid := e.conns.Avoid()
 	for _, sh := range si.Shards {
 		if sh.ServerId == "" || slices.Contains(avoid, sh.ServerId) {
 			return nil

@@ -29,7 +29,8 @@
 // (encoding, writing shards with replacements, committing), delta.go
 // (parity-delta writes of small changes), read.go (reads and degraded reads),
 // readahead.go, truncate.go (truncation, and rebasing after a conflict),
-// pool.go (registered buffer memory), conns.go (chunkserver connections).
+// pool.go (registered buffer memory); chunkserver connections and their
+// health are chunkserver/client.Pool's.
 package fileio
 
 import (
@@ -87,7 +88,7 @@ type Engine struct {
 	mem   *rdma.Memory
 	mr    rdma.MemoryRegion
 	pool  *pool
-	conns *conns
+	conns *chunkclient.Pool
 	log   *slog.Logger
 
 	mu    sync.Mutex
@@ -177,7 +178,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, pd: pd, mem: mem, mr: mr, pool: newPool(mr), log: cfg.Logger,
 		files: map[uint64]*file{}, codes: map[[2]int]reedsolomon.Encoder{}}
 	e.ra.limit = int64(cfg.ReadaheadBytes)
-	e.conns = newConns(cfg.Device, pd, chunkclient.Options{Secret: cfg.Secret, MinTimeout: minIOTimeout(cfg.IOTimeout), MaxTimeout: cfg.IOTimeout},
+	e.conns = chunkclient.NewPool(cfg.Device, pd, chunkclient.Options{Secret: cfg.Secret, MinTimeout: minIOTimeout(cfg.IOTimeout), MaxTimeout: cfg.IOTimeout},
 		cfg.Now, cfg.Logger)
 	return e, nil
 }
@@ -185,7 +186,7 @@ func New(cfg Config) (*Engine, error) {
 // Close drops every connection and frees the buffer memory. Dirty data not
 // flushed is lost: flush files first.
 func (e *Engine) Close() error {
-	e.conns.closeAll()
+	e.conns.Close()
 	e.mr.Deregister()
 	e.mem.Free()
 	return e.pd.Close()

@@ -232,15 +232,15 @@ func (e *Engine) readCommittedTo(ctx context.Context, ino uint64, lay layout, si
 // fails at once for a chunkserver this mount suspects; one that fails (or
 // goes silent: its connection's stall timeout) becomes suspect.
 func (e *Engine) readShard(ctx context.Context, sh *metapb.Shard, key chunk.Key, off int, sgl []rdma.SGE) error {
-	c, p, err := e.conns.get(ctx, sh.ServerId, sh.Address)
+	c, p, err := e.conns.Get(ctx, sh.ServerId, sh.Address)
 	if err != nil {
 		return err
 	}
 	if _, err := c.ReadAt(ctx, key, off, sgl); err != nil {
-		e.conns.failed(ctx, p, err)
+		e.conns.Failed(ctx, p, err)
 		return err
 	}
-	e.conns.succeeded(p)
+	e.conns.Succeeded(p)
 	return nil
 }
 

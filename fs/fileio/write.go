@@ -199,7 +199,7 @@ func (e *Engine) commitInline(ctx context.Context, ino uint64, d *dirtyStripe) (
 func (e *Engine) grant(ctx context.Context, ino uint64, stripes, inPlace []uint64, deadline time.Time) (*metapb.GrantWriteReply, error) {
 	wait := waitMin
 	for {
-		g, err := e.cfg.Meta.GrantWrite(ctx, &metapb.GrantWriteRequest{Ino: ino, Stripes: stripes, InPlace: inPlace, Exclude: e.conns.avoid()})
+		g, err := e.cfg.Meta.GrantWrite(ctx, &metapb.GrantWriteRequest{Ino: ino, Stripes: stripes, InPlace: inPlace, Exclude: e.conns.Avoid()})
 		switch errno := metaerr.Errno(err); {
 		case err == nil:
 			return g, nil
@@ -207,12 +207,12 @@ func (e *Engine) grant(ctx context.Context, ino uint64, stripes, inPlace []uint6
 			return nil, &writeFailed{fmt.Errorf("fileio: inode %d: no chunkserver has room: %w", ino, syscall.ENOSPC)}
 		case errno != syscall.EHOSTDOWN:
 			return nil, err
-		case e.conns.anyFull():
+		case e.conns.AnyFull():
 			return nil, &writeFailed{fmt.Errorf("fileio: inode %d: too few chunkservers with room (%v): %w", ino, err, syscall.ENOSPC)}
 		case !e.cfg.Now().Before(deadline):
 			return nil, &writeFailed{fmt.Errorf("fileio: inode %d: too few chunkservers reachable for %v (%v): %w", ino, e.cfg.WriteTimeout, err, syscall.EIO)}
 		}
-		e.conns.kickProbes() // the chunkservers this mount avoids may be back
+		e.conns.KickProbes() // the chunkservers this mount avoids may be back
 		if err := sleep(ctx, wait); err != nil {
 			return nil, err
 		}
@@ -257,7 +257,7 @@ func (e *Engine) writeStripe(ctx context.Context, ino uint64, lay layout, gr *me
 		if !past || n-len(missing) < need {
 			// Move what is missing to other chunkservers, if any are left.
 			r, err := e.cfg.Meta.ReplaceShards(ctx, &metapb.ReplaceShardsRequest{Ino: ino, Stripe: gr.Stripe, Version: gr.Version,
-				Shards: missing, Exclude: e.conns.avoid()})
+				Shards: missing, Exclude: e.conns.Avoid()})
 			if err != nil {
 				return nil, nil, fmt.Errorf("fileio: replace shards %v of stripe %d: %w", missing, gr.Stripe, err)
 			}
@@ -284,14 +284,14 @@ func (e *Engine) writeStripe(ctx context.Context, ino uint64, lay layout, gr *me
 			return shards, missing, nil
 		}
 		switch {
-		case full || e.conns.anyFull():
+		case full || e.conns.AnyFull():
 			return nil, nil, &writeFailed{fmt.Errorf("fileio: stripe %d of inode %d: %d of %d shards written, chunkservers full: %w",
 				gr.Stripe, ino, n-len(missing), n, syscall.ENOSPC)}
 		case past:
 			return nil, nil, &writeFailed{fmt.Errorf("fileio: stripe %d of inode %d: %d of %d shards written in %v, %d needed: %w",
 				gr.Stripe, ino, n-len(missing), n, e.cfg.WriteTimeout, need, syscall.EIO)}
 		}
-		e.conns.kickProbes()
+		e.conns.KickProbes()
 		if err := sleep(ctx, wait); err != nil {
 			return nil, nil, err
 		}
@@ -345,17 +345,17 @@ func (e *Engine) writeShard(ctx context.Context, sh *metapb.Shard, key chunk.Key
 func (e *Engine) toShard(ctx context.Context, sh *metapb.Shard, op func(c *chunkclient.Client) error) error {
 	wait, waited := busyWait, time.Duration(0)
 	for {
-		c, p, err := e.conns.get(ctx, sh.ServerId, sh.Address)
+		c, p, err := e.conns.Get(ctx, sh.ServerId, sh.Address)
 		if err != nil {
 			return err
 		}
 		err = op(c)
 		if err == nil {
-			e.conns.succeeded(p)
+			e.conns.Succeeded(p)
 			return nil
 		}
 		if !proto.IsStatus(err, proto.StatusBusy) || waited >= busyTotal {
-			e.conns.failed(ctx, p, err)
+			e.conns.Failed(ctx, p, err)
 			return err
 		}
 		if err := sleep(ctx, wait); err != nil {
