@@ -191,13 +191,7 @@ func run(ctx context.Context, f *flags) error {
 			srv.Close()
 			return fmt.Errorf("--metrics: %w", err)
 		}
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := ms.Shutdown(sctx); err != nil {
-				log.Warn("chunkd: metrics server", "err", err)
-			}
-		}()
+		defer ms.Stop(5*time.Second, log)
 		log.Info("chunkd: metrics", "addr", ms.Addr())
 	}
 	if f.readyFile != "" {

@@ -223,13 +223,7 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 		if err != nil {
 			return fmt.Errorf("mount: --metrics: %w", err)
 		}
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := ms.Shutdown(sctx); err != nil {
-				logger.Warn("mount: metrics server", "err", err)
-			}
-		}()
+		defer ms.Stop(5*time.Second, logger)
 		logger.Info("metrics", "addr", ms.Addr())
 	}
 	fsys, root := fs.New(fs.Options{Meta: mc, Session: sess.ID(), Data: eng, AttrTimeout: f.attrTimeout, EntryTimeout: f.entryTimeout, Logger: logger,

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -89,4 +90,15 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return s.err
 	}
 	return err
+}
+
+// Stop is Shutdown for a process that exits: requests being served get up
+// to grace to finish (a CPU profile being taken is cut short), and an error
+// is logged to log rather than returned. A nil Server does nothing.
+func (s *Server) Stop(grace time.Duration, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		log.Warn("metrics server", "err", err)
+	}
 }

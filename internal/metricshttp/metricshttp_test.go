@@ -3,6 +3,7 @@ package metricshttp
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -78,4 +79,19 @@ func TestNil(t *testing.T) {
 	if err := s.Shutdown(context.Background()); err != nil {
 		t.Fatalf("nil Server Shutdown: %v", err)
 	}
+}
+
+// TestStop checks that Stop ends serving, and does nothing on a nil Server.
+func TestStop(t *testing.T) {
+	s, err := Start("127.0.0.1:0", prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Stop(5*time.Second, slog.Default())
+	if resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + s.Addr() + "/metrics"); err == nil {
+		resp.Body.Close()
+		t.Fatal("/metrics still answers after Stop")
+	}
+	var none *Server
+	none.Stop(time.Second, slog.Default())
 }

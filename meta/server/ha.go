@@ -212,7 +212,9 @@ func (h *ha) stop(ctx context.Context) error {
 	h.cancel()
 	<-h.done
 	h.mux.Close()
-	stopMetrics(ctx, h.metrics, h.cfg.Logger)
+	if err := h.metrics.Shutdown(ctx); err != nil {
+		h.cfg.Logger.Error("metrics server", "err", err)
+	}
 	err := h.store.Close()
 	h.cfg.Logger.Info("meta server stopped")
 	return err

@@ -229,14 +229,6 @@ func startMetrics(cfg Config) (*metricshttp.Server, error) {
 	return ms, nil
 }
 
-// stopMetrics shuts the metrics server down (nothing without one), logging
-// a failure.
-func stopMetrics(ctx context.Context, ms *metricshttp.Server, log *slog.Logger) {
-	if err := ms.Shutdown(ctx); err != nil {
-		log.Error("metrics server", "err", err)
-	}
-}
-
 // Service returns the service the server runs (in etcd mode: the service of
 // the current leadership term, nil on a standby).
 func (s *Server) Service() *core.Service {
@@ -266,7 +258,9 @@ func (s *Server) Stop(ctx context.Context) error {
 			s.grpc.Stop()
 			<-done
 		}
-		stopMetrics(ctx, s.metrics, s.cfg.Logger)
+		if err := s.metrics.Shutdown(ctx); err != nil {
+			s.cfg.Logger.Error("metrics server", "err", err)
+		}
 		s.cancel()
 		s.wg.Wait()
 		err = s.svc.Close(ctx)
