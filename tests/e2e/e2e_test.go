@@ -23,6 +23,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/internal/cmdbuild"
 	"github.com/rdmafs/rdmafs/internal/devcluster"
+	"github.com/rdmafs/rdmafs/internal/devcluster/clustertest"
 )
 
 // binDir holds the rdmafs binaries TestMain built; empty when not root (every
@@ -69,47 +70,12 @@ func up(t *testing.T) *devcluster.Cluster {
 // upWith is up with the configuration adjusted by adjust (if not nil).
 func upWith(t *testing.T, adjust func(*devcluster.Config)) *devcluster.Cluster {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "rdmafs-e2e-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cfg := devcluster.Config{Dir: dir, Bin: binDir, Mount: true, ChunkdMem: "64MiB", ClientMem: "128MiB",
+	cfg := devcluster.Config{Bin: binDir, Mount: true, ChunkdMem: "64MiB", ClientMem: "128MiB",
 		HeartbeatTimeout: 3 * time.Second}
 	if adjust != nil {
 		adjust(&cfg)
 	}
-	c, err := devcluster.Up(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Down(context.Background()); err != nil {
-			t.Errorf("cluster down: %v", err)
-		}
-		if t.Failed() {
-			for _, name := range []string{"mount.log", "meta.log", "chunk0.log"} {
-				b, _ := os.ReadFile(filepath.Join(dir, name))
-				t.Logf("%s:\n%s", name, tail(b))
-			}
-		}
-		os.RemoveAll(dir)
-	})
-	return c
-}
-
-func tail(b []byte) string {
-	if len(b) > 3000 {
-		b = b[len(b)-3000:]
-	}
-	return string(b)
-}
-
-func need(t *testing.T, prog string) {
-	if _, err := exec.LookPath(prog); err != nil {
-		t.Skipf("%s not installed (make deps installs it)", prog)
-	}
+	return clustertest.Start(t, cfg, clustertest.Options{})
 }
 
 func run(t *testing.T, dir, prog string, args ...string) string {
@@ -118,7 +84,7 @@ func run(t *testing.T, dir, prog string, args ...string) string {
 	cmd.Dir = dir
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", prog, strings.Join(args, " "), err, tail(out))
+		t.Fatalf("%s %s: %v\n%s", prog, strings.Join(args, " "), err, clustertest.Tail(string(out), 3000))
 	}
 	return string(out)
 }
@@ -138,7 +104,7 @@ func pattern(n int, seed uint64) []byte {
 // concurrently (asynchronous direct I/O).
 func TestFioVerify(t *testing.T) {
 	needRoot(t)
-	need(t, "fio")
+	clustertest.Need(t, "fio")
 	c := up(t)
 	out := run(t, c.MountPoint, "fio", "--name=seq", "--rw=write", "--bs=1M", "--size=96M", "--end_fsync=1",
 		"--verify=crc32c", "--verify_fatal=1", "--do_verify=1",
@@ -146,7 +112,7 @@ func TestFioVerify(t *testing.T) {
 		"--name=aio", "--ioengine=libaio", "--iodepth=16", "--direct=1", "--rw=randwrite", "--bs=4k", "--size=16M",
 		"--verify=crc32c", "--verify_fatal=1", "--do_verify=1")
 	if strings.Contains(out, "verify: bad") || strings.Count(out, "err= 0") != 3 {
-		t.Fatalf("fio verify failed (every one of the 3 jobs must end with err= 0):\n%s", tail([]byte(out)))
+		t.Fatalf("fio verify failed (every one of the 3 jobs must end with err= 0):\n%s", clustertest.Tail(out, 3000))
 	}
 }
 
@@ -178,7 +144,7 @@ func TestCopyTree(t *testing.T) {
 // time (nanoseconds: POSIX pax format) arrive.
 func TestTarTree(t *testing.T) {
 	needRoot(t)
-	need(t, "tar")
+	clustertest.Need(t, "tar")
 	c := up(t)
 	src := t.TempDir()
 	run(t, "", "cp", "-a", "../../fs", filepath.Join(src, "fs-src"))
@@ -254,7 +220,7 @@ func sameMetadata(t *testing.T, how, src, dst string) {
 // TestSQLite runs a database on the mount and checks its integrity.
 func TestSQLite(t *testing.T) {
 	needRoot(t)
-	need(t, "sqlite3")
+	clustertest.Need(t, "sqlite3")
 	c := up(t)
 	db := filepath.Join(c.MountPoint, "test.db")
 	var sql strings.Builder

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rdmafs/rdmafs/internal/devcluster"
+	"github.com/rdmafs/rdmafs/internal/devcluster/clustertest"
 	"github.com/rdmafs/rdmafs/meta/core"
 	"github.com/rdmafs/rdmafs/meta/kv/etcdkv/etcdtest"
 	"github.com/rdmafs/rdmafs/meta/metapb"
@@ -26,29 +27,11 @@ import (
 func TestMetaFailover(t *testing.T) {
 	needRoot(t)
 	etcd := etcdtest.StartT(t)
-	dir, err := os.MkdirTemp("", "rdmafs-e2e-etcd-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := clustertest.Start(t, devcluster.Config{Bin: binDir, Mount: true, ChunkdMem: "64MiB", ClientMem: "128MiB",
+		HeartbeatTimeout: 3 * time.Second, KV: etcd.URL("e2e"), Metas: 2, ElectionTTL: 2 * time.Second},
+		clustertest.Options{Timeout: 2 * time.Minute})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := devcluster.Up(ctx, devcluster.Config{Dir: dir, Bin: binDir, Mount: true, ChunkdMem: "64MiB", ClientMem: "128MiB",
-		HeartbeatTimeout: 3 * time.Second, KV: etcd.URL("e2e"), Metas: 2, ElectionTTL: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Down(context.Background()); err != nil {
-			t.Errorf("cluster down: %v", err)
-		}
-		if t.Failed() {
-			for _, name := range []string{"mount.log", "meta0.log", "meta1.log", "chunk0.log"} {
-				b, _ := os.ReadFile(filepath.Join(dir, name))
-				t.Logf("%s:\n%s", name, tail(b))
-			}
-		}
-		os.RemoveAll(dir)
-	})
 	leader := c.Leader(ctx)
 	if leader != 0 {
 		t.Fatalf("meta 0 should serve, leader is %d", leader)
@@ -179,18 +162,10 @@ func TestMetaFailover(t *testing.T) {
 func TestMetaFailoverClient(t *testing.T) {
 	needRoot(t)
 	etcd := etcdtest.StartT(t)
-	dir, err := os.MkdirTemp("", "rdmafs-e2e-etcd-client-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
+	c := clustertest.Start(t, devcluster.Config{Bin: binDir, Chunkservers: -1, KV: etcd.URL("e2e-client"), Metas: 2, ElectionTTL: 2 * time.Second},
+		clustertest.Options{Timeout: 2 * time.Minute})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := devcluster.Up(ctx, devcluster.Config{Dir: dir, Bin: binDir, Chunkservers: -1, KV: etcd.URL("e2e-client"), Metas: 2, ElectionTTL: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Down(context.Background())
 	mc, err := c.Client()
 	if err != nil {
 		t.Fatal(err)
@@ -289,7 +264,7 @@ func TestMetaFailoverClient(t *testing.T) {
 			t.Fatalf("w%d: namespace after failover has %d entries, the acknowledged calls made %d", w, len(got), len(want[p]))
 		}
 	}
-	log, _ := os.ReadFile(filepath.Join(dir, "meta1.log"))
+	log, _ := os.ReadFile(filepath.Join(c.Dir, "meta1.log"))
 	t.Logf("new leader replayed %d stored outcomes of retried requests", bytes.Count(log, []byte("replayed the stored outcome")))
 }
 

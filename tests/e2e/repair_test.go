@@ -16,6 +16,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/fs/fileio"
 	"github.com/rdmafs/rdmafs/internal/devcluster"
+	"github.com/rdmafs/rdmafs/internal/devcluster/clustertest"
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/metapb"
@@ -27,32 +28,10 @@ import (
 // fileio engine (a fresh one per check, so nothing is served from a cache).
 func repairCluster(t *testing.T, n int) *devcluster.Cluster {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "rdmafs-e2e-repair-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := devcluster.Up(ctx, devcluster.Config{Dir: dir, Bin: binDir, Chunkservers: n, ChunkdMem: "64MiB",
+	return clustertest.Start(t, devcluster.Config{Bin: binDir, Chunkservers: n, ChunkdMem: "64MiB",
 		HeartbeatTimeout: 1500 * time.Millisecond,
 		MetaArgs:         []string{"--repair-grace", "1s", "--repair-task-timeout", "20s"},
-		ChunkdArgs:       []string{"--repair-mem", "16MiB"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Down(context.Background()); err != nil {
-			t.Errorf("cluster down: %v", err)
-		}
-		if t.Failed() {
-			for _, name := range []string{"meta.log", "chunk0.log", "chunk3.log"} {
-				b, _ := os.ReadFile(filepath.Join(dir, name))
-				t.Logf("%s:\n%s", name, tail(b))
-			}
-		}
-		os.RemoveAll(dir)
-	})
-	return c
+		ChunkdArgs:       []string{"--repair-mem", "16MiB"}}, clustertest.Options{})
 }
 
 // fsClient is an in-process file client: meta connection + fileio engine.

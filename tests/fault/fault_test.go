@@ -15,14 +15,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-)
 
-func need(t *testing.T, prog string) {
-	t.Helper()
-	if _, err := exec.LookPath(prog); err != nil {
-		t.Skipf("%s not installed (make deps installs it)", prog)
-	}
-}
+	"github.com/rdmafs/rdmafs/internal/devcluster/clustertest"
+)
 
 // fioWrite is a fio job writing and verifying (crc32c) a 16 MiB file with
 // an fsync every 8 blocks; with verifyOnly it only reads it back (O_DIRECT)
@@ -59,7 +54,7 @@ func fioLoop(rec *recorder, dir string, done *[]string, mu *sync.Mutex) func(ctx
 						errno = syscall.Errno(j.Error)
 					}
 				}
-				rec.note("fio", name, time.Since(start), fmt.Errorf("%v: %w\n%s", err, errno, tailString(out, 1500)))
+				rec.note("fio", name, time.Since(start), fmt.Errorf("%v: %w\n%s", err, errno, clustertest.Tail(out, 1500)))
 				return err
 			}
 			mu.Lock()
@@ -68,13 +63,6 @@ func fioLoop(rec *recorder, dir string, done *[]string, mu *sync.Mutex) func(ctx
 		}
 		return nil
 	}
-}
-
-func tailString(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }
 
 // verifyFio reads back (O_DIRECT) and verifies every file fio wrote.
@@ -87,7 +75,7 @@ func verifyFio(t *testing.T, rec *recorder, dir string, names []string) {
 		cancel()
 		rec.note("fio-verify", name, time.Since(start), nil)
 		if err != nil {
-			t.Fatalf("fio --verify_only %s: %v\n%s", name, err, tailString(out, 2000))
+			t.Fatalf("fio --verify_only %s: %v\n%s", name, err, clustertest.Tail(out, 2000))
 		}
 		if len(jobs) != 1 || jobs[0].ReadBytes != 16<<20 {
 			t.Fatalf("fio --verify_only %s read %+v, want 16 MiB", name, jobs)
@@ -103,7 +91,7 @@ func verifyFio(t *testing.T, rec *recorder, dir string, names []string) {
 // stallBound; every acknowledged byte and every fio file reads back, and
 // the cluster returns to full redundancy.
 func TestKillChunkservers(t *testing.T) {
-	need(t, "fio")
+	clustertest.Need(t, "fio")
 	c := newCluster(t, opts{})
 	s := newScene(t, c, 5*time.Minute)
 	goDir, fioDir := filepath.Join(c.MountPoint, "go"), filepath.Join(c.MountPoint, "fio")

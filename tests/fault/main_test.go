@@ -31,6 +31,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/internal/cmdbuild"
 	"github.com/rdmafs/rdmafs/internal/devcluster"
+	"github.com/rdmafs/rdmafs/internal/devcluster/clustertest"
 )
 
 var binDir string
@@ -103,62 +104,25 @@ type opts struct {
 
 // newCluster brings up meta, the chunkservers and a mount with short
 // heartbeat and repair grace periods, torn down (by PID) after the test.
-// On failure the mount is asked for a goroutine dump (SIGQUIT) first, every
-// process log's tail goes to the test log and the directory is kept.
+// On failure clustertest logs every process log's tail and keeps the logs,
+// and the mount writes a goroutine dump (SIGQUIT) into its log.
 func newCluster(t *testing.T, o opts) *devcluster.Cluster {
 	t.Helper()
 	if o.chunkservers == 0 {
 		o.chunkservers = 7
 	}
-	dir, err := os.MkdirTemp("", "rdmafs-fault-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	cfg := devcluster.Config{Dir: dir, Bin: binDir, Chunkservers: o.chunkservers, Transport: "tcp",
+	cfg := devcluster.Config{Bin: binDir, Chunkservers: o.chunkservers, Transport: "tcp",
 		ChunkdMem: "64MiB", ClientMem: "128MiB", Mount: !o.noMount, HeartbeatTimeout: 2 * time.Second,
 		MetaArgs:   append([]string{"--repair-grace", "1s", "--repair-task-timeout", "20s"}, o.metaArgs...),
 		ChunkdArgs: []string{"--repair-mem", "16MiB"},
 		MountArgs:  mountArgs(), ChunkdDisk: o.disk, Net: o.net}
-	c, err := devcluster.Up(ctx, cfg)
-	if c != nil {
-		c.StopGrace = 15 * time.Second
-	}
-	cleanup := func() {
-		failed := t.Failed()
-		if failed {
-			t.Logf("process logs:\n%s", c.LogTails(3000))
+	return clustertest.Start(t, cfg, clustertest.Options{Timeout: 90 * time.Second, StopGrace: 15 * time.Second,
+		KeepEnv: "RDMAFS_FAULT_KEEP", OnFailure: func(c *devcluster.Cluster) {
 			if c.Mount != nil {
-				// A goroutine dump of the mount goes to mount.log (kept).
 				syscall.Kill(c.Mount.PID, syscall.SIGQUIT)
 				waitGone(c.Mount.PID, 5*time.Second)
 			}
-		}
-		if err := c.Down(context.Background()); err != nil {
-			t.Errorf("cluster down: %v", err)
-		}
-		if failed || os.Getenv("RDMAFS_FAULT_KEEP") != "" {
-			// Keep the logs, drop the data.
-			ents, _ := os.ReadDir(dir)
-			for _, e := range ents {
-				if e.IsDir() {
-					os.RemoveAll(filepath.Join(dir, e.Name()))
-				}
-			}
-			t.Logf("logs kept in %s", dir)
-			return
-		}
-		os.RemoveAll(dir)
-	}
-	if err != nil {
-		if c != nil {
-			cleanup()
-		}
-		t.Fatalf("cluster up: %v", err)
-	}
-	t.Cleanup(cleanup)
-	return c
+		}})
 }
 
 // waitGone polls until process pid has exited, for at most d.
