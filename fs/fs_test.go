@@ -35,12 +35,7 @@ func mount(t *testing.T) string {
 // mountData is mount with data as the file I/O engine (nil: none).
 func mountData(t *testing.T, data fs.Data) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting needs root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("no /dev/fuse")
-	}
+	fstest.NeedFUSE(t)
 	m := metatest.Start(t, metatest.Options{})
 	c := m.Client(t)
 	ctx := context.Background()
@@ -48,28 +43,9 @@ func mountData(t *testing.T, data fs.Data) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { sess.Close(ctx) })
 	_, root := fs.New(fs.Options{Meta: c, Session: sess.ID(), Data: data})
-	// Not t.TempDir: its parent is 0700, and tests run commands as other users.
-	dir, err := os.MkdirTemp("", "rdmafs-mnt-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.Chmod(dir, 0o755)
-	t.Cleanup(func() { os.Remove(dir) })
-	srv, err := fs.Mount(dir, root, fs.MountOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for i := 0; ; i++ {
-			if err := srv.Unmount(); err == nil || i == 50 {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		sess.Close(ctx)
-	})
-	return dir
+	return fstest.MountRoot(t, root)
 }
 
 func errnoOf(err error) syscall.Errno {

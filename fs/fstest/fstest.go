@@ -54,12 +54,7 @@ type Cluster struct {
 // impossible (not root, no /dev/fuse).
 func Start(t *testing.T, opts Options) *Cluster {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting needs root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("no /dev/fuse")
-	}
+	NeedFUSE(t)
 	if opts.Chunkservers == 0 {
 		opts.Chunkservers = 6
 	}
@@ -109,15 +104,42 @@ func (c *Cluster) mount(t *testing.T, wrap func(metapb.MetaClient) metapb.MetaCl
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		sess.Close(ctx)
+		eng.Close()
+	})
 	_, root := fs.New(fs.Options{Meta: fsMeta, Session: sess.ID(), Data: eng, DropBehind: c.opts.DropBehind})
+	return MountRoot(t, root), eng
+}
+
+// NeedFUSE skips t unless this process can mount FUSE file systems: it runs
+// as root and /dev/fuse exists.
+func NeedFUSE(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse")
+	}
+}
+
+// MountRoot mounts the file system of root (from fs.New) at a new
+// directory and returns it. The directory is not under t.TempDir, whose
+// parent is private (mode 0700): tests run commands in it as other users.
+// When the test ends it is unmounted, retried for up to 2s while busy, and
+// removed; cleanups registered before MountRoot run after that.
+func MountRoot(t testing.TB, root *fs.Node) string {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "rdmafs-mnt-")
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("fstest: %v", err)
 	}
 	os.Chmod(dir, 0o755)
+	t.Cleanup(func() { os.Remove(dir) })
 	srv, err := fs.Mount(dir, root, fs.MountOptions{})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("fstest: mount at %s: %v", dir, err)
 	}
 	t.Cleanup(func() {
 		for i := 0; ; i++ {
@@ -126,11 +148,8 @@ func (c *Cluster) mount(t *testing.T, wrap func(metapb.MetaClient) metapb.MetaCl
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		os.Remove(dir)
-		sess.Close(ctx)
-		eng.Close()
 	})
-	return dir, eng
+	return dir
 }
 
 // WaitUp waits until n chunkservers are registered and up.
