@@ -46,9 +46,9 @@ func Mount(mountpoint string, root *Node, opts MountOptions) (*fuse.Server, erro
 			Options:                  []string{"default_permissions"},
 			Debug:                    opts.Debug,
 			ExplicitDataCacheControl: false,
-			// Read data is in memory already: splicing it through a pipe
-			// costs three system calls where one writev does (a fifth of the
-			// mount's CPU in 4 KiB random reads, perf).
+			// Read replies are bytes in memory, for which go-fuse's splice
+			// path only adds system calls on a pipe before the same writev
+			// (what that cost: docs/performance.md).
 			DisableSplice: true,
 			// Asynchronous direct I/O: an application's O_DIRECT reads and
 			// writes through libaio or io_uring reach us concurrently

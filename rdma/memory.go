@@ -54,18 +54,10 @@ func AllocMemory(name string, size int) (*Memory, error) {
 // and then touches every page from user code too (MAP_POPULATE has already
 // faulted the pages in).
 //
-// Both are needed on the development machine (a PVM guest): there the first
-// access to a page from each side — kernel and user code — is slow however
-// often the other side has touched it (separate shadow page tables for guest
-// kernel and guest user mode would explain it; we measured only the effect).
-// The software transports have the kernel copy between sockets and these
-// pages (recv straight into a region, writev out of one); chunkd and the
-// client read and write them from Go (checksums, erasure coding). Measured
-// there, socket reads into 512 MiB allocated 2 s earlier: 525-740 MiB/s after
-// a user-space touch or memset alone, 5.2-5.8 GiB/s after a read from
-// /dev/zero; during a sequential write chunkd spent a quarter of the machine
-// in the receive copy with the user touch alone, and as much in checksumming
-// with the kernel's alone.
+// Both sides touch every page because both use them — the software transports
+// have the kernel copy between sockets and these pages, chunkd and the client
+// read and write them from Go — and on some virtual machines the first access
+// from each side is slow whatever the other did (docs/performance.md).
 func prefault(buf []byte, page int) {
 	zero, err := unix.Open("/dev/zero", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err == nil {

@@ -890,9 +890,9 @@ func (s *Store) write(n uint64, info chunk.Info, seq uint64, data []byte) error 
 	padded := roundUp(len(data))
 	// Direct I/O whenever the data is block aligned with room for its padding,
 	// as staging buffers in registered memory are: no copy into the page cache.
-	// This holds for writes that allocate too: on a virtual machine, filling
-	// fresh page-cache pages cost chunkd a third of its CPU in a sequential
-	// write (perf), and the data is synced at once anyway.
+	// This holds for writes that allocate too: filling fresh page-cache pages
+	// is dear on a virtual machine (docs/performance.md), and the data is
+	// synced at once anyway.
 	direct := s.direct.Load() && len(data) > 0 && cap(data) >= padded &&
 		uintptr(unsafe.Pointer(unsafe.SliceData(data)))%blockSize == 0
 	iov := [3][]byte{hdr, data}

@@ -236,6 +236,3 @@ func defaultMem() (int64, error) {
 	ram := int64(si.Totalram) * int64(si.Unit)
 	return max(min(ram/8, 4<<30), 64<<20), nil
 }
-
-// parseSize parses a byte count with an optional K/M/G/T suffix (KiB, MB, ... all
-// binary).

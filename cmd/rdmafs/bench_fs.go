@@ -196,13 +196,10 @@ func runBenchFS(ctx context.Context, w io.Writer, cfg benchFSConfig) error {
 		strings.Join(jobs, " "), size, runtime, 2*rounds, len(cl.Chunk), transport, storageOf(clusterDir))
 	// Each round runs both job sets twice, in the order rdmafs, ceiling,
 	// ceiling, rdmafs, each in a fresh directory removed afterwards, and a
-	// figure is the median of a file system's runs. On a shared VM a run's
-	// speed depends on what ran just before it — a 512 MiB tmpfs write
-	// measured 5.3 GiB/s on its own and 250 MiB/s right after rdmafs had
-	// written 1 GiB — so the order gives each file system early and late
-	// turns; and a neighbour now and then takes the CPU for a few seconds
-	// (one rdmafs run at 24.5k IOPS between two at 34k), which the median
-	// of four runs shrugs off where the mean of two does not.
+	// figure is the median of a file system's runs: a run's speed depends on
+	// what ran just before it, which the order evens out, and now and then
+	// on a neighbour taking the CPU, which the median shrugs off where a mean
+	// does not (docs/performance.md).
 	type target struct {
 		name, mnt string
 		runs      [][]fiorun.Result

@@ -82,22 +82,13 @@ unmounts; --background returns once the file system is mounted.`,
 }
 
 // mountProcs is the default number of Go scheduler processors (GOMAXPROCS)
-// of a mount on a machine with cpus CPUs: more than the CPUs.
+// of a mount on a machine with cpus CPUs: 16, or cpus when that is more.
 //
-// go-fuse's request readers block in read(2) on /dev/fuse, each holding a
-// processor while it waits, and go-fuse runs as many readers as there are
-// processors (at most 16). With one processor per CPU the readers hold them
-// all, so the runtime's monitor thread keeps running every 20 µs to take them
-// back, and a reader woken by a request finds its processor gone and has to
-// wait for a thread to give it one: a futex wake and a context switch per
-// request. With spare processors neither happens, and with 16 a queue of 16
-// requests finds a reader for each. 4 KiB random reads over tcp on a 2-core
-// VM, fresh clusters alternating: 4 jobs 18.0-25.5k IOPS with 8 processors
-// (median 25.0k, 9 runs), 21.9-27.4k with 16 (median 26.6k, 15 runs); one
-// job at queue depth 16 gained little (35k either way); 32 gained nothing
-// over 16. The go-fuse loopback ceiling gains about as much (4 jobs:
-// 67.7-77.4k with 2 processors, 75.3-78.9k with 16), so `rdmafs bench fs`
-// serves it with as many.
+// go-fuse runs as many request readers as processors (at least 2, at most
+// 16), each holding its processor while blocked in read(2) on /dev/fuse: with
+// spare processors the runtime need not take them back and a woken reader need
+// not wait for one, and 16 readers serve a queue of 16 requests (figures in
+// docs/performance.md).
 func mountProcs(cpus int) int {
 	return max(16, cpus)
 }

@@ -15,12 +15,11 @@ import (
 // them).
 //
 // SCHED_BATCH is the normal fair policy without wake-up preemption: a thread
-// this process wakes (a peer's reader, through a socket write) no longer
-// takes the CPU from the writer in the middle of its work, which on a small
-// machine turned each request/response into extra context switches. For the
-// data path of rdmafs — chunkd and the FUSE client, whose every operation
-// wakes another process — it measured 7.9k → 9.0k 4 KiB random reads per
-// second on the 2-core development VM. It needs no privilege.
+// of this process woken by another (a reader, by the peer's socket write)
+// does not take the CPU from the waker in the middle of its work. chunkd and
+// the FUSE client, whose every operation wakes the other, both run under it,
+// which saves context switches per request on a small machine (figures in
+// docs/performance.md). It needs no privilege.
 func Batch() error {
 	// Two passes: a thread created during the first from one not yet
 	// switched would be missed.
