@@ -43,13 +43,7 @@ func printStatus(cmd *cobra.Command, st *metapb.StatusReply) {
 	fmt.Fprintf(w, "files %d  directories %d  stripes %d  degraded stripes %d  sessions %d  pending chunk deletes %d\n\n",
 		st.Files, st.Directories, st.Stripes, st.DegradedStripes, st.Sessions, st.PendingDeletes)
 	printRepair(w, st)
-	up := 0
-	for _, cs := range st.Chunkservers {
-		if cs.Up {
-			up++
-		}
-	}
-	fmt.Fprintf(w, "chunkservers: %d registered, %d up\n", len(st.Chunkservers), up)
+	fmt.Fprintf(w, "chunkservers: %d registered, %d up\n", len(st.Chunkservers), st.ChunkserversUp())
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATE\tZONE\tADDRESS\tTRANSPORTS\tCAPACITY\tUSED\tFREE\tCHUNKS\tSHARDS\tLOAD\tGC\tLAST HEARTBEAT")
 	for _, cs := range st.Chunkservers {

@@ -159,16 +159,8 @@ func (c *Cluster) WaitUp(t *testing.T, n int) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		st, err := mc.Status(context.Background(), &metapb.StatusRequest{})
-		if err == nil {
-			up := 0
-			for _, cs := range st.Chunkservers {
-				if cs.Up {
-					up++
-				}
-			}
-			if up >= n {
-				return
-			}
+		if err == nil && st.ChunkserversUp() >= n {
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("fstest: fewer than %d chunkservers up after 10s (%v)", n, err)

@@ -402,16 +402,9 @@ func (c *Cluster) WaitUp(ctx context.Context, n int, timeout time.Duration) erro
 	deadline := time.Now().Add(timeout)
 	for {
 		st, err := mc.Status(ctx, &metapb.StatusRequest{})
-		up := 0
-		if err == nil {
-			for _, cs := range st.Chunkservers {
-				if cs.Up {
-					up++
-				}
-			}
-			if up >= n {
-				return nil
-			}
+		up := st.ChunkserversUp() // 0 on an error
+		if err == nil && up >= n {
+			return nil
 		}
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(c.Meta.Log)

@@ -28,12 +28,7 @@ func (c *Cluster) Status(ctx context.Context) (*metapb.StatusReply, error) {
 // stripe with all its shards: none degraded or lost, nothing queued for
 // repair or in flight. why says what is missing.
 func FullRedundancy(st *metapb.StatusReply, up int) (ok bool, why string) {
-	n := 0
-	for _, cs := range st.Chunkservers {
-		if cs.Up {
-			n++
-		}
-	}
+	n := st.ChunkserversUp()
 	r := st.GetRepair()
 	var miss []string
 	if n < up {

@@ -164,12 +164,7 @@ func waitHealthy(t *testing.T, mc *client.Client, live int, timeout time.Duratio
 		if began.IsZero() && r.GetQueued()+r.GetInFlight() > 0 {
 			began = time.Now()
 		}
-		up := 0
-		for _, cs := range st.Chunkservers {
-			if cs.Up {
-				up++
-			}
-		}
+		up := st.ChunkserversUp()
 		if up == live && r.GetDegradedStripes() == 0 && r.GetLostStripes() == 0 && r.GetQueued() == 0 && r.GetInFlight() == 0 &&
 			r.GetHealthyStripes() == st.Stripes {
 			if began.IsZero() {
