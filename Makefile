@@ -17,10 +17,12 @@ build:
 deps:
 	./scripts/install-deps.sh
 
-## vet: static checks, including the cgo verbs transport
+## vet: static checks, including the cgo verbs transport, and staticcheck
+## (a tool dependency in go.mod: go tool staticcheck)
 vet:
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags verbs ./rdma/...
+	$(GO) tool staticcheck $(PKGS)
 
 ## test: the whole suite with the race detector (the README's test command):
 ## the packages in parallel, then the cluster suites under tests/ one package

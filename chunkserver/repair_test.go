@@ -125,7 +125,6 @@ func TestRepairWorker(t *testing.T) {
 				t.Fatal(err)
 			}
 			const version = 3
-			var srcs []*chunktest.Server
 			planners := make([]*fakePlanner, k+m)
 			task := chunkserver.RepairTask{ID: 1, Key: chunk.Key{Chunk: 900, Version: version}, Shard: tt.shard, K: k, M: m}
 			for i := 0; i < k+m; i++ {
@@ -139,7 +138,6 @@ func TestRepairWorker(t *testing.T) {
 				if i == tt.corrupt {
 					corruptOnDisk(t, s.Dir)
 				}
-				srcs = append(srcs, s)
 				avail := true
 				for _, u := range tt.unavailable {
 					avail = avail && u != i

@@ -64,18 +64,18 @@ func (d *pairedReads) Size(uint64) (int64, bool)                      { return f
 
 // iocb and ioEvent are the kernel's struct iocb and struct io_event (linux/aio_abi.h).
 type iocb struct {
-	data      uint64
-	key       uint32
-	rwFlags   int32
-	opcode    uint16
-	reqprio   int16
-	fd        uint32
-	buf       uint64
-	nbytes    uint64
-	offset    int64
-	reserved2 uint64
-	flags     uint32
-	resfd     uint32
+	data   uint64
+	_      uint32 // aio_key
+	_      int32  // aio_rw_flags
+	opcode uint16
+	_      int16 // aio_reqprio
+	fd     uint32
+	buf    uint64
+	nbytes uint64
+	offset int64
+	_      uint64 // aio_reserved2
+	_      uint32 // aio_flags
+	_      uint32 // aio_resfd
 }
 
 type ioEvent struct {

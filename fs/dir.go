@@ -76,9 +76,7 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 }
 
 // Seekdir implements gofs.FileSeekdirer: off is a cookie handed out before.
-func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
-	ctx, done := killable(ctx)
-	defer done()
+func (d *dirHandle) Seekdir(_ context.Context, off uint64) syscall.Errno {
 	if off == d.cookie {
 		return 0
 	}

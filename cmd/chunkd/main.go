@@ -196,7 +196,8 @@ func run(ctx context.Context, f *flags) error {
 	}
 	if f.readyFile != "" {
 		tmp := f.readyFile + ".tmp"
-		if err := os.WriteFile(tmp, []byte(srv.Addr()+"\n"), 0o644); err == nil {
+		err := os.WriteFile(tmp, []byte(srv.Addr()+"\n"), 0o644)
+		if err == nil {
 			err = os.Rename(tmp, f.readyFile)
 		}
 		if err != nil {

@@ -25,7 +25,7 @@ func newAdminDumpCommand() *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if (dataDir == "") == (kvURL == "") {
-				return fmt.Errorf("admin dump: give exactly one of --data DIR and --kv etcd://...")
+				return fmt.Errorf("admin dump: give exactly one of --data DIR and --kv etcd://HOST:PORT/PREFIX")
 			}
 			ctx := cmd.Context()
 			store, err := server.OpenStore(ctx, dataDir, kvURL, nil)

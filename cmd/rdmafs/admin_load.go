@@ -25,7 +25,7 @@ func newAdminLoadCommand() *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if (dataDir == "") == (kvURL == "") {
-				return fmt.Errorf("admin load: give exactly one of --data DIR and --kv etcd://...")
+				return fmt.Errorf("admin load: give exactly one of --data DIR and --kv etcd://HOST:PORT/PREFIX")
 			}
 			ctx := cmd.Context()
 			var r io.Reader = cmd.InOrStdin()

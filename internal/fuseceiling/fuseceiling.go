@@ -59,10 +59,11 @@ func Mount(dir, mountpoint string) (*fuse.Server, error) {
 		return nil, fmt.Errorf("fuseceiling: %w", err)
 	}
 	root := &gofs.LoopbackRoot{Path: dir, Dev: uint64(st.Dev)}
+	//lint:ignore SA1019 the ceiling keeps go-fuse's loopback node as it is, wrapped by value; WrapChild would need a pointer embedding
 	root.NewNode = func(r *gofs.LoopbackRoot, _ *gofs.Inode, _ string, _ *syscall.Stat_t) gofs.InodeEmbedder {
 		return &node{gofs.LoopbackNode{RootData: r}}
 	}
-	rootNode := root.NewNode(root, nil, "", &st)
+	rootNode := root.NewNode(root, nil, "", &st) //lint:ignore SA1019 as above
 	root.RootNode = rootNode
 	sec := time.Second
 	srv, err := gofs.Mount(mountpoint, rootNode, &gofs.Options{

@@ -366,7 +366,7 @@ func TestRename(t *testing.T) {
 
 // setup holds the inodes of the tree each rename case starts from.
 type setup struct {
-	a, b, sub, file, file2, emptyDir, full, hl uint64
+	a, b, sub, file, file2, emptyDir, full uint64
 }
 
 func at(dir, name string) func(s setup) (uint64, string) {

@@ -577,8 +577,6 @@ func fileType(mode uint32) uint32 { return mode & syscall.S_IFMT }
 func isDir(a *metapb.Attr) bool   { return fileType(a.Mode) == syscall.S_IFDIR }
 func isReg(a *metapb.Attr) bool   { return fileType(a.Mode) == syscall.S_IFREG }
 
-func cloneAttr(a *metapb.Attr) *metapb.Attr { return proto.Clone(a).(*metapb.Attr) }
-
 // checkName validates a single path component.
 func checkName(name string) error {
 	switch {

@@ -262,10 +262,6 @@ func testOrdering(t *testing.T, open OpenFunc, _ Options) {
 // request with the verbs status, moves the queue pair to ERR, flushes what was
 // posted behind it, and never touches memory outside the region.
 func testErrors(t *testing.T, open OpenFunc, _ Options) {
-	type target struct {
-		rkey func(b *End, other rdma.MemoryRegion) uint32
-		addr func(b *End) uint64
-	}
 	cases := []struct {
 		name   string
 		op     rdma.Opcode
@@ -791,7 +787,7 @@ func soak(t *testing.T, a, b *End) {
 		}
 	}
 	if !bytes.Equal(b.Bytes()[:size], modelB) {
-		t.Fatal(fmt.Sprintf("after %d operations the target memory differs from the model", ops))
+		t.Fatalf("after %d operations the target memory differs from the model", ops)
 	}
 }
 

@@ -366,7 +366,6 @@ type connRequest struct {
 	l     *listener
 	conn  net.Conn
 	hello handshake
-	once  sync.Once
 }
 
 // PrivateData implements rdma.ConnRequest.

@@ -51,8 +51,7 @@ func TestFrameReaderIdleAndLowat(t *testing.T) {
 	}
 	var progress atomic.Uint64
 	idles, reads, violations, maxLowat := 0, 0, 0, 0
-	var rd *frameReader
-	rd = newFrameReader(raw, -1, &progress, func() { idles++ })
+	rd := newFrameReader(raw, -1, &progress, func() { idles++ })
 	// After every read, the bytes read since idle was last called must stay
 	// under idleBytes: a read that reaches it calls idle.
 	inner := rd.readFn

@@ -112,15 +112,6 @@ func (h *header) decode(b []byte) error {
 	return nil
 }
 
-// hasPayload reports whether payload bytes follow the header.
-func (h *header) hasPayload() bool {
-	switch h.op {
-	case opSend, opSendImm, opWrite, opWriteImm, opReadResp, opGrant:
-		return true
-	}
-	return false
-}
-
 // The connection handshake.
 //
 //	hello (connecting side):  magic "RDTP" | version u16 | kind=1 u8 | 0 u8 | qpn u32 |
