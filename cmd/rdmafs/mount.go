@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
@@ -25,14 +26,19 @@ import (
 	"github.com/rdmafs/rdmafs/internal/sched"
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/client"
+	"github.com/rdmafs/rdmafs/rdma"
 	"github.com/rdmafs/rdmafs/rdma/transport"
 )
 
 // mountReadyFD is the descriptor a --background child reports readiness on.
 const mountReadyFD = 3
 
+// mountChildEnv is set in the environment of a --background child, which
+// mounts in the foreground and reports readiness on mountReadyFD.
 const mountChildEnv = "RDMAFS_MOUNT_CHILD"
 
+// mountFlags are the mount command's flags as given; config parses and checks
+// them.
 type mountFlags struct {
 	secretFile, transport, memory, metrics, logLevel, logFile string
 	dirtyLimit, readaheadMem, kernelReadahead, dropBehind     string
@@ -42,6 +48,31 @@ type mountFlags struct {
 	cpuProfile                                                string
 }
 
+// mountConfig is what a mount runs with: its arguments and its flags, parsed
+// and checked.
+type mountConfig struct {
+	metaAddr, mountpoint string
+	secretFile           string
+	transport            string
+	memBytes             int   // --mem: positive
+	dirtyLimit           int   // --dirty-limit; 0: the engine's default
+	readaheadMem         int   // --readahead-mem; 0: the engine's default
+	readaheadStripes     int   // --readahead-stripes; -1: no readahead
+	kernelReadahead      int   // --kernel-readahead; 0: fs.Mount's default
+	dropBehind           int64 // --drop-behind; 0: never
+	procs                int   // --procs; 0: mountProcs unless $GOMAXPROCS
+	attrTimeout          time.Duration
+	entryTimeout         time.Duration
+	ioTimeout            time.Duration
+	writeTimeout         time.Duration
+	metrics              string // --metrics; empty: off
+	logLevel             slog.Level
+	logFile              string // --log-file; empty: stderr
+	cpuProfile           string // --cpuprofile; empty: off
+	debug, schedBatch    bool
+}
+
+// newMountCommand is `rdmafs mount`; runMount does the work.
 func newMountCommand() *cobra.Command {
 	f := &mountFlags{}
 	c := &cobra.Command{
@@ -101,167 +132,316 @@ func useMountProcs() {
 	}
 }
 
+// runMount mounts the file system whose metadata service is at metaAddr on
+// mountpoint and serves it until it is unmounted or the command's context ends
+// (SIGINT or SIGTERM); with --background it starts a child that does so and
+// returns once the child has mounted. Everything set up is taken
+// down in reverse order on return: the queued releases reach the metadata
+// service before its session closes.
 func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) error {
 	if f.background && os.Getenv(mountChildEnv) == "" {
 		return mountInBackground(cmd, f)
 	}
-	if f.secretFile == "" {
-		return errors.New("mount: --secret-file (or $RDMAFS_SECRET_FILE) is required: the metadata service refuses requests without the cluster secret")
+	cfg, err := f.config(metaAddr, mountpoint)
+	if err != nil {
+		return err
 	}
-	if f.cpuProfile != "" {
-		pf, err := os.Create(f.cpuProfile)
+	if cfg.cpuProfile != "" {
+		stop, err := startCPUProfile(cfg.cpuProfile)
 		if err != nil {
-			return fmt.Errorf("mount: --cpuprofile: %w", err)
+			return err
 		}
-		pprof.StartCPUProfile(pf)
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
-	memBytes, err := bytesize.Parse(f.memory)
-	if err == nil && memBytes <= 0 {
+	logger, err := cfg.newLogger()
+	if err != nil {
+		return err
+	}
+	cfg.setScheduling(logger)
+	ctx := cmd.Context()
+	meta, err := openMountMeta(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer meta.close()
+	dev, eng, err := cfg.newEngine(meta, logger)
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	defer eng.Close()
+	if cfg.metrics != "" {
+		stop, err := serveMountMetrics(cfg.metrics, eng, logger)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	fsys, srv, err := cfg.mountFS(meta, eng, logger)
+	if err != nil {
+		return err
+	}
+	defer finishReleases(fsys)
+	logger.Info("mounted", "meta", cfg.metaAddr, "mountpoint", cfg.mountpoint, "transport", dev.Name())
+	notifyMounted()
+	serveMount(ctx, srv, eng, cfg.mountpoint, logger)
+	return nil
+}
+
+// config parses and checks the flags of a mount of the file system at
+// metaAddr on mountpoint. Its errors name the flag at fault.
+func (f *mountFlags) config(metaAddr, mountpoint string) (*mountConfig, error) {
+	if f.secretFile == "" {
+		return nil, errors.New("mount: --secret-file (or $RDMAFS_SECRET_FILE) is required: the metadata service refuses requests without the cluster secret")
+	}
+	c := &mountConfig{
+		metaAddr: metaAddr, mountpoint: mountpoint,
+		secretFile: f.secretFile, transport: f.transport,
+		readaheadStripes: f.readaheadStripes, procs: f.procs,
+		attrTimeout: f.attrTimeout, entryTimeout: f.entryTimeout, ioTimeout: f.ioTimeout, writeTimeout: f.writeTimeout,
+		metrics: f.metrics, logFile: f.logFile, cpuProfile: f.cpuProfile,
+		debug: f.debug, schedBatch: f.schedBatch,
+	}
+	mem, err := bytesize.Parse(f.memory)
+	if err == nil && mem <= 0 {
 		err = fmt.Errorf("must be positive")
 	}
 	if err != nil {
-		return fmt.Errorf("mount: --mem: %w", err)
+		return nil, fmt.Errorf("mount: --mem: %w", err)
 	}
-	optionalSize := func(flag, v string) (int, error) {
-		if v == "" {
-			return 0, nil
-		}
-		n, err := bytesize.Parse(v)
-		if err == nil && n <= 0 {
-			err = fmt.Errorf("must be positive")
-		}
-		if err != nil {
-			return 0, fmt.Errorf("mount: --%s: %w", flag, err)
-		}
-		return int(n), nil
+	c.memBytes = int(mem)
+	if c.dirtyLimit, err = optionalSize("dirty-limit", f.dirtyLimit); err != nil {
+		return nil, err
 	}
-	dirtyLimit, err := optionalSize("dirty-limit", f.dirtyLimit)
-	if err != nil {
-		return err
+	if c.readaheadMem, err = optionalSize("readahead-mem", f.readaheadMem); err != nil {
+		return nil, err
 	}
-	readaheadMem, err := optionalSize("readahead-mem", f.readaheadMem)
-	if err != nil {
-		return err
-	}
-	dropBehind, err := bytesize.Parse(f.dropBehind)
-	if err == nil && dropBehind < 0 {
+	c.dropBehind, err = bytesize.Parse(f.dropBehind)
+	if err == nil && c.dropBehind < 0 {
 		err = fmt.Errorf("must not be negative")
 	}
 	if err != nil {
-		return fmt.Errorf("mount: --drop-behind: %w", err)
+		return nil, fmt.Errorf("mount: --drop-behind: %w", err)
 	}
-	kernelReadahead, err := optionalSize("kernel-readahead", f.kernelReadahead)
-	if err != nil {
-		return err
+	if c.kernelReadahead, err = optionalSize("kernel-readahead", f.kernelReadahead); err != nil {
+		return nil, err
 	}
-	readaheadStripes := f.readaheadStripes
 	switch {
-	case readaheadStripes < 0:
-		return fmt.Errorf("mount: --readahead-stripes %d: must be 0 or more", readaheadStripes)
-	case readaheadStripes == 0:
-		readaheadStripes = -1 // off
+	case c.readaheadStripes < 0:
+		return nil, fmt.Errorf("mount: --readahead-stripes %d: must be 0 or more", c.readaheadStripes)
+	case c.readaheadStripes == 0:
+		c.readaheadStripes = -1 // off, as fileio.Config has it
 	}
-	logger, err := mountLogger(f)
+	if c.procs < 0 {
+		return nil, fmt.Errorf("mount: --procs %d: must be 0 (default) or more", c.procs)
+	}
+	if err := c.logLevel.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return nil, fmt.Errorf("mount: --log-level %q: %w", f.logLevel, err)
+	}
+	return c, nil
+}
+
+// optionalSize parses the size v of --flag: 0 when v is empty, else a
+// positive number of bytes.
+func optionalSize(flag, v string) (int, error) {
+	if v == "" {
+		return 0, nil
+	}
+	n, err := bytesize.Parse(v)
+	if err == nil && n <= 0 {
+		err = fmt.Errorf("must be positive")
+	}
 	if err != nil {
-		return err
+		return 0, fmt.Errorf("mount: --%s: %w", flag, err)
 	}
-	if f.schedBatch {
+	return int(n), nil
+}
+
+// startCPUProfile starts profiling the process's CPU into a new file at path
+// and returns the function that stops the profile and closes the file.
+func startCPUProfile(path string) (stop func(), err error) {
+	pf, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("mount: --cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(pf); err != nil {
+		pf.Close()
+		return nil, fmt.Errorf("mount: --cpuprofile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		pf.Close()
+	}, nil
+}
+
+// newLogger returns the mount's logger: text at c.logLevel and above, to
+// c.logFile (appended to, created if need be) or else to stderr.
+func (c *mountConfig) newLogger() (*slog.Logger, error) {
+	out := os.Stderr
+	if c.logFile != "" {
+		lf, err := os.OpenFile(c.logFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("mount: --log-file: %w", err)
+		}
+		out = lf
+	}
+	return slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: c.logLevel})), nil
+}
+
+// setScheduling puts the process under SCHED_BATCH if c asks for it (a
+// failure is logged and the mount goes on) and sets its number of Go
+// scheduler processors. It must run before the file system is mounted:
+// go-fuse sizes its pool of request readers by GOMAXPROCS then.
+func (c *mountConfig) setScheduling(logger *slog.Logger) {
+	if c.schedBatch {
 		if err := sched.Batch(); err != nil {
 			logger.Warn("mount: staying under the default scheduling policy", "err", err)
 		}
 	}
-	switch {
-	case f.procs < 0:
-		return fmt.Errorf("mount: --procs %d: must be 0 (default) or more", f.procs)
-	case f.procs > 0:
-		runtime.GOMAXPROCS(f.procs)
-	default:
+	if c.procs > 0 {
+		runtime.GOMAXPROCS(c.procs)
+	} else {
 		useMountProcs()
 	}
-	secret, err := auth.ReadSecretFile(f.secretFile)
+}
+
+// mountMeta is a mount's link to the metadata service: the client, the
+// session its opens are recorded in, and the cluster secret (which the
+// chunkservers check too).
+type mountMeta struct {
+	client  *client.Client
+	session *client.Session
+	secret  string
+}
+
+// openMountMeta reads the cluster secret, dials the metadata service at
+// c.metaAddr and opens a session named after this host and process.
+func openMountMeta(ctx context.Context, c *mountConfig) (*mountMeta, error) {
+	secret, err := auth.ReadSecretFile(c.secretFile)
 	if err != nil {
-		return fmt.Errorf("mount: %w", err)
+		return nil, fmt.Errorf("mount: %w", err)
 	}
-	ctx := cmd.Context()
-	mc, err := client.Dial(metaAddr, secret)
+	mc, err := client.Dial(c.metaAddr, secret)
 	if err != nil {
-		return fmt.Errorf("mount: %w", err)
+		return nil, fmt.Errorf("mount: %w", err)
 	}
-	defer mc.Close()
 	host, _ := os.Hostname()
 	sess, err := mc.StartSession(ctx, fmt.Sprintf("%s pid %d", host, os.Getpid()), 0)
 	if err != nil {
-		return fmt.Errorf("mount: metadata service at %s: %w", metaAddr, err)
+		mc.Close()
+		return nil, fmt.Errorf("mount: metadata service at %s: %w", c.metaAddr, err)
 	}
-	defer sess.Close(context.Background())
-	dev, err := transport.Open(f.transport, logger)
+	return &mountMeta{client: mc, session: sess, secret: secret}, nil
+}
+
+// close closes the session, which releases its open files on the metadata
+// service, and then the client.
+func (m *mountMeta) close() {
+	m.session.Close(context.Background())
+	m.client.Close()
+}
+
+// newEngine opens the rdma transport to the chunkservers and builds the data
+// engine over it and m. The caller closes the engine, then the device.
+func (c *mountConfig) newEngine(m *mountMeta, logger *slog.Logger) (rdma.Device, *fileio.Engine, error) {
+	dev, err := transport.Open(c.transport, logger)
 	if err != nil {
-		return fmt.Errorf("mount: %w", err)
+		return nil, nil, fmt.Errorf("mount: %w", err)
 	}
-	defer dev.Close()
-	eng, err := fileio.New(fileio.Config{Meta: mc, Device: dev, Secret: []byte(secret), MemBytes: int(memBytes),
-		FileDirtyLimit: dirtyLimit, ReadaheadStripes: readaheadStripes, ReadaheadBytes: readaheadMem, Logger: logger,
-		IOTimeout: f.ioTimeout, WriteTimeout: f.writeTimeout})
+	eng, err := fileio.New(fileio.Config{Meta: m.client, Device: dev, Secret: []byte(m.secret), MemBytes: c.memBytes,
+		FileDirtyLimit: c.dirtyLimit, ReadaheadStripes: c.readaheadStripes, ReadaheadBytes: c.readaheadMem, Logger: logger,
+		IOTimeout: c.ioTimeout, WriteTimeout: c.writeTimeout})
 	if err != nil {
-		return fmt.Errorf("mount: %w", err)
+		dev.Close()
+		return nil, nil, fmt.Errorf("mount: %w", err)
 	}
-	defer eng.Close()
-	if f.metrics != "" {
-		// Listening before mounting: a taken address fails the mount
-		// before the kernel sees it.
-		ms, err := metricshttp.Start(f.metrics, mountMetrics(eng))
-		if err != nil {
-			return fmt.Errorf("mount: --metrics: %w", err)
-		}
-		defer ms.Stop(5*time.Second, logger)
-		logger.Info("metrics", "addr", ms.Addr())
+	return dev, eng, nil
+}
+
+// serveMountMetrics serves eng's metrics (mountMetrics) and the Go profiles
+// on addr and returns the function that shuts the server down, waiting up to
+// 5 s for requests in progress. Called before mounting, so that a taken
+// address fails the mount before the kernel sees it.
+func serveMountMetrics(addr string, eng *fileio.Engine, logger *slog.Logger) (stop func(), err error) {
+	ms, err := metricshttp.Start(addr, mountMetrics(eng))
+	if err != nil {
+		return nil, fmt.Errorf("mount: --metrics: %w", err)
 	}
-	fsys, root := fs.New(fs.Options{Meta: mc, Session: sess.ID(), Data: eng, AttrTimeout: f.attrTimeout, EntryTimeout: f.entryTimeout, Logger: logger,
-		DropBehind: int64(dropBehind)})
-	defer func() {
-		// The queued releases go before the session closes.
-		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	logger.Info("metrics", "addr", ms.Addr())
+	return func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		fsys.WaitReleases(rctx)
-	}()
-	srv, err := fs.Mount(mountpoint, root, fs.MountOptions{Debug: f.debug, MaxReadAhead: kernelReadahead})
+		if err := ms.Shutdown(sctx); err != nil {
+			logger.Warn("mount: metrics server", "err", err)
+		}
+	}, nil
+}
+
+// mountFS builds the file system over m's session and eng and mounts it on
+// c.mountpoint; the returned server is serving the kernel's requests.
+func (c *mountConfig) mountFS(m *mountMeta, eng *fileio.Engine, logger *slog.Logger) (*fs.FS, *fuse.Server, error) {
+	fsys, root := fs.New(fs.Options{Meta: m.client, Session: m.session.ID(), Data: eng,
+		AttrTimeout: c.attrTimeout, EntryTimeout: c.entryTimeout, Logger: logger, DropBehind: c.dropBehind})
+	srv, err := fs.Mount(c.mountpoint, root, fs.MountOptions{Debug: c.debug, MaxReadAhead: c.kernelReadahead})
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	logger.Info("mounted", "meta", metaAddr, "mountpoint", mountpoint, "transport", dev.Name())
-	if os.Getenv(mountChildEnv) != "" {
-		ready := os.NewFile(mountReadyFD, "ready")
-		ready.Write([]byte{1})
-		ready.Close()
+	return fsys, srv, nil
+}
+
+// finishReleases waits up to 10 s for the releases of open files that fsys
+// has queued: they must reach the metadata service before the session
+// closes.
+func finishReleases(fsys *fs.FS) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fsys.WaitReleases(ctx)
+}
+
+// notifyMounted tells the parent of a --background child that the file system
+// is mounted, by a byte on mountReadyFD; in a foreground mount it does
+// nothing.
+func notifyMounted() {
+	if os.Getenv(mountChildEnv) == "" {
+		return
 	}
+	ready := os.NewFile(mountReadyFD, "ready")
+	ready.Write([]byte{1})
+	ready.Close()
+}
+
+// serveMount returns once srv has stopped serving mountpoint. When ctx ends
+// first (SIGINT or SIGTERM) it flushes eng's dirty data, waiting up to a
+// minute, and unmounts, retrying for 5 s while the file system is busy and
+// then detaching it (MNT_DETACH).
+func serveMount(ctx context.Context, srv *fuse.Server, eng *fileio.Engine, mountpoint string, logger *slog.Logger) {
 	served := make(chan struct{})
 	go func() { srv.Wait(); close(served) }()
 	select {
 	case <-served:
 		logger.Info("unmounted", "mountpoint", mountpoint)
+		return
 	case <-ctx.Done():
-		logger.Info("signal: flushing and unmounting", "mountpoint", mountpoint)
-		fctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		if err := eng.FlushAll(fctx); err != nil {
-			logger.Error("flush before unmount", "err", err)
-		}
-		cancel()
-		for i := 0; ; i++ {
-			err := srv.Unmount()
-			if err == nil {
-				break
-			}
-			if i == 50 {
-				logger.Error("unmount failed; detaching", "err", err)
-				syscall.Unmount(mountpoint, syscall.MNT_DETACH)
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		<-served
 	}
-	return nil
+	logger.Info("signal: flushing and unmounting", "mountpoint", mountpoint)
+	fctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	if err := eng.FlushAll(fctx); err != nil {
+		logger.Error("flush before unmount", "err", err)
+	}
+	cancel()
+	for i := 0; ; i++ {
+		err := srv.Unmount()
+		if err == nil {
+			break
+		}
+		if i == 50 {
+			logger.Error("unmount failed; detaching", "err", err)
+			syscall.Unmount(mountpoint, syscall.MNT_DETACH)
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	<-served
 }
 
 // mountMetrics is the registry a mount serves on --metrics: the Go runtime,
@@ -276,22 +456,6 @@ func mountMetrics(eng *fileio.Engine) *prometheus.Registry {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_readahead_hits_total", Help: "Reads served from prefetched stripes."},
 			func() float64 { return float64(eng.Stats().ReadaheadHits.Load()) }))
 	return reg
-}
-
-func mountLogger(f *mountFlags) (*slog.Logger, error) {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
-		return nil, fmt.Errorf("mount: --log-level %q: %w", f.logLevel, err)
-	}
-	out := os.Stderr
-	if f.logFile != "" {
-		lf, err := os.OpenFile(f.logFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-		if err != nil {
-			return nil, fmt.Errorf("mount: --log-file: %w", err)
-		}
-		out = lf
-	}
-	return slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level})), nil
 }
 
 // mountInBackground starts this command again as a detached child and returns
@@ -350,6 +514,8 @@ func mountInBackground(cmd *cobra.Command, f *mountFlags) error {
 	}
 }
 
+// newUmountCommand is `rdmafs umount`: unmount(2), after which the mount
+// process flushes and exits.
 func newUmountCommand() *cobra.Command {
 	var lazy bool
 	c := &cobra.Command{
