@@ -429,15 +429,7 @@ func (s *Service) Run(ctx context.Context) error {
 // update runs fn in a read-write transaction, converting storage failures
 // into EIO errors and counting retries.
 func (s *Service) update(ctx context.Context, fn func(t kv.Txn) error) error {
-	attempts := 0
-	err := s.store.Update(ctx, func(t kv.Txn) error {
-		attempts++
-		if attempts > 1 && s.cfg.OnRetry != nil {
-			s.cfg.OnRetry()
-		}
-		return fn(t)
-	})
-	return wrapErr(err)
+	return wrapErr(s.store.Update(ctx, s.countRetries(fn)))
 }
 
 // updateLogged is update answered once the transaction is logged, before
@@ -446,15 +438,20 @@ func (s *Service) updateLogged(ctx context.Context, fn func(t kv.Txn) error) err
 	if s.logged == nil {
 		return s.update(ctx, fn)
 	}
+	return wrapErr(s.logged.UpdateLogged(ctx, s.countRetries(fn)))
+}
+
+// countRetries wraps a transaction function so that every run after the
+// first (a conflict) calls Config.OnRetry.
+func (s *Service) countRetries(fn func(t kv.Txn) error) func(t kv.Txn) error {
 	attempts := 0
-	err := s.logged.UpdateLogged(ctx, func(t kv.Txn) error {
+	return func(t kv.Txn) error {
 		attempts++
 		if attempts > 1 && s.cfg.OnRetry != nil {
 			s.cfg.OnRetry()
 		}
 		return fn(t)
-	})
-	return wrapErr(err)
+	}
 }
 
 // sync waits until every transaction answered before the call is durable.

@@ -20,45 +20,8 @@ import (
 // engine, which then reports it, over the service's, for as long as dirty
 // stripes remain.
 func TestFtruncateSizeDuringReads(t *testing.T) {
-	c := fstest.Start(t, fstest.Options{})
-	p := filepath.Join(c.Dir, "truncate-race")
-	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
 	size := int64(2 << 20)
-	if _, err := unix.Pwrite(fd, make([]byte, size), 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Fsync(fd); err != nil {
-		t.Fatal(err)
-	}
-	rfd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(rfd)
-	var stop atomic.Bool
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		// O_DIRECT wants an aligned buffer: an anonymous mapping.
-		b, err := unix.Mmap(-1, 0, 128<<10, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer unix.Munmap(b)
-		r := rand.New(rand.NewPCG(1, 2))
-		for !stop.Load() {
-			unix.Pread(rfd, b, r.Int64N(3<<20)&^4095) // errors and counts do not matter here
-		}
-	}()
-	defer func() {
-		stop.Store(true)
-		<-done
-	}()
+	fd := fileUnderReads(t, "truncate-race", size, 128<<10, 3<<20)
 	r := rand.New(rand.NewPCG(3, 4))
 	page := make([]byte, 4096)
 	for i := range 2000 {
@@ -92,45 +55,9 @@ func TestFtruncateSizeDuringReads(t *testing.T) {
 // later small write into that stripe took the stale length and its flush
 // extended the file to the stripe's old end.
 func TestFtruncateStripesDuringReads(t *testing.T) {
-	c := fstest.Start(t, fstest.Options{})
-	p := filepath.Join(c.Dir, "truncate-stripes-race")
-	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
 	const size = 4 * stripe
 	full := make([]byte, size)
-	if _, err := unix.Pwrite(fd, full, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Fsync(fd); err != nil {
-		t.Fatal(err)
-	}
-	rfd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(rfd)
-	var stop atomic.Bool
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		b, err := unix.Mmap(-1, 0, 64<<10, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer unix.Munmap(b)
-		r := rand.New(rand.NewPCG(5, 6))
-		for !stop.Load() {
-			unix.Pread(rfd, b, r.Int64N(size)&^4095) // errors and counts do not matter here
-		}
-	}()
-	defer func() {
-		stop.Store(true)
-		<-done
-	}()
+	fd := fileUnderReads(t, "truncate-stripes-race", size, 64<<10, size)
 	r := rand.New(rand.NewPCG(7, 8))
 	page := make([]byte, 4096)
 	for i := range 1000 {
@@ -161,4 +88,53 @@ func TestFtruncateStripesDuringReads(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// fileUnderReads starts a one-mount cluster, creates name there with size
+// committed zero bytes and returns it open for reading and writing, while
+// another descriptor reads it with O_DIRECT at random offsets below span,
+// readLen bytes at a time, until the test ends: reads served concurrently
+// with whatever the test does, as the kernel's readahead serves them.
+func fileUnderReads(t *testing.T, name string, size int64, readLen int, span int64) int {
+	t.Helper()
+	c := fstest.Start(t, fstest.Options{})
+	p := filepath.Join(c.Dir, name)
+	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if _, err := unix.Pwrite(fd, make([]byte, size), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fsync(fd); err != nil {
+		t.Fatal(err)
+	}
+	rfd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stop atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// O_DIRECT wants an aligned buffer: an anonymous mapping.
+		b, err := unix.Mmap(-1, 0, readLen, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer unix.Munmap(b)
+		r := rand.New(rand.NewPCG(uint64(size), uint64(span)))
+		for !stop.Load() {
+			unix.Pread(rfd, b, r.Int64N(span)&^4095) // errors and counts do not matter here
+		}
+	}()
+	// Cleanups run last in first: the reader stops before the files close.
+	t.Cleanup(func() {
+		stop.Store(true)
+		<-done
+		unix.Close(rfd)
+	})
+	return fd
 }
