@@ -7,12 +7,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/klauspost/reedsolomon"
-
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 	"github.com/rdmafs/rdmafs/chunkserver/client"
 	"github.com/rdmafs/rdmafs/chunkserver/mempool"
 	"github.com/rdmafs/rdmafs/chunkserver/store"
+	"github.com/rdmafs/rdmafs/chunkserver/stripe"
 	"github.com/rdmafs/rdmafs/rdma"
 )
 
@@ -31,6 +30,11 @@ type RepairTask struct {
 	Shard   int
 	K, M    int
 	Sources []ShardSource
+	// Length is the stripe's bytes of file data and Unit the layout's
+	// unit: they give every shard's stored length (chunkserver/stripe).
+	// Length 0 (a task from a meta server before short stripes): every
+	// shard has the length of the first one read.
+	Length, Unit int64
 }
 
 // ShardSource is where one shard of the stripe lives.
@@ -76,8 +80,7 @@ type repairer struct {
 	conns *client.Pool
 	limit *rateLimiter
 
-	mu    sync.Mutex
-	codes map[[2]int]reedsolomon.Encoder
+	codecs stripe.Codecs
 }
 
 func newRepairer(s *Server, cfg RepairConfig) (*repairer, error) {
@@ -101,7 +104,7 @@ func newRepairer(s *Server, cfg RepairConfig) (*repairer, error) {
 	}
 	return &repairer{s: s, cfg: cfg, pd: pd, mem: mem,
 		conns: client.NewPool(s.cfg.Device, pd, client.Options{Secret: s.cfg.Secret}, nil, s.log),
-		limit: newRateLimiter(cfg.Bandwidth), codes: map[[2]int]reedsolomon.Encoder{}}, nil
+		limit: newRateLimiter(cfg.Bandwidth)}, nil
 }
 
 func (r *repairer) close() {
@@ -211,21 +214,27 @@ func (r *repairer) build(ctx context.Context, t RepairTask) (int, error) {
 	if len(cands) < t.K {
 		return 0, fmt.Errorf("repair task %d: %d readable shards, %d needed", t.ID, len(cands), t.K)
 	}
-	// The first readable lease tells the shard length (all shards of a
-	// stripe have the same).
+	// Shards are coded at data shard 0's length; each is stored with its
+	// own (short stripes), the rest counting as zeros. A task without the
+	// stripe's length (from a meta server before short stripes) has every
+	// shard as long as the first readable one.
 	var length int
-	var firstErr error
-	for _, i := range cands {
-		l, err := r.lease(ctx, t.Sources[i])
-		if err == nil {
-			length = int(l.Length)
-			r.release(ctx, t.Sources[i], l)
-			break
+	if t.Length > 0 && t.Unit > 0 {
+		length = int(stripe.CodedLen(t.Length, t.Unit))
+	} else {
+		var firstErr error
+		for _, i := range cands {
+			l, err := r.lease(ctx, t.Sources[i])
+			if err == nil {
+				length = int(l.Length)
+				r.release(ctx, t.Sources[i], l)
+				break
+			}
+			firstErr = err
 		}
-		firstErr = err
-	}
-	if length == 0 {
-		return 0, fmt.Errorf("repair task %d: no shard readable: %w", t.ID, firstErr)
+		if length == 0 {
+			return 0, fmt.Errorf("repair task %d: no shard readable: %w", t.ID, firstErr)
+		}
 	}
 	buf, ok := r.mem.Alloc((t.K + 1) * length)
 	if !ok {
@@ -277,10 +286,14 @@ func (r *repairer) build(ctx context.Context, t RepairTask) (int, error) {
 		shards[got[slot]] = b[slot*length : (slot+1)*length]
 	}
 	out := b[t.K*length : (t.K+1)*length : (t.K+1)*length]
+	stored := length
+	if t.Length > 0 && t.Unit > 0 {
+		stored = int(stripe.ShardLen(t.Length, t.Unit, t.K, t.Shard))
+	}
 	if t.K == 1 {
 		copy(out, shards[got[0]])
 	} else {
-		enc, err := r.codec(t.K, t.M)
+		enc, err := r.codecs.Get(t.K, t.M)
 		if err != nil {
 			return 0, err
 		}
@@ -297,7 +310,7 @@ func (r *repairer) build(ctx context.Context, t RepairTask) (int, error) {
 			copy(out, shards[t.Shard])
 		}
 	}
-	return length, r.store(t, out)
+	return stored, r.store(t, out[:stored])
 }
 
 // copyShard moves a readable shard as is (drain and rebalance).
@@ -350,7 +363,9 @@ func (r *repairer) release(ctx context.Context, src ShardSource, l client.Lease)
 }
 
 // readInto reads a whole shard with RDMA_READ into buf at off, within the
-// bandwidth bound, and checks it against the checksum its chunkd holds.
+// bandwidth bound, and checks it against the checksum its chunkd holds. The
+// shard may be stored shorter than length (short stripes): the rest of the
+// length is zeroed.
 func (r *repairer) readInto(ctx context.Context, src ShardSource, buf mempool.Buf, off, length int) error {
 	c, _, err := r.conns.Get(ctx, "", src.Addr)
 	if err != nil {
@@ -366,34 +381,22 @@ func (r *repairer) readInto(ctx context.Context, src ShardSource, buf mempool.Bu
 		return err
 	}
 	defer c.ReleaseLease(ctx, l)
-	if int(l.Length) != length {
-		return fmt.Errorf("%v is %d bytes, the stripe's shards %d", src.Key, l.Length, length)
+	n := int(l.Length)
+	if n > length {
+		return fmt.Errorf("%v is %d bytes, longer than the stripe's shards (%d)", src.Key, l.Length, length)
 	}
-	if length > 0 {
-		if err := c.Read(ctx, l, 0, []rdma.SGE{r.mem.SGE(buf, off, length)}); err != nil {
+	if n > 0 {
+		if err := c.Read(ctx, l, 0, []rdma.SGE{r.mem.SGE(buf, off, n)}); err != nil {
 			return err
 		}
 	}
-	data := r.mem.Bytes(buf)[off : off+length]
-	if crc := store.Checksum(data); crc != l.CRC {
+	all := r.mem.Bytes(buf)[off : off+length]
+	if crc := store.Checksum(all[:n]); crc != l.CRC {
 		return fmt.Errorf("%v read with crc32c %08x, its chunkd holds %08x", src.Key, crc, l.CRC)
 	}
-	r.s.metrics.RepairReadBytes.Add(float64(length))
+	clear(all[n:])
+	r.s.metrics.RepairReadBytes.Add(float64(n))
 	return nil
-}
-
-func (r *repairer) codec(k, m int) (reedsolomon.Encoder, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if enc, ok := r.codes[[2]int{k, m}]; ok {
-		return enc, nil
-	}
-	enc, err := reedsolomon.New(k, m)
-	if err != nil {
-		return nil, fmt.Errorf("chunkserver: %d+%d code: %w", k, m, err)
-	}
-	r.codes[[2]int{k, m}] = enc
-	return enc, nil
 }
 
 // rateLimiter bounds a byte rate: each wait reserves n bytes and sleeps

@@ -17,6 +17,7 @@ import (
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 	"github.com/rdmafs/rdmafs/chunkserver/chunktest"
 	"github.com/rdmafs/rdmafs/chunkserver/store"
+	"github.com/rdmafs/rdmafs/chunkserver/stripe"
 )
 
 // fakePlanner hands out queued tasks and records what chunkd reports.
@@ -89,21 +90,28 @@ func corruptOnDisk(t *testing.T, dir string) {
 
 // TestRepairWorker runs real chunkservers: six hold the shards of a 4+2
 // stripe, a seventh rebuilds one with RDMA_READs of the others and stores
-// it. A survivor whose copy is corrupt on disk is skipped and reported.
+// it. A survivor whose copy is corrupt on disk is skipped and reported. A
+// short stripe (its data shards stored with their own bytes only) is rebuilt
+// from shards of different lengths into the stored length of its shard.
 func TestRepairWorker(t *testing.T) {
 	const k, m, length = 4, 2, 64 << 10
+	const short = length + 5000 // a stripe of 1 full data shard and 5000 bytes
 	tests := []struct {
 		name        string
 		shard       int  // the shard to build
 		available   bool // its own copy is readable (a move)
 		unavailable []int
-		corrupt     int // a source whose copy is damaged (-1: none)
+		corrupt     int   // a source whose copy is damaged (-1: none)
+		stripeLen   int64 // the stripe's data bytes, short stripes (0: every shard the same length)
 		wantFail    bool
 	}{
-		{"lost parity shard", 5, false, []int{5}, -1, false},
-		{"lost data shard, a survivor corrupt", 0, false, []int{0}, 2, false},
-		{"move of a readable shard", 3, true, nil, -1, false},
-		{"two lost, one corrupt: too few", 0, false, []int{0, 1}, 2, true},
+		{"lost parity shard", 5, false, []int{5}, -1, 0, false},
+		{"lost data shard, a survivor corrupt", 0, false, []int{0}, 2, 0, false},
+		{"move of a readable shard", 3, true, nil, -1, 0, false},
+		{"two lost, one corrupt: too few", 0, false, []int{0, 1}, 2, 0, true},
+		{"short stripe: lost short data shard", 1, false, []int{1}, -1, short, false},
+		{"short stripe: lost parity and data shard 0", 4, false, []int{4, 0}, -1, short, false},
+		{"short stripe: lost data shard 0", 0, false, []int{0, 5}, -1, short, false},
 	}
 	for ti, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -117,6 +125,13 @@ func TestRepairWorker(t *testing.T) {
 					}
 				}
 			}
+			stored := func(i int) int { return length }
+			if tt.stripeLen > 0 {
+				stored = func(i int) int { return int(stripe.ShardLen(tt.stripeLen, length, k, i)) }
+				for i := 0; i < k; i++ { // data past the stripe's end is zeros
+					clear(shards[i][min(max(tt.stripeLen-int64(i)*length, 0), length):])
+				}
+			}
 			enc, err := reedsolomon.New(k, m)
 			if err != nil {
 				t.Fatal(err)
@@ -127,12 +142,15 @@ func TestRepairWorker(t *testing.T) {
 			const version = 3
 			planners := make([]*fakePlanner, k+m)
 			task := chunkserver.RepairTask{ID: 1, Key: chunk.Key{Chunk: 900, Version: version}, Shard: tt.shard, K: k, M: m}
+			if tt.stripeLen > 0 {
+				task.Length, task.Unit = tt.stripeLen, length
+			}
 			for i := 0; i < k+m; i++ {
 				planners[i] = newFakePlanner()
 				s := chunktest.Start(t, chunktest.Options{Mem: 8 << 20,
 					Config: chunkserver.Config{Repair: chunkserver.RepairConfig{Planner: planners[i], PollInterval: 20 * time.Millisecond}}})
 				key := chunk.Key{Chunk: uint64(100 + i), Version: version}
-				if err := s.Store.Put(key, shards[i], store.Checksum(shards[i])); err != nil {
+				if err := s.Store.Put(key, shards[i][:stored(i)], store.Checksum(shards[i][:stored(i)])); err != nil {
 					t.Fatal(err)
 				}
 				if i == tt.corrupt {
@@ -167,15 +185,17 @@ func TestRepairWorker(t *testing.T) {
 				}
 				return
 			}
-			if res.Err != nil || res.Bytes != length {
-				t.Fatalf("result %+v", res)
+			want := shards[tt.shard][:stored(tt.shard)]
+			if res.Err != nil || res.Bytes != len(want) {
+				t.Fatalf("result %+v, want %d bytes", res, len(want))
 			}
 			got := make([]byte, length)
-			if _, err := target.Store.ReadInto(task.Key, got); err != nil {
+			info, err := target.Store.ReadInto(task.Key, got)
+			if err != nil {
 				t.Fatal(err)
 			}
-			if !bytes.Equal(got, shards[tt.shard]) {
-				t.Fatal("rebuilt shard differs from the original")
+			if !bytes.Equal(got[:info.Length], want) {
+				t.Fatalf("rebuilt shard (%d bytes) differs from the original (%d bytes)", info.Length, len(want))
 			}
 			if tt.corrupt >= 0 {
 				bad := chunk.Key{Chunk: uint64(100 + tt.corrupt), Version: version}

@@ -304,7 +304,7 @@ func (e *Engine) writeDelta(ctx context.Context, lay layout, gr *metapb.StripeGr
 // old ones read into the patches, and updates the parity ranges by the
 // change.
 func (e *Engine) updateParity(lay layout, p *deltaPlan, d *dirtyStripe) error {
-	enc, err := e.codec(lay.k, lay.m)
+	enc, err := e.codecs.Get(lay.k, lay.m)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 	"github.com/rdmafs/rdmafs/chunkserver/chunktest"
+	"github.com/rdmafs/rdmafs/chunkserver/stripe"
 	"github.com/rdmafs/rdmafs/fs/fstest"
 	"github.com/rdmafs/rdmafs/meta/core"
 	"github.com/rdmafs/rdmafs/meta/metapb"
@@ -109,7 +110,11 @@ func checkParity(t *testing.T, c *fstest.Cluster, p string) {
 			if err != nil {
 				t.Fatalf("stripe %d shard %d: %v", si.Stripe, i, err)
 			}
-			shards[i] = b[:info.Length]
+			if want := stripe.ShardLen(int64(si.Length), int64(l.Unit), int(l.K), i); int64(info.Length) != want {
+				t.Fatalf("stripe %d (%d bytes) shard %d stored with %d bytes, want %d (short stripes)", si.Stripe, si.Length, i, info.Length, want)
+			}
+			// Coded at data shard 0's length: zeros after the stored bytes.
+			shards[i] = b[:stripe.CodedLen(int64(si.Length), int64(l.Unit))]
 		}
 		if l.K == 1 {
 			for i := 1; i < len(shards); i++ {

@@ -18,9 +18,10 @@
 // read is rebuilt from any k shards of the stripe, so up to m lost chunkservers
 // stay invisible to applications.
 //
-// Shard length convention: all k+m shards of a stripe have the same length,
-// that of data shard 0 rounded up to 4 KiB; data shards with fewer bytes are
-// zero-padded. A small file therefore costs k+m small chunks, not full units.
+// Shard lengths (chunkserver/stripe): short stripes. Data shard i is stored
+// with its own bytes only (rounded up to 4 KiB), parity shards as long as data
+// shard 0; for coding, data shards count as zero-padded to that length, and a
+// decoder reads each shard's stored bytes and zeros after them.
 //
 // Files by concern: engine.go (configuration, per-file state, the stripe map
 // and its fetching), buffered.go (writes into dirty stripes and the memory
@@ -42,10 +43,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/klauspost/reedsolomon"
-
 	chunkclient "github.com/rdmafs/rdmafs/chunkserver/client"
-	"github.com/rdmafs/rdmafs/fs/ec"
+	"github.com/rdmafs/rdmafs/chunkserver/stripe"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/rdma"
 )
@@ -91,9 +90,9 @@ type Engine struct {
 	conns *chunkclient.Pool
 	log   *slog.Logger
 
-	mu    sync.Mutex
-	files map[uint64]*file
-	codes map[[2]int]reedsolomon.Encoder
+	mu     sync.Mutex
+	files  map[uint64]*file
+	codecs stripe.Codecs
 
 	ra    readaheadState
 	stats Stats
@@ -176,7 +175,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("fileio: %w", err)
 	}
 	e := &Engine{cfg: cfg, pd: pd, mem: mem, mr: mr, pool: newPool(mr), log: cfg.Logger,
-		files: map[uint64]*file{}, codes: map[[2]int]reedsolomon.Encoder{}}
+		files: map[uint64]*file{}}
 	e.ra.limit = int64(cfg.ReadaheadBytes)
 	e.conns = chunkclient.NewPool(cfg.Device, pd, chunkclient.Options{Secret: cfg.Secret, MinTimeout: minIOTimeout(cfg.IOTimeout), MaxTimeout: cfg.IOTimeout},
 		cfg.Now, cfg.Logger)
@@ -198,23 +197,6 @@ func (e *Engine) Close() error {
 // never above the ceiling.
 func minIOTimeout(ceiling time.Duration) time.Duration {
 	return min(ceiling, max(2*time.Second, ceiling/5))
-}
-
-func (e *Engine) codec(k, m int) (reedsolomon.Encoder, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if enc, ok := e.codes[[2]int{k, m}]; ok {
-		return enc, nil
-	}
-	if m == 0 {
-		return nil, nil
-	}
-	enc, err := reedsolomon.New(k, m)
-	if err != nil {
-		return nil, fmt.Errorf("fileio: %d+%d code: %w", k, m, err)
-	}
-	e.codes[[2]int{k, m}] = enc
-	return enc, nil
 }
 
 // layout is a file's erasure-coding layout; it never changes for a file.
@@ -241,10 +223,14 @@ func (l layout) stripeSize() int64 { return int64(l.k) * l.unit }
 // parity units.
 func (l layout) bufSize() int { return (l.k + l.m) * int(l.unit) }
 
-// shardLen returns the length of every shard of a stripe holding length bytes.
-func (l layout) shardLen(length int64) int64 {
-	n := min(length, l.unit)
-	return (n + 4095) / 4096 * 4096
+// shardLen returns the length the shards of a stripe holding length bytes
+// are coded at (data shards zero-padded to it; see chunkserver/stripe).
+func (l layout) shardLen(length int64) int64 { return stripe.CodedLen(length, l.unit) }
+
+// storedLen returns the stored length of shard j of a stripe holding length
+// bytes: a data shard's own bytes, a parity shard's coded length.
+func (l layout) storedLen(length int64, j int) int64 {
+	return stripe.ShardLen(length, l.unit, l.k, j)
 }
 
 // file is the engine's state of one inode. Stripes being written move from
@@ -269,7 +255,7 @@ type file struct {
 	capped  bool
 	sizeCap int64
 
-	readahead *ec.Readahead        // the sequential-read policy; nil until the first read
+	readahead *seqWindow           // the sequential-read policy; nil until the first read
 	cache     map[uint64]*prefetch // stripes fetched ahead of the reader
 }
 

@@ -305,8 +305,13 @@ func (e *Engine) readStripeDegraded(ctx context.Context, ino uint64, lay layout,
 	}
 	results := make(chan result, n)
 	for i, sh := range si.Shards {
+		// A shard is read as stored and counts as zeros after that, up to
+		// the coded length (stripes written before short stripes store
+		// every shard at the coded length: the read is then shorter).
+		n := int(lay.storedLen(int64(si.Length), i))
+		clear(buf.b[i*unit+n : i*unit+int(sl)])
 		go func() {
-			err := e.readShard(ctx, sh, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, 0, []rdma.SGE{buf.sge(i*unit, int(sl))})
+			err := e.readShard(ctx, sh, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, 0, []rdma.SGE{buf.sge(i*unit, n)})
 			results <- result{i, err}
 		}()
 	}
@@ -336,7 +341,7 @@ func (e *Engine) readStripeDegraded(ctx context.Context, ino uint64, lay layout,
 				}
 			}
 		} else {
-			enc, err := e.codec(lay.k, lay.m)
+			enc, err := e.codecs.Get(lay.k, lay.m)
 			if err != nil {
 				release()
 				return nil, nil, err

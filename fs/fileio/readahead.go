@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
-	"github.com/rdmafs/rdmafs/fs/ec"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/rdma"
 )
@@ -16,7 +15,7 @@ import (
 // reader are fetched in the background — all k data shards of a stripe with
 // parallel RDMA_READs — into buffers of the engine's registered pool. The window
 // starts at one stripe and doubles with every sequential read up to
-// Config.ReadaheadStripes (the policy is ec.Readahead). Random reads fetch only
+// Config.ReadaheadStripes (the policy is seqWindow). Random reads fetch only
 // what they ask for.
 //
 // A prefetched stripe is tied to the committed version it was read at: a read
@@ -99,18 +98,16 @@ func (e *Engine) readaheadLocked(ctx context.Context, f *file, off, end int64) {
 	ss := f.lay.stripeSize()
 	if f.readahead == nil {
 		max := int64(e.cfg.ReadaheadStripes) * ss
-		r, err := ec.NewReadahead(ec.ReadaheadConfig{Min: ss, Max: max})
-		if err != nil {
+		if f.readahead = newSeqWindow(ss, max); f.readahead == nil {
 			return
 		}
-		f.readahead = r
 	}
 	for s, pf := range f.cache {
 		if int64(s+1)*ss <= off {
 			e.dropLocked(pf)
 		}
 	}
-	ahead := f.readahead.Observe(off, end-off)
+	ahead := f.readahead.observe(off, end-off)
 	if ahead == 0 {
 		return
 	}
@@ -223,7 +220,9 @@ func (e *Engine) fetchStripe(pf *prefetch, lay layout, si *metapb.StripeInfo) {
 				return
 			}
 			sh := si.Shards[i]
-			errs <- e.readShard(ctx, sh, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, 0, []rdma.SGE{pf.buf.sge(i*unit, sl)})
+			n := int(lay.storedLen(pf.length, i)) // zeros after the stored bytes
+			clear(pf.buf.b[i*unit+n : i*unit+sl])
+			errs <- e.readShard(ctx, sh, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, 0, []rdma.SGE{pf.buf.sge(i*unit, n)})
 		}()
 	}
 	for range lay.k {

@@ -18,7 +18,7 @@ func (e *Engine) Truncate(ctx context.Context, ino uint64, size uint64) error {
 	}
 	e.dropCacheLocked(f)
 	if f.readahead != nil {
-		f.readahead.Reset()
+		f.readahead.reset()
 	}
 	f.known = false
 	f.capped, f.sizeCap = true, int64(size)

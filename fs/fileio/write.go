@@ -78,7 +78,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 // for the ones that fail) and commits them with one compare-and-set. It runs
 // without the file's lock: the buffers belong to the flush.
 func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay layout, stripes []uint64, batch []*dirtyStripe) ([]*metapb.StripeInfo, error) {
-	enc, err := e.codec(lay.k, lay.m)
+	enc, err := e.codecs.Get(lay.k, lay.m)
 	if err != nil {
 		return nil, err
 	}
@@ -304,15 +304,15 @@ func (e *Engine) writeStripe(ctx context.Context, ino uint64, lay layout, gr *me
 // answered that it has no space.
 func (e *Engine) writeShards(ctx context.Context, gr *metapb.StripeGrant, d *dirtyStripe, lay layout, shards []*metapb.Shard, idx []int, durable []bool) (full bool) {
 	unit := int(lay.unit)
-	sl := int(lay.shardLen(d.length))
 	errs := make([]error, len(idx))
 	var wg sync.WaitGroup
 	for x, j := range idx {
 		sh := shards[j]
+		n := int(lay.storedLen(d.length, j))
 		wg.Go(func() {
-			b := d.buf.b[j*unit : j*unit+sl]
+			b := d.buf.b[j*unit : j*unit+n]
 			crc := store.Checksum(b)
-			errs[x] = e.writeShard(ctx, sh, chunk.Key{Chunk: sh.ChunkId, Version: gr.Version}, []rdma.SGE{d.buf.sge(j*unit, sl)}, crc)
+			errs[x] = e.writeShard(ctx, sh, chunk.Key{Chunk: sh.ChunkId, Version: gr.Version}, []rdma.SGE{d.buf.sge(j*unit, n)}, crc)
 		})
 	}
 	wg.Wait()

@@ -51,6 +51,7 @@ type badKey struct {
 type repairItem struct {
 	key      stripeKey
 	version  uint64
+	length   uint64 // bytes of file data in the stripe
 	layout   *metapb.Layout
 	shards   []*metapb.Shard // ids only, as stored
 	work     []int           // shard indexes to rebuild or move, most urgent first
@@ -243,7 +244,7 @@ func (s *Service) planRepairs(ctx context.Context) error {
 			continue
 		}
 		taken := assigned[sc.key]
-		it := &repairItem{key: sc.key, version: st.Version, layout: st.Layout, shards: st.Shards, states: states,
+		it := &repairItem{key: sc.key, version: st.Version, length: st.Length, layout: st.Layout, shards: st.Shards, states: states,
 			missing: len(states) - readable}
 		for i, ss := range states {
 			if ss == shardLost && !containsInt(taken, i) {
@@ -536,7 +537,7 @@ func (s *Service) assignRepairs(target string, want int) []plannedTask {
 			r.shardsOn[t.oldServer]--
 		}
 		msg := &metapb.RepairTask{TaskId: t.id, Ino: it.key.ino, Stripe: it.key.stripe, Version: it.version,
-			Layout: it.layout, Shard: uint32(idx)}
+			Layout: it.layout, Shard: uint32(idx), StripeLength: it.length}
 		for i, sh := range it.shards {
 			msg.Sources = append(msg.Sources, &metapb.Shard{ChunkId: sh.ChunkId, ServerId: sh.ServerId})
 			if it.states[i] == shardLost || it.states[i] == shardDown {

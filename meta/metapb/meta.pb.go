@@ -4935,16 +4935,20 @@ func (x *ClusterRecord) GetCreatedNs() int64 {
 // RepairTask asks a chunkserver to build shard `shard` of a stripe version as
 // chunk new_chunk_id in its own store from the surviving shards in sources.
 type RepairTask struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TaskId        uint64                 `protobuf:"varint,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
-	Ino           uint64                 `protobuf:"varint,2,opt,name=ino,proto3" json:"ino,omitempty"`
-	Stripe        uint64                 `protobuf:"varint,3,opt,name=stripe,proto3" json:"stripe,omitempty"`
-	Version       uint64                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
-	Layout        *Layout                `protobuf:"bytes,5,opt,name=layout,proto3" json:"layout,omitempty"`
-	Shard         uint32                 `protobuf:"varint,6,opt,name=shard,proto3" json:"shard,omitempty"`                               // index of the shard to build (0..k+m-1)
-	NewChunkId    uint64                 `protobuf:"varint,7,opt,name=new_chunk_id,json=newChunkId,proto3" json:"new_chunk_id,omitempty"` // chunk id to store the rebuilt shard under
-	Sources       []*Shard               `protobuf:"bytes,8,rep,name=sources,proto3" json:"sources,omitempty"`                            // the stripe's k+m shards with addresses
-	Unavailable   []uint32               `protobuf:"varint,9,rep,packed,name=unavailable,proto3" json:"unavailable,omitempty"`            // shard indexes not to read (lost, down, being rebuilt)
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	TaskId      uint64                 `protobuf:"varint,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Ino         uint64                 `protobuf:"varint,2,opt,name=ino,proto3" json:"ino,omitempty"`
+	Stripe      uint64                 `protobuf:"varint,3,opt,name=stripe,proto3" json:"stripe,omitempty"`
+	Version     uint64                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
+	Layout      *Layout                `protobuf:"bytes,5,opt,name=layout,proto3" json:"layout,omitempty"`
+	Shard       uint32                 `protobuf:"varint,6,opt,name=shard,proto3" json:"shard,omitempty"`                               // index of the shard to build (0..k+m-1)
+	NewChunkId  uint64                 `protobuf:"varint,7,opt,name=new_chunk_id,json=newChunkId,proto3" json:"new_chunk_id,omitempty"` // chunk id to store the rebuilt shard under
+	Sources     []*Shard               `protobuf:"bytes,8,rep,name=sources,proto3" json:"sources,omitempty"`                            // the stripe's k+m shards with addresses
+	Unavailable []uint32               `protobuf:"varint,9,rep,packed,name=unavailable,proto3" json:"unavailable,omitempty"`            // shard indexes not to read (lost, down, being rebuilt)
+	// Bytes of file data in the stripe: with the layout it gives each shard's
+	// stored length (chunkserver/stripe). 0 from a server before short
+	// stripes: every shard then has the length of the first one read.
+	StripeLength  uint64 `protobuf:"varint,10,opt,name=stripe_length,json=stripeLength,proto3" json:"stripe_length,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5040,6 +5044,13 @@ func (x *RepairTask) GetUnavailable() []uint32 {
 		return x.Unavailable
 	}
 	return nil
+}
+
+func (x *RepairTask) GetStripeLength() uint64 {
+	if x != nil {
+		return x.StripeLength
+	}
+	return 0
 }
 
 // RepairResult reports how a task ended.
@@ -6443,7 +6454,7 @@ const file_meta_proto_rawDesc = "" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12=\n" +
 	"\x0edefault_layout\x18\x02 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\rdefaultLayout\x12\x1d\n" +
 	"\n" +
-	"created_ns\x18\x03 \x01(\x03R\tcreatedNs\"\xa4\x02\n" +
+	"created_ns\x18\x03 \x01(\x03R\tcreatedNs\"\xc9\x02\n" +
 	"\n" +
 	"RepairTask\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\x04R\x06taskId\x12\x10\n" +
@@ -6455,7 +6466,9 @@ const file_meta_proto_rawDesc = "" +
 	"\fnew_chunk_id\x18\a \x01(\x04R\n" +
 	"newChunkId\x12/\n" +
 	"\asources\x18\b \x03(\v2\x15.rdmafs.meta.v1.ShardR\asources\x12 \n" +
-	"\vunavailable\x18\t \x03(\rR\vunavailable\"\xc0\x01\n" +
+	"\vunavailable\x18\t \x03(\rR\vunavailable\x12#\n" +
+	"\rstripe_length\x18\n" +
+	" \x01(\x04R\fstripeLength\"\xc0\x01\n" +
 	"\fRepairResult\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\x04R\x06taskId\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +

@@ -104,7 +104,8 @@ func (m *Member) RepairPoll(ctx context.Context, id string, results []chunkserve
 // Shards listed unavailable, or without an address, are not read.
 func TaskFromPB(t *metapb.RepairTask) chunkserver.RepairTask {
 	out := chunkserver.RepairTask{ID: t.TaskId, Key: chunk.Key{Chunk: t.NewChunkId, Version: t.Version}, Shard: int(t.Shard),
-		K: int(t.GetLayout().GetK()), M: int(t.GetLayout().GetM())}
+		K: int(t.GetLayout().GetK()), M: int(t.GetLayout().GetM()),
+		Length: int64(min(t.StripeLength, 1<<62)), Unit: int64(min(t.GetLayout().GetUnit(), 1<<40))}
 	unavailable := map[uint32]bool{}
 	for _, i := range t.Unavailable {
 		unavailable[i] = true

@@ -1,6 +1,0 @@
-//go:build !race
-
-package ec
-
-// raceEnabled is set when the race detector is on; see race_test.go.
-const raceEnabled = false
