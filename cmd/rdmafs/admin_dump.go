@@ -8,12 +8,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rdmafs/rdmafs/meta/dump"
-	"github.com/rdmafs/rdmafs/meta/server"
 )
 
 // newAdminDumpCommand is `rdmafs admin dump`: export all metadata.
 func newAdminDumpCommand() *cobra.Command {
-	var dataDir, kvURL, output string
+	var (
+		sf     storeFlags
+		output string
+	)
 	cmd := &cobra.Command{
 		Use:   "dump",
 		Short: "Export all metadata of a file system to a file (docs/metadata-dump.md)",
@@ -24,13 +26,10 @@ func newAdminDumpCommand() *cobra.Command {
 			"may be dumped while servers run.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if (dataDir == "") == (kvURL == "") {
-				return fmt.Errorf("admin dump: give exactly one of --data DIR and --kv etcd://HOST:PORT/PREFIX")
-			}
 			ctx := cmd.Context()
-			store, err := server.OpenStore(ctx, dataDir, kvURL, nil)
+			store, err := sf.open(ctx, "admin dump")
 			if err != nil {
-				return fmt.Errorf("admin dump: %w (with bbolt, is the meta server still running?)", err)
+				return fmt.Errorf("%w (with bbolt, is the meta server still running?)", err)
 			}
 			defer store.Close()
 			var w io.Writer = cmd.OutOrStdout()
@@ -41,11 +40,7 @@ func newAdminDumpCommand() *cobra.Command {
 				}
 				w = f
 			}
-			src := dataDir
-			if kvURL != "" {
-				src = kvURL
-			}
-			st, err := dump.Write(ctx, store, w, src)
+			st, err := dump.Write(ctx, store, w, sf.where())
 			if f != nil {
 				if serr := f.Sync(); err == nil && serr != nil {
 					err = serr
@@ -60,13 +55,12 @@ func newAdminDumpCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "dumped %d records (%d bytes of keys and values) of cluster %s from %s\n", st.Records, st.Bytes, st.ClusterID, src)
+			fmt.Fprintf(cmd.ErrOrStderr(), "dumped %d records (%d bytes of keys and values) of cluster %s from %s\n", st.Records, st.Bytes, st.ClusterID, sf.where())
 			return nil
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dataDir, "data", "", "bbolt metadata data directory")
-	f.StringVar(&kvURL, "kv", "", "etcd store: etcd://host:port[,host:port]/prefix")
+	sf.register(f, "bbolt metadata data directory", "etcd store: etcd://host:port[,host:port]/prefix")
 	f.StringVarP(&output, "output", "o", "-", "dump file to create (- for standard output)")
 	return cmd
 }

@@ -8,12 +8,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rdmafs/rdmafs/meta/dump"
-	"github.com/rdmafs/rdmafs/meta/server"
 )
 
 // newAdminLoadCommand is `rdmafs admin load`: import a metadata dump.
 func newAdminLoadCommand() *cobra.Command {
-	var dataDir, kvURL, input string
+	var (
+		sf    storeFlags
+		input string
+	)
 	cmd := &cobra.Command{
 		Use:   "load",
 		Short: "Import a metadata dump into a new, empty store (docs/metadata-dump.md)",
@@ -24,8 +26,8 @@ func newAdminLoadCommand() *cobra.Command {
 			"serves: remove it and load again. Copy the cluster secret file alongside.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if (dataDir == "") == (kvURL == "") {
-				return fmt.Errorf("admin load: give exactly one of --data DIR and --kv etcd://HOST:PORT/PREFIX")
+			if err := sf.check("admin load"); err != nil {
+				return err
 			}
 			ctx := cmd.Context()
 			var r io.Reader = cmd.InOrStdin()
@@ -37,26 +39,21 @@ func newAdminLoadCommand() *cobra.Command {
 				defer f.Close()
 				r = f
 			}
-			store, err := server.OpenStore(ctx, dataDir, kvURL, nil)
+			store, err := sf.open(ctx, "admin load")
 			if err != nil {
-				return fmt.Errorf("admin load: %w", err)
+				return err
 			}
 			defer store.Close()
 			st, err := dump.Load(ctx, store, r, dump.LoadOptions{})
 			if err != nil {
 				return fmt.Errorf("admin load: %w", err)
 			}
-			dst := dataDir
-			if kvURL != "" {
-				dst = kvURL
-			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "loaded %d records (%d bytes of keys and values) of cluster %s into %s\n", st.Records, st.Bytes, st.ClusterID, dst)
+			fmt.Fprintf(cmd.ErrOrStderr(), "loaded %d records (%d bytes of keys and values) of cluster %s into %s\n", st.Records, st.Bytes, st.ClusterID, sf.where())
 			return nil
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dataDir, "data", "", "new bbolt metadata data directory")
-	f.StringVar(&kvURL, "kv", "", "etcd store: etcd://host:port[,host:port]/prefix (an unused prefix)")
+	sf.register(f, "new bbolt metadata data directory", "etcd store: etcd://host:port[,host:port]/prefix (an unused prefix)")
 	f.StringVarP(&input, "input", "i", "-", "dump file to read (- for standard input)")
 	return cmd
 }
