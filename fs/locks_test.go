@@ -183,8 +183,8 @@ sys.stdin.readline()
 }
 
 // TestSqliteAcrossMounts: two sqlite3 processes, one per mount, each add 1 to
-// a counter in one database 300 times, each in its own transaction: the
-// counter ends at 600 (locks exclude, and each holder reads what the last
+// a counter in one database 1,000 times, each in its own transaction: the
+// counter ends at 2,000 (locks exclude, and each holder reads what the last
 // wrote).
 func TestSqliteAcrossMounts(t *testing.T) {
 	if _, err := exec.LookPath("sqlite3"); err != nil {
@@ -196,7 +196,7 @@ func TestSqliteAcrossMounts(t *testing.T) {
 	if out, err := exec.Command("sqlite3", filepath.Join(c.Dir, db), "create table c(n integer); insert into c values(0);").CombinedOutput(); err != nil {
 		t.Fatalf("sqlite3: %v: %s", err, out)
 	}
-	const n = 300
+	const n = 1000
 	script := ".timeout 60000\n" + strings.Repeat("begin immediate; update c set n = n + 1; commit;\n", n)
 	errs := make(chan error, 2)
 	for _, dir := range []string{c.Dir, b} {
