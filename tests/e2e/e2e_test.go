@@ -8,10 +8,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -245,53 +249,139 @@ func TestSQLite(t *testing.T) {
 }
 
 // TestChunkdKilledDuringReads kills one and then a second chunkd with SIGKILL
-// while readers loop over a file: every read returns the right bytes.
+// while readers loop over a file: every read returns the right bytes, reads
+// go on after each kill, and the mount counts degraded stripe reads once a
+// chunkserver is dead. The readers use O_DIRECT, so that every read reaches
+// the mount: with the kernel's page cache (kept while the file is unchanged)
+// they would read the file's pages again and never the chunkservers.
 func TestChunkdKilledDuringReads(t *testing.T) {
 	needRoot(t)
-	c := up(t)
+	c := upWith(t, func(cfg *devcluster.Config) {
+		cfg.MountArgs = append(cfg.MountArgs, "--metrics", "127.0.0.1:0")
+	})
+	metrics := mountMetricsAddr(t, c)
 	data := pattern(24<<20, 42)
 	want := sha256.Sum256(data)
 	p := filepath.Join(c.MountPoint, "big")
 	if err := os.WriteFile(p, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var reads, bad atomic.Int64
-	stop := make(chan struct{})
+	const readers = 2
+	reads := newProgress()
+	var stop atomic.Bool
 	var wg sync.WaitGroup
-	for r := 0; r < 2; r++ {
+	for r := 0; r < readers; r++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
-				select {
-				case <-stop:
+			buf, err := unix.Mmap(-1, 0, 1<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE) // page-aligned, for O_DIRECT
+			if err != nil {
+				t.Error(err)
+				reads.fail()
+				return
+			}
+			defer unix.Munmap(buf)
+			for !stop.Load() {
+				got, n, err := readDirect(p, buf)
+				if err != nil || n != int64(len(data)) || got != want {
+					t.Errorf("read during failures: %v (%d bytes of %d, same checksum: %v)", err, n, len(data), got == want)
+					reads.fail()
 					return
-				default:
 				}
-				got, err := os.ReadFile(p)
-				if err != nil || sha256.Sum256(got) != want {
-					bad.Add(1)
-					t.Errorf("read during failures: %v (%d bytes)", err, len(got))
-					return
-				}
-				reads.Add(1)
+				reads.step()
 			}
 		}()
 	}
-	time.Sleep(300 * time.Millisecond)
-	if err := c.KillChunkd(1); err != nil {
+	// The readers stop before the test returns, also when it fails.
+	defer func() {
+		stop.Store(true)
+		wg.Wait()
+	}()
+	if !reads.wait(readers, 2*time.Minute) {
+		t.Fatalf("the readers did not get going: %d reads", reads.load())
+	}
+	const counter = "rdmafs_client_degraded_stripe_reads_total"
+	degraded := mountCounter(t, metrics, counter)
+	t.Logf("%d reads with every chunkserver up, %v degraded stripe reads", reads.load(), degraded)
+	for _, i := range []int{1, 4} {
+		if err := c.KillChunkd(i); err != nil { // returns once the process is gone
+			t.Fatal(err)
+		}
+		// Each reader has at most one read in flight at the kill: of the
+		// 2*readers reads acknowledged after it, at least readers ran
+		// entirely without the chunkserver.
+		before := reads.load()
+		if !reads.wait(before+2*readers, 2*time.Minute) {
+			t.Fatalf("reads stalled after chunkd %d was killed: %d after the kill (%d before)", i, reads.load()-before, before)
+		}
+		now := mountCounter(t, metrics, counter)
+		if now <= degraded {
+			t.Fatalf("%d reads after chunkd %d was killed, yet no degraded stripe read (%v before, %v after): the reads did not need its shards",
+				reads.load()-before, i, degraded, now)
+		}
+		t.Logf("chunkd %d killed: %d reads since, %v degraded stripe reads", i, reads.load()-before, now-degraded)
+		degraded = now
+	}
+}
+
+// readDirect reads the whole file at p with O_DIRECT, through buf (which
+// must be page-aligned, as an anonymous mapping is), and returns the SHA-256
+// of its bytes and how many it read. Every read goes to the file system,
+// none is served from the kernel's page cache.
+func readDirect(p string, buf []byte) ([32]byte, int64, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_DIRECT, 0)
+	if err != nil {
+		return [32]byte{}, 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.CopyBuffer(h, struct{ io.Reader }{f}, buf) // the struct hides File.WriteTo, which would not use buf
+	var sum [32]byte
+	h.Sum(sum[:0])
+	return sum, n, err
+}
+
+// mountMetricsAddr returns the address the cluster's mount serves its
+// metrics on (started with --metrics 127.0.0.1:0, it logs the port it took).
+func mountMetricsAddr(t *testing.T, c *devcluster.Cluster) string {
+	t.Helper()
+	log, err := os.ReadFile(c.Mount.Log)
+	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second)
-	if err := c.KillChunkd(4); err != nil {
+	m := regexp.MustCompile(`msg=metrics addr=(\S+)`).FindSubmatch(log)
+	if m == nil {
+		t.Fatalf("the mount logged no metrics address (started with --metrics?):\n%s", clustertest.Tail(string(log), 2000))
+	}
+	return string(m[1])
+}
+
+// mountCounter returns the value of the metric name (a counter or gauge
+// without labels) the mount serves at addr; the test fails if it cannot be
+// read.
+func mountCounter(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	cl := http.Client{Timeout: 10 * time.Second}
+	resp, err := cl.Get("http://" + addr + "/metrics")
+	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second)
-	close(stop)
-	wg.Wait()
-	if reads.Load() < 4 || bad.Load() > 0 {
-		t.Fatalf("%d good reads, %d bad", reads.Load(), bad.Load())
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
 	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("metric %s: %v", name, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("the mount serves no metric %s", name)
+	return 0
 }
 
 // TestClientKilledDuringWrites kills the mount process with SIGKILL while a

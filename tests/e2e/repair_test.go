@@ -332,25 +332,23 @@ func TestDrainUnderLoad(t *testing.T) {
 		t.Fatal("chunkservers not found in status")
 	}
 
-	// Load: two writers create files, two readers verify what is written.
-	stop := make(chan struct{})
+	// Load: writers create files, readers verify what is written.
+	const writers, readers = 2, 2
+	var stop atomic.Bool
 	var wg sync.WaitGroup
 	var loadErr atomic.Value
-	var writes, reads atomic.Int64
+	writes, reads := newProgress(), newProgress()
 	fail := func(err error) {
 		loadErr.CompareAndSwap(nil, err)
+		writes.fail()
+		reads.fail()
 	}
-	for w := 0; w < 2; w++ {
+	for w := 0; w < writers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			wc := newFSClient(t, c)
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+			for i := 0; !stop.Load(); i++ {
 				data := pattern(1<<20+w*4096+i*512, uint64(1000*w+i))
 				name := fmt.Sprintf("load-%d-%d", w, i)
 				ino, err := wc.write(ctx, name, data)
@@ -361,21 +359,16 @@ func TestDrainUnderLoad(t *testing.T) {
 				mu.Lock()
 				files = append(files, written{name, ino, len(data), sha256.Sum256(data)})
 				mu.Unlock()
-				writes.Add(1)
+				writes.step()
 			}
 		}()
 	}
-	for r := 0; r < 2; r++ {
+	for r := 0; r < readers; r++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			rc := newFSClient(t, c)
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+			for i := 0; !stop.Load(); i++ {
 				mu.Lock()
 				f := files[(i*7+r)%len(files)]
 				mu.Unlock()
@@ -388,23 +381,40 @@ func TestDrainUnderLoad(t *testing.T) {
 					fail(fmt.Errorf("%s read back with a different checksum", f.name))
 					return
 				}
-				reads.Add(1)
+				reads.step()
 			}
 		}()
 	}
-	time.Sleep(500 * time.Millisecond)
+	stopLoad := func() {
+		stop.Store(true)
+		wg.Wait()
+	}
+	// The drain starts once the load runs: writes and reads acknowledged.
+	if !writes.wait(writers, time.Minute) || !reads.wait(readers, time.Minute) {
+		stopLoad()
+		t.Fatalf("the load did not get going: %d writes, %d reads (error: %v)", writes.load(), reads.load(), loadErr.Load())
+	}
+	w0, r0 := writes.load(), reads.load()
 	out, err = rdmafs(t, "admin", "drain", c.MetaAddr, drainID, "--secret-file", c.SecretFile, "--wait", "--timeout", "60s")
-	close(stop)
-	wg.Wait()
+	wDrain, rDrain := writes.load()-w0, reads.load()-r0
+	stopLoad()
 	if err != nil {
 		t.Fatalf("admin drain --wait: %v\n%s", err, out)
 	}
 	if e := loadErr.Load(); e != nil {
 		t.Fatalf("load during drain: %v", e)
 	}
-	t.Logf("drain under load: %d files written, %d files verified meanwhile", writes.Load(), reads.Load())
-	if writes.Load() == 0 || reads.Load() == 0 {
-		t.Fatal("no load ran during the drain")
+	// Every load goroutine was running when the drain began, kept starting
+	// operations until it ended and finished the one in flight after the
+	// stop: each overlapped the drain with an operation and acknowledged at
+	// least one after the counts taken as the drain began. Fewer than one
+	// per goroutine means the load stopped early.
+	wAll, rAll := writes.load()-w0, reads.load()-r0
+	t.Logf("drain under load: %d files written and %d verified while the drain ran, %d and %d up to the stop",
+		wDrain, rDrain, wAll, rAll)
+	if wAll < writers || rAll < readers {
+		t.Fatalf("the load did not keep going during the drain: %d writes and %d reads acknowledged after it began, want at least %d and %d",
+			wAll, rAll, writers, readers)
 	}
 	for _, cs := range status(t, mc).Chunkservers {
 		if cs.Id == drainID && (cs.Shards != 0 || cs.ChunkCount != 0) {

@@ -91,6 +91,7 @@ func verifyFio(t *testing.T, rec *recorder, dir string, names []string) {
 // stallBound; every acknowledged byte and every fio file reads back, and
 // the cluster returns to full redundancy.
 func TestKillChunkservers(t *testing.T) {
+	needRoot(t)
 	clustertest.Need(t, "fio")
 	c := newCluster(t, opts{})
 	s := newScene(t, c, 5*time.Minute)
@@ -136,6 +137,7 @@ func TestKillChunkservers(t *testing.T) {
 // process blocked in such a write dies at once of SIGKILL. After the two
 // return, writes succeed again and redundancy is restored.
 func TestWritesBelowMinimum(t *testing.T) {
+	needRoot(t)
 	c := newCluster(t, opts{chunkservers: 6})
 	s := newScene(t, c, 4*time.Minute)
 	w := &writer{rec: s.rec, led: s.led, dir: c.MountPoint, fileSize: 4 << 20, chunk: 1 << 20, syncEvery: 1 << 20, seed: 2}
@@ -296,6 +298,7 @@ func procState(pid int) string {
 // close) within seconds; after rm the mount's statfs shows the space back
 // and a new file writes; acknowledged data stays intact and redundancy full.
 func TestDisksFill(t *testing.T) {
+	needRoot(t)
 	c := newCluster(t, opts{disk: "64MiB"})
 	s := newScene(t, c, 4*time.Minute)
 	w := &writer{rec: s.rec, led: s.led, dir: c.MountPoint, fileSize: 4 << 20, chunk: 1 << 20, syncEvery: 4 << 20, seed: 3}
@@ -402,6 +405,7 @@ func fill(rec *recorder, path string, limit int64) (int64, error) {
 // (no ENOSPC, no EIO) or stall past stallBound, the mount keeps working
 // afterwards, and every acknowledged file reads back.
 func TestMetaRestart(t *testing.T) {
+	needRoot(t)
 	c := newCluster(t, opts{})
 	s := newScene(t, c, 4*time.Minute)
 	for wk := 0; wk < 4; wk++ {

@@ -14,6 +14,7 @@ import (
 // and goes when the session expires: a process on the remounted file system
 // then gets it.
 func TestLocksOfKilledMount(t *testing.T) {
+	needRoot(t)
 	const ttl = 10 * time.Second
 	c := newCluster(t, opts{metaArgs: []string{"--session-ttl", ttl.String()}})
 	p := filepath.Join(c.MountPoint, "lockfile")

@@ -34,6 +34,9 @@ import (
 	"github.com/rdmafs/rdmafs/internal/devcluster/clustertest"
 )
 
+// binDir holds the rdmafs and chunkd binaries TestMain built (or
+// RDMAFS_FAULT_BIN); empty when the suite cannot run here (every test then
+// skips in needRoot before it would use it).
 var binDir string
 
 // writeTimeout is the mount's --write-timeout in these tests: how long a
@@ -59,17 +62,16 @@ func mountArgs() []string {
 	return []string{"--write-timeout", writeTimeout.String(), "--io-timeout", "3s"}
 }
 
+// TestMain builds the binaries, only where the suite can run (as root, with
+// /dev/fuse): elsewhere every test skips itself (needRoot), so go test -v
+// lists each as SKIP with its reason instead of the package passing having
+// run nothing.
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(childEnv); spec != "" {
 		os.Exit(runChild(spec))
 	}
-	if os.Geteuid() != 0 {
-		fmt.Println("fault: skipped, mounting needs root")
-		os.Exit(0)
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		fmt.Println("fault: skipped, no /dev/fuse")
-		os.Exit(0)
+	if whyNot() != "" {
+		os.Exit(m.Run())
 	}
 	// One cluster suite at a time on this machine: the cases bound stalls
 	// in seconds, and another suite's cluster on the same two cores (go
@@ -91,6 +93,29 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	remove()
 	os.Exit(code)
+}
+
+// whyNot says why the suite cannot run on this machine, "" when it can: it
+// mounts FUSE file systems, runs the daemons as root and (TestNetworkFaults)
+// creates network namespaces.
+func whyNot() string {
+	if os.Geteuid() != 0 {
+		return "fault needs root: it mounts FUSE and runs the daemons as root (binaries are built only as root)"
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		return fmt.Sprintf("fault needs /dev/fuse: %v", err)
+	}
+	return ""
+}
+
+// needRoot skips t unless the suite can run here (whyNot: root and
+// /dev/fuse), with the reason; TestMain builds the binaries only then. Every
+// test calls it first.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if why := whyNot(); why != "" {
+		t.Skip(why)
+	}
 }
 
 // opts adjusts a case's cluster.

@@ -89,6 +89,7 @@ func rootAddrs(t *testing.T) string {
 // stall past stallBound; after healing, the cluster returns to full
 // redundancy and every acknowledged byte reads back.
 func TestNetworkFaults(t *testing.T) {
+	needRoot(t)
 	before := rootAddrs(t)
 	_, nw, chunk := netLab(t, 7)
 	c := newCluster(t, opts{net: nw})

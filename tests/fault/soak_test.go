@@ -27,6 +27,7 @@ import (
 // application call may fail except the calls the mount's death ends (those
 // ending between its kill and 2 s after the new mount).
 func TestSoak(t *testing.T) {
+	needRoot(t)
 	if os.Getenv("RDMAFS_SOAK") == "" {
 		t.Skip("the soak runs with RDMAFS_SOAK=1 (make soak)")
 	}
