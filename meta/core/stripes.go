@@ -579,26 +579,33 @@ func truncateStripes(t kv.Txn, rec *metapb.InodeRecord, size uint64, purge bool)
 // dropGrants deletes the outstanding grants of ino selected by match and
 // queues their chunks for collection.
 func dropGrants(t kv.Txn, ino uint64, match func(stripe, version uint64) bool) error {
+	prefix := keys.GrantPrefix(ino)
+	return collectGrants(t, prefix, kv.PrefixEnd(prefix), func(stripe, version uint64, _ *metapb.GrantRecord) bool {
+		return match(stripe, version)
+	})
+}
+
+// collectGrants deletes the grants in [start, end) that match selects and
+// queues their chunks for collection.
+func collectGrants(t kv.Txn, start, end []byte, match func(stripe, version uint64, g *metapb.GrantRecord) bool) error {
 	type item struct {
 		key []byte
 		g   *metapb.GrantRecord
 		ver uint64
 	}
 	var items []item
-	prefix := keys.GrantPrefix(ino)
-	if err := t.Scan(prefix, kv.PrefixEnd(prefix), 0, func(k, v []byte) error {
+	if err := t.Scan(start, end, 0, func(k, v []byte) error {
 		_, stripe, version, err := keys.ParseGrant(k)
 		if err != nil {
 			return err
-		}
-		if !match(stripe, version) {
-			return nil
 		}
 		g := &metapb.GrantRecord{}
 		if err := proto.Unmarshal(v, g); err != nil {
 			return err
 		}
-		items = append(items, item{append([]byte{}, k...), g, version})
+		if match(stripe, version, g) {
+			items = append(items, item{append([]byte{}, k...), g, version})
+		}
 		return nil
 	}); err != nil {
 		return err
@@ -646,36 +653,8 @@ func (s *Service) expireGrants(ctx context.Context) error {
 		return err
 	}
 	return s.update(ctx, func(t kv.Txn) error {
-		type item struct {
-			key []byte
-			g   *metapb.GrantRecord
-			ver uint64
-		}
-		var items []item
-		if err := t.Scan([]byte{keys.PrefixGrant}, []byte{keys.PrefixGrant + 1}, 0, func(k, v []byte) error {
-			_, _, version, err := keys.ParseGrant(k)
-			if err != nil {
-				return err
-			}
-			g := &metapb.GrantRecord{}
-			if err := proto.Unmarshal(v, g); err != nil {
-				return err
-			}
-			if g.ExpiresNs < now {
-				items = append(items, item{append([]byte{}, k...), g, version})
-			}
-			return nil
-		}); err != nil {
-			return err
-		}
-		for _, it := range items {
-			if err := queueGC(t, it.g.Shards, it.ver); err != nil {
-				return err
-			}
-			if err := t.Delete(it.key); err != nil {
-				return err
-			}
-		}
-		return nil
+		return collectGrants(t, []byte{keys.PrefixGrant}, []byte{keys.PrefixGrant + 1}, func(_, _ uint64, g *metapb.GrantRecord) bool {
+			return g.ExpiresNs < now
+		})
 	})
 }

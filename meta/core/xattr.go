@@ -53,6 +53,24 @@ func checkXattr(c *metapb.Caller, a *metapb.Attr, ns string, write bool) error {
 	return nil
 }
 
+// loadXattr loads inode ino, checks that c may read (or, with write,
+// change) its attributes of namespace ns, and returns the inode with the
+// value of name (found false when it has none).
+func loadXattr(r kv.Reader, c *metapb.Caller, ino uint64, name, ns string, write bool) (*metapb.InodeRecord, []byte, bool, error) {
+	rec, err := getInode(r, ino)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	if err := checkXattr(c, rec.Attr, ns, write); err != nil {
+		return nil, nil, false, err
+	}
+	v, ok, err := r.Get(keys.Xattr(ino, name))
+	if err != nil {
+		return nil, nil, false, err
+	}
+	return rec, v, ok, nil
+}
+
 // GetXattr implements metapb.MetaServer. The client compares the value's
 // length with its buffer and reports ERANGE itself.
 func (s *Service) GetXattr(ctx context.Context, req *metapb.GetXattrRequest) (*metapb.GetXattrReply, error) {
@@ -63,14 +81,7 @@ func (s *Service) GetXattr(ctx context.Context, req *metapb.GetXattrRequest) (*m
 	c := caller(req.Caller)
 	var out *metapb.GetXattrReply
 	err = s.view(ctx, func(r kv.Reader) error {
-		rec, err := getInode(r, req.Ino)
-		if err != nil {
-			return err
-		}
-		if err := checkXattr(c, rec.Attr, ns, false); err != nil {
-			return err
-		}
-		v, ok, err := r.Get(keys.Xattr(req.Ino, req.Name))
+		_, v, ok, err := loadXattr(r, c, req.Ino, req.Name, ns, false)
 		if err != nil {
 			return err
 		}
@@ -100,14 +111,7 @@ func (s *Service) SetXattr(ctx context.Context, req *metapb.SetXattrRequest) (*m
 	c := caller(req.Caller)
 	out := &metapb.Empty{}
 	if _, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
-		rec, err := getInode(t, req.Ino)
-		if err != nil {
-			return err
-		}
-		if err := checkXattr(c, rec.Attr, ns, true); err != nil {
-			return err
-		}
-		_, exists, err := t.Get(keys.Xattr(req.Ino, req.Name))
+		rec, _, exists, err := loadXattr(t, c, req.Ino, req.Name, ns, true)
 		if err != nil {
 			return err
 		}
@@ -166,16 +170,11 @@ func (s *Service) RemoveXattr(ctx context.Context, req *metapb.RemoveXattrReques
 	c := caller(req.Caller)
 	out := &metapb.Empty{}
 	if _, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
-		rec, err := getInode(t, req.Ino)
+		rec, _, ok, err := loadXattr(t, c, req.Ino, req.Name, ns, true)
 		if err != nil {
 			return err
 		}
-		if err := checkXattr(c, rec.Attr, ns, true); err != nil {
-			return err
-		}
-		if _, ok, err := t.Get(keys.Xattr(req.Ino, req.Name)); err != nil {
-			return err
-		} else if !ok {
+		if !ok {
 			return metaerr.New(syscall.ENODATA, "no xattr %q on inode %d", req.Name, req.Ino)
 		}
 		if err := t.Delete(keys.Xattr(req.Ino, req.Name)); err != nil {
