@@ -65,7 +65,7 @@ func NewPool(dev rdma.Device, pd rdma.ProtectionDomain, opts Options, now func()
 // Succeeded with the outcome of an operation on the connection Get returned.
 type Peer struct {
 	addr string
-	mu   sync.Mutex                         // serializes dialing; guards id and failures
+	mu   sync.Mutex             // serializes dialing; guards id and failures
 	c    atomic.Pointer[Client] // the current connection, or nil
 	// suspectUntil is when the prober dials a suspect next, 0 when it is not
 	// suspect; fullUntil is until when it counts as full (Unix nanoseconds).
