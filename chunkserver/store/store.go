@@ -22,11 +22,14 @@
 // the data write and one fdatasync — no file creation, rename or directory fsync
 // on the way. The file mode tells recovery what it may trust: 0600 marks a free
 // slot or one being written, and a slot is made 0600 durably before it is reused;
-// 0644 marks a complete version. On open, 0644 slots are taken after a header
-// check, 0600 slots only if their whole data matches their checksum (a write that
-// completed but whose 0644 mark was lost, or a deleted version that reappears
-// after a crash, which garbage collection deletes again); the rest, and every
-// slot whose header a delete cleared, become free.
+// 0400 marks a complete version (0644 did before the data directory became
+// private; such slots are taken as complete and tightened to 0400). On open,
+// complete slots are taken after a header check, 0600 slots only if their whole
+// data matches their checksum (a write that completed but whose 0400 mark was
+// lost, or a deleted version that reappears after a crash, which garbage
+// collection deletes again); the rest, and every slot whose header a delete
+// cleared, become free. Directories are 0700 and no file is readable by group
+// or others: shards hold file data that only its owner may read on the mount.
 //
 // Space. The slots of deleted versions kept for reuse ("kept slots") count as
 // free space: they are reused for new versions, released (unlinked) as soon as
@@ -61,6 +64,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	"github.com/rdmafs/rdmafs/internal/private"
 )
 
 // castagnoli is the CRC32C table used for every checksum of chunk data, made once.
@@ -115,7 +119,7 @@ const (
 	// pendingMode marks a free slot or one being written, doneMode a complete
 	// version.
 	pendingMode = 0o600
-	doneMode    = 0o644
+	doneMode    = 0o400
 	// spareSlots is how many empty slots are kept created ahead of time.
 	spareSlots = 16
 	// maxFreeSlots and maxFreeBytes bound the files of deleted versions kept for
@@ -210,6 +214,7 @@ type Store struct {
 	// durably free: kept slots too, counted as free space.
 	dirtyBytes int64
 	nextRow    uint64 // slot numbers are row*fanout + directory
+	tightened  int    // entries whose group or world access open removed
 	nextSeq    uint64
 	used       int64 // bytes of committed files plus bytes reserved by writes in progress
 	count      int
@@ -261,10 +266,13 @@ func Open(dir string, opts Options) (*Store, error) {
 		// Row 0 is never used, so that slot 0 can mean "no slot".
 		nextRow: 1,
 	}
-	if err := os.MkdirAll(filepath.Join(dir, chunksDir), 0o755); err != nil {
-		return nil, fmt.Errorf("store: create data dir: %w", err)
+	if err := private.MkdirAll(dir, s.log); err != nil {
+		return nil, fmt.Errorf("store: data dir: %w", err)
 	}
-	lock, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, 0o644)
+	if err := private.MkdirAll(filepath.Join(dir, chunksDir), s.log); err != nil {
+		return nil, fmt.Errorf("store: data dir: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, private.FileMode)
 	if err != nil {
 		return nil, fmt.Errorf("store: open lock file: %w", err)
 	}
@@ -316,12 +324,31 @@ func (s *Store) open() error {
 		return err
 	}
 	s.id = id
+	// Files of older versions, or made by hand, may be open to others.
+	s.tightened = 0
+	for _, name := range []string{lockFile, idFile, corruptDir} {
+		switch changed, err := private.Tighten(filepath.Join(s.dir, name), nil); {
+		case err != nil && !errors.Is(err, fs.ErrNotExist):
+			return fmt.Errorf("store: %w", err)
+		case changed:
+			s.tightened++
+		}
+	}
+	if n, err := private.TightenTree(filepath.Join(s.dir, corruptDir), nil); err == nil {
+		s.tightened += n
+	}
 	root := filepath.Join(s.dir, chunksDir)
 	found := map[chunk.Key]found{}
 	for i := 0; i < fanout; i++ {
 		sub := filepath.Join(root, fmt.Sprintf("%02x", i))
-		if err := os.MkdirAll(sub, 0o755); err != nil {
+		if err := os.MkdirAll(sub, private.DirMode); err != nil {
 			return fmt.Errorf("store: create %s: %w", sub, err)
+		}
+		switch changed, err := private.Tighten(sub, nil); {
+		case err != nil:
+			return fmt.Errorf("store: %w", err)
+		case changed:
+			s.tightened++
 		}
 		d, err := os.Open(sub)
 		if err != nil {
@@ -335,6 +362,10 @@ func (s *Store) open() error {
 	for _, f := range found {
 		s.add(f.info, slot{n: f.slot, seq: f.seq})
 		s.nextSeq = max(s.nextSeq, f.seq+1)
+	}
+	if s.tightened > 0 {
+		s.log.Warn("store: removed group and world access from files and directories of the data directory",
+			"dir", s.dir, "entries", s.tightened)
 	}
 	if err := syncDir(root); err != nil {
 		return err
@@ -378,7 +409,20 @@ func (s *Store) recoverDir(sub string, versions map[chunk.Key]found) error {
 			s.addFree(n, 0)
 			continue
 		}
-		pending := fi.Mode().Perm()&0o044 == 0
+		// 0600 is pending; 0400, and 0644 from before slots were private,
+		// complete.
+		perm := fi.Mode().Perm()
+		pending := perm&0o200 != 0 && perm&0o044 == 0
+		if perm&0o077 != 0 {
+			mode := os.FileMode(doneMode)
+			if pending {
+				mode = pendingMode
+			}
+			if err := os.Chmod(path, mode); err != nil {
+				return fmt.Errorf("store: make %s private: %w", path, err)
+			}
+			s.tightened++
+		}
 		info, seq, size, err := readHeaderFile(path)
 		if errors.Is(err, errFreedHeader) {
 			// Cleared by a delete (markFree) whose 0600 mark was lost.
@@ -464,7 +508,7 @@ func (s *Store) takeFree(size int64) (uint64, int64, bool) {
 func (s *Store) quarantine(path string, why error) {
 	s.log.Error("store: damaged version file moved aside", "file", path, "err", why)
 	cdir := filepath.Join(s.dir, corruptDir)
-	if err := os.MkdirAll(cdir, 0o755); err == nil {
+	if err := os.MkdirAll(cdir, private.DirMode); err == nil {
 		if err := os.Rename(path, filepath.Join(cdir, filepath.Base(path))); err == nil {
 			return
 		}
@@ -1185,14 +1229,16 @@ func (s *Store) Delete(key chunk.Key) error {
 // still persist the cleared header without the mode: recovery knows an all-zero
 // header as this mark and frees the slot.
 func (s *Store) markFree(path string) error {
+	// The mode first: a complete slot (0400) may be opened for writing by
+	// its owner only once it is 0600 again.
+	if err := os.Chmod(path, pendingMode); err != nil {
+		return err
+	}
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	if err := f.Chmod(pendingMode); err != nil {
-		return err
-	}
 	_, err = f.WriteAt(s.zeros[:blockSize], 0)
 	return err
 }
@@ -1395,7 +1441,7 @@ func loadOrCreateID(dir string) (string, error) {
 }
 
 func writeFileSync(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, private.FileMode)
 	if err != nil {
 		return err
 	}

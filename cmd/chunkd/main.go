@@ -25,6 +25,7 @@ import (
 	"github.com/rdmafs/rdmafs/internal/bytesize"
 	"github.com/rdmafs/rdmafs/internal/metricshttp"
 	"github.com/rdmafs/rdmafs/internal/sched"
+	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/rdma/transport"
 )
@@ -131,13 +132,11 @@ func run(ctx context.Context, f *flags) error {
 	}
 	var secret []byte
 	if f.secretFile != "" {
-		b, err := os.ReadFile(f.secretFile)
+		s, err := auth.ReadSecretFile(f.secretFile)
 		if err != nil {
 			return fmt.Errorf("--secret-file: %w", err)
 		}
-		if secret = []byte(strings.TrimSpace(string(b))); len(secret) == 0 {
-			return fmt.Errorf("--secret-file %s is empty", f.secretFile)
-		}
+		secret = []byte(s)
 	}
 	dev, err := transport.Open(f.transport, log)
 	if err != nil {

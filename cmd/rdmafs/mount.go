@@ -23,6 +23,7 @@ import (
 	"github.com/rdmafs/rdmafs/fs/fileio"
 	"github.com/rdmafs/rdmafs/internal/bytesize"
 	"github.com/rdmafs/rdmafs/internal/metricshttp"
+	"github.com/rdmafs/rdmafs/internal/private"
 	"github.com/rdmafs/rdmafs/internal/sched"
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/client"
@@ -102,7 +103,7 @@ unmounts; --background returns once the file system is mounted.`,
 	fl.DurationVar(&f.entryTimeout, "entry-timeout", time.Second, "how long the kernel caches names")
 	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics (/metrics) and Go profiles (/debug/pprof/) on this address (empty: off)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
-	fl.StringVar(&f.logFile, "log-file", "", "log to this file (default stderr; --background: MOUNTPOINT's name in /tmp)")
+	fl.StringVar(&f.logFile, "log-file", "", "log to this file, created 0600 (default stderr; --background: mount-MOUNTPOINT.log in /var/log/rdmafs, or ~/.local/state/rdmafs when not root)")
 	fl.BoolVar(&f.background, "background", false, "return once mounted, serving in a background process")
 	fl.BoolVar(&f.schedBatch, "sched-batch", true, "run under SCHED_BATCH (no wake-up preemption: fewer context switches per request)")
 	fl.IntVar(&f.procs, "procs", 0, "Go scheduler processors for the mount (GOMAXPROCS; default $GOMAXPROCS, else the larger of 16 and the CPU count): FUSE reader threads hold one each while blocked reading /dev/fuse")
@@ -279,7 +280,7 @@ func startCPUProfile(path string) (stop func(), err error) {
 func (c *mountConfig) newLogger() (*slog.Logger, error) {
 	out := os.Stderr
 	if c.logFile != "" {
-		lf, err := os.OpenFile(c.logFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		lf, err := private.OpenLog(c.logFile)
 		if err != nil {
 			return nil, fmt.Errorf("mount: --log-file: %w", err)
 		}
@@ -469,7 +470,11 @@ func mountInBackground(cmd *cobra.Command, f *mountFlags) error {
 	args := os.Args[1:]
 	if logFile == "" {
 		mp := cmd.Flags().Arg(1)
-		logFile = filepath.Join(os.TempDir(), "rdmafs-mount-"+strings.Trim(strings.ReplaceAll(mp, "/", "-"), "-")+".log")
+		dir, err := logDir()
+		if err != nil {
+			return fmt.Errorf("mount --background: %w", err)
+		}
+		logFile = filepath.Join(dir, "mount-"+strings.Trim(strings.ReplaceAll(mp, "/", "-"), "-")+".log")
 		args = append(args, "--log-file", logFile)
 	}
 	r, w, err := os.Pipe()
@@ -478,7 +483,7 @@ func mountInBackground(cmd *cobra.Command, f *mountFlags) error {
 	}
 	// The child's stderr goes to its log file too, so that what the Go
 	// runtime prints there (a panic, a SIGQUIT goroutine dump) is kept.
-	logOut, err := os.OpenFile(logFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	logOut, err := private.OpenLog(logFile)
 	if err != nil {
 		return fmt.Errorf("mount --background: log file: %w", err)
 	}
@@ -538,4 +543,27 @@ func newUmountCommand() *cobra.Command {
 	}
 	c.Flags().BoolVar(&lazy, "lazy", false, "detach now, finish when no longer busy")
 	return c
+}
+
+// logDir returns (creating it, private) the directory of background mounts'
+// logs: /var/log/rdmafs for root, else the user's state directory
+// ($XDG_STATE_HOME/rdmafs or ~/.local/state/rdmafs). Never a shared
+// directory such as /tmp, where another user could plant a link.
+func logDir() (string, error) {
+	dir := "/var/log/rdmafs"
+	if os.Geteuid() != 0 {
+		state := os.Getenv("XDG_STATE_HOME")
+		if state == "" {
+			home, err := os.UserHomeDir()
+			if err != nil {
+				return "", fmt.Errorf("log directory: %w", err)
+			}
+			state = filepath.Join(home, ".local", "state")
+		}
+		dir = filepath.Join(state, "rdmafs")
+	}
+	if err := private.MkdirAll(dir, nil); err != nil {
+		return "", fmt.Errorf("log directory: %w", err)
+	}
+	return dir, nil
 }

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/rdmafs/rdmafs/internal/bytesize"
+	"github.com/rdmafs/rdmafs/internal/private"
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
@@ -161,7 +162,7 @@ func freePort() (int, error) {
 // mounts it when cfg.Mount is set. On failure everything started is stopped.
 func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	cfg.defaults()
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+	if err := private.MkdirAll(cfg.Dir, nil); err != nil {
 		return nil, fmt.Errorf("devcluster: %w", err)
 	}
 	dir, _ := filepath.Abs(cfg.Dir)
@@ -235,7 +236,7 @@ func (c *Cluster) bin(name string) string { return filepath.Join(c.Bin, name) }
 // output goes to Dir/NAME.log.
 func (c *Cluster) start(name string, args ...string) (Proc, error) {
 	logPath := filepath.Join(c.Dir, name+".log")
-	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	lf, err := private.OpenLog(logPath)
 	if err != nil {
 		return Proc{}, fmt.Errorf("devcluster: %w", err)
 	}
@@ -717,7 +718,7 @@ func zombie(pid int) bool {
 
 func (c *Cluster) save() error {
 	b, _ := json.MarshalIndent(c, "", "  ")
-	if err := os.WriteFile(filepath.Join(c.Dir, "cluster.json"), b, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(c.Dir, "cluster.json"), b, private.FileMode); err != nil {
 		return fmt.Errorf("devcluster: %w", err)
 	}
 	return nil

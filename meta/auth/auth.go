@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/rdmafs/rdmafs/internal/private"
 )
 
 // MetadataKey is the gRPC metadata key that carries the cluster secret.
@@ -52,8 +54,13 @@ func GenerateSecretFile(path string) (string, error) {
 	return secret, nil
 }
 
-// ReadSecretFile reads a secret written by GenerateSecretFile.
+// ReadSecretFile reads a secret written by GenerateSecretFile. It refuses a
+// file that its group or others may access (private.ErrExposed), as ssh
+// refuses such keys: whoever can read the secret can read every file.
 func ReadSecretFile(path string) (string, error) {
+	if err := private.CheckSecret(path); err != nil {
+		return "", fmt.Errorf("auth: %w", err)
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return "", fmt.Errorf("auth: read secret file: %w", err)

@@ -33,6 +33,7 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
+	"github.com/rdmafs/rdmafs/internal/private"
 	"github.com/rdmafs/rdmafs/meta/kv"
 )
 
@@ -168,9 +169,18 @@ var errRunAgain = errors.New("bolt: run the transaction again")
 
 // Open opens (creating if needed) the database in dir and applies to it
 // what the log holds beyond it.
+//
+// The directory and everything in it are kept to the process's user: created
+// 0700, and group or world access found there removed (with a log line).
 func Open(dir string, opts Options) (*Store, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("bolt: create data dir: %w", err)
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if err := private.MkdirAll(dir, opts.Logger); err != nil {
+		return nil, fmt.Errorf("bolt: data dir: %w", err)
+	}
+	if _, err := private.TightenTree(dir, opts.Logger); err != nil {
+		return nil, fmt.Errorf("bolt: data dir: %w", err)
 	}
 	path := filepath.Join(dir, FileName)
 	db, err := openDB(path, opts.maxSize, false)
@@ -192,9 +202,6 @@ func Open(dir string, opts Options) (*Store, error) {
 	opts.LogSegment = max(opts.LogSegment, 64<<10)
 	if opts.CheckpointEvery <= 0 {
 		opts.CheckpointEvery = 50 * time.Millisecond
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
 	}
 	if opts.Slack == 0 {
 		opts.Slack = 4 << 20

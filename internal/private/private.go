@@ -1,0 +1,129 @@
+// Package private keeps a daemon's files to the user it runs as: data
+// directories are created with mode 0700, log files are opened 0600 without
+// following symbolic links, and group or world access found on what should be
+// private is removed with a log line, so that a tree created by an older
+// version, by an installer or by hand is tightened at the next start.
+package private
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// DirMode and FileMode are the modes of private directories and files.
+const (
+	DirMode  fs.FileMode = 0o700
+	FileMode fs.FileMode = 0o600
+)
+
+// loose are the permission bits a private file or directory must not have.
+const loose fs.FileMode = 0o077
+
+// MkdirAll creates dir and any missing parents with mode 0700 (as
+// os.MkdirAll) and removes group and world access from dir itself if it
+// already existed with them, logging the change. Parents that existed are
+// left as they are: they may be shared, such as /var/lib.
+func MkdirAll(dir string, log *slog.Logger) error {
+	if err := os.MkdirAll(dir, DirMode); err != nil {
+		return fmt.Errorf("create private directory: %w", err)
+	}
+	_, err := Tighten(dir, log)
+	return err
+}
+
+// Tighten removes group and world permission bits from path (not following
+// a final symbolic link: a link's own mode means nothing) and reports
+// whether it changed anything; a change is logged with the old and new mode.
+func Tighten(path string, log *slog.Logger) (bool, error) {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return false, fmt.Errorf("tighten mode: %w", err)
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 || fi.Mode().Perm()&loose == 0 {
+		return false, nil
+	}
+	perm := fi.Mode().Perm() &^ loose
+	if err := os.Chmod(path, perm); err != nil {
+		return false, fmt.Errorf("tighten mode of %s: %w", path, err)
+	}
+	if log != nil {
+		log.Warn("removed group and world access", "path", path, "old_mode", fmt.Sprintf("%#o", fi.Mode().Perm()),
+			"new_mode", fmt.Sprintf("%#o", perm))
+	}
+	return true, nil
+}
+
+// TightenTree applies Tighten to root and everything below it and returns how
+// many entries it changed; only a summary is logged, not each entry.
+func TightenTree(root string, log *slog.Logger) (int, error) {
+	n := 0
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		changed, err := Tighten(path, nil)
+		if changed {
+			n++
+		}
+		return err
+	})
+	if n > 0 && log != nil {
+		log.Warn("removed group and world access below a private directory", "dir", root, "entries", n)
+	}
+	if err != nil {
+		return n, fmt.Errorf("tighten modes below %s: %w", root, err)
+	}
+	return n, nil
+}
+
+// ErrExposed is returned by CheckSecret for a secret file that users other
+// than its owner may read or write.
+var ErrExposed = errors.New("secret file is accessible by group or others")
+
+// CheckSecret returns an error wrapping ErrExposed when the file at path (a
+// symbolic link is followed) grants its group or others any access, as ssh
+// refuses such private keys, with the chmod that fixes it.
+func CheckSecret(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("check secret file: %w", err)
+	}
+	if perm := fi.Mode().Perm(); perm&loose != 0 {
+		return fmt.Errorf("%w: %s has mode %#o; run `chmod 600 %s`", ErrExposed, path, perm, path)
+	}
+	return nil
+}
+
+// OpenLog opens (creating with mode 0600, appending) the log file at path
+// without following a symbolic link at its last component, so that a link
+// planted where the log should be cannot make a process running as root write
+// elsewhere. An existing file open to others is tightened first.
+func OpenLog(path string) (*os.File, error) {
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(FileMode))
+	if err != nil {
+		return nil, fmt.Errorf("open log file %s: %w", path, err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open log file %s: %w", path, err)
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("open log file %s: not a regular file", path)
+	}
+	if fi.Mode().Perm()&loose != 0 {
+		if err := f.Chmod(fi.Mode().Perm() &^ loose); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("open log file %s: %w", path, err)
+		}
+	}
+	return f, nil
+}
