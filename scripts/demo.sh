@@ -20,4 +20,9 @@ DIR="$dir/mnt" SIZE="${SIZE:-512M}" RUNTIME="${RUNTIME:-10}" fio bench/jobs.fio 
 	grep -E '^[a-z0-9-]+: \(groupid|^ +(read|write): |err=|verify' || true
 echo
 bin/rdmafs status "$(jq -r .meta_addr "$dir/cluster.json" 2>/dev/null || grep -o '"meta_addr": *"[^"]*"' "$dir/cluster.json" | cut -d'"' -f4)" \
-	--secret-file "$dir/meta/secret" || true
+	--secret-file "$dir/meta/secret" --tls-ca "$dir/tls/ca.pem" --tls-cert "$dir/tls/client.pem" --tls-key "$dir/tls/client-key.pem" || true
+echo
+echo "== at rest: files and directories in $dir open to group or others (public certificates aside)"
+find "$dir" -path "$dir/mnt" -prune -o -perm /077 ! -name '*.pem' -printf '%m %p\n' | head -20
+echo "$(find "$dir" -path "$dir/mnt" -prune -o -type f ! -perm /077 -print | wc -l) files private (mode 0600 or 0400)"
+find "$dir" -path "$dir/mnt" -prune -o -printf '%m\n' | sort | uniq -c | sed 's/^/   mode /'

@@ -47,6 +47,7 @@ type flags struct {
 	credits, repairParallel                                      int
 	leaseTTL, stagingTTL, heartbeat                              time.Duration
 	schedBatch                                                   bool
+	tls                                                          auth.TLSFiles
 }
 
 func newCommand() *cobra.Command {
@@ -70,6 +71,7 @@ func newCommand() *cobra.Command {
 	fl.StringVar(&f.zone, "zone", "", "failure-domain label")
 	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics (/metrics) and Go profiles (/debug/pprof/) on this address (empty: off)")
 	fl.StringVar(&f.secretFile, "secret-file", "", "file holding the cluster secret clients must present")
+	f.tls.Register(fl, false)
 	fl.StringVar(&f.readyFile, "ready-file", "", "file to write the listen address to once serving")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.maxLength, "max-length", "16MiB", "largest chunk version accepted")
@@ -149,7 +151,11 @@ func run(ctx context.Context, f *flags) error {
 		if len(secret) == 0 {
 			return fmt.Errorf("--meta needs --secret-file: the metadata service refuses requests without the cluster secret")
 		}
-		mc, err := client.Dial(f.meta, string(secret))
+		tlsCfg, err := f.tls.ClientConfig()
+		if err != nil {
+			return fmt.Errorf("chunkd: %w", err)
+		}
+		mc, err := client.Dial(f.meta, string(secret), client.WithTLS(tlsCfg))
 		if err != nil {
 			return err
 		}
@@ -195,7 +201,7 @@ func run(ctx context.Context, f *flags) error {
 	}
 	if f.readyFile != "" {
 		tmp := f.readyFile + ".tmp"
-		err := os.WriteFile(tmp, []byte(srv.Addr()+"\n"), 0o644)
+		err := os.WriteFile(tmp, []byte(srv.Addr()+"\n"), 0o600)
 		if err == nil {
 			err = os.Rename(tmp, f.readyFile)
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -37,7 +38,8 @@ func newDevCommand() *cobra.Command {
 			if c.MountPoint != "" {
 				fmt.Fprintf(cmd.OutOrStdout(), ", mounted at %s", c.MountPoint)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "\nsecret %s; logs in %s; stop with: rdmafs dev down %s\n", c.SecretFile, c.Dir, c.Dir)
+			fmt.Fprintf(cmd.OutOrStdout(), "\nlogs in %s; stop with: rdmafs dev down %s\n", c.Dir, c.Dir)
+			fmt.Fprintf(cmd.OutOrStdout(), "clients: rdmafs status %s %s\n", c.MetaAddr, strings.Join(c.ClientArgs(), " "))
 			return nil
 		},
 	}
@@ -50,6 +52,7 @@ func newDevCommand() *cobra.Command {
 	fl.StringVar(&cfg.ChunkdMem, "chunkd-mem", "256MiB", "registered memory per chunkd")
 	fl.StringVar(&cfg.ClientMem, "client-mem", "256MiB", "client buffer memory")
 	fl.BoolVar(&cfg.Mount, "mount", true, "mount the file system at DIR/mnt")
+	fl.BoolVar(&cfg.PlainText, "plaintext", false, "no TLS on the control plane (by default DIR/tls holds a CA and certificates, and meta requires client certificates)")
 	down := &cobra.Command{
 		Use:   "down DIR",
 		Short: "Unmount and stop the cluster in DIR (by PID)",

@@ -20,6 +20,7 @@ func newMetaCommand() *cobra.Command {
 		hbTimeout, sessionTTL, grantTTL, electionTTL                time.Duration
 		repairGrace, repairTaskTimeout                              time.Duration
 		durableReplies                                              bool
+		tlsFiles                                                    auth.TLSFiles
 	)
 	cmd := &cobra.Command{
 		Use:   "meta",
@@ -50,8 +51,15 @@ func newMetaCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			tlsCfg, err := tlsFiles.ServerConfig()
+			if err != nil {
+				return fmt.Errorf("meta: %w", err)
+			}
+			if tlsCfg == nil {
+				logger.Warn("meta: serving without TLS: the cluster secret and file names cross the network in clear (see --tls-cert, docs/security.md)")
+			}
 			ctx := cmd.Context()
-			srv, err := server.Start(ctx, server.Config{DataDir: dataDir, KV: kvURL, ElectionTTL: electionTTL, Listen: listen, Secret: secret,
+			srv, err := server.Start(ctx, server.Config{DataDir: dataDir, KV: kvURL, ElectionTTL: electionTTL, Listen: listen, Secret: secret, TLS: tlsCfg,
 				MetricsListen: metricsListen, HeartbeatTimeout: hbTimeout, SessionTTL: sessionTTL,
 				GrantTTL: grantTTL, Logger: logger, RepairGrace: repairGrace, RepairTaskTimeout: repairTaskTimeout,
 				DurableReplies: durableReplies})
@@ -71,6 +79,7 @@ func newMetaCommand() *cobra.Command {
 	f.DurationVar(&electionTTL, "election-ttl", 5*time.Second, "with --kv: leader lease; a standby takes over this long after the leader dies")
 	f.StringVar(&listen, "listen", "127.0.0.1:7400", "gRPC listen address")
 	f.StringVar(&secretFile, "secret-file", "", "cluster secret file (default DATA/secret)")
+	tlsFiles.Register(f, true)
 	f.StringVar(&metricsListen, "metrics", "", "serve Prometheus metrics (/metrics) and Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:7401 (off when empty)")
 	f.DurationVar(&hbTimeout, "heartbeat-timeout", 10*time.Second, "mark a chunkserver down after this long without a heartbeat")
 	f.DurationVar(&sessionTTL, "session-ttl", 30*time.Second, "default client session lifetime without keepalive")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,6 +48,7 @@ type mountFlags struct {
 	attrTimeout, entryTimeout, ioTimeout, writeTimeout        time.Duration
 	background, debug, schedBatch                             bool
 	cpuProfile                                                string
+	tls                                                       auth.TLSFiles
 }
 
 // mountConfig is what a mount runs with: its arguments and its flags, parsed
@@ -54,6 +56,7 @@ type mountFlags struct {
 type mountConfig struct {
 	metaAddr, mountpoint string
 	secretFile           string
+	tls                  *tls.Config // nil: plaintext to meta
 	transport            string
 	memBytes             int   // --mem: positive
 	dirtyLimit           int   // --dirty-limit; 0: the engine's default
@@ -90,6 +93,7 @@ unmounts; --background returns once the file system is mounted.`,
 	}
 	fl := c.Flags()
 	fl.StringVar(&f.secretFile, "secret-file", os.Getenv("RDMAFS_SECRET_FILE"), "file holding the cluster secret (default $RDMAFS_SECRET_FILE)")
+	f.tls.Register(fl, false)
 	fl.StringVar(&f.transport, "transport", "auto", "rdma transport to the chunkservers: auto, tcp, shm or verbs")
 	fl.StringVar(&f.memory, "mem", "256MiB", "registered buffer memory for file data (bounds dirty data)")
 	fl.StringVar(&f.dirtyLimit, "dirty-limit", "", "dirty data one file may buffer before it is flushed (default a quarter of --mem)")
@@ -202,6 +206,10 @@ func (f *mountFlags) config(metaAddr, mountpoint string) (*mountConfig, error) {
 		attrTimeout: f.attrTimeout, entryTimeout: f.entryTimeout, ioTimeout: f.ioTimeout, writeTimeout: f.writeTimeout,
 		metrics: f.metrics, logFile: f.logFile, cpuProfile: f.cpuProfile,
 		debug: f.debug, schedBatch: f.schedBatch,
+	}
+	var err error
+	if c.tls, err = f.tls.ClientConfig(); err != nil {
+		return nil, fmt.Errorf("mount: %w", err)
 	}
 	mem, err := bytesize.Parse(f.memory)
 	if err == nil && mem <= 0 {
@@ -322,7 +330,7 @@ func openMountMeta(ctx context.Context, c *mountConfig) (*mountMeta, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mount: %w", err)
 	}
-	mc, err := client.Dial(c.metaAddr, secret)
+	mc, err := client.Dial(c.metaAddr, secret, client.WithTLS(c.tls))
 	if err != nil {
 		return nil, fmt.Errorf("mount: %w", err)
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/internal/bytesize"
 	"github.com/rdmafs/rdmafs/internal/private"
+	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
@@ -60,6 +61,10 @@ type Config struct {
 	// Net, when set, runs the processes in network namespaces (see
 	// internal/netns); otherwise everything is on 127.0.0.1.
 	Net *Net
+	// PlainText turns TLS off on the control plane. It is on by default:
+	// Up makes a CA and certificates in Dir/tls (once), meta requires
+	// client certificates, and every process and Client use them.
+	PlainText bool
 }
 
 // Net places a cluster's processes on hosts of a network (network
@@ -97,8 +102,11 @@ type Cluster struct {
 	Bin        string `json:"bin"`
 	MetaAddr   string `json:"meta_addr"`
 	SecretFile string `json:"secret_file"`
-	Transport  string `json:"transport"`
-	Meta       Proc   `json:"meta"`
+	// TLSDir holds the cluster's CA and certificates (auth.CertsIn); empty:
+	// plaintext control plane.
+	TLSDir    string `json:"tls_dir,omitempty"`
+	Transport string `json:"transport"`
+	Meta      Proc   `json:"meta"`
 	// Metas are all meta servers (with an etcd store; Meta is Metas[0]).
 	Metas      []Proc   `json:"metas,omitempty"`
 	Chunk      []Proc   `json:"chunk"`
@@ -176,6 +184,15 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 			c.Down(context.Background())
 		}
 	}()
+	if !cfg.PlainText {
+		hosts := []string{"127.0.0.1", "localhost"}
+		if cfg.Net != nil {
+			hosts = append(hosts, cfg.Net.Meta.IP)
+		}
+		if err := c.setupTLS(hosts); err != nil {
+			return c, err
+		}
+	}
 	if cfg.KV != "" {
 		return c, c.upEtcd(ctx, cfg)
 	}
@@ -198,8 +215,8 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		}
 		c.MetaAddr = fmt.Sprintf("127.0.0.1:%d", port)
 	}
-	metaArgs := append(append(append([]string(nil), prefix...), c.bin("rdmafs"), "meta", "--data", metaData, "--listen", c.MetaAddr,
-		"--heartbeat-timeout", cfg.HeartbeatTimeout.String()), cfg.MetaArgs...)
+	metaArgs := append(append(append(append([]string(nil), prefix...), c.bin("rdmafs"), "meta", "--data", metaData, "--listen", c.MetaAddr,
+		"--heartbeat-timeout", cfg.HeartbeatTimeout.String()), c.serverTLSArgs()...), cfg.MetaArgs...)
 	if c.Meta, err = c.start("meta", metaArgs...); err != nil {
 		return c, err
 	}
@@ -284,8 +301,8 @@ func (c *Cluster) StartChunkd(ctx context.Context, i int, mem string) (Proc, err
 			return Proc{}, err
 		}
 	}
-	args := append(append(append([]string(nil), prefix...), c.bin("chunkd"), "--data", data, "--listen", addr, "--meta", c.MetaAddr,
-		"--secret-file", c.SecretFile, "--mem", mem, "--transport", c.Transport, "--ready-file", ready, "--heartbeat", "500ms"), c.ChunkdArgs...)
+	args := append(append(append(append([]string(nil), prefix...), c.bin("chunkd"), "--data", data, "--listen", addr, "--meta", c.MetaAddr,
+		"--mem", mem, "--transport", c.Transport, "--ready-file", ready, "--heartbeat", "500ms"), c.ClientArgs()...), c.ChunkdArgs...)
 	p, err := c.startChunkd(ctx, i, args)
 	p.Addr, p.Data = addr, data
 	return p, err
@@ -374,11 +391,54 @@ func tail(b []byte) []byte {
 func (c *Cluster) Client() (*client.Client, error) {
 	if c.net != nil && c.net.Dial != nil {
 		dial := c.net.Dial
-		return client.DialSecretFile(c.MetaAddr, c.SecretFile, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		return client.DialFiles(c.MetaAddr, c.SecretFile, c.ClientTLS(), grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			return dial(ctx, "tcp", addr)
 		}))
 	}
-	return client.DialSecretFile(c.MetaAddr, c.SecretFile)
+	return client.DialFiles(c.MetaAddr, c.SecretFile, c.ClientTLS())
+}
+
+// setupTLS makes the cluster's CA and certificates in Dir/tls for the meta
+// server's hosts, unless a previous Up made them.
+func (c *Cluster) setupTLS(hosts []string) error {
+	c.TLSDir = filepath.Join(c.Dir, "tls")
+	if _, err := os.Stat(auth.CertsIn(c.TLSDir).CA); err == nil {
+		return nil
+	}
+	if _, err := auth.GenerateCerts(c.TLSDir, hosts, time.Now(), 365*24*time.Hour); err != nil {
+		return fmt.Errorf("devcluster: %w", err)
+	}
+	return nil
+}
+
+// ClientTLS returns the TLS files of a client of the cluster: its CA and
+// the client certificate (zero when the cluster runs without TLS).
+func (c *Cluster) ClientTLS() auth.TLSFiles {
+	if c.TLSDir == "" {
+		return auth.TLSFiles{}
+	}
+	return auth.CertsIn(c.TLSDir).Client()
+}
+
+// ClientArgs returns the flags with which a client of the cluster (mount,
+// chunkd, status, admin commands) reaches meta: --secret-file and, with
+// TLS, --tls-ca, --tls-cert and --tls-key.
+func (c *Cluster) ClientArgs() []string {
+	args := []string{"--secret-file", c.SecretFile}
+	if f := c.ClientTLS(); f.Enabled() {
+		args = append(args, "--tls-ca", f.CA, "--tls-cert", f.Cert, "--tls-key", f.Key)
+	}
+	return args
+}
+
+// serverTLSArgs returns the TLS flags of a meta server of the cluster
+// (none without TLS): its certificate, and client certificates required.
+func (c *Cluster) serverTLSArgs() []string {
+	if c.TLSDir == "" {
+		return nil
+	}
+	f := auth.CertsIn(c.TLSDir).Server()
+	return []string{"--tls-cert", f.Cert, "--tls-key", f.Key, "--tls-ca", f.CA, "--tls-require-client-cert"}
 }
 
 // Command is a command running program (rdmafs or chunkd, from Bin) with
@@ -433,8 +493,8 @@ func (c *Cluster) MountFS(ctx context.Context, dir, mem string) error {
 	if mem == "" {
 		mem = "256MiB"
 	}
-	args := append(append(append([]string(nil), c.MountPrefix...), c.bin("rdmafs"), "mount", c.MetaAddr, dir,
-		"--secret-file", c.SecretFile, "--transport", c.Transport, "--mem", mem), c.MountArgs...)
+	args := append(append(append(append([]string(nil), c.MountPrefix...), c.bin("rdmafs"), "mount", c.MetaAddr, dir,
+		"--transport", c.Transport, "--mem", mem), c.ClientArgs()...), c.MountArgs...)
 	p, err := c.start("mount", args...)
 	if err != nil {
 		return err

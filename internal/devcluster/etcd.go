@@ -33,9 +33,9 @@ func (c *Cluster) upEtcd(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("devcluster: %w", err)
 		}
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		args := append([]string{c.bin("rdmafs"), "meta", "--kv", cfg.KV, "--listen", addr,
+		args := append(append([]string{c.bin("rdmafs"), "meta", "--kv", cfg.KV, "--listen", addr,
 			"--secret-file", c.SecretFile, "--heartbeat-timeout", cfg.HeartbeatTimeout.String(),
-			"--election-ttl", cfg.ElectionTTL.String()}, cfg.MetaArgs...)
+			"--election-ttl", cfg.ElectionTTL.String()}, c.serverTLSArgs()...), cfg.MetaArgs...)
 		p, err := c.start(fmt.Sprintf("meta%d", i), args...)
 		if err != nil {
 			return err
@@ -89,7 +89,7 @@ func (c *Cluster) Leader(ctx context.Context) int {
 }
 
 func (c *Cluster) serves(ctx context.Context, addr string) bool {
-	mc, err := client.DialSecretFile(addr, c.SecretFile)
+	mc, err := client.DialFiles(addr, c.SecretFile, c.ClientTLS())
 	if err != nil {
 		return false
 	}

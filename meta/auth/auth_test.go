@@ -1,15 +1,21 @@
 package auth
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/rdmafs/rdmafs/internal/private"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 )
 
@@ -34,6 +40,10 @@ func TestSecretFile(t *testing.T) {
 	if _, err := ReadSecretFile(short); err == nil {
 		t.Fatal("accepted a 3-character secret")
 	}
+	os.Chmod(path, 0o644)
+	if _, err := ReadSecretFile(path); !errors.Is(err, private.ErrExposed) {
+		t.Fatalf("read a world-readable secret file: %v", err)
+	}
 	if _, err := ReadSecretFile(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Fatal("read a missing file")
 	}
@@ -41,7 +51,10 @@ func TestSecretFile(t *testing.T) {
 
 func TestInterceptor(t *testing.T) {
 	const secret = "0123456789abcdef0123"
-	icpt := UnaryServerInterceptor(secret)
+	var logs bytes.Buffer
+	rejected := map[string]int{}
+	g := NewGuard(secret, slog.New(slog.NewTextHandler(&logs, nil)), func(r string) { rejected[r]++ })
+	icpt := g.Unary()
 	called := false
 	h := func(ctx context.Context, req any) (any, error) { called = true; return "ok", nil }
 	tests := []struct {
@@ -56,7 +69,7 @@ func TestInterceptor(t *testing.T) {
 	}
 	for _, tt := range tests {
 		called = false
-		ctx := context.Background()
+		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 9), Port: 4242}})
 		if tt.md != nil {
 			ctx = metadata.NewIncomingContext(ctx, tt.md)
 		}
@@ -64,6 +77,12 @@ func TestInterceptor(t *testing.T) {
 		if status.Code(err) != tt.want || (tt.msg != "" && !strings.Contains(err.Error(), tt.msg)) || called != (tt.want == codes.OK) {
 			t.Errorf("%s: err %v called %v", tt.name, err, called)
 		}
+	}
+	if rejected[RejectNoSecret] != 1 || rejected[RejectWrongSecret] != 1 {
+		t.Errorf("rejections counted %v, want one of each", rejected)
+	}
+	if !strings.Contains(logs.String(), "reason=wrong_secret peer=127.0.0.9:4242 method=/m") {
+		t.Errorf("refusal not logged with its peer:\n%s", logs.String())
 	}
 	md, _ := Credentials{Secret: secret}.GetRequestMetadata(context.Background())
 	if md[MetadataKey] != secret {

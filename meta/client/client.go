@@ -5,6 +5,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -15,6 +16,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/rdmafs/rdmafs/meta/auth"
@@ -98,13 +100,27 @@ func SplitAddrs(addrs string) ([]string, error) {
 	return out, nil
 }
 
-// DialSecretFile is Dial with the secret read from a file.
-func DialSecretFile(addr, secretFile string, opts ...grpc.DialOption) (*Client, error) {
+// DialFiles is Dial with the secret read from secretFile and, when tls names
+// any file, TLS to the servers (see auth.TLSFiles.ClientConfig).
+func DialFiles(addrs, secretFile string, tls auth.TLSFiles, opts ...grpc.DialOption) (*Client, error) {
 	secret, err := auth.ReadSecretFile(secretFile)
 	if err != nil {
 		return nil, err
 	}
-	return Dial(addr, secret, opts...)
+	cfg, err := tls.ClientConfig()
+	if err != nil {
+		return nil, err
+	}
+	return Dial(addrs, secret, append([]grpc.DialOption{WithTLS(cfg)}, opts...)...)
+}
+
+// WithTLS returns the option that makes Dial speak TLS with cfg (nil: no
+// option, the connection stays plaintext).
+func WithTLS(cfg *tls.Config) grpc.DialOption {
+	if cfg == nil {
+		return grpc.EmptyDialOption{}
+	}
+	return grpc.WithTransportCredentials(credentials.NewTLS(cfg))
 }
 
 // Close closes the connections.

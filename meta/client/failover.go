@@ -121,7 +121,7 @@ func (f *failover) invoke(ctx context.Context, method, short string, args, reply
 		}
 		if !retryable(err) || ctx.Err() != nil {
 			if last != nil && ctx.Err() != nil {
-				return fmt.Errorf("meta servers %v unavailable (last: %v): %w", f.addrs, last, err)
+				return fmt.Errorf("meta servers %v unavailable (last: %v%s): %w", f.addrs, last, tlsHint(last), err)
 			}
 			return err
 		}
@@ -132,7 +132,7 @@ func (f *failover) invoke(ctx context.Context, method, short string, args, reply
 			d := time.Duration(min(attempt+1, 20)) * 25 * time.Millisecond
 			select {
 			case <-ctx.Done():
-				return status.Error(codes.Unavailable, fmt.Sprintf("meta servers %v unavailable: %v", f.addrs, last))
+				return status.Error(codes.Unavailable, fmt.Sprintf("meta servers %v unavailable: %v%s", f.addrs, last, tlsHint(last)))
 			case <-time.After(d):
 			}
 		}
@@ -158,4 +158,19 @@ func (f *failover) sync(ctx context.Context, method string, args, reply any, opt
 // NewStream implements grpc.ClientConnInterface; streams are not retried.
 func (f *failover) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	return f.conns[f.cur.Load()%int64(len(f.conns))].NewStream(ctx, desc, method, opts...)
+}
+
+// tlsHint explains the connection errors of a TLS mismatch between client
+// and server, which gRPC reports only as a broken connection.
+func tlsHint(err error) string {
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "reading server preface: EOF"):
+		return " (the server may require TLS: give --tls-ca, and --tls-cert/--tls-key if it requires client certificates)"
+	case strings.Contains(msg, "tls: first record does not look like a TLS handshake"):
+		return " (the server does not speak TLS: drop --tls-ca, or give the server --tls-cert/--tls-key)"
+	case strings.Contains(msg, "certificate required"):
+		return " (the server requires a client certificate: give --tls-cert and --tls-key)"
+	}
+	return ""
 }

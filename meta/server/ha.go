@@ -222,9 +222,10 @@ func (h *ha) stop(ctx context.Context) error {
 
 // newGRPC is the gRPC server of a serving meta server.
 func newGRPC(cfg Config, m *metrics) *grpc.Server {
-	return grpc.NewServer(
-		grpc.ChainUnaryInterceptor(auth.UnaryServerInterceptor(cfg.Secret), m.unaryInterceptor),
-		grpc.ChainStreamInterceptor(auth.StreamServerInterceptor(cfg.Secret)),
+	guard := auth.NewGuard(cfg.Secret, cfg.Logger, func(reason string) { m.authRejected.WithLabelValues(reason).Inc() })
+	opts := []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(guard.Unary(), m.unaryInterceptor),
+		grpc.ChainStreamInterceptor(guard.Stream()),
 		// Static flow-control windows: metadata messages are small, and
 		// the dynamic window's bandwidth probe (a PING and a WINDOW_UPDATE
 		// after most messages received) doubled the frames, syscalls and
@@ -234,7 +235,11 @@ func newGRPC(cfg Config, m *metrics) *grpc.Server {
 		// already, instead of a new goroutine each (busy workers: a new
 		// goroutine as before).
 		grpc.NumStreamWorkers(streamWorkers),
-	)
+	}
+	if cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(guard.TLS(cfg.TLS)))
+	}
+	return grpc.NewServer(opts...)
 }
 
 // Flow-control windows for what clients send (as meta/client's for what

@@ -5,6 +5,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -99,6 +100,10 @@ type Config struct {
 	Listen string
 	// Secret is the cluster secret clients must present.
 	Secret string
+	// TLS, when set, makes the server speak gRPC over TLS only (see
+	// auth.TLSFiles.ServerConfig); failed handshakes are logged and counted
+	// as refused calls are.
+	TLS *tls.Config
 	// MetricsListen, when set, serves Prometheus metrics at /metrics and Go
 	// profiles at /debug/pprof/ (metricshttp.Start); Start fails when it
 	// cannot listen there.
@@ -278,6 +283,7 @@ type metrics struct {
 	retries       prometheus.Counter
 	groupCommit   prometheus.Histogram
 	commitSeconds prometheus.Histogram
+	authRejected  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -292,8 +298,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Transactions per durable group commit.", Buckets: prometheus.ExponentialBuckets(1, 2, 11)}),
 		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "rdmafs", Subsystem: "meta", Name: "commit_seconds",
 			Help: "Duration of a group commit including fsync.", Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16)}),
+		authRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "rdmafs", Subsystem: "meta", Name: "auth_rejected_total",
+			Help: "Calls and TLS handshakes refused, by reason (no_secret, wrong_secret, tls_handshake)."}, []string{"reason"}),
 	}
-	reg.MustRegister(m.ops, m.latency, m.retries, m.groupCommit, m.commitSeconds)
+	for _, r := range []string{auth.RejectNoSecret, auth.RejectWrongSecret, auth.RejectTLS} {
+		m.authRejected.WithLabelValues(r)
+	}
+	reg.MustRegister(m.ops, m.latency, m.retries, m.groupCommit, m.commitSeconds, m.authRejected)
 	return m
 }
 

@@ -46,7 +46,7 @@ func newFSClient(t *testing.T, c *devcluster.Cluster) *fsClient {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mc, err := client.Dial(c.MetaAddr, secret)
+	mc, err := c.Client()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,6 +185,13 @@ func rdmafs(t *testing.T, args ...string) (string, error) {
 	return string(out), err
 }
 
+// rdmafsOn runs `rdmafs args...` as a client of c: with its secret and TLS
+// flags.
+func rdmafsOn(t *testing.T, c *devcluster.Cluster, args ...string) (string, error) {
+	t.Helper()
+	return rdmafs(t, append(args, c.ClientArgs()...)...)
+}
+
 // TestRepairAfterLosingChunkservers writes files, kills two chunkservers
 // with SIGKILL, checks degraded reads, lets repair rebuild their shards (on
 // the four survivors plus two replacement chunkservers: a 4+2 stripe needs
@@ -238,11 +245,11 @@ func TestRepairAfterLosingChunkservers(t *testing.T) {
 	if bytes == 0 {
 		t.Fatal("healthy, but nothing was rebuilt")
 	}
-	out, err := rdmafs(t, "admin", "repair", c.MetaAddr, "--secret-file", c.SecretFile, "--wait", "--timeout", "30s")
+	out, err := rdmafsOn(t, c, "admin", "repair", c.MetaAddr, "--wait", "--timeout", "30s")
 	if err != nil || !strings.Contains(out, "full redundancy") {
 		t.Fatalf("admin repair --wait: %v\n%s", err, out)
 	}
-	out, err = rdmafs(t, "status", c.MetaAddr, "--secret-file", c.SecretFile)
+	out, err = rdmafsOn(t, c, "status", c.MetaAddr)
 	if err != nil || !strings.Contains(out, " 0 degraded, 0 lost") {
 		t.Fatalf("status: %v\n%s", err, out)
 	}
@@ -269,7 +276,7 @@ func TestRepairAfterLosingChunkservers(t *testing.T) {
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		out, err = rdmafs(t, "admin", "repair", c.MetaAddr, "--secret-file", c.SecretFile, "--wait", "--timeout", "5s")
+		out, err = rdmafsOn(t, c, "admin", "repair", c.MetaAddr, "--wait", "--timeout", "5s")
 		if err != nil && strings.Contains(out, "stripes lost") {
 			break
 		}
@@ -311,7 +318,7 @@ func TestDrainUnderLoad(t *testing.T) {
 	if err := c.WaitUp(ctx, 7, 20*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	out, err := rdmafs(t, "admin", "rebalance", c.MetaAddr, "--secret-file", c.SecretFile, "--wait", "--timeout", "60s")
+	out, err := rdmafsOn(t, c, "admin", "rebalance", c.MetaAddr, "--wait", "--timeout", "60s")
 	if err != nil {
 		t.Fatalf("admin rebalance: %v\n%s", err, out)
 	}
@@ -395,7 +402,7 @@ func TestDrainUnderLoad(t *testing.T) {
 		t.Fatalf("the load did not get going: %d writes, %d reads (error: %v)", writes.load(), reads.load(), loadErr.Load())
 	}
 	w0, r0 := writes.load(), reads.load()
-	out, err = rdmafs(t, "admin", "drain", c.MetaAddr, drainID, "--secret-file", c.SecretFile, "--wait", "--timeout", "60s")
+	out, err = rdmafsOn(t, c, "admin", "drain", c.MetaAddr, drainID, "--wait", "--timeout", "60s")
 	wDrain, rDrain := writes.load()-w0, reads.load()-r0
 	stopLoad()
 	if err != nil {

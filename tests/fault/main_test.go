@@ -162,7 +162,7 @@ func waitGone(pid int, d time.Duration) {
 func rdmafsStatus(c *devcluster.Cluster) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	out, err := c.Command(ctx, "rdmafs", "status", c.MetaAddr, "--secret-file", c.SecretFile).CombinedOutput()
+	out, err := c.Command(ctx, "rdmafs", append([]string{"status", c.MetaAddr}, c.ClientArgs()...)...).CombinedOutput()
 	if err != nil {
 		return fmt.Sprintf("rdmafs status: %v\n%s", err, out)
 	}
