@@ -18,7 +18,7 @@
 // read is rebuilt from any k shards of the stripe, so up to m lost chunkservers
 // stay invisible to applications.
 //
-// Shard lengths (chunkserver/stripe): short stripes. Data shard i is stored
+// Shard lengths (internal/stripe): short stripes. Data shard i is stored
 // with its own bytes only (rounded up to 4 KiB), parity shards as long as data
 // shard 0; for coding, data shards count as zero-padded to that length, and a
 // decoder reads each shard's stored bytes and zeros after them.
@@ -44,7 +44,7 @@ import (
 	"time"
 
 	chunkclient "github.com/rdmafs/rdmafs/chunkserver/client"
-	"github.com/rdmafs/rdmafs/chunkserver/stripe"
+	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/rdma"
 )
@@ -224,7 +224,7 @@ func (l layout) stripeSize() int64 { return int64(l.k) * l.unit }
 func (l layout) bufSize() int { return (l.k + l.m) * int(l.unit) }
 
 // shardLen returns the length the shards of a stripe holding length bytes
-// are coded at (data shards zero-padded to it; see chunkserver/stripe).
+// are coded at (data shards zero-padded to it; see internal/stripe).
 func (l layout) shardLen(length int64) int64 { return stripe.CodedLen(length, l.unit) }
 
 // storedLen returns the stored length of shard j of a stripe holding length

@@ -4946,7 +4946,7 @@ type RepairTask struct {
 	Sources     []*Shard               `protobuf:"bytes,8,rep,name=sources,proto3" json:"sources,omitempty"`                            // the stripe's k+m shards with addresses
 	Unavailable []uint32               `protobuf:"varint,9,rep,packed,name=unavailable,proto3" json:"unavailable,omitempty"`            // shard indexes not to read (lost, down, being rebuilt)
 	// Bytes of file data in the stripe: with the layout it gives each shard's
-	// stored length (chunkserver/stripe). 0 from a server before short
+	// stored length (internal/stripe). 0 from a server before short
 	// stripes: every shard then has the length of the first one read.
 	StripeLength  uint64 `protobuf:"varint,10,opt,name=stripe_length,json=stripeLength,proto3" json:"stripe_length,omitempty"`
 	unknownFields protoimpl.UnknownFields
