@@ -225,7 +225,7 @@ func (e *Engine) grant(ctx context.Context, ino uint64, stripes, inPlace []uint6
 // could not be written have no chunkserver) and the indexes missing.
 func (e *Engine) writeStripe(ctx context.Context, ino uint64, lay layout, gr *metapb.StripeGrant, d *dirtyStripe, deadline time.Time) ([]*metapb.Shard, []uint32, error) {
 	n := len(gr.Shards)
-	need := gr.Layout.DurableShardsNeeded()
+	need := gr.Layout.Stripe().MinWriteShards()
 	shards := append([]*metapb.Shard(nil), gr.Shards...)
 	durable := make([]bool, n)
 	var todo []int

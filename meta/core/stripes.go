@@ -151,7 +151,7 @@ func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest)
 // few are live, at least min-write-shards placed).
 func (s *Service) placeStripe(t kv.Txn, l *metapb.Layout, exclude map[string]bool) ([]*metapb.Shard, error) {
 	n := int(l.K + l.M)
-	chosen, err := s.members.place(n, l.DurableShardsNeeded(), l.Unit, exclude, nil)
+	chosen, err := s.members.place(n, l.Stripe().MinWriteShards(), l.Unit, exclude, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -450,7 +450,7 @@ func markMissing(t kv.Txn, g *metapb.GrantRecord, sc *metapb.StripeCommit) (int,
 			durable++
 		}
 	}
-	if need := g.Layout.DurableShardsNeeded(); durable < need {
+	if need := g.Layout.Stripe().MinWriteShards(); durable < need {
 		return 0, metaerr.New(syscall.EIO, "stripe %d: %d of %d shards durable, min-write-shards is %d", sc.Stripe, durable, n, need)
 	}
 	return n - durable, queueGC(t, left, sc.Version)
