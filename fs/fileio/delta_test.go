@@ -16,7 +16,6 @@ import (
 	"github.com/rdmafs/rdmafs/chunkserver/chunktest"
 	"github.com/rdmafs/rdmafs/fs/fstest"
 	"github.com/rdmafs/rdmafs/internal/stripe"
-	"github.com/rdmafs/rdmafs/meta/core"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
@@ -28,11 +27,11 @@ import (
 // parity delta shows as wrong bytes. Both an erasure-coded layout and
 // replication (k = 1).
 func TestDeltaWrites(t *testing.T) {
-	for _, lay := range []core.Layout{{K: 4, M: 2, Unit: 256 << 10}, {K: 1, M: 2, Unit: 256 << 10}} {
+	for _, lay := range []stripe.Layout{{K: 4, M: 2, Unit: 256 << 10}, {K: 1, M: 2, Unit: 256 << 10}} {
 		t.Run(fmt.Sprintf("%d+%d", lay.K, lay.M), func(t *testing.T) {
-			c := fstest.Start(t, fstest.Options{Layout: lay, Chunkservers: int(lay.K+lay.M) + 1})
+			c := fstest.Start(t, fstest.Options{Layout: lay, Chunkservers: lay.K + lay.M + 1})
 			other, _ := c.Mount(t)
-			stripe := int(lay.K) * int(lay.Unit)
+			stripe := int(lay.StripeSize())
 			model := random(3*stripe-5000, 1) // the last stripe partly filled
 			p := filepath.Join(c.Dir, "db")
 			if err := writeSync(p, model); err != nil {

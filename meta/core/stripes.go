@@ -20,7 +20,7 @@ const MaxStripesPerCall = 1024
 // SetLayout implements metapb.MetaServer: it sets the layout that new files
 // created in a directory (and in directories created under it) receive.
 func (s *Service) SetLayout(ctx context.Context, req *metapb.SetLayoutRequest) (*metapb.Empty, error) {
-	l := layoutFrom(req.Layout)
+	l := req.Layout.Stripe()
 	if err := l.Validate(); err != nil {
 		return nil, metaerr.New(syscall.EINVAL, "%v", err)
 	}
@@ -33,7 +33,7 @@ func (s *Service) SetLayout(ctx context.Context, req *metapb.SetLayoutRequest) (
 		if !isOwner(c, rec.Attr) {
 			return metaerr.New(syscall.EPERM, "setlayout: uid %d does not own directory %d", c.Uid, req.Ino)
 		}
-		rec.DirLayout = l.pb()
+		rec.DirLayout = metapb.LayoutOf(l)
 		rec.Attr.CtimeNs = s.now().UnixNano()
 		return putInode(t, rec)
 	})
@@ -54,7 +54,7 @@ func (s *Service) GetLayout(ctx context.Context, req *metapb.GetLayoutRequest) (
 		case isDir(rec.Attr):
 			l := rec.DirLayout
 			if l == nil {
-				l = s.def.pb()
+				l = metapb.LayoutOf(s.def)
 			}
 			out = &metapb.LayoutReply{Layout: l}
 		default:
@@ -65,7 +65,9 @@ func (s *Service) GetLayout(ctx context.Context, req *metapb.GetLayoutRequest) (
 	return out, err
 }
 
-func stripeBytes(l *metapb.Layout) uint64 { return uint64(l.K) * l.Unit }
+// stripeBytes returns the bytes of file data a stripe of layout l holds (0
+// for no layout).
+func stripeBytes(l *metapb.Layout) uint64 { return uint64(l.Stripe().StripeSize()) }
 
 // getFile loads an inode that must be a regular file.
 func getFile(r kv.Reader, ino uint64) (*metapb.InodeRecord, error) {
