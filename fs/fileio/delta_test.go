@@ -97,7 +97,7 @@ func checkParity(t *testing.T, c *fstest.Cluster, p string) {
 		byID[s.ID()] = s
 	}
 	for _, si := range r.Stripes {
-		l := si.Layout
+		l := si.Layout.Stripe()
 		shards := make([][]byte, len(si.Shards))
 		for i, sh := range si.Shards {
 			srv := byID[sh.ServerId]
@@ -109,11 +109,11 @@ func checkParity(t *testing.T, c *fstest.Cluster, p string) {
 			if err != nil {
 				t.Fatalf("stripe %d shard %d: %v", si.Stripe, i, err)
 			}
-			if want := stripe.ShardLen(int64(si.Length), int64(l.Unit), int(l.K), i); int64(info.Length) != want {
+			if want := l.ShardLen(int64(si.Length), i); int64(info.Length) != want {
 				t.Fatalf("stripe %d (%d bytes) shard %d stored with %d bytes, want %d (short stripes)", si.Stripe, si.Length, i, info.Length, want)
 			}
 			// Coded at data shard 0's length: zeros after the stored bytes.
-			shards[i] = b[:stripe.CodedLen(int64(si.Length), int64(l.Unit))]
+			shards[i] = b[:l.CodedLen(int64(si.Length))]
 		}
 		if l.K == 1 {
 			for i := 1; i < len(shards); i++ {
@@ -123,7 +123,7 @@ func checkParity(t *testing.T, c *fstest.Cluster, p string) {
 			}
 			continue
 		}
-		enc, err := reedsolomon.New(int(l.K), int(l.M))
+		enc, err := reedsolomon.New(l.K, l.M)
 		if err != nil {
 			t.Fatal(err)
 		}
