@@ -11,7 +11,7 @@ import (
 	"github.com/rdmafs/rdmafs/chunkserver/client"
 	"github.com/rdmafs/rdmafs/chunkserver/mempool"
 	"github.com/rdmafs/rdmafs/chunkserver/store"
-	"github.com/rdmafs/rdmafs/chunkserver/stripe"
+	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/rdma"
 )
 
@@ -31,7 +31,7 @@ type RepairTask struct {
 	K, M    int
 	Sources []ShardSource
 	// Length is the stripe's bytes of file data and Unit the layout's
-	// unit: they give every shard's stored length (chunkserver/stripe).
+	// unit: they give every shard's stored length (internal/stripe).
 	// Length 0 (a task from a meta server before short stripes): every
 	// shard has the length of the first one read.
 	Length, Unit int64

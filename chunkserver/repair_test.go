@@ -17,7 +17,7 @@ import (
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 	"github.com/rdmafs/rdmafs/chunkserver/chunktest"
 	"github.com/rdmafs/rdmafs/chunkserver/store"
-	"github.com/rdmafs/rdmafs/chunkserver/stripe"
+	"github.com/rdmafs/rdmafs/internal/stripe"
 )
 
 // fakePlanner hands out queued tasks and records what chunkd reports.

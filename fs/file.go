@@ -388,7 +388,7 @@ func (f *fileHandle) Lseek(ctx context.Context, off uint64, whence uint32) (uint
 		}
 		size = r.Size
 		if l := r.Layout; l != nil {
-			sb = uint64(l.K) * uint64(l.Unit)
+			sb = uint64(l.Stripe().StripeSize())
 		}
 		if off >= size {
 			return 0, syscall.ENXIO

@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rdmafs/rdmafs/internal/bytesize"
-	"github.com/rdmafs/rdmafs/meta/core"
+	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/server"
 )
 
@@ -73,31 +73,30 @@ func newFormatCommand() *cobra.Command {
 	return cmd
 }
 
-func parseLayout(ec, unit, inline string, minWrite uint32) (core.Layout, error) {
+func parseLayout(ec, unit, inline string, minWrite uint32) (stripe.Layout, error) {
 	ks, ms, ok := strings.Cut(ec, "+")
 	if !ok {
-		return core.Layout{}, fmt.Errorf("--ec %q: want k+m, e.g. 4+2", ec)
+		return stripe.Layout{}, fmt.Errorf("--ec %q: want k+m, e.g. 4+2", ec)
 	}
 	k, err1 := strconv.ParseUint(ks, 10, 32)
 	m, err2 := strconv.ParseUint(ms, 10, 32)
 	if err1 != nil || err2 != nil {
-		return core.Layout{}, fmt.Errorf("--ec %q: want k+m, e.g. 4+2", ec)
+		return stripe.Layout{}, fmt.Errorf("--ec %q: want k+m, e.g. 4+2", ec)
 	}
 	size, err := bytesize.Parse(unit)
 	if err == nil && size <= 0 {
 		err = fmt.Errorf("unit must be positive")
 	}
-	u := uint64(size)
 	if err != nil {
-		return core.Layout{}, fmt.Errorf("--unit: %w", err)
+		return stripe.Layout{}, fmt.Errorf("--unit: %w", err)
 	}
 	in, err := bytesize.Parse(inline)
 	if err == nil && in < 0 {
 		err = fmt.Errorf("must not be negative")
 	}
 	if err != nil {
-		return core.Layout{}, fmt.Errorf("--inline-max: %w", err)
+		return stripe.Layout{}, fmt.Errorf("--inline-max: %w", err)
 	}
-	l := core.Layout{K: uint32(k), M: uint32(m), Unit: u, MinWrite: minWrite, Inline: uint64(in)}
+	l := stripe.Layout{K: int(k), M: int(m), Unit: size, MinWrite: int(minWrite), Inline: in}
 	return l, l.Validate()
 }

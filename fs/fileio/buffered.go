@@ -21,7 +21,7 @@ func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (in
 	if err := e.fetch(ctx, f, 0, 0); err != nil {
 		return 0, err
 	}
-	ss := f.lay.stripeSize()
+	ss := f.lay.StripeSize()
 	end := off + int64(len(p))
 	for s := uint64(off / ss); int64(s)*ss < end; s++ {
 		lo, hi := max(off, int64(s)*ss), min(end, int64(s+1)*ss)
@@ -36,7 +36,7 @@ func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (in
 			f.sparse += grew
 			e.sparseTotal.Add(int64(grew))
 			if int64(d.sparseBytes()) >= ss/4 {
-				if buf := e.pool.tryGet(f.lay.bufSize()); buf != nil {
+				if buf := e.pool.tryGet(bufSize(f.lay)); buf != nil {
 					e.materialize(f, d, buf)
 				}
 			}
@@ -111,7 +111,7 @@ func (e *Engine) dirtyStripe(ctx context.Context, f *file, s uint64, lo, hi int6
 		sparse := lo > 0 && hi-lo <= slabSize && (si == nil || lo != int64(si.Length))
 		var buf *buffer
 		if !sparse {
-			b, err := e.getBuffer(ctx, f, f.lay.bufSize())
+			b, err := e.getBuffer(ctx, f, bufSize(f.lay))
 			if err != nil {
 				return nil, err
 			}
@@ -124,7 +124,7 @@ func (e *Engine) dirtyStripe(ctx context.Context, f *file, s uint64, lo, hi int6
 		if pf := f.cache[s]; pf != nil {
 			e.dropLocked(pf)
 		}
-		d := &dirtyStripe{buf: buf, dataLen: f.lay.stripeSize()}
+		d := &dirtyStripe{buf: buf, dataLen: f.lay.StripeSize()}
 		if si != nil {
 			d.base, d.length = si.Version, int64(si.Length)
 			if lo > 0 || hi < int64(si.Length) {
@@ -145,7 +145,7 @@ func (e *Engine) dirtyStripe(ctx context.Context, f *file, s uint64, lo, hi int6
 // its buffer, once. The caller holds f.mu and owns d (dirty, not flushing).
 func (e *Engine) fill(ctx context.Context, f *file, d *dirtyStripe) error {
 	if d.buf == nil {
-		buf := e.pool.tryGet(f.lay.bufSize())
+		buf := e.pool.tryGet(bufSize(f.lay))
 		if buf == nil {
 			return errNoBuffer
 		}

@@ -12,6 +12,7 @@ import (
 	chunkclient "github.com/rdmafs/rdmafs/chunkserver/client"
 	"github.com/rdmafs/rdmafs/chunkserver/proto"
 	"github.com/rdmafs/rdmafs/chunkserver/store"
+	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/rdma"
 )
@@ -79,10 +80,10 @@ func (e *Engine) planDelta(f *file, s uint64, d *dirtyStripe) *deltaPlan {
 	lay := f.lay
 	si := f.stripes[s]
 	if d.noDelta || d.base == 0 || si == nil || si.Version != d.base || isInline(si) || int64(si.Length) != d.length ||
-		len(si.Shards) != lay.k+lay.m || len(d.extents) == 0 {
+		len(si.Shards) != lay.K+lay.M || len(d.extents) == 0 {
 		return nil
 	}
-	if lay.inline > 0 && s == 0 && f.size >= 0 && f.size <= lay.inline {
+	if lay.Inline > 0 && s == 0 && f.size >= 0 && f.size <= lay.Inline {
 		return nil // the flush commits it inline
 	}
 	avoid := e.conns.Avoid()
@@ -91,27 +92,27 @@ func (e *Engine) planDelta(f *file, s uint64, d *dirtyStripe) *deltaPlan {
 			return nil
 		}
 	}
-	needOld := lay.m > 0 && lay.k > 1
+	needOld := lay.M > 0 && lay.K > 1
 	gap := int64(0)
 	if needOld {
 		gap = deltaGap
 	}
 	// The written ranges of each data shard, in shard offsets: the extents
 	// are sorted and merged, so each shard's list is too.
-	per := make([][]span, lay.k)
+	per := make([][]span, lay.K)
 	var all []span
 	for _, x := range d.extents {
 		for lo := x[0]; lo < x[1]; {
-			i := lo / lay.unit
-			hi := min(x[1], (i+1)*lay.unit)
-			r := span{lo - i*lay.unit, hi - i*lay.unit}
+			i := lo / lay.Unit
+			hi := min(x[1], (i+1)*lay.Unit)
+			r := span{lo - i*lay.Unit, hi - i*lay.Unit}
 			per[i] = append(per[i], r)
 			all = append(all, r)
 			lo = hi
 		}
 	}
 	slices.SortFunc(all, func(a, b span) int { return int(a.lo - b.lo) })
-	p := &deltaPlan{si: si, needOld: needOld, union: joinSpans(all, gap), shards: make([]deltaShard, lay.k+lay.m)}
+	p := &deltaPlan{si: si, needOld: needOld, union: joinSpans(all, gap), shards: make([]deltaShard, lay.K+lay.M)}
 	for i, rs := range per {
 		switch {
 		case len(rs) == 0:
@@ -123,7 +124,7 @@ func (e *Engine) planDelta(f *file, s uint64, d *dirtyStripe) *deltaPlan {
 			p.shards[i].ranges = joinSpans(rs, 0)
 		}
 	}
-	for j := lay.k; j < len(p.shards); j++ {
+	for j := lay.K; j < len(p.shards); j++ {
 		p.shards[j].ranges = p.union
 	}
 	at, moved := 0, 0
@@ -146,7 +147,7 @@ func (e *Engine) planDelta(f *file, s uint64, d *dirtyStripe) *deltaPlan {
 		ds.off, ds.n = at, proto.PatchHeaderLen(len(ds.ranges))+n
 		at += (ds.n + 63) &^ 63
 	}
-	if moved*deltaShare > (lay.k+lay.m)*int(lay.shardLen(d.length)) {
+	if moved*deltaShare > (lay.K+lay.M)*int(lay.CodedLen(d.length)) {
 		return nil
 	}
 	if p.buf = e.pool.tryGet(at); p.buf == nil {
@@ -242,13 +243,13 @@ func (d *deltaFailed) Unwrap() error { return d.err }
 // writeDelta writes d's delta under grant gr: the old ranges are read, the
 // parity updated, and every shard's new version derived on its chunkserver.
 // It runs without the file's lock: d and its delta belong to the flush.
-func (e *Engine) writeDelta(ctx context.Context, lay layout, gr *metapb.StripeGrant, d *dirtyStripe) error {
+func (e *Engine) writeDelta(ctx context.Context, lay stripe.Layout, gr *metapb.StripeGrant, d *dirtyStripe) error {
 	p := d.delta
 	if !gr.InPlace || gr.CommittedVersion != d.base || !metapb.SameShards(gr.Shards, p.si.Shards) {
 		return &deltaFailed{fmt.Errorf("stripe %d not granted in place over version %d", gr.Stripe, d.base)}
 	}
 	base := p.si.Version
-	n := lay.k + lay.m
+	n := lay.K + lay.M
 	if p.needOld {
 		if err := e.parallel(n, func(x int) error {
 			ds := &p.shards[x]
@@ -303,21 +304,21 @@ func (e *Engine) writeDelta(ctx context.Context, lay layout, gr *metapb.StripeGr
 // updateParity puts the new bytes of the changed data ranges in place of the
 // old ones read into the patches, and updates the parity ranges by the
 // change.
-func (e *Engine) updateParity(lay layout, p *deltaPlan, d *dirtyStripe) error {
-	enc, err := e.codecs.Get(lay.k, lay.m)
+func (e *Engine) updateParity(lay stripe.Layout, p *deltaPlan, d *dirtyStripe) error {
+	enc, err := e.codecs.Get(lay.K, lay.M)
 	if err != nil {
 		return err
 	}
-	n := lay.k + lay.m
+	n := lay.K + lay.M
 	// pos[x] walks shard x's ranges, which are a subsequence of union.
 	pos := make([]int, n)
 	ri := make([]int, n)
 	old := make([][]byte, n)
-	newData := make([][]byte, lay.k)
+	newData := make([][]byte, lay.K)
 	var scratch []byte
 	for _, u := range p.union {
 		l := u.len()
-		scratch = slices.Grow(scratch[:0], lay.k*l)[:lay.k*l]
+		scratch = slices.Grow(scratch[:0], lay.K*l)[:lay.K*l]
 		clear(old)
 		clear(newData)
 		for x := range n {
@@ -328,13 +329,13 @@ func (e *Engine) updateParity(lay layout, p *deltaPlan, d *dirtyStripe) error {
 			area := ds.data(p.buf)[pos[x] : pos[x]+l]
 			pos[x] += l
 			ri[x]++
-			if x >= lay.k {
+			if x >= lay.K {
 				old[x] = area // updated in place
 				continue
 			}
 			old[x] = scratch[x*l : (x+1)*l]
 			copy(old[x], area)
-			d.overlay(area, int64(x)*lay.unit+u.lo)
+			d.overlay(area, int64(x)*lay.Unit+u.lo)
 			newData[x] = area
 		}
 		if err := enc.Update(old, newData); err != nil {
@@ -346,16 +347,16 @@ func (e *Engine) updateParity(lay layout, p *deltaPlan, d *dirtyStripe) error {
 
 // copyDelta fills the patches when no old bytes are needed: the data
 // shards' with the new bytes, and with k = 1 each copy's with the data's.
-func (e *Engine) copyDelta(lay layout, p *deltaPlan, d *dirtyStripe) {
-	for i := range lay.k {
+func (e *Engine) copyDelta(lay stripe.Layout, p *deltaPlan, d *dirtyStripe) {
+	for i := range lay.K {
 		ds := &p.shards[i]
 		at := ds.data(p.buf)
 		for _, r := range ds.ranges {
-			d.overlay(at[:r.len()], int64(i)*lay.unit+r.lo)
+			d.overlay(at[:r.len()], int64(i)*lay.Unit+r.lo)
 			at = at[r.len():]
 		}
 	}
-	for j := lay.k; j < lay.k+lay.m; j++ {
+	for j := lay.K; j < lay.K+lay.M; j++ {
 		copy(p.shards[j].data(p.buf), p.shards[0].data(p.buf))
 	}
 }

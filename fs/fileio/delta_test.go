@@ -14,9 +14,8 @@ import (
 
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 	"github.com/rdmafs/rdmafs/chunkserver/chunktest"
-	"github.com/rdmafs/rdmafs/chunkserver/stripe"
 	"github.com/rdmafs/rdmafs/fs/fstest"
-	"github.com/rdmafs/rdmafs/meta/core"
+	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
@@ -28,11 +27,11 @@ import (
 // parity delta shows as wrong bytes. Both an erasure-coded layout and
 // replication (k = 1).
 func TestDeltaWrites(t *testing.T) {
-	for _, lay := range []core.Layout{{K: 4, M: 2, Unit: 256 << 10}, {K: 1, M: 2, Unit: 256 << 10}} {
+	for _, lay := range []stripe.Layout{{K: 4, M: 2, Unit: 256 << 10}, {K: 1, M: 2, Unit: 256 << 10}} {
 		t.Run(fmt.Sprintf("%d+%d", lay.K, lay.M), func(t *testing.T) {
-			c := fstest.Start(t, fstest.Options{Layout: lay, Chunkservers: int(lay.K+lay.M) + 1})
+			c := fstest.Start(t, fstest.Options{Layout: lay, Chunkservers: lay.K + lay.M + 1})
 			other, _ := c.Mount(t)
-			stripe := int(lay.K) * int(lay.Unit)
+			stripe := int(lay.StripeSize())
 			model := random(3*stripe-5000, 1) // the last stripe partly filled
 			p := filepath.Join(c.Dir, "db")
 			if err := writeSync(p, model); err != nil {
@@ -98,7 +97,7 @@ func checkParity(t *testing.T, c *fstest.Cluster, p string) {
 		byID[s.ID()] = s
 	}
 	for _, si := range r.Stripes {
-		l := si.Layout
+		l := si.Layout.Stripe()
 		shards := make([][]byte, len(si.Shards))
 		for i, sh := range si.Shards {
 			srv := byID[sh.ServerId]
@@ -110,11 +109,11 @@ func checkParity(t *testing.T, c *fstest.Cluster, p string) {
 			if err != nil {
 				t.Fatalf("stripe %d shard %d: %v", si.Stripe, i, err)
 			}
-			if want := stripe.ShardLen(int64(si.Length), int64(l.Unit), int(l.K), i); int64(info.Length) != want {
+			if want := l.ShardLen(int64(si.Length), i); int64(info.Length) != want {
 				t.Fatalf("stripe %d (%d bytes) shard %d stored with %d bytes, want %d (short stripes)", si.Stripe, si.Length, i, info.Length, want)
 			}
 			// Coded at data shard 0's length: zeros after the stored bytes.
-			shards[i] = b[:stripe.CodedLen(int64(si.Length), int64(l.Unit))]
+			shards[i] = b[:l.CodedLen(int64(si.Length))]
 		}
 		if l.K == 1 {
 			for i := 1; i < len(shards); i++ {
@@ -124,7 +123,7 @@ func checkParity(t *testing.T, c *fstest.Cluster, p string) {
 			}
 			continue
 		}
-		enc, err := reedsolomon.New(int(l.K), int(l.M))
+		enc, err := reedsolomon.New(l.K, l.M)
 		if err != nil {
 			t.Fatal(err)
 		}

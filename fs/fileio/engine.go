@@ -18,7 +18,7 @@
 // read is rebuilt from any k shards of the stripe, so up to m lost chunkservers
 // stay invisible to applications.
 //
-// Shard lengths (chunkserver/stripe): short stripes. Data shard i is stored
+// Shard lengths (internal/stripe): short stripes. Data shard i is stored
 // with its own bytes only (rounded up to 4 KiB), parity shards as long as data
 // shard 0; for coding, data shards count as zero-padded to that length, and a
 // decoder reads each shard's stored bytes and zeros after them.
@@ -44,7 +44,7 @@ import (
 	"time"
 
 	chunkclient "github.com/rdmafs/rdmafs/chunkserver/client"
-	"github.com/rdmafs/rdmafs/chunkserver/stripe"
+	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/rdma"
 )
@@ -199,39 +199,12 @@ func minIOTimeout(ceiling time.Duration) time.Duration {
 	return min(ceiling, max(2*time.Second, ceiling/5))
 }
 
-// layout is a file's erasure-coding layout; it never changes for a file.
-// A file of at most inline bytes commits its data into metadata (stripe 0
-// inline: no shards) instead of writing k+m shards.
-type layout struct {
-	k, m   int
-	unit   int64
-	inline int64
-}
-
-// layoutOf converts the metadata service's layout.
-func layoutOf(l *metapb.Layout) layout {
-	return layout{k: int(l.K), m: int(l.M), unit: int64(l.Unit), inline: int64(l.InlineMax)}
-}
-
 // isInline reports whether a committed stripe keeps its bytes in metadata.
 func isInline(si *metapb.StripeInfo) bool { return len(si.Shards) == 0 }
 
-// stripeSize returns the bytes of file data a stripe holds.
-func (l layout) stripeSize() int64 { return int64(l.k) * l.unit }
-
-// bufSize returns the size of a whole dirty stripe's buffer: k data and m
-// parity units.
-func (l layout) bufSize() int { return (l.k + l.m) * int(l.unit) }
-
-// shardLen returns the length the shards of a stripe holding length bytes
-// are coded at (data shards zero-padded to it; see chunkserver/stripe).
-func (l layout) shardLen(length int64) int64 { return stripe.CodedLen(length, l.unit) }
-
-// storedLen returns the stored length of shard j of a stripe holding length
-// bytes: a data shard's own bytes, a parity shard's coded length.
-func (l layout) storedLen(length int64, j int) int64 {
-	return stripe.ShardLen(length, l.unit, l.k, j)
-}
+// bufSize returns the size of a whole dirty stripe's buffer under layout l:
+// K data and M parity units.
+func bufSize(l stripe.Layout) int { return (l.K + l.M) * int(l.Unit) }
 
 // file is the engine's state of one inode. Stripes being written move from
 // dirty to flushing while their shards and commit are in flight; cond is
@@ -240,7 +213,7 @@ type file struct {
 	mu       sync.Mutex
 	cond     *sync.Cond
 	ino      uint64
-	lay      layout
+	lay      stripe.Layout                 // never changes for a file; K = 0 until known
 	size     int64                         // committed size as last seen, grown by local writes; -1 unknown
 	stripes  map[uint64]*metapb.StripeInfo // committed stripes as last seen; nil value: none
 	known    bool                          // every committed stripe is in stripes (a file this mount created)
@@ -295,20 +268,20 @@ func (e *Engine) Created(ino uint64, l *metapb.Layout) {
 	f := e.file(ino)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.lay.k != 0 || len(f.dirty) > 0 || len(f.flushing) > 0 {
+	if f.lay.K != 0 || len(f.dirty) > 0 || len(f.flushing) > 0 {
 		return // another process of this mount got to the file first
 	}
 	clear(f.stripes)
-	f.lay, f.size, f.known = layoutOf(l), 0, true
+	f.lay, f.size, f.known = l.Stripe(), 0, true
 }
 
 // fetch loads the layout, size and the committed state of stripes
 // [first, first+count) that are not cached.
 func (e *Engine) fetch(ctx context.Context, f *file, first, count uint64) error {
-	if f.known && f.size >= 0 && f.lay.k > 0 {
+	if f.known && f.size >= 0 && f.lay.K > 0 {
 		return nil
 	}
-	if f.size >= 0 && f.lay.k > 0 {
+	if f.size >= 0 && f.lay.K > 0 {
 		missing := false
 		for s := first; s < first+count; s++ {
 			if _, ok := f.stripes[s]; !ok {
@@ -326,10 +299,10 @@ func (e *Engine) fetch(ctx context.Context, f *file, first, count uint64) error 
 	if err != nil {
 		return err
 	}
-	if l := r.Layout; l != nil && l.K > 0 && f.lay.k == 0 {
-		f.lay = layoutOf(l)
+	if l := r.Layout; l != nil && l.K > 0 && f.lay.K == 0 {
+		f.lay = l.Stripe()
 	}
-	if f.lay.k == 0 || f.lay.unit == 0 {
+	if f.lay.K == 0 || f.lay.Unit == 0 {
 		return fmt.Errorf("fileio: inode %d has no layout: %w", f.ino, syscall.EIO)
 	}
 	size := int64(r.Size)
@@ -338,7 +311,7 @@ func (e *Engine) fetch(ctx context.Context, f *file, first, count uint64) error 
 	}
 	for _, m := range []map[uint64]*dirtyStripe{f.dirty, f.flushing} {
 		for s, d := range m {
-			size = max(size, int64(s)*f.lay.stripeSize()+d.length)
+			size = max(size, int64(s)*f.lay.StripeSize()+d.length)
 		}
 	}
 	f.size = max(size, 0)

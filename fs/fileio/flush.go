@@ -119,8 +119,8 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 	lay := f.lay
 	// A file that stays within the layout's inline size commits its one
 	// stripe into metadata.
-	inline := lay.inline > 0 && len(stripes) == 1 && stripes[0] == 0 &&
-		f.size >= 0 && f.size <= lay.inline && batch[0].length <= lay.inline
+	inline := lay.Inline > 0 && len(stripes) == 1 && stripes[0] == 0 &&
+		f.size >= 0 && f.size <= lay.Inline && batch[0].length <= lay.Inline
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 		defer cancel()
@@ -251,7 +251,7 @@ func (e *Engine) flushLocked(ctx context.Context, f *file) error {
 // waitForMemory waits, with f.mu released, until a whole stripe's buffer
 // is free. The caller holds f.mu.
 func (e *Engine) waitForMemory(ctx context.Context, f *file) error {
-	b, err := e.getBufferUnlocked(ctx, f, f.lay.bufSize())
+	b, err := e.getBufferUnlocked(ctx, f, bufSize(f.lay))
 	e.pool.put(b)
 	return err
 }

@@ -8,11 +8,11 @@ import (
 	"testing"
 
 	"github.com/rdmafs/rdmafs/fs/fstest"
-	"github.com/rdmafs/rdmafs/meta/core"
+	"github.com/rdmafs/rdmafs/internal/stripe"
 )
 
 // inlineLayout keeps files up to 16 KiB in metadata.
-var inlineLayout = core.Layout{K: 4, M: 2, Unit: 64 << 10, Inline: 16 << 10}
+var inlineLayout = stripe.Layout{K: 4, M: 2, Unit: 64 << 10, Inline: 16 << 10}
 
 // TestInlineSmallFiles writes many small files: each commits into metadata
 // (no chunkserver stores a version) and reads back, from this mount and from

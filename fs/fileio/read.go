@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/rdma"
 )
@@ -53,7 +54,7 @@ func (e *Engine) read(ctx context.Context, ino uint64, p []byte, off int64, inPl
 		return 0, nil, nil, err
 	}
 	lay := f.lay
-	ss := lay.stripeSize()
+	ss := lay.StripeSize()
 	end := min(off+int64(len(p)), f.size)
 	if off >= end {
 		f.mu.Unlock()
@@ -158,7 +159,7 @@ func (e *Engine) read(ctx context.Context, ino uint64, p []byte, off int64, inPl
 
 // readCommitted reads [so, so+len(dst)) of a committed stripe into dst; bytes
 // past its length, and stripes never written, read as zeros.
-func (e *Engine) readCommitted(ctx context.Context, ino uint64, lay layout, si *metapb.StripeInfo, so int64, dst []byte) error {
+func (e *Engine) readCommitted(ctx context.Context, ino uint64, lay stripe.Layout, si *metapb.StripeInfo, so int64, dst []byte) error {
 	return e.readCommittedTo(ctx, ino, lay, si, so, dst, nil, 0)
 }
 
@@ -166,7 +167,7 @@ func (e *Engine) readCommitted(ctx context.Context, ino uint64, lay layout, si *
 // into.b[at:at+len(dst)] and the shards are read straight into it, taking no
 // buffer memory (a dirty stripe's merge read holds its file's lock: waiting
 // for memory there could wait for itself).
-func (e *Engine) readCommittedTo(ctx context.Context, ino uint64, lay layout, si *metapb.StripeInfo, so int64, dst []byte, into *buffer, at int) error {
+func (e *Engine) readCommittedTo(ctx context.Context, ino uint64, lay stripe.Layout, si *metapb.StripeInfo, so int64, dst []byte, into *buffer, at int) error {
 	clear(dst)
 	if si == nil || so >= int64(si.Length) {
 		return nil
@@ -190,8 +191,8 @@ func (e *Engine) readCommittedTo(ctx context.Context, ino uint64, lay layout, si
 	var failed bool
 	for done := int64(0); done < n; {
 		x := so + done
-		shard, soff := int(x/lay.unit), x%lay.unit
-		l := min(n-done, lay.unit-soff)
+		shard, soff := int(x/lay.Unit), x%lay.Unit
+		l := min(n-done, lay.Unit-soff)
 		if shard >= len(si.Shards) {
 			return fmt.Errorf("fileio: stripe %d of inode %d has %d shards: %w", si.Stripe, ino, len(si.Shards), syscall.EIO)
 		}
@@ -280,18 +281,18 @@ func (e *Engine) refreshStripe(ctx context.Context, ino uint64, si *metapb.Strip
 // (k*unit laid out shard after shard) and a function releasing the buffer.
 // Without wait it fails with errNoBuffer when the buffer memory is short
 // instead of waiting for some.
-func (e *Engine) readStripeDegraded(ctx context.Context, ino uint64, lay layout, si *metapb.StripeInfo, wait bool) ([]byte, func(), error) {
-	n := lay.k + lay.m
+func (e *Engine) readStripeDegraded(ctx context.Context, ino uint64, lay stripe.Layout, si *metapb.StripeInfo, wait bool) ([]byte, func(), error) {
+	n := lay.K + lay.M
 	if len(si.Shards) != n {
-		return nil, nil, fmt.Errorf("fileio: stripe %d has %d shards, layout %d+%d: %w", si.Stripe, len(si.Shards), lay.k, lay.m, syscall.EIO)
+		return nil, nil, fmt.Errorf("fileio: stripe %d has %d shards, layout %d+%d: %w", si.Stripe, len(si.Shards), lay.K, lay.M, syscall.EIO)
 	}
-	sl := lay.shardLen(int64(si.Length))
-	unit := int(lay.unit)
+	sl := lay.CodedLen(int64(si.Length))
+	unit := int(lay.Unit)
 	var buf *buffer
 	var err error
 	if wait {
-		buf, err = e.pool.get(ctx, lay.bufSize())
-	} else if buf = e.pool.tryGet(lay.bufSize()); buf == nil {
+		buf, err = e.pool.get(ctx, bufSize(lay))
+	} else if buf = e.pool.tryGet(bufSize(lay)); buf == nil {
 		err = errNoBuffer
 	}
 	if err != nil {
@@ -308,7 +309,7 @@ func (e *Engine) readStripeDegraded(ctx context.Context, ino uint64, lay layout,
 		// A shard is read as stored and counts as zeros after that, up to
 		// the coded length (stripes written before short stripes store
 		// every shard at the coded length: the read is then shorter).
-		n := int(lay.storedLen(int64(si.Length), i))
+		n := int(lay.ShardLen(int64(si.Length), i))
 		clear(buf.b[i*unit+n : i*unit+int(sl)])
 		go func() {
 			err := e.readShard(ctx, sh, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, 0, []rdma.SGE{buf.sge(i*unit, n)})
@@ -326,14 +327,14 @@ func (e *Engine) readStripeDegraded(ctx context.Context, ino uint64, lay layout,
 		shards[r.i] = buf.b[r.i*unit : r.i*unit+int(sl)]
 		ok++
 	}
-	if ok < lay.k {
+	if ok < lay.K {
 		release()
 		return nil, nil, fmt.Errorf("fileio: stripe %d of inode %d: %d of %d shards readable, %d needed (last error: %v): %w",
-			si.Stripe, ino, ok, n, lay.k, lastErr, syscall.EIO)
+			si.Stripe, ino, ok, n, lay.K, lastErr, syscall.EIO)
 	}
 	if ok < n {
 		e.stats.DegradedReads.Add(1)
-		if lay.k == 1 {
+		if lay.K == 1 {
 			for _, s := range shards {
 				if s != nil {
 					copy(buf.b[:sl], s)
@@ -341,14 +342,14 @@ func (e *Engine) readStripeDegraded(ctx context.Context, ino uint64, lay layout,
 				}
 			}
 		} else {
-			enc, err := e.codecs.Get(lay.k, lay.m)
+			enc, err := e.codecs.Get(lay.K, lay.M)
 			if err != nil {
 				release()
 				return nil, nil, err
 			}
 			// Missing data shards are rebuilt in place: give them their slot
 			// with zero length and the capacity of the shard.
-			for i := 0; i < lay.k; i++ {
+			for i := 0; i < lay.K; i++ {
 				if shards[i] == nil {
 					shards[i] = buf.b[i*unit : i*unit : i*unit+int(sl)]
 				}
@@ -361,8 +362,8 @@ func (e *Engine) readStripeDegraded(ctx context.Context, ino uint64, lay layout,
 	}
 	// Data shards hold sl bytes each at their unit offset; zero the rest so the
 	// stripe reads as laid out in the file.
-	for i := 0; i < lay.k; i++ {
+	for i := 0; i < lay.K; i++ {
 		clear(buf.b[i*unit+int(sl) : (i+1)*unit])
 	}
-	return buf.b[:lay.k*unit], release, nil
+	return buf.b[:lay.K*unit], release, nil
 }

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/rdma"
 )
@@ -95,7 +96,7 @@ func (e *Engine) readaheadLocked(ctx context.Context, f *file, off, end int64) {
 	if e.ra.limit <= 0 {
 		return
 	}
-	ss := f.lay.stripeSize()
+	ss := f.lay.StripeSize()
 	if f.readahead == nil {
 		max := int64(e.cfg.ReadaheadStripes) * ss
 		if f.readahead = newSeqWindow(ss, max); f.readahead == nil {
@@ -144,7 +145,7 @@ func (e *Engine) readaheadLocked(ctx context.Context, f *file, off, end int64) {
 // caller holds f.mu.
 func (e *Engine) startPrefetchLocked(f *file, s uint64, si *metapb.StripeInfo) bool {
 	lay := f.lay
-	n := int64(lay.k) * lay.unit
+	n := lay.StripeSize()
 	var buf *buffer
 	for buf == nil {
 		if e.ra.used.Load()+n <= e.ra.limit {
@@ -203,29 +204,29 @@ func (e *Engine) evictOldest(f *file) bool {
 // fetchStripe reads the data shards of a committed stripe in parallel into
 // pf's buffer. A failure is recorded: the reader then reads the range itself,
 // degraded if need be.
-func (e *Engine) fetchStripe(pf *prefetch, lay layout, si *metapb.StripeInfo) {
+func (e *Engine) fetchStripe(pf *prefetch, lay stripe.Layout, si *metapb.StripeInfo) {
 	defer e.unref(pf)
 	defer close(pf.done)
 	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 	defer cancel()
-	sl := int(lay.shardLen(pf.length))
-	unit := int(lay.unit)
-	errs := make(chan error, lay.k)
-	for i := 0; i < lay.k; i++ {
+	sl := int(lay.CodedLen(pf.length))
+	unit := int(lay.Unit)
+	errs := make(chan error, lay.K)
+	for i := 0; i < lay.K; i++ {
 		clear(pf.buf.b[i*unit+sl : (i+1)*unit])
 		go func() {
-			if i >= len(si.Shards) || int64(i)*lay.unit >= pf.length {
+			if i >= len(si.Shards) || int64(i)*lay.Unit >= pf.length {
 				clear(pf.buf.b[i*unit : i*unit+sl])
 				errs <- nil
 				return
 			}
 			sh := si.Shards[i]
-			n := int(lay.storedLen(pf.length, i)) // zeros after the stored bytes
+			n := int(lay.ShardLen(pf.length, i)) // zeros after the stored bytes
 			clear(pf.buf.b[i*unit+n : i*unit+sl])
 			errs <- e.readShard(ctx, sh, chunk.Key{Chunk: sh.ChunkId, Version: si.Version}, 0, []rdma.SGE{pf.buf.sge(i*unit, n)})
 		}()
 	}
-	for range lay.k {
+	for range lay.K {
 		if err := <-errs; err != nil && pf.err == nil {
 			pf.err = err
 		}

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/rdmafs/rdmafs/fs/fstest"
-	"github.com/rdmafs/rdmafs/meta/core"
+	"github.com/rdmafs/rdmafs/internal/stripe"
 )
 
 // TestSparseRandomWrites runs small random writes (kept sparse, gathered per
@@ -19,7 +19,7 @@ import (
 // wait for memory, on several files at once; every byte is checked from
 // this mount and from a second one.
 func TestSparseRandomWrites(t *testing.T) {
-	c := fstest.Start(t, fstest.Options{Layout: core.Layout{K: 4, M: 2, Unit: 256 << 10}, MemBytes: 8 << 20})
+	c := fstest.Start(t, fstest.Options{Layout: stripe.Layout{K: 4, M: 2, Unit: 256 << 10}, MemBytes: 8 << 20})
 	other, _ := c.Mount(t)
 	const fileSize = 4 << 20 // four stripes of 1 MiB
 	var wg sync.WaitGroup
@@ -125,7 +125,7 @@ func sparseWorker(dir, other, name string, fileSize int, seed uint64) error {
 // that memory to be flushed free, not fail.
 func TestSparseWhenMemoryIsHeld(t *testing.T) {
 	// Stripes of 1 MiB, buffers of 1.5 MiB: 4 MiB holds two of them.
-	c := fstest.Start(t, fstest.Options{Layout: core.Layout{K: 4, M: 2, Unit: 256 << 10}, MemBytes: 4 << 20, FileDirtyLimit: 4 << 20})
+	c := fstest.Start(t, fstest.Options{Layout: stripe.Layout{K: 4, M: 2, Unit: 256 << 10}, MemBytes: 4 << 20, FileDirtyLimit: 4 << 20})
 	idle, err := os.Create(filepath.Join(c.Dir, "idle"))
 	if err != nil {
 		t.Fatal(err)

@@ -22,12 +22,12 @@ func (e *Engine) Truncate(ctx context.Context, ino uint64, size uint64) error {
 	}
 	f.known = false
 	f.capped, f.sizeCap = true, int64(size)
-	if f.lay.k == 0 {
+	if f.lay.K == 0 {
 		clear(f.stripes)
 		f.size = -1
 		return nil
 	}
-	ss := f.lay.stripeSize()
+	ss := f.lay.StripeSize()
 	for s, d := range f.dirty {
 		start := int64(s) * ss
 		switch {

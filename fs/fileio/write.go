@@ -13,6 +13,7 @@ import (
 	chunkclient "github.com/rdmafs/rdmafs/chunkserver/client"
 	"github.com/rdmafs/rdmafs/chunkserver/proto"
 	"github.com/rdmafs/rdmafs/chunkserver/store"
+	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/metaerr"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/rdma"
@@ -77,27 +78,27 @@ func sleep(ctx context.Context, d time.Duration) error {
 // writeStripes encodes the stripes, writes their shards (with replacements
 // for the ones that fail) and commits them with one compare-and-set. It runs
 // without the file's lock: the buffers belong to the flush.
-func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay layout, stripes []uint64, batch []*dirtyStripe) ([]*metapb.StripeInfo, error) {
-	enc, err := e.codecs.Get(lay.k, lay.m)
+func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay stripe.Layout, stripes []uint64, batch []*dirtyStripe) ([]*metapb.StripeInfo, error) {
+	enc, err := e.codecs.Get(lay.K, lay.M)
 	if err != nil {
 		return nil, err
 	}
-	unit := int(lay.unit)
+	unit := int(lay.Unit)
 	var size int64
 	var inPlace []uint64
 	for i, d := range batch {
-		size = max(size, int64(stripes[i])*lay.stripeSize()+d.length)
+		size = max(size, int64(stripes[i])*lay.StripeSize()+d.length)
 		if d.delta != nil {
 			inPlace = append(inPlace, stripes[i])
 			continue
 		}
-		sl := int(lay.shardLen(d.length))
-		shards := make([][]byte, lay.k+lay.m)
+		sl := int(lay.CodedLen(d.length))
+		shards := make([][]byte, lay.K+lay.M)
 		for j := range shards {
 			shards[j] = d.buf.b[j*unit : j*unit+sl]
 		}
-		if lay.m > 0 {
-			if lay.k == 1 {
+		if lay.M > 0 {
+			if lay.K == 1 {
 				for j := 1; j < len(shards); j++ {
 					copy(shards[j], shards[0])
 				}
@@ -116,7 +117,7 @@ func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay layout, strip
 		return nil, fmt.Errorf("fileio: %d grants for %d stripes: %w", len(g.Grants), len(stripes), syscall.EIO)
 	}
 	for i, gr := range g.Grants {
-		if gr.Stripe != stripes[i] || len(gr.Shards) != lay.k+lay.m || gr.Layout == nil {
+		if gr.Stripe != stripes[i] || len(gr.Shards) != lay.K+lay.M || gr.Layout == nil {
 			return nil, fmt.Errorf("fileio: grant for stripe %d does not match the request: %w", gr.Stripe, syscall.EIO)
 		}
 	}
@@ -223,9 +224,9 @@ func (e *Engine) grant(ctx context.Context, ino uint64, stripes, inPlace []uint6
 // writeStripe writes the shards of one granted stripe, moving failed ones to
 // replacement chunkservers. It returns the placement to commit (shards that
 // could not be written have no chunkserver) and the indexes missing.
-func (e *Engine) writeStripe(ctx context.Context, ino uint64, lay layout, gr *metapb.StripeGrant, d *dirtyStripe, deadline time.Time) ([]*metapb.Shard, []uint32, error) {
+func (e *Engine) writeStripe(ctx context.Context, ino uint64, lay stripe.Layout, gr *metapb.StripeGrant, d *dirtyStripe, deadline time.Time) ([]*metapb.Shard, []uint32, error) {
 	n := len(gr.Shards)
-	need := gr.Layout.DurableShardsNeeded()
+	need := gr.Layout.Stripe().MinWriteShards()
 	shards := append([]*metapb.Shard(nil), gr.Shards...)
 	durable := make([]bool, n)
 	var todo []int
@@ -302,13 +303,13 @@ func (e *Engine) writeStripe(ctx context.Context, ino uint64, lay layout, gr *me
 // writeShards writes shards idx of d to their chunkservers in parallel and
 // marks the ones that became durable. It reports whether a chunkserver
 // answered that it has no space.
-func (e *Engine) writeShards(ctx context.Context, gr *metapb.StripeGrant, d *dirtyStripe, lay layout, shards []*metapb.Shard, idx []int, durable []bool) (full bool) {
-	unit := int(lay.unit)
+func (e *Engine) writeShards(ctx context.Context, gr *metapb.StripeGrant, d *dirtyStripe, lay stripe.Layout, shards []*metapb.Shard, idx []int, durable []bool) (full bool) {
+	unit := int(lay.Unit)
 	errs := make([]error, len(idx))
 	var wg sync.WaitGroup
 	for x, j := range idx {
 		sh := shards[j]
-		n := int(lay.storedLen(d.length, j))
+		n := int(lay.ShardLen(d.length, j))
 		wg.Go(func() {
 			b := d.buf.b[j*unit : j*unit+n]
 			crc := store.Checksum(b)

@@ -14,7 +14,7 @@ import (
 	"github.com/rdmafs/rdmafs/cmd/chunkd/metamember"
 	"github.com/rdmafs/rdmafs/fs"
 	"github.com/rdmafs/rdmafs/fs/fileio"
-	"github.com/rdmafs/rdmafs/meta/core"
+	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/meta/metatest"
 )
@@ -23,7 +23,7 @@ import (
 // 64 KiB units, 64 MiB of client buffer memory.
 type Options struct {
 	Chunkservers int
-	Layout       core.Layout
+	Layout       stripe.Layout
 	MemBytes     int
 	// WrapMeta, when set, wraps the metadata client the first mount uses,
 	// its file system and its data engine (to observe or alter its calls).
@@ -58,8 +58,8 @@ func Start(t *testing.T, opts Options) *Cluster {
 	if opts.Chunkservers == 0 {
 		opts.Chunkservers = 6
 	}
-	if opts.Layout == (core.Layout{}) {
-		opts.Layout = core.Layout{K: 4, M: 2, Unit: 64 << 10}
+	if opts.Layout == (stripe.Layout{}) {
+		opts.Layout = stripe.Layout{K: 4, M: 2, Unit: 64 << 10}
 	}
 	if opts.MemBytes == 0 {
 		opts.MemBytes = 64 << 20

@@ -36,6 +36,10 @@ var rules = []rule{
 	// with the command (cmd/chunkd/metamember).
 	{tree: "chunkserver", forbidden: []string{"meta", "fs", "cmd", "tests"},
 		why: "the chunkserver tree must not depend on meta/, fs/, cmd/ or tests/"},
+	// meta and chunkserver are siblings: what both need of stripes (the
+	// layout, shard lengths) lives in internal/stripe.
+	{tree: "meta", forbidden: []string{"chunkserver", "fs", "cmd", "tests"},
+		why: "the meta tree must not depend on chunkserver/, fs/, cmd/ or tests/"},
 }
 
 // listedPackage is the part of `go list -json` output the test reads.

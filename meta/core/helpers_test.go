@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/kv"
 	"github.com/rdmafs/rdmafs/meta/kv/bolt"
 	"github.com/rdmafs/rdmafs/meta/kv/etcdkv"
@@ -101,7 +102,7 @@ var (
 	carol = &metapb.Caller{Uid: 1002, Gid: 1002}
 )
 
-var testLayout = Layout{K: 4, M: 2, Unit: 64 << 10}
+var testLayout = stripe.Layout{K: 4, M: 2, Unit: 64 << 10}
 
 // forEachBackend runs fn against a fresh formatted service on every backend.
 func forEachBackend(t *testing.T, fn func(t *testing.T, e *env)) {

@@ -279,7 +279,7 @@ func (s *Service) StatFS(ctx context.Context, req *metapb.StatFSRequest) (*metap
 
 // Status implements metapb.MetaServer: membership, counts and degraded stripes.
 func (s *Service) Status(ctx context.Context, req *metapb.StatusRequest) (*metapb.StatusReply, error) {
-	out := &metapb.StatusReply{ClusterId: s.cluster.ClusterId, DefaultLayout: s.def.pb(), Sessions: uint64(s.Sessions())}
+	out := &metapb.StatusReply{ClusterId: s.cluster.ClusterId, DefaultLayout: metapb.LayoutOf(s.def), Sessions: uint64(s.Sessions())}
 	s.members.mu.Lock()
 	for id, mb := range s.members.byID {
 		var last int64

@@ -164,7 +164,7 @@ func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, n
 			}
 			p.Attr.Nlink++
 		case syscall.S_IFREG:
-			l := s.def.pb()
+			l := metapb.LayoutOf(s.def)
 			if p.DirLayout != nil {
 				l = p.DirLayout
 			}

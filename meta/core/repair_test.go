@@ -13,7 +13,7 @@ import (
 // chunk ids 100*ino+10*stripe+i.
 func (e *env) putStripe(ino, stripe, version uint64, servers ...int) {
 	e.t.Helper()
-	st := &metapb.StripeRecord{Version: version, NextVersion: version + 1, Length: 4 * testLayout.Unit, Layout: testLayout.pb()}
+	st := &metapb.StripeRecord{Version: version, NextVersion: version + 1, Length: uint64(testLayout.StripeSize()), Layout: metapb.LayoutOf(testLayout)}
 	for i, cs := range servers {
 		st.Shards = append(st.Shards, &metapb.Shard{ChunkId: 100*ino + 10*stripe + uint64(i), ServerId: csID(cs)})
 	}

@@ -21,6 +21,7 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/keys"
 	"github.com/rdmafs/rdmafs/meta/kv"
 	"github.com/rdmafs/rdmafs/meta/metaerr"
@@ -45,69 +46,8 @@ const (
 
 // StandardLayout returns the layout format uses when given none: 4+2 with
 // 1 MiB units, files up to 64 KiB inline.
-func StandardLayout() Layout { return Layout{K: 4, M: 2, Unit: 1 << 20, Inline: DefaultInline} }
-
-// DefaultInline is the size up to which files keep their data in metadata
-// unless format is told otherwise, and MaxInline the largest allowed: an
-// inline file's bytes travel in every commit and stripe lookup of it, and
-// a 4 KiB file costs one metadata commit instead of k+m shard writes.
-const (
-	DefaultInline = 64 << 10
-	MaxInline     = 256 << 10
-)
-
-// Layout is an erasure-coding layout (k data + m parity shards of at most
-// Unit bytes).
-type Layout struct {
-	K, M uint32
-	Unit uint64
-	// MinWrite is how many of a stripe's K+M shards must be durable for a
-	// write to commit (0: K+1, capped at K+M).
-	MinWrite uint32
-	// Inline is the size up to which a file's data is kept in metadata
-	// (0: never), at most MaxInline and one stripe.
-	Inline uint64
-}
-
-// Validate reports whether the layout is usable.
-func (l Layout) Validate() error {
-	switch {
-	case l.K < 1 || l.K > 64:
-		return fmt.Errorf("layout: k=%d out of range 1..64", l.K)
-	case l.M > 64 || l.K+l.M > 128:
-		return fmt.Errorf("layout: m=%d out of range (k+m at most 128)", l.M)
-	case l.Unit < 4096 || l.Unit > 1<<30 || l.Unit%4096 != 0:
-		return fmt.Errorf("layout: unit %d must be a multiple of 4096 between 4 KiB and 1 GiB", l.Unit)
-	case l.MinWrite != 0 && (l.MinWrite < l.K || l.MinWrite > l.K+l.M):
-		return fmt.Errorf("layout: min-write-shards %d out of range %d..%d (k..k+m)", l.MinWrite, l.K, l.K+l.M)
-	case l.Inline > MaxInline || l.Inline > uint64(l.K)*l.Unit:
-		return fmt.Errorf("layout: inline size %d above %d or one stripe (%d)", l.Inline, MaxInline, uint64(l.K)*l.Unit)
-	}
-	return nil
-}
-
-// String formats the layout as "k+m/unit", with "/min-write=N" when
-// MinWrite is set and "/inline=N" when Inline is.
-func (l Layout) String() string {
-	s := fmt.Sprintf("%d+%d/%d", l.K, l.M, l.Unit)
-	if l.MinWrite != 0 {
-		s += fmt.Sprintf("/min-write=%d", l.MinWrite)
-	}
-	if l.Inline != 0 {
-		s += fmt.Sprintf("/inline=%d", l.Inline)
-	}
-	return s
-}
-
-func (l Layout) pb() *metapb.Layout {
-	return &metapb.Layout{K: l.K, M: l.M, Unit: l.Unit, MinWriteShards: l.MinWrite, InlineMax: l.Inline}
-}
-
-func layoutFrom(p *metapb.Layout) Layout {
-	if p == nil {
-		return Layout{}
-	}
-	return Layout{K: p.K, M: p.M, Unit: p.Unit, MinWrite: p.MinWriteShards, Inline: p.InlineMax}
+func StandardLayout() stripe.Layout {
+	return stripe.Layout{K: 4, M: 2, Unit: 1 << 20, Inline: stripe.DefaultInline}
 }
 
 // Config configures a Service.
@@ -171,7 +111,7 @@ type Service struct {
 	now     func() time.Time
 	cfg     Config
 	cluster *metapb.ClusterRecord
-	def     Layout
+	def     stripe.Layout
 
 	inodes atomic.Int64 // number of inodes, for statfs
 
@@ -214,7 +154,7 @@ var ErrFormatted = errors.New("core: the metadata store is already formatted")
 
 // Format initializes an empty store: the cluster record with the default
 // layout and the root directory. It returns the new cluster id.
-func Format(ctx context.Context, store kv.Store, layout Layout, now time.Time) (string, error) {
+func Format(ctx context.Context, store kv.Store, layout stripe.Layout, now time.Time) (string, error) {
 	if err := layout.Validate(); err != nil {
 		return "", err
 	}
@@ -229,7 +169,7 @@ func Format(ctx context.Context, store kv.Store, layout Layout, now time.Time) (
 		} else if ok {
 			return ErrFormatted
 		}
-		cl := &metapb.ClusterRecord{ClusterId: id, DefaultLayout: layout.pb(), CreatedNs: now.UnixNano()}
+		cl := &metapb.ClusterRecord{ClusterId: id, DefaultLayout: metapb.LayoutOf(layout), CreatedNs: now.UnixNano()}
 		if err := putMsg(t, keys.Cluster(), cl); err != nil {
 			return err
 		}
@@ -300,7 +240,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 			return ErrNotFormatted
 		}
 		s.cluster = cl
-		s.def = layoutFrom(cl.DefaultLayout)
+		s.def = cl.DefaultLayout.Stripe()
 		if err := r.Scan([]byte{keys.PrefixChunkserver}, []byte{keys.PrefixChunkserver + 1}, 0, func(k, v []byte) error {
 			rec := &metapb.ChunkserverRecord{}
 			if err := proto.Unmarshal(v, rec); err != nil {
@@ -378,7 +318,7 @@ func (s *Service) Close(ctx context.Context) error {
 func (s *Service) ClusterID() string { return s.cluster.ClusterId }
 
 // DefaultLayout returns the format-time layout.
-func (s *Service) DefaultLayout() Layout { return s.def }
+func (s *Service) DefaultLayout() stripe.Layout { return s.def }
 
 // Run performs the background work until ctx ends: expiring sessions and
 // write grants, and tracking chunkservers that stop sending heartbeats.

@@ -20,7 +20,7 @@ const MaxStripesPerCall = 1024
 // SetLayout implements metapb.MetaServer: it sets the layout that new files
 // created in a directory (and in directories created under it) receive.
 func (s *Service) SetLayout(ctx context.Context, req *metapb.SetLayoutRequest) (*metapb.Empty, error) {
-	l := layoutFrom(req.Layout)
+	l := req.Layout.Stripe()
 	if err := l.Validate(); err != nil {
 		return nil, metaerr.New(syscall.EINVAL, "%v", err)
 	}
@@ -33,7 +33,7 @@ func (s *Service) SetLayout(ctx context.Context, req *metapb.SetLayoutRequest) (
 		if !isOwner(c, rec.Attr) {
 			return metaerr.New(syscall.EPERM, "setlayout: uid %d does not own directory %d", c.Uid, req.Ino)
 		}
-		rec.DirLayout = l.pb()
+		rec.DirLayout = metapb.LayoutOf(l)
 		rec.Attr.CtimeNs = s.now().UnixNano()
 		return putInode(t, rec)
 	})
@@ -54,7 +54,7 @@ func (s *Service) GetLayout(ctx context.Context, req *metapb.GetLayoutRequest) (
 		case isDir(rec.Attr):
 			l := rec.DirLayout
 			if l == nil {
-				l = s.def.pb()
+				l = metapb.LayoutOf(s.def)
 			}
 			out = &metapb.LayoutReply{Layout: l}
 		default:
@@ -65,7 +65,9 @@ func (s *Service) GetLayout(ctx context.Context, req *metapb.GetLayoutRequest) (
 	return out, err
 }
 
-func stripeBytes(l *metapb.Layout) uint64 { return uint64(l.K) * l.Unit }
+// stripeBytes returns the bytes of file data a stripe of layout l holds (0
+// for no layout).
+func stripeBytes(l *metapb.Layout) uint64 { return uint64(l.Stripe().StripeSize()) }
 
 // getFile loads an inode that must be a regular file.
 func getFile(r kv.Reader, ino uint64) (*metapb.InodeRecord, error) {
@@ -151,7 +153,7 @@ func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest)
 // few are live, at least min-write-shards placed).
 func (s *Service) placeStripe(t kv.Txn, l *metapb.Layout, exclude map[string]bool) ([]*metapb.Shard, error) {
 	n := int(l.K + l.M)
-	chosen, err := s.members.place(n, l.DurableShardsNeeded(), l.Unit, exclude, nil)
+	chosen, err := s.members.place(n, l.Stripe().MinWriteShards(), l.Unit, exclude, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -450,7 +452,7 @@ func markMissing(t kv.Txn, g *metapb.GrantRecord, sc *metapb.StripeCommit) (int,
 			durable++
 		}
 	}
-	if need := g.Layout.DurableShardsNeeded(); durable < need {
+	if need := g.Layout.Stripe().MinWriteShards(); durable < need {
 		return 0, metaerr.New(syscall.EIO, "stripe %d: %d of %d shards durable, min-write-shards is %d", sc.Stripe, durable, n, need)
 	}
 	return n - durable, queueGC(t, left, sc.Version)

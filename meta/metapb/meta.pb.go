@@ -241,7 +241,8 @@ func (x *Caller) GetGroups() []uint32 {
 }
 
 // Layout is an erasure-coding layout: k data + m parity shards of at most unit
-// bytes each. k == 1 means replication (m+1 copies).
+// bytes each. k == 1 means replication (m+1 copies). It is the wire and stored
+// form of stripe.Layout (internal/stripe; converted in layout.go).
 type Layout struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	K     uint32                 `protobuf:"varint,1,opt,name=k,proto3" json:"k,omitempty"`
@@ -253,7 +254,7 @@ type Layout struct {
 	MinWriteShards uint32 `protobuf:"varint,4,opt,name=min_write_shards,json=minWriteShards,proto3" json:"min_write_shards,omitempty"`
 	// inline_max is the size up to which a file keeps its data in metadata
 	// instead of in shards (0: never): a small file then costs one metadata
-	// commit and no chunkserver writes. At most MaxInline.
+	// commit and no chunkserver writes. At most stripe.MaxInline.
 	InlineMax     uint64 `protobuf:"varint,5,opt,name=inline_max,json=inlineMax,proto3" json:"inline_max,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -4946,7 +4947,7 @@ type RepairTask struct {
 	Sources     []*Shard               `protobuf:"bytes,8,rep,name=sources,proto3" json:"sources,omitempty"`                            // the stripe's k+m shards with addresses
 	Unavailable []uint32               `protobuf:"varint,9,rep,packed,name=unavailable,proto3" json:"unavailable,omitempty"`            // shard indexes not to read (lost, down, being rebuilt)
 	// Bytes of file data in the stripe: with the layout it gives each shard's
-	// stored length (chunkserver/stripe). 0 from a server before short
+	// stored length (internal/stripe). 0 from a server before short
 	// stripes: every shard then has the length of the first one read.
 	StripeLength  uint64 `protobuf:"varint,10,opt,name=stripe_length,json=stripeLength,proto3" json:"stripe_length,omitempty"`
 	unknownFields protoimpl.UnknownFields

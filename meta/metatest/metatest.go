@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/rdmafs/rdmafs/internal/cmdbuild"
+	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/core"
@@ -32,7 +33,7 @@ type Options struct {
 	// already formatted it is reused.
 	DataDir string
 	// Layout is the format-time layout.
-	Layout core.Layout
+	Layout stripe.Layout
 	// HeartbeatTimeout, SessionTTL and GrantTTL configure the service.
 	HeartbeatTimeout time.Duration
 	SessionTTL       time.Duration
@@ -47,8 +48,8 @@ func (o *Options) defaults(t testing.TB) {
 	if o.DataDir == "" {
 		o.DataDir = t.TempDir()
 	}
-	if o.Layout == (core.Layout{}) {
-		o.Layout = core.Layout{K: 4, M: 2, Unit: 64 << 10}
+	if o.Layout == (stripe.Layout{}) {
+		o.Layout = stripe.Layout{K: 4, M: 2, Unit: 64 << 10}
 	}
 	if o.HeartbeatTimeout == 0 {
 		o.HeartbeatTimeout = time.Second
@@ -78,7 +79,7 @@ type Meta struct {
 
 // Format formats dataDir with layout unless it is already formatted and
 // returns the secret file.
-func Format(t testing.TB, dataDir string, layout core.Layout) string {
+func Format(t testing.TB, dataDir string, layout stripe.Layout) string {
 	t.Helper()
 	secretFile := server.DefaultSecretFile(dataDir)
 	if _, err := os.Stat(secretFile); err == nil {

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rdmafs/rdmafs/internal/metricshttp"
+	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/core"
 	"github.com/rdmafs/rdmafs/meta/kv"
@@ -35,13 +36,13 @@ func DefaultSecretFile(dataDir string) string { return filepath.Join(dataDir, Se
 // Format initializes a new metadata data directory with the default layout
 // and generates the cluster secret into secretFile (default: in dataDir).
 // It returns the cluster id.
-func Format(ctx context.Context, dataDir, secretFile string, layout core.Layout) (string, error) {
+func Format(ctx context.Context, dataDir, secretFile string, layout stripe.Layout) (string, error) {
 	return FormatStore(ctx, dataDir, "", secretFile, layout)
 }
 
 // FormatStore is Format for either store: bbolt in dataDir, or the etcd
 // URL kvURL when it is set (then secretFile is required).
-func FormatStore(ctx context.Context, dataDir, kvURL, secretFile string, layout core.Layout) (string, error) {
+func FormatStore(ctx context.Context, dataDir, kvURL, secretFile string, layout stripe.Layout) (string, error) {
 	if secretFile == "" {
 		if dataDir == "" {
 			return "", errors.New("server: format needs a secret file path (--secret-file) or a data directory")

@@ -1,6 +1,8 @@
 // Package stripe is the one rule for how long each shard of an erasure-coded
 // stripe is stored, shared by the client that writes and reads stripes and by
-// chunkd's repair, which rebuilds them.
+// chunkd's repair, which rebuilds them. Its Layout is the one erasure-coding
+// layout type of the project, used by the metadata service, the client and
+// the commands alike; its wire and stored form is metapb.Layout.
 //
 // A stripe of a layout with k data shards of unit bytes holds length bytes of
 // file data (k×unit except in a file's last stripe). Data shard i holds the
