@@ -22,10 +22,11 @@ const sendTag = 1 << 32
 // the leases and staging grants the client holds. Request messages are handled by
 // one worker per credit, so a connection never holds more than Credits requests.
 type conn struct {
-	s   *Server
-	log *slog.Logger
-	qp  rdma.QueuePair
-	cq  rdma.CompletionQueue
+	s    *Server
+	log  *slog.Logger
+	peer string // the client's address, for audit lines
+	qp   rdma.QueuePair
+	cq   rdma.CompletionQueue
 
 	ring      mempool.Buf // Credits receive buffers, then sendSlots reply buffers
 	sendSlots int
@@ -76,10 +77,10 @@ type staging struct {
 
 // newConn allocates a connection's resources and posts its receives; the caller
 // accepts the request with c.qp.
-func (s *Server) newConn(ctx context.Context, log *slog.Logger) (_ *conn, err error) {
+func (s *Server) newConn(ctx context.Context, log *slog.Logger, peer string) (_ *conn, err error) {
 	cfg := &s.cfg
 	c := &conn{
-		s: s, log: log,
+		s: s, log: log, peer: peer,
 		sendSlots: cfg.Credits + 4,
 		leases:    make(map[uint64]*lease),
 		byKey:     make(map[chunk.Key]*lease),
@@ -388,7 +389,7 @@ func (c *conn) worker() {
 			// A peer that does not speak the protocol gets disconnected: there
 			// is no request to answer.
 			c.s.metrics.Errors.WithLabelValues("protocol").Inc()
-			c.log.Warn("chunkd: malformed request message, disconnecting", "err", err)
+			c.s.audit.Warn("chunkd: malformed request message, disconnecting", "peer", c.peer, "err", err)
 			c.fail()
 			return
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/rdmafs/rdmafs/chunkserver/mempool"
 	"github.com/rdmafs/rdmafs/chunkserver/proto"
 	"github.com/rdmafs/rdmafs/chunkserver/store"
+	"github.com/rdmafs/rdmafs/internal/ratelog"
 	"github.com/rdmafs/rdmafs/rdma"
 )
 
@@ -140,6 +141,7 @@ const numStatus = int(proto.StatusShuttingDown) + 1
 type Server struct {
 	cfg     Config
 	log     *slog.Logger
+	audit   *ratelog.Logger // refused handshakes and malformed messages: a peer can repeat them at will
 	store   *store.Store
 	pd      rdma.ProtectionDomain
 	pool    *mempool.Pool
@@ -176,6 +178,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, log: cfg.Logger, store: cfg.Store,
+		audit:   ratelog.New(cfg.Logger, time.Second, 20, nil),
 		metrics: NewMetrics(cfg.Registerer),
 		conns:   make(map[*conn]struct{}),
 		staged:  make(map[chunk.Key]*conn),
@@ -325,7 +328,7 @@ func (s *Server) handshake(ctx context.Context, req rdma.ConnRequest) {
 	log := s.log.With("peer", req.RemoteAddr())
 	reject := func(kind, reason string) {
 		s.metrics.Errors.WithLabelValues(kind).Inc()
-		log.Warn("chunkd: connection rejected", "reason", reason)
+		s.audit.Warn("chunkd: connection rejected", "peer", req.RemoteAddr(), "kind", kind, "reason", reason)
 		if len(reason) > rdma.MaxAcceptPrivateData {
 			reason = reason[:rdma.MaxAcceptPrivateData]
 		}
@@ -340,7 +343,7 @@ func (s *Server) handshake(ctx context.Context, req rdma.ConnRequest) {
 		reject("auth", "chunkd: not authorized: connect token replayed")
 		return
 	}
-	c, err := s.newConn(ctx, log)
+	c, err := s.newConn(ctx, log, req.RemoteAddr())
 	if err != nil {
 		reject("busy", "chunkd: busy: "+err.Error())
 		return

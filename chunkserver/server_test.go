@@ -6,12 +6,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/rdmafs/rdmafs/chunkserver"
@@ -233,12 +235,29 @@ func errOf(t *testing.T, c *client.Client, ctx context.Context, req proto.Reques
 }
 
 func TestAuthentication(t *testing.T) {
-	s := chunktest.Start(t, chunktest.Options{Secret: []byte("right")})
+	var logs syncBuffer
+	reg := prometheus.NewRegistry()
+	s := chunktest.Start(t, chunktest.Options{Secret: []byte("right"), Registerer: reg,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	env := chunktest.NewClientEnv(t, 1<<20)
 	ctx := ctxT(t)
-	_, err := client.Dial(ctx, env.Dev, env.PD, s.Addr(), client.Options{Secret: []byte("wrong")})
-	if err == nil || !strings.Contains(err.Error(), "not authorized") {
-		t.Fatalf("dial with the wrong secret: %v", err)
+	// Refusals are counted, each one, and logged with the peer's address at
+	// a bounded rate: 20 at once, then one a second.
+	const tries = 50
+	for i := 0; i < tries; i++ {
+		_, err := client.Dial(ctx, env.Dev, env.PD, s.Addr(), client.Options{Secret: []byte("wrong")})
+		if err == nil || !strings.Contains(err.Error(), "not authorized") {
+			t.Fatalf("dial with the wrong secret: %v", err)
+		}
+	}
+	if n := testutil.ToFloat64(s.Metrics().Errors.WithLabelValues("auth")); n != tries {
+		t.Fatalf("rdmafs_chunkd_errors_total{kind=auth} = %v after %d refused handshakes", n, tries)
+	}
+	if lines := strings.Count(logs.String(), "chunkd: connection rejected"); lines < 20 || lines >= tries {
+		t.Fatalf("%d log lines for %d refused handshakes, want a burst of 20 (+1 a second)", lines, tries)
+	}
+	if !strings.Contains(logs.String(), "peer=127.0.0.1:") {
+		t.Fatalf("refusals logged without the peer:\n%s", logs.String())
 	}
 	c := env.Dial(t, s.Addr(), []byte("right"))
 	if _, err := c.Stat(ctx, chunk.Key{Chunk: 1, Version: 1}); !proto.IsStatus(err, proto.StatusUnknownChunk) {
@@ -248,6 +267,24 @@ func TestAuthentication(t *testing.T) {
 	if _, err := client.Dial(ctx, env.Dev, env.PD, s.Addr(), client.Options{Secret: []byte("")}); err == nil {
 		t.Fatal("dial with an empty secret succeeded")
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers (a logger).
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func isRevoked(err error) bool {
