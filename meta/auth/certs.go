@@ -81,7 +81,7 @@ func GenerateCerts(dir string, hosts []string, now time.Time, validity time.Dura
 	if err := writeKey(c.CAKey, caKey); err != nil {
 		return Certs{}, err
 	}
-	leaf := func(certPath, keyPath, cn string, usage x509.ExtKeyUsage, hosts []string) error {
+	leaf := func(certPath, keyPath, cn string, usage []x509.ExtKeyUsage, hosts []string) error {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
 			return fmt.Errorf("auth: %s key: %w", cn, err)
@@ -89,7 +89,7 @@ func GenerateCerts(dir string, hosts []string, now time.Time, validity time.Dura
 		tmpl := &x509.Certificate{
 			SerialNumber: serial(), Subject: pkix.Name{Organization: []string{"rdmafs"}, CommonName: cn},
 			NotBefore: notBefore, NotAfter: notAfter, KeyUsage: x509.KeyUsageDigitalSignature,
-			ExtKeyUsage: []x509.ExtKeyUsage{usage},
+			ExtKeyUsage: usage,
 		}
 		for _, h := range hosts {
 			if ip := net.ParseIP(h); ip != nil {
@@ -107,10 +107,13 @@ func GenerateCerts(dir string, hosts []string, now time.Time, validity time.Dura
 		}
 		return writeKey(keyPath, key)
 	}
-	if err := leaf(c.ServerCert, c.ServerKey, "rdmafs meta", x509.ExtKeyUsageServerAuth, hosts); err != nil {
+	// The server certificate may authenticate clients too: etcd, given it
+	// with client certificates required, connects to itself with it.
+	serverUsage := []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+	if err := leaf(c.ServerCert, c.ServerKey, "rdmafs meta", serverUsage, hosts); err != nil {
 		return Certs{}, err
 	}
-	if err := leaf(c.ClientCert, c.ClientKey, "rdmafs client", x509.ExtKeyUsageClientAuth, nil); err != nil {
+	if err := leaf(c.ClientCert, c.ClientKey, "rdmafs client", []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, nil); err != nil {
 		return Certs{}, err
 	}
 	return c, nil

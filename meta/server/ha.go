@@ -37,7 +37,12 @@ func openEtcd(ctx context.Context, kvURL string, logger *slog.Logger, cache int)
 	if err != nil {
 		return nil, err
 	}
-	return etcdkv.Open(ctx, etcdkv.Options{Endpoints: ec.Endpoints, Prefix: ec.Prefix, Batch: true, Logger: logger, CacheEntries: cache})
+	tlsCfg, err := ec.TLSConfig()
+	if err != nil {
+		return nil, err
+	}
+	return etcdkv.Open(ctx, etcdkv.Options{Endpoints: ec.Endpoints, Prefix: ec.Prefix, Batch: true, Logger: logger,
+		CacheEntries: cache, TLS: tlsCfg})
 }
 
 type ha struct {

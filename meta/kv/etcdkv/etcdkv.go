@@ -15,6 +15,7 @@ package etcdkv
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,6 +32,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/kv"
 )
 
@@ -67,19 +69,61 @@ type Options struct {
 	Linger time.Duration
 	// Logger receives warnings (default slog.Default()).
 	Logger *slog.Logger
+	// TLS, when set, makes the client speak TLS to etcd (Config.TLSConfig).
+	TLS *tls.Config
 }
 
 // Config is what an etcd:// URL names.
 type Config struct {
 	Endpoints []string
 	Prefix    string
+	// TLS names the PEM files of the URL's cacert, cert and key parameters
+	// (as etcdctl's flags): with cacert the client speaks TLS to etcd and
+	// verifies it, with cert and key it presents a client certificate.
+	TLS auth.TLSFiles
 }
 
-// ParseURL parses etcd://host:port[,host:port...][/prefix].
+// TLSConfig returns the client TLS configuration of c.TLS, or nil when the
+// URL asked for none.
+func (c Config) TLSConfig() (*tls.Config, error) {
+	cfg, err := c.TLS.ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("etcdkv: %w", err)
+	}
+	return cfg, nil
+}
+
+// ParseURL parses etcd://host:port[,host:port...][/prefix][?cacert=FILE[&cert=FILE&key=FILE]].
 func ParseURL(s string) (Config, error) {
 	rest, ok := strings.CutPrefix(s, "etcd://")
 	if !ok {
 		return Config{}, fmt.Errorf("etcdkv: %q is not an etcd:// URL (want etcd://host:port[,host:port]/prefix)", s)
+	}
+	rest, query, _ := strings.Cut(rest, "?")
+	var files auth.TLSFiles
+	if query != "" {
+		q, err := url.ParseQuery(query)
+		if err != nil {
+			return Config{}, fmt.Errorf("etcdkv: parameters of %q: %w", s, err)
+		}
+		for k, v := range q {
+			if len(v) != 1 {
+				return Config{}, fmt.Errorf("etcdkv: parameter %s given %d times in %q", k, len(v), s)
+			}
+			switch k {
+			case "cacert":
+				files.CA = v[0]
+			case "cert":
+				files.Cert = v[0]
+			case "key":
+				files.Key = v[0]
+			default:
+				return Config{}, fmt.Errorf("etcdkv: unknown parameter %q in %q (known: cacert, cert, key)", k, s)
+			}
+		}
+		if files.CA == "" {
+			return Config{}, fmt.Errorf("etcdkv: %q: TLS to etcd needs cacert=FILE (the CA that signed etcd's certificate)", s)
+		}
 	}
 	hosts, prefix, _ := strings.Cut(rest, "/")
 	prefix = strings.Trim(prefix, "/")
@@ -91,8 +135,7 @@ func ParseURL(s string) (Config, error) {
 			return Config{}, fmt.Errorf("etcdkv: prefix %q in %q must be printable ASCII without spaces", prefix, s)
 		}
 	}
-	var cfg Config
-	cfg.Prefix = prefix
+	cfg := Config{Prefix: prefix, TLS: files}
 	for _, h := range strings.Split(hosts, ",") {
 		if h == "" {
 			continue
@@ -178,6 +221,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:          opts.Endpoints,
 		DialTimeout:        opts.DialTimeout,
+		TLS:                opts.TLS,
 		Logger:             zap.NewNop(),
 		MaxCallSendMsgSize: 64 << 20,
 		MaxCallRecvMsgSize: 64 << 20,

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/kv"
 	"github.com/rdmafs/rdmafs/meta/kv/etcdkv"
 	"github.com/rdmafs/rdmafs/meta/kv/etcdkv/etcdtest"
@@ -151,6 +152,14 @@ func TestParseURL(t *testing.T) {
 		{"etcd://", etcdkv.Config{}, true},
 		{"etcd://hostonly/p", etcdkv.Config{}, true},
 		{"etcd://a:1/with space", etcdkv.Config{}, true},
+		{"etcd://a:1/fs?cacert=/c/ca.pem", etcdkv.Config{Endpoints: []string{"a:1"}, Prefix: "fs",
+			TLS: auth.TLSFiles{CA: "/c/ca.pem"}}, false},
+		{"etcd://a:1,b:2/fs?cacert=/c/ca.pem&cert=/c/cl.pem&key=/c/cl-key.pem", etcdkv.Config{Endpoints: []string{"a:1", "b:2"},
+			Prefix: "fs", TLS: auth.TLSFiles{CA: "/c/ca.pem", Cert: "/c/cl.pem", Key: "/c/cl-key.pem"}}, false},
+		{"etcd://a:1/fs?cert=/c/cl.pem&key=/c/k.pem", etcdkv.Config{}, true}, // no CA to verify etcd with
+		{"etcd://a:1/fs?cacert=/a&cacert=/b", etcdkv.Config{}, true},
+		{"etcd://a:1/fs?ca=/c/ca.pem", etcdkv.Config{}, true},
+		{"etcd://a:1/fs?cacert=%zz", etcdkv.Config{}, true},
 	}
 	for _, tt := range tests {
 		got, err := etcdkv.ParseURL(tt.in)

@@ -14,9 +14,11 @@ package etcdproc
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +26,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/rdmafs/rdmafs/meta/auth"
 )
 
 // EnvBinary names the environment variable that may point at the etcd binary.
@@ -77,11 +81,16 @@ type Options struct {
 	Log *os.File
 	// MaxTxnOps overrides the --max-txn-ops of the server (default MaxTxnOps).
 	MaxTxnOps int
+	// TLS, when set (auth.GenerateCerts made them), makes the server speak
+	// TLS with the server certificate and require client certificates signed
+	// by the CA; URL then names the CA and the client certificate.
+	TLS *auth.Certs
 }
 
 // Server is a running etcd process. Its methods are safe for concurrent use.
 type Server struct {
 	cmd      *exec.Cmd
+	tls      *auth.Certs
 	dir      string
 	ownDir   bool
 	endpoint string
@@ -118,7 +127,11 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	if txnOps <= 0 {
 		txnOps = MaxTxnOps
 	}
-	client := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	scheme := "http"
+	if opts.TLS != nil {
+		scheme = "https"
+	}
+	client := fmt.Sprintf("%s://127.0.0.1:%d", scheme, ports[0])
 	peer := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
 	args := []string{
 		"--name", "rdmafs",
@@ -133,7 +146,11 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		"--auto-compaction-mode", "revision", "--auto-compaction-retention", "100000",
 		"--logger", "zap", "--log-level", "error",
 	}
-	s := &Server{dir: dir, ownDir: own, endpoint: strings.TrimPrefix(client, "http://"),
+	if c := opts.TLS; c != nil {
+		args = append(args, "--cert-file", c.ServerCert, "--key-file", c.ServerKey,
+			"--trusted-ca-file", c.CA, "--client-cert-auth")
+	}
+	s := &Server{dir: dir, ownDir: own, tls: opts.TLS, endpoint: strings.TrimPrefix(client, scheme+"://"),
 		out: &tailBuffer{max: 16 << 10}, waited: make(chan struct{})}
 	s.cmd = exec.Command(bin, args...)
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
@@ -174,7 +191,7 @@ func (s *Server) waitReady(ctx context.Context) error {
 				s.PID(), s.endpoint, context.Cause(ctx), s.out.String())
 		case <-tick.C:
 		}
-		if healthy(ctx, s.endpoint) {
+		if s.healthy(ctx) {
 			return nil
 		}
 	}
@@ -182,13 +199,24 @@ func (s *Server) waitReady(ctx context.Context) error {
 
 // healthy reports whether the /health endpoint of the client port answers
 // that the member is healthy.
-func healthy(ctx context.Context, endpoint string) bool {
+func (s *Server) healthy(ctx context.Context) bool {
+	endpoint := s.endpoint
 	d := net.Dialer{Timeout: time.Second}
 	c, err := d.DialContext(ctx, "tcp", endpoint)
 	if err != nil {
 		return false
 	}
 	defer c.Close()
+	if s.tls != nil {
+		cfg, err := s.tls.Client().ClientConfig()
+		if err != nil {
+			return false
+		}
+		cfg.ServerName, _, _ = net.SplitHostPort(endpoint)
+		tc := tls.Client(c, cfg)
+		defer tc.Close()
+		c = tc
+	}
 	if err := c.SetDeadline(time.Now().Add(2 * time.Second)); err != nil {
 		return false
 	}
@@ -210,8 +238,15 @@ func healthy(ctx context.Context, endpoint string) bool {
 // Endpoint returns host:port of the server's client URL.
 func (s *Server) Endpoint() string { return s.endpoint }
 
-// URL returns the rdmafs --kv URL of this server with the given key prefix.
-func (s *Server) URL(prefix string) string { return "etcd://" + s.endpoint + "/" + prefix }
+// URL returns the rdmafs --kv URL of this server with the given key prefix
+// (with TLS: its CA and the client certificate as parameters).
+func (s *Server) URL(prefix string) string {
+	u := "etcd://" + s.endpoint + "/" + prefix
+	if s.tls != nil {
+		u += "?" + url.Values{"cacert": {s.tls.CA}, "cert": {s.tls.ClientCert}, "key": {s.tls.ClientKey}}.Encode()
+	}
+	return u
+}
 
 // PID returns the etcd process id.
 func (s *Server) PID() int { return s.cmd.Process.Pid }

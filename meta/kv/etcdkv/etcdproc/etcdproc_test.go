@@ -21,7 +21,7 @@ func TestStartStop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !healthy(ctx, s.Endpoint()) {
+	if !s.healthy(ctx) {
 		t.Fatalf("etcd on %s is not healthy after Start", s.Endpoint())
 	}
 	if got, want := s.URL("p"), "etcd://"+s.Endpoint()+"/p"; got != want {
