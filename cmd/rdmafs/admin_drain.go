@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
@@ -22,12 +24,7 @@ func newAdminDrainCommand() *cobra.Command {
 			"other chunkservers by the repair machinery, and it stays readable until then. With --wait,\n" +
 			"wait until it holds no shard and no chunk. --undo makes it a normal member again.",
 		Args: cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, ctx, done, err := mf.dial(cmd, args[0])
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: mf.run(func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			id := args[1]
 			if _, err := c.Drain(ctx, &metapb.DrainRequest{Id: id, Undo: undo}); err != nil {
 				return fmt.Errorf("drain %s: %w", id, err)
@@ -41,7 +38,7 @@ func newAdminDrainCommand() *cobra.Command {
 			if !wait {
 				return nil
 			}
-			err = waitRepair(ctx, w, c, true, every, func(st *metapb.StatusReply) bool {
+			err := waitRepair(ctx, w, c, true, every, func(st *metapb.StatusReply) bool {
 				for _, cs := range st.Chunkservers {
 					if cs.Id == id {
 						return cs.Shards == 0 && cs.ChunkCount == 0 && cs.PendingDeletes == 0
@@ -54,7 +51,7 @@ func newAdminDrainCommand() *cobra.Command {
 			}
 			fmt.Fprintf(w, "chunkserver %s holds no data: it can be stopped\n", id)
 			return nil
-		},
+		}),
 	}
 	mf.register(cmd, 0)
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the chunkserver holds nothing")
@@ -73,12 +70,7 @@ func newAdminRebalanceCommand() *cobra.Command {
 		Use:   "rebalance META-ADDR",
 		Short: "Move shards from the fullest chunkservers to the emptiest",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, ctx, done, err := mf.dial(cmd, args[0])
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: mf.run(func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			r, err := c.Rebalance(ctx, &metapb.RebalanceRequest{})
 			if err != nil {
 				return fmt.Errorf("rebalance: %w", err)
@@ -89,7 +81,7 @@ func newAdminRebalanceCommand() *cobra.Command {
 				return nil
 			}
 			return waitRepair(ctx, w, c, true, every, nil)
-		},
+		}),
 	}
 	mf.register(cmd, 0)
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the moves are done")

@@ -45,14 +45,9 @@ func newAdminRepairCommand() *cobra.Command {
 			"(exit status 0), or fail at once if stripes are lost: fewer than k of their shards\n" +
 			"are readable, so only bringing their chunkservers back can save them.",
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, ctx, done, err := mf.dial(cmd, args[0])
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: mf.run(func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			return waitRepair(ctx, cmd.OutOrStdout(), c, wait, every, nil)
-		},
+		}),
 	}
 	mf.register(cmd, 0)
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every stripe is healthy, showing progress")
