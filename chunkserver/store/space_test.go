@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -13,19 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	"github.com/rdmafs/rdmafs/internal/fakeclock"
 )
-
-// fakeClock is an injectable clock for ageing kept slots.
-type fakeClock struct{ ns atomic.Int64 }
-
-func newFakeClock() *fakeClock {
-	c := &fakeClock{}
-	c.ns.Store(time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
-	return c
-}
-
-func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
-func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
@@ -82,7 +70,7 @@ func TestSpaceKeptSlots(t *testing.T) {
 	const length = 64 << 10
 	f := FileSize(length)
 	dir := t.TempDir()
-	clock := newFakeClock()
+	clock := fakeclock.New(time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC))
 	s := open(t, dir, Options{MaxLength: length, Capacity: 40 * f, Reserve: 4 * f, KeepIdle: time.Hour, Now: clock.Now})
 	d := randBytes(1, length)
 	put := func(v uint64) {
@@ -177,7 +165,7 @@ func TestSpaceKeptSlots(t *testing.T) {
 func TestKeptSlotsAge(t *testing.T) {
 	const length = 8192
 	dir := t.TempDir()
-	clock := newFakeClock()
+	clock := fakeclock.New(time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC))
 	s := open(t, dir, Options{MaxLength: length, KeepIdle: time.Minute, Now: clock.Now})
 	d := randBytes(2, length)
 	for v := uint64(1); v <= 6; v++ {
