@@ -96,13 +96,8 @@ func BenchmarkProtocolReadResident(b *testing.B) {
 			env := chunktest.NewClientEnv(b, 8*shard)
 			c := env.Dial(b, s.Addr(), s.Secret)
 			ctx := context.Background()
-			keys := make([]chunk.Key, 4)
+			keys := writeResident(b, c, env)
 			for i := range keys {
-				keys[i] = chunk.Key{Chunk: uint64(i + 1), Version: 1}
-				fill(env.Bytes()[:shard], keys[i])
-				if err := c.WriteVersion(ctx, keys[i], []rdma.SGE{env.SGE(0, shard)}, store.Checksum(env.Bytes()[:shard])); err != nil {
-					b.Fatal(err)
-				}
 				if _, err := c.ReadAt(ctx, keys[i], 0, []rdma.SGE{env.SGE(0, shard)}); err != nil {
 					b.Fatal(err)
 				}
@@ -116,9 +111,7 @@ func BenchmarkProtocolReadResident(b *testing.B) {
 				if g == 0 {
 					n += b.N % depth
 				}
-				wg.Add(1)
-				go func(g, n int) {
-					defer wg.Done()
+				wg.Go(func() {
 					sgl := []rdma.SGE{env.SGE(g*shard, shard)}
 					for i := 0; i < n; i++ {
 						if _, err := c.ReadAt(ctx, keys[(g+i)%benchKeys], 0, sgl); err != nil {
@@ -126,7 +119,7 @@ func BenchmarkProtocolReadResident(b *testing.B) {
 							return
 						}
 					}
-				}(g, n)
+				})
 			}
 			wg.Wait()
 		})
@@ -181,9 +174,7 @@ func BenchmarkPwriteFdatasync(b *testing.B) {
 				b.ResetTimer()
 				var wg sync.WaitGroup
 				for g := 0; g < w; g++ {
-					wg.Add(1)
-					go func(g int) {
-						defer wg.Done()
+					wg.Go(func() {
 						f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("f%d", g)), os.O_CREATE|os.O_WRONLY, 0o644)
 						if err != nil {
 							b.Error(err)
@@ -216,7 +207,7 @@ func BenchmarkPwriteFdatasync(b *testing.B) {
 							lat = append(lat, d)
 							mu.Unlock()
 						}
-					}(g)
+					})
 				}
 				wg.Wait()
 				b.StopTimer()
@@ -245,9 +236,7 @@ func BenchmarkProtocolWrite(b *testing.B) {
 			for g := 0; g < w; g++ {
 				fill(env.Bytes()[g*shard:(g+1)*shard], chunk.Key{Chunk: 1, Version: 1})
 				crc := store.Checksum(env.Bytes()[g*shard : (g+1)*shard])
-				wg.Add(1)
-				go func(g int) {
-					defer wg.Done()
+				wg.Go(func() {
 					sgl := []rdma.SGE{env.SGE(g*shard, shard)}
 					for i := g; i < b.N; i += w {
 						key := chunk.Key{Chunk: uint64(g + 1), Version: uint64(i + 1)}
@@ -261,7 +250,7 @@ func BenchmarkProtocolWrite(b *testing.B) {
 						lat = append(lat, d)
 						mu.Unlock()
 					}
-				}(g)
+				})
 			}
 			wg.Wait()
 			b.StopTimer()
@@ -274,8 +263,24 @@ func writeTimed(ctx context.Context, c *client.Client, key chunk.Key, sgl []rdma
 	return c.WriteVersion(ctx, key, sgl, crc)
 }
 
-// benchKeys is how many resident versions the read benchmark rotates over.
+// benchKeys is how many resident versions the read benchmarks rotate over.
 const benchKeys = 4
+
+// writeResident writes benchKeys versions of one shard (chunks 1 to
+// benchKeys, version 1) through c, from the first shard of env's memory, and
+// returns their keys. A fresh chunkserver with 64 MiB keeps them resident.
+func writeResident(b *testing.B, c *client.Client, env *chunktest.ClientEnv) []chunk.Key {
+	b.Helper()
+	keys := make([]chunk.Key, benchKeys)
+	for i := range keys {
+		keys[i] = chunk.Key{Chunk: uint64(i + 1), Version: 1}
+		fill(env.Bytes()[:shard], keys[i])
+		if err := c.WriteVersion(context.Background(), keys[i], []rdma.SGE{env.SGE(0, shard)}, store.Checksum(env.Bytes()[:shard])); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return keys
+}
 
 // BenchmarkReadRatio interleaves, in one loop, blocks of raw RDMA_READs and of
 // chunk protocol reads (cached lease + RDMA_READ) of resident 1 MiB shards on
@@ -287,14 +292,7 @@ func BenchmarkReadRatio(b *testing.B) {
 	env := chunktest.NewClientEnv(b, 2*shard)
 	c := env.Dial(b, s.Addr(), s.Secret)
 	ctx := context.Background()
-	keys := make([]chunk.Key, 4)
-	for i := range keys {
-		keys[i] = chunk.Key{Chunk: uint64(i + 1), Version: 1}
-		fill(env.Bytes()[:shard], keys[i])
-		if err := c.WriteVersion(ctx, keys[i], []rdma.SGE{env.SGE(0, shard)}, store.Checksum(env.Bytes()[:shard])); err != nil {
-			b.Fatal(err)
-		}
-	}
+	keys := writeResident(b, c, env)
 	var wcs [4]rdma.WorkCompletion
 	raw := func(i int) {
 		wr := []rdma.SendWR{{ID: uint64(i), Opcode: rdma.OpRDMARead, Flags: rdma.SendSignaled,
@@ -311,7 +309,7 @@ func BenchmarkReadRatio(b *testing.B) {
 	}
 	sgl := []rdma.SGE{env.SGE(shard, shard)}
 	proto := func(i int) {
-		if _, err := c.ReadAt(ctx, keys[i%4], 0, sgl); err != nil {
+		if _, err := c.ReadAt(ctx, keys[i%benchKeys], 0, sgl); err != nil {
 			b.Fatal(err)
 		}
 	}
