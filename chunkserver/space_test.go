@@ -139,9 +139,7 @@ func TestFullDisk(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	// New writes succeed.
-	for v := uint64(1); v <= 8; v++ {
-		put(t, c, env, 0, chunk.Key{Chunk: 2, Version: v}, unit)
-	}
+	putVersions(t, c, env, 2, 8, unit)
 }
 
 // fillDisk writes a file into dir until the file system is full and returns
