@@ -101,30 +101,11 @@ func TestMetaFailover(t *testing.T) {
 			}
 		}(w)
 	}
-	// Kill once the load runs (warm files acknowledged), and stop it once as
-	// many again were written after the kill: all but the one per worker
-	// that may have been in flight, and that meta 0 still answered, went
-	// through the new leader.
-	const warm = 8 * workers
-	waited := ops.wait(warm, time.Minute)
-	before := ops.load()
-	if waited {
-		if err := c.KillMeta(0); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("killed meta 0 (SIGKILL) after %d files", before)
-		waited = ops.wait(before+warm, time.Minute)
-	}
-	stop.Store(true)
-	wg.Wait()
-	if firstErr != nil {
-		t.Fatalf("an error reached the application across the meta failover: %v", firstErr)
-	}
-	after := ops.load()
-	t.Logf("%d files written and acknowledged, %d of them after the kill", after, after-before)
-	if !waited {
-		t.Fatalf("the load stalled: %d files before the kill, %d after", before, after-before)
-	}
+	killMetaUnderLoad(t, c, ops, 8*workers, "files", func() error {
+		stop.Store(true)
+		wg.Wait()
+		return firstErr
+	})
 	if l := c.Leader(ctx); l != 1 {
 		t.Fatalf("leader after the kill is %d, want 1", l)
 	}
@@ -151,6 +132,35 @@ func TestMetaFailover(t *testing.T) {
 				t.Logf("unacknowledged entry %s (a write in flight at the stop)", e.Name())
 			}
 		}
+	}
+}
+
+// killMetaUnderLoad is the fault of the meta failover tests. It kills meta
+// 0 with SIGKILL once the load counted by ops has acknowledged warm
+// operations, and waits until the load has acknowledged warm more after the
+// kill: all but the one per worker that may have been in flight, and that
+// meta 0 still answered, went through the new leader. Then it calls
+// stopLoad, which stops the load and returns its first error. The test
+// fails on that error, or if the load stalled before or after the kill;
+// what names the operations in the messages.
+func killMetaUnderLoad(t *testing.T, c *devcluster.Cluster, ops *progress, warm int64, what string, stopLoad func() error) {
+	t.Helper()
+	waited := ops.wait(warm, time.Minute)
+	before := ops.load()
+	if waited {
+		if err := c.KillMeta(0); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("killed meta 0 (SIGKILL) after %d %s", before, what)
+		waited = ops.wait(before+warm, time.Minute)
+	}
+	if err := stopLoad(); err != nil {
+		t.Fatalf("an error reached the application across the meta failover: %v", err)
+	}
+	after := ops.load()
+	t.Logf("%d %s acknowledged, %d of them after the kill", after, what, after-before)
+	if !waited {
+		t.Fatalf("the load stalled: %d %s before the kill, %d after", before, what, after-before)
 	}
 }
 
@@ -222,28 +232,14 @@ func TestMetaFailoverClient(t *testing.T) {
 			}
 		}(w)
 	}
-	// As in TestMetaFailover: kill once the load runs, stop once as many
-	// steps again were acknowledged after the kill (all but one per worker
-	// through the new leader).
-	const warm = 8 * workers
-	waited := ops.wait(warm, time.Minute)
-	before := ops.load()
-	if waited {
-		if err := c.KillMeta(0); err != nil {
-			t.Fatal(err)
+	killMetaUnderLoad(t, c, ops, 8*workers, "create(+unlink) steps", func() error {
+		stop.Store(true)
+		wg.Wait()
+		if len(errs) > 0 {
+			return fmt.Errorf("%d calls failed, first: %w", len(errs), errs[0])
 		}
-		waited = ops.wait(before+warm, time.Minute)
-	}
-	stop.Store(true)
-	wg.Wait()
-	if len(errs) > 0 {
-		t.Fatalf("%d calls failed across the failover, first: %v", len(errs), errs[0])
-	}
-	after := ops.load()
-	t.Logf("%d create(+unlink) steps, %d after the kill", after, after-before)
-	if !waited {
-		t.Fatalf("the load stalled: %d steps before the kill, %d after", before, after-before)
-	}
+		return nil
+	})
 	for w, p := range parents {
 		got := map[string]bool{}
 		cookie := uint64(0)
