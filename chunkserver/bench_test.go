@@ -168,50 +168,34 @@ func BenchmarkPwriteFdatasync(b *testing.B) {
 				dir := benchDir(b)
 				buf := make([]byte, shard)
 				fill(buf, chunk.Key{Chunk: 1, Version: 1})
-				var mu sync.Mutex
-				var lat []time.Duration
-				b.SetBytes(shard)
-				b.ResetTimer()
-				var wg sync.WaitGroup
-				for g := 0; g < w; g++ {
-					wg.Go(func() {
-						f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("f%d", g)), os.O_CREATE|os.O_WRONLY, 0o644)
-						if err != nil {
-							b.Error(err)
-							return
-						}
-						defer f.Close()
-						for i := g; i < b.N; i += w {
-							start := time.Now()
-							fd, off := int(f.Fd()), int64(i/w)*shard
-							if mode == "newfile" {
-								if fd, err = unix.Open(filepath.Join(dir, fmt.Sprintf("n%d", i)), unix.O_CREAT|unix.O_WRONLY|unix.O_EXCL, 0o644); err != nil {
-									b.Error(err)
-									return
-								}
-								off = 0
-							}
-							if _, err := unix.Pwrite(fd, buf, off); err != nil {
-								b.Error(err)
-								return
-							}
-							if err := unix.Fdatasync(fd); err != nil {
-								b.Error(err)
-								return
-							}
-							if mode == "newfile" {
-								unix.Close(fd)
-							}
-							d := time.Since(start)
-							mu.Lock()
-							lat = append(lat, d)
-							mu.Unlock()
-						}
-					})
+				files := make([]*os.File, w)
+				for g := range files {
+					f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("f%d", g)), os.O_CREATE|os.O_WRONLY, 0o644)
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.Cleanup(func() { f.Close() })
+					files[g] = f
 				}
-				wg.Wait()
-				b.StopTimer()
-				reportLatency(b, lat)
+				b.SetBytes(shard)
+				timedWriters(b, w, func(g, i int) error {
+					fd, off := int(files[g].Fd()), int64(i/w)*shard
+					if mode == "newfile" {
+						var err error
+						if fd, err = unix.Open(filepath.Join(dir, fmt.Sprintf("n%d", i)), unix.O_CREAT|unix.O_WRONLY|unix.O_EXCL, 0o644); err != nil {
+							return fmt.Errorf("open: %w", err)
+						}
+						defer unix.Close(fd)
+						off = 0
+					}
+					if _, err := unix.Pwrite(fd, buf, off); err != nil {
+						return fmt.Errorf("pwrite: %w", err)
+					}
+					if err := unix.Fdatasync(fd); err != nil {
+						return fmt.Errorf("fdatasync: %w", err)
+					}
+					return nil
+				})
 			})
 		}
 	}
@@ -224,39 +208,52 @@ func BenchmarkProtocolWrite(b *testing.B) {
 			// One connection per writer, as the baseline has one file per writer.
 			env := chunktest.NewClientEnv(b, w*shard)
 			conns := make([]*client.Client, w)
+			sgls := make([][]rdma.SGE, w)
+			crcs := make([]uint32, w)
 			for g := range conns {
 				conns[g] = env.Dial(b, s.Addr(), s.Secret)
+				fill(env.Bytes()[g*shard:(g+1)*shard], chunk.Key{Chunk: 1, Version: 1})
+				crcs[g] = store.Checksum(env.Bytes()[g*shard : (g+1)*shard])
+				sgls[g] = []rdma.SGE{env.SGE(g*shard, shard)}
 			}
 			ctx := context.Background()
-			var mu sync.Mutex
-			var lat []time.Duration
 			b.SetBytes(shard)
-			b.ResetTimer()
-			var wg sync.WaitGroup
-			for g := 0; g < w; g++ {
-				fill(env.Bytes()[g*shard:(g+1)*shard], chunk.Key{Chunk: 1, Version: 1})
-				crc := store.Checksum(env.Bytes()[g*shard : (g+1)*shard])
-				wg.Go(func() {
-					sgl := []rdma.SGE{env.SGE(g*shard, shard)}
-					for i := g; i < b.N; i += w {
-						key := chunk.Key{Chunk: uint64(g + 1), Version: uint64(i + 1)}
-						start := time.Now()
-						if err := writeTimed(ctx, conns[g], key, sgl, crc); err != nil {
-							b.Error(err)
-							return
-						}
-						d := time.Since(start)
-						mu.Lock()
-						lat = append(lat, d)
-						mu.Unlock()
-					}
-				})
-			}
-			wg.Wait()
-			b.StopTimer()
-			reportLatency(b, lat)
+			timedWriters(b, w, func(g, i int) error {
+				return writeTimed(ctx, conns[g], chunk.Key{Chunk: uint64(g + 1), Version: uint64(i + 1)}, sgls[g], crcs[g])
+			})
 		})
 	}
+}
+
+// timedWriters runs b.N operations on w writer goroutines, writer g doing
+// operations g, g+w, g+2w and so on as op(g, i), with the timer reset at
+// the start; it times each op, and when all are done it stops the timer and
+// reports their p50 and p99 latencies. An error fails the benchmark and
+// ends its writer.
+func timedWriters(b *testing.B, w int, op func(g, i int) error) {
+	b.Helper()
+	var mu sync.Mutex
+	var lat []time.Duration
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	for g := range w {
+		wg.Go(func() {
+			for i := g; i < b.N; i += w {
+				start := time.Now()
+				if err := op(g, i); err != nil {
+					b.Error(err)
+					return
+				}
+				d := time.Since(start)
+				mu.Lock()
+				lat = append(lat, d)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	reportLatency(b, lat)
 }
 
 func writeTimed(ctx context.Context, c *client.Client, key chunk.Key, sgl []rdma.SGE, crc uint32) error {
