@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -15,8 +14,8 @@ import (
 // shard off a chunkserver before it is decommissioned.
 func newAdminDrainCommand() *cobra.Command {
 	var mf metaFlags
-	var wait, undo bool
-	var every time.Duration
+	var wf waitFlags
+	var undo bool
 	cmd := &cobra.Command{
 		Use:   "drain META-ADDR CHUNKSERVER-ID",
 		Short: "Move every shard off a chunkserver (for decommissioning)",
@@ -35,10 +34,10 @@ func newAdminDrainCommand() *cobra.Command {
 				return nil
 			}
 			fmt.Fprintf(w, "chunkserver %s is retiring: its shards are being moved\n", id)
-			if !wait {
+			if !wf.wait {
 				return nil
 			}
-			err := waitRepair(ctx, w, c, true, every, func(st *metapb.StatusReply) bool {
+			err := waitRepair(ctx, w, c, true, wf.every, func(st *metapb.StatusReply) bool {
 				for _, cs := range st.Chunkservers {
 					if cs.Id == id {
 						return cs.Shards == 0 && cs.ChunkCount == 0 && cs.PendingDeletes == 0
@@ -54,9 +53,8 @@ func newAdminDrainCommand() *cobra.Command {
 		}),
 	}
 	mf.register(cmd, 0)
-	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the chunkserver holds nothing")
+	wf.register(cmd, "wait until the chunkserver holds nothing")
 	cmd.Flags().BoolVar(&undo, "undo", false, "stop draining: make the chunkserver a normal member again")
-	cmd.Flags().DurationVar(&every, "interval", time.Second, "progress refresh interval")
 	return cmd
 }
 
@@ -64,8 +62,7 @@ func newAdminDrainCommand() *cobra.Command {
 // over the chunkservers, e.g. after new ones joined.
 func newAdminRebalanceCommand() *cobra.Command {
 	var mf metaFlags
-	var wait bool
-	var every time.Duration
+	var wf waitFlags
 	cmd := &cobra.Command{
 		Use:   "rebalance META-ADDR",
 		Short: "Move shards from the fullest chunkservers to the emptiest",
@@ -77,14 +74,13 @@ func newAdminRebalanceCommand() *cobra.Command {
 			}
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "%d shard moves planned\n", r.MovesPlanned)
-			if !wait || r.MovesPlanned == 0 {
+			if !wf.wait || r.MovesPlanned == 0 {
 				return nil
 			}
-			return waitRepair(ctx, w, c, true, every, nil)
+			return waitRepair(ctx, w, c, true, wf.every, nil)
 		}),
 	}
 	mf.register(cmd, 0)
-	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the moves are done")
-	cmd.Flags().DurationVar(&every, "interval", time.Second, "progress refresh interval")
+	wf.register(cmd, "wait until the moves are done")
 	return cmd
 }
