@@ -199,6 +199,13 @@ func TestMetaFailoverClient(t *testing.T) {
 		parents[w] = d.Attr.Ino
 		want[d.Attr.Ino] = map[string]bool{}
 	}
+	// fail records a worker's failed call; the worker then stops.
+	fail := func(err error) {
+		mu.Lock()
+		errs = append(errs, err)
+		mu.Unlock()
+		ops.fail()
+	}
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func(w int) {
@@ -207,10 +214,7 @@ func TestMetaFailoverClient(t *testing.T) {
 			for i := 0; !stop.Load(); i++ {
 				name := fmt.Sprintf("f%d", i)
 				if _, err := mc.Create(ctx, &metapb.CreateRequest{Parent: p, Name: name, Mode: 0o644, Exclusive: true}); err != nil {
-					mu.Lock()
-					errs = append(errs, fmt.Errorf("create w%d/%s: %w", w, name, err))
-					mu.Unlock()
-					ops.fail()
+					fail(fmt.Errorf("create w%d/%s: %w", w, name, err))
 					return
 				}
 				mu.Lock()
@@ -218,10 +222,7 @@ func TestMetaFailoverClient(t *testing.T) {
 				mu.Unlock()
 				if i%2 == 1 {
 					if _, err := mc.Unlink(ctx, &metapb.UnlinkRequest{Parent: p, Name: name}); err != nil {
-						mu.Lock()
-						errs = append(errs, fmt.Errorf("unlink w%d/%s: %w", w, name, err))
-						mu.Unlock()
-						ops.fail()
+						fail(fmt.Errorf("unlink w%d/%s: %w", w, name, err))
 						return
 					}
 					mu.Lock()
