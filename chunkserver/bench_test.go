@@ -96,13 +96,8 @@ func BenchmarkProtocolReadResident(b *testing.B) {
 			env := chunktest.NewClientEnv(b, 8*shard)
 			c := env.Dial(b, s.Addr(), s.Secret)
 			ctx := context.Background()
-			keys := make([]chunk.Key, 4)
+			keys := writeResident(b, c, env)
 			for i := range keys {
-				keys[i] = chunk.Key{Chunk: uint64(i + 1), Version: 1}
-				fill(env.Bytes()[:shard], keys[i])
-				if err := c.WriteVersion(ctx, keys[i], []rdma.SGE{env.SGE(0, shard)}, store.Checksum(env.Bytes()[:shard])); err != nil {
-					b.Fatal(err)
-				}
 				if _, err := c.ReadAt(ctx, keys[i], 0, []rdma.SGE{env.SGE(0, shard)}); err != nil {
 					b.Fatal(err)
 				}
@@ -116,9 +111,7 @@ func BenchmarkProtocolReadResident(b *testing.B) {
 				if g == 0 {
 					n += b.N % depth
 				}
-				wg.Add(1)
-				go func(g, n int) {
-					defer wg.Done()
+				wg.Go(func() {
 					sgl := []rdma.SGE{env.SGE(g*shard, shard)}
 					for i := 0; i < n; i++ {
 						if _, err := c.ReadAt(ctx, keys[(g+i)%benchKeys], 0, sgl); err != nil {
@@ -126,7 +119,7 @@ func BenchmarkProtocolReadResident(b *testing.B) {
 							return
 						}
 					}
-				}(g, n)
+				})
 			}
 			wg.Wait()
 		})
@@ -175,52 +168,34 @@ func BenchmarkPwriteFdatasync(b *testing.B) {
 				dir := benchDir(b)
 				buf := make([]byte, shard)
 				fill(buf, chunk.Key{Chunk: 1, Version: 1})
-				var mu sync.Mutex
-				var lat []time.Duration
-				b.SetBytes(shard)
-				b.ResetTimer()
-				var wg sync.WaitGroup
-				for g := 0; g < w; g++ {
-					wg.Add(1)
-					go func(g int) {
-						defer wg.Done()
-						f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("f%d", g)), os.O_CREATE|os.O_WRONLY, 0o644)
-						if err != nil {
-							b.Error(err)
-							return
-						}
-						defer f.Close()
-						for i := g; i < b.N; i += w {
-							start := time.Now()
-							fd, off := int(f.Fd()), int64(i/w)*shard
-							if mode == "newfile" {
-								if fd, err = unix.Open(filepath.Join(dir, fmt.Sprintf("n%d", i)), unix.O_CREAT|unix.O_WRONLY|unix.O_EXCL, 0o644); err != nil {
-									b.Error(err)
-									return
-								}
-								off = 0
-							}
-							if _, err := unix.Pwrite(fd, buf, off); err != nil {
-								b.Error(err)
-								return
-							}
-							if err := unix.Fdatasync(fd); err != nil {
-								b.Error(err)
-								return
-							}
-							if mode == "newfile" {
-								unix.Close(fd)
-							}
-							d := time.Since(start)
-							mu.Lock()
-							lat = append(lat, d)
-							mu.Unlock()
-						}
-					}(g)
+				files := make([]*os.File, w)
+				for g := range files {
+					f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("f%d", g)), os.O_CREATE|os.O_WRONLY, 0o644)
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.Cleanup(func() { f.Close() })
+					files[g] = f
 				}
-				wg.Wait()
-				b.StopTimer()
-				reportLatency(b, lat)
+				b.SetBytes(shard)
+				timedWriters(b, w, func(g, i int) error {
+					fd, off := int(files[g].Fd()), int64(i/w)*shard
+					if mode == "newfile" {
+						var err error
+						if fd, err = unix.Open(filepath.Join(dir, fmt.Sprintf("n%d", i)), unix.O_CREAT|unix.O_WRONLY|unix.O_EXCL, 0o644); err != nil {
+							return fmt.Errorf("open: %w", err)
+						}
+						defer unix.Close(fd)
+						off = 0
+					}
+					if _, err := unix.Pwrite(fd, buf, off); err != nil {
+						return fmt.Errorf("pwrite: %w", err)
+					}
+					if err := unix.Fdatasync(fd); err != nil {
+						return fmt.Errorf("fdatasync: %w", err)
+					}
+					return nil
+				})
 			})
 		}
 	}
@@ -233,49 +208,76 @@ func BenchmarkProtocolWrite(b *testing.B) {
 			// One connection per writer, as the baseline has one file per writer.
 			env := chunktest.NewClientEnv(b, w*shard)
 			conns := make([]*client.Client, w)
+			sgls := make([][]rdma.SGE, w)
+			crcs := make([]uint32, w)
 			for g := range conns {
 				conns[g] = env.Dial(b, s.Addr(), s.Secret)
+				fill(env.Bytes()[g*shard:(g+1)*shard], chunk.Key{Chunk: 1, Version: 1})
+				crcs[g] = store.Checksum(env.Bytes()[g*shard : (g+1)*shard])
+				sgls[g] = []rdma.SGE{env.SGE(g*shard, shard)}
 			}
 			ctx := context.Background()
-			var mu sync.Mutex
-			var lat []time.Duration
 			b.SetBytes(shard)
-			b.ResetTimer()
-			var wg sync.WaitGroup
-			for g := 0; g < w; g++ {
-				fill(env.Bytes()[g*shard:(g+1)*shard], chunk.Key{Chunk: 1, Version: 1})
-				crc := store.Checksum(env.Bytes()[g*shard : (g+1)*shard])
-				wg.Add(1)
-				go func(g int) {
-					defer wg.Done()
-					sgl := []rdma.SGE{env.SGE(g*shard, shard)}
-					for i := g; i < b.N; i += w {
-						key := chunk.Key{Chunk: uint64(g + 1), Version: uint64(i + 1)}
-						start := time.Now()
-						if err := writeTimed(ctx, conns[g], key, sgl, crc); err != nil {
-							b.Error(err)
-							return
-						}
-						d := time.Since(start)
-						mu.Lock()
-						lat = append(lat, d)
-						mu.Unlock()
-					}
-				}(g)
-			}
-			wg.Wait()
-			b.StopTimer()
-			reportLatency(b, lat)
+			timedWriters(b, w, func(g, i int) error {
+				return writeTimed(ctx, conns[g], chunk.Key{Chunk: uint64(g + 1), Version: uint64(i + 1)}, sgls[g], crcs[g])
+			})
 		})
 	}
+}
+
+// timedWriters runs b.N operations on w writer goroutines, writer g doing
+// operations g, g+w, g+2w and so on as op(g, i), with the timer reset at
+// the start; it times each op, and when all are done it stops the timer and
+// reports their p50 and p99 latencies. An error fails the benchmark and
+// ends its writer.
+func timedWriters(b *testing.B, w int, op func(g, i int) error) {
+	b.Helper()
+	var mu sync.Mutex
+	var lat []time.Duration
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	for g := range w {
+		wg.Go(func() {
+			for i := g; i < b.N; i += w {
+				start := time.Now()
+				if err := op(g, i); err != nil {
+					b.Error(err)
+					return
+				}
+				d := time.Since(start)
+				mu.Lock()
+				lat = append(lat, d)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	reportLatency(b, lat)
 }
 
 func writeTimed(ctx context.Context, c *client.Client, key chunk.Key, sgl []rdma.SGE, crc uint32) error {
 	return c.WriteVersion(ctx, key, sgl, crc)
 }
 
-// benchKeys is how many resident versions the read benchmark rotates over.
+// benchKeys is how many resident versions the read benchmarks rotate over.
 const benchKeys = 4
+
+// writeResident writes benchKeys versions of one shard (chunks 1 to
+// benchKeys, version 1) through c, from the first shard of env's memory, and
+// returns their keys. A fresh chunkserver with 64 MiB keeps them resident.
+func writeResident(b *testing.B, c *client.Client, env *chunktest.ClientEnv) []chunk.Key {
+	b.Helper()
+	keys := make([]chunk.Key, benchKeys)
+	for i := range keys {
+		keys[i] = chunk.Key{Chunk: uint64(i + 1), Version: 1}
+		fill(env.Bytes()[:shard], keys[i])
+		if err := c.WriteVersion(context.Background(), keys[i], []rdma.SGE{env.SGE(0, shard)}, store.Checksum(env.Bytes()[:shard])); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return keys
+}
 
 // BenchmarkReadRatio interleaves, in one loop, blocks of raw RDMA_READs and of
 // chunk protocol reads (cached lease + RDMA_READ) of resident 1 MiB shards on
@@ -287,14 +289,7 @@ func BenchmarkReadRatio(b *testing.B) {
 	env := chunktest.NewClientEnv(b, 2*shard)
 	c := env.Dial(b, s.Addr(), s.Secret)
 	ctx := context.Background()
-	keys := make([]chunk.Key, 4)
-	for i := range keys {
-		keys[i] = chunk.Key{Chunk: uint64(i + 1), Version: 1}
-		fill(env.Bytes()[:shard], keys[i])
-		if err := c.WriteVersion(ctx, keys[i], []rdma.SGE{env.SGE(0, shard)}, store.Checksum(env.Bytes()[:shard])); err != nil {
-			b.Fatal(err)
-		}
-	}
+	keys := writeResident(b, c, env)
 	var wcs [4]rdma.WorkCompletion
 	raw := func(i int) {
 		wr := []rdma.SendWR{{ID: uint64(i), Opcode: rdma.OpRDMARead, Flags: rdma.SendSignaled,
@@ -311,7 +306,7 @@ func BenchmarkReadRatio(b *testing.B) {
 	}
 	sgl := []rdma.SGE{env.SGE(shard, shard)}
 	proto := func(i int) {
-		if _, err := c.ReadAt(ctx, keys[i%4], 0, sgl); err != nil {
+		if _, err := c.ReadAt(ctx, keys[i%benchKeys], 0, sgl); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -5,32 +5,20 @@ import (
 	"time"
 
 	"github.com/rdmafs/rdmafs/chunkserver"
+	"github.com/rdmafs/rdmafs/internal/fakeclock"
 )
 
-// fakeClock is a clock the test moves by hand, for Config.Now, and the
-// source of hand-driven reaper tickers, for Config.NewTicker.
+// fakeClock is a clock the test moves by hand (Now and Advance, for
+// Config.Now), and the source of hand-driven reaper tickers, for
+// Config.NewTicker. Advance ticks nothing: Reap does.
 type fakeClock struct {
+	*fakeclock.Clock
 	mu      sync.Mutex
-	now     time.Time
 	tickers map[*fakeTicker]struct{}
 }
 
 func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC), tickers: make(map[*fakeTicker]struct{})}
-}
-
-// Now returns the clock's time.
-func (k *fakeClock) Now() time.Time {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.now
-}
-
-// Advance moves the clock on by d. Nothing ticks: Reap does.
-func (k *fakeClock) Advance(d time.Duration) {
-	k.mu.Lock()
-	k.now = k.now.Add(d)
-	k.mu.Unlock()
+	return &fakeClock{Clock: fakeclock.New(time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)), tickers: make(map[*fakeTicker]struct{})}
 }
 
 // NewTicker returns a ticker that ticks only in Reap.
@@ -48,8 +36,8 @@ func (k *fakeClock) NewTicker(time.Duration) chunkserver.Ticker {
 // every connection's reaper has finished a whole pass that began after the
 // call: everything expired by Now() is revoked.
 func (k *fakeClock) Reap() {
+	now := k.Now()
 	k.mu.Lock()
-	now := k.now
 	live := make([]*fakeTicker, 0, len(k.tickers))
 	for t := range k.tickers {
 		live = append(live, t)

@@ -23,10 +23,7 @@ import (
 // restarts it on the same data dir and checks that every acknowledged version is
 // there byte for byte and that whatever else is there is whole.
 func TestCrashRecovery(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and kills chunkd processes")
-	}
-	bin := chunktest.BuildChunkd(t)
+	bin := chunktest.BuildChunkd(t) // skips in -short mode
 	dir := t.TempDir()
 	const writers = 4
 	acked := map[chunk.Key]int{} // version -> length
@@ -160,16 +157,14 @@ func verifyAll(t *testing.T, p *chunktest.Process, acked map[chunk.Key]int) {
 }
 
 func TestProcessSIGTERM(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds chunkd")
-	}
+	bin := chunktest.BuildChunkd(t) // skips in -short mode
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	metricsAddr := ln.Addr().String()
 	ln.Close()
-	p := chunktest.StartProcess(t, chunktest.ProcOptions{Args: []string{"--metrics", metricsAddr, "--zone", "rack1"}})
+	p := chunktest.StartProcess(t, chunktest.ProcOptions{Bin: bin, Args: []string{"--metrics", metricsAddr, "--zone", "rack1"}})
 	c, env := func() (*client.Client, *chunktest.ClientEnv) {
 		env := chunktest.NewClientEnv(t, 1<<20)
 		return env.Dial(t, p.Addr, p.Secret), env

@@ -63,6 +63,15 @@ func put(t *testing.T, c *client.Client, env *chunktest.ClientEnv, off int, key 
 	return append([]byte(nil), buf...)
 }
 
+// putVersions writes versions 1 to n of chunk chunkID, each of size bytes,
+// with put.
+func putVersions(t *testing.T, c *client.Client, env *chunktest.ClientEnv, chunkID, n uint64, size int) {
+	t.Helper()
+	for v := uint64(1); v <= n; v++ {
+		put(t, c, env, 0, chunk.Key{Chunk: chunkID, Version: v}, size)
+	}
+}
+
 func TestWriteReadStatListDelete(t *testing.T) {
 	s := chunktest.Start(t, chunktest.Options{})
 	c, env := s.Dial(t)
@@ -521,9 +530,7 @@ func TestEvictionSparesLeased(t *testing.T) {
 	ctx := ctxT(t)
 	c, env := s.Dial(t)
 	const size = 1 << 20
-	for v := uint64(1); v <= 12; v++ {
-		put(t, c, env, 0, chunk.Key{Chunk: 11, Version: v}, size)
-	}
+	putVersions(t, c, env, 11, 12, size)
 	held, err := c.ReadLease(ctx, chunk.Key{Chunk: 11, Version: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -578,9 +585,7 @@ func TestCachedLeasesMakeRoom(t *testing.T) {
 	ctx := ctxT(t)
 	c, env := s.Dial(t)
 	const size = 1 << 20
-	for v := uint64(1); v <= 24; v++ {
-		put(t, c, env, 0, chunk.Key{Chunk: 13, Version: v}, size)
-	}
+	putVersions(t, c, env, 13, 24, size)
 	for round := 0; round < 2; round++ {
 		for v := uint64(1); v <= 24; v++ {
 			k := chunk.Key{Chunk: 13, Version: v}

@@ -4,20 +4,18 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/rdmafs/rdmafs/chunkserver"
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 	"github.com/rdmafs/rdmafs/chunkserver/chunktest"
 	"github.com/rdmafs/rdmafs/chunkserver/proto"
 	"github.com/rdmafs/rdmafs/chunkserver/store"
+	"github.com/rdmafs/rdmafs/internal/testdisk"
 	"github.com/rdmafs/rdmafs/rdma"
 )
 
@@ -29,25 +27,14 @@ import (
 // as free at once, the file system gets the space back within seconds, and new
 // writes succeed.
 func TestFullDisk(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("TestFullDisk mounts a 64 MiB tmpfs: run it as root")
-	}
 	const (
 		size    = 64 << 20
 		unit    = 1 << 20
 		reserve = 8 << 20
 	)
-	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs: %v %s", err, out)
-	}
-	// Registered before the server: cleanups run in reverse, so the server is
-	// stopped first.
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v %s", dir, err, out)
-		}
-	})
+	// Mounted before the server starts: cleanups run in reverse, so the
+	// server is stopped first.
+	dir := testdisk.Tmpfs(t, "64m")
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	m := newSpaceMembership()
@@ -116,7 +103,7 @@ func TestFullDisk(t *testing.T) {
 		t.Fatalf("%d versions of 1 MiB fit, want about %d", len(written), want)
 	}
 	t.Logf("%d versions of 1 MiB written, then refused in %v", len(written), refusedIn)
-	if free := fsFree(t, dir); free < reserve {
+	if free := testdisk.Free(t, dir); free < reserve {
 		t.Fatalf("only %d bytes free: the reserve was not kept", free)
 	}
 	// The connection is still good.
@@ -145,16 +132,14 @@ func TestFullDisk(t *testing.T) {
 	m.waitStats(t, ctx, "a heartbeat reporting the space back", func(st chunkserver.Stats) bool { return st.Free >= size-reserve-2*unit })
 	// ... and the file system has them back within seconds.
 	deadline := time.Now().Add(3 * store.DefaultKeepIdle)
-	for fsFree(t, dir) < size-unit {
+	for testdisk.Free(t, dir) < size-unit {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d bytes of the tmpfs free %v after deleting everything (%+v)", fsFree(t, dir), 3*store.DefaultKeepIdle, s.Store.Space())
+			t.Fatalf("%d bytes of the tmpfs free %v after deleting everything (%+v)", testdisk.Free(t, dir), 3*store.DefaultKeepIdle, s.Store.Space())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	// New writes succeed.
-	for v := uint64(1); v <= 8; v++ {
-		put(t, c, env, 0, chunk.Key{Chunk: 2, Version: v}, unit)
-	}
+	putVersions(t, c, env, 2, 8, unit)
 }
 
 // fillDisk writes a file into dir until the file system is full and returns
@@ -176,15 +161,6 @@ func fillDisk(t *testing.T, dir string) string {
 			return path
 		}
 	}
-}
-
-func fsFree(t *testing.T, dir string) int64 {
-	t.Helper()
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		t.Fatal(err)
-	}
-	return int64(st.Bavail) * st.Bsize
 }
 
 // spaceMembership is a metadata service that records registrations and

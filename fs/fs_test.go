@@ -48,6 +48,19 @@ func mountData(t *testing.T, data fs.Data) string {
 	return fstest.MountRoot(t, root)
 }
 
+// mounted mounts the file system (see mount) and returns p, which gives
+// the path of a name in it, and must, which fails the test on an error.
+func mounted(t *testing.T) (p func(name string) string, must func(error)) {
+	t.Helper()
+	dir := mount(t)
+	return func(name string) string { return filepath.Join(dir, name) }, func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func errnoOf(err error) syscall.Errno {
 	var e syscall.Errno
 	if errors.As(err, &e) {
@@ -57,14 +70,7 @@ func errnoOf(err error) syscall.Errno {
 }
 
 func TestNamespaceErrnos(t *testing.T) {
-	dir := mount(t)
-	p := func(name string) string { return filepath.Join(dir, name) }
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	p, must := mounted(t)
 	must(os.Mkdir(p("d"), 0o755))
 	must(os.WriteFile(p("d/f"), nil, 0o644))
 	must(os.Mkdir(p("e"), 0o755))
@@ -107,14 +113,7 @@ func TestNamespaceErrnos(t *testing.T) {
 }
 
 func TestNamespaceOperations(t *testing.T) {
-	dir := mount(t)
-	p := func(name string) string { return filepath.Join(dir, name) }
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	p, must := mounted(t)
 	// Mode 0000 survives, and the umask is applied exactly once (by the kernel).
 	old := syscall.Umask(0o022)
 	defer syscall.Umask(old)
@@ -213,7 +212,7 @@ func TestNamespaceOperations(t *testing.T) {
 	}
 	// statfs.
 	var sfs unix.Statfs_t
-	must(unix.Statfs(dir, &sfs))
+	must(unix.Statfs(p("."), &sfs))
 	if sfs.Namelen != 255 {
 		t.Fatalf("statfs name max %d, want 255", sfs.Namelen)
 	}

@@ -212,17 +212,14 @@ func (s *Server) Dial(t testing.TB) (*client.Client, *ClientEnv) {
 }
 
 // BuildChunkd builds cmd/chunkd into a temporary directory and returns the binary's
-// path. Set CHUNKD_BIN to use a prebuilt binary instead.
+// path. Set CHUNKD_BIN to use a prebuilt binary instead. In -short mode it
+// skips the test, with or without CHUNKD_BIN (see cmdbuild.ForTest).
 func BuildChunkd(t testing.TB) string {
 	t.Helper()
-	if bin := os.Getenv("CHUNKD_BIN"); bin != "" {
+	if bin := os.Getenv("CHUNKD_BIN"); bin != "" && !testing.Short() {
 		return bin
 	}
-	dir := t.TempDir()
-	if err := cmdbuild.Build(dir, "./cmd/chunkd"); err != nil {
-		t.Fatalf("chunktest: %v", err)
-	}
-	return filepath.Join(dir, "chunkd")
+	return filepath.Join(cmdbuild.ForTest(t, "./cmd/chunkd"), "chunkd")
 }
 
 // ProcOptions configure a chunkd process.

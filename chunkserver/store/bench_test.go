@@ -27,16 +27,14 @@ func BenchmarkPut(b *testing.B) {
 			b.ResetTimer()
 			var wg sync.WaitGroup
 			for g := 0; g < w; g++ {
-				wg.Add(1)
-				go func(g int) {
-					defer wg.Done()
+				wg.Go(func() {
 					for i := g; i < b.N; i += w {
 						if err := s.Put(chunk.Key{Chunk: uint64(g + 1), Version: uint64(i + 1)}, data, crc); err != nil {
 							b.Error(err)
 							return
 						}
 					}
-				}(g)
+				})
 			}
 			wg.Wait()
 		})

@@ -3,29 +3,15 @@ package store
 import (
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	"github.com/rdmafs/rdmafs/internal/fakeclock"
+	"github.com/rdmafs/rdmafs/internal/testdisk"
 )
-
-// fakeClock is an injectable clock for ageing kept slots.
-type fakeClock struct{ ns atomic.Int64 }
-
-func newFakeClock() *fakeClock {
-	c := &fakeClock{}
-	c.ns.Store(time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
-	return c
-}
-
-func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
-func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
@@ -82,7 +68,7 @@ func TestSpaceKeptSlots(t *testing.T) {
 	const length = 64 << 10
 	f := FileSize(length)
 	dir := t.TempDir()
-	clock := newFakeClock()
+	clock := fakeclock.New(time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC))
 	s := open(t, dir, Options{MaxLength: length, Capacity: 40 * f, Reserve: 4 * f, KeepIdle: time.Hour, Now: clock.Now})
 	d := randBytes(1, length)
 	put := func(v uint64) {
@@ -177,7 +163,7 @@ func TestSpaceKeptSlots(t *testing.T) {
 func TestKeptSlotsAge(t *testing.T) {
 	const length = 8192
 	dir := t.TempDir()
-	clock := newFakeClock()
+	clock := fakeclock.New(time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC))
 	s := open(t, dir, Options{MaxLength: length, KeepIdle: time.Minute, Now: clock.Now})
 	d := randBytes(2, length)
 	for v := uint64(1); v <= 6; v++ {
@@ -277,37 +263,13 @@ func TestDefaultReserve(t *testing.T) {
 	}
 }
 
-// mountTmpfs mounts a tmpfs of size bytes on a fresh directory, unmounted at
-// cleanup; it skips the test when it cannot.
-func mountTmpfs(t *testing.T, size string) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a tmpfs")
-	}
-	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Skipf("mount tmpfs: %v %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", dir).Run() })
-	return dir
-}
-
-func fsFree(t *testing.T, dir string) int64 {
-	t.Helper()
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		t.Fatal(err)
-	}
-	return int64(st.Bavail) * st.Bsize
-}
-
 // TestSpaceOnRealDisk: on a small tmpfs, claims stop at the reserve, deleted
 // versions' space goes back to the file system (df) as soon as it is short of
 // the reserve, and what is kept is released for claims of another size
 // rather than refusing them.
 func TestSpaceOnRealDisk(t *testing.T) {
 	const length = 1 << 20
-	dir := mountTmpfs(t, "16m")
+	dir := testdisk.Tmpfs(t, "16m")
 	s := open(t, dir, Options{MaxLength: length, Reserve: 2 << 20, KeepIdle: time.Hour})
 	if sp := s.Space(); sp.Total != 16<<20 || sp.Avail > 16<<20 || sp.Avail < 15<<20 {
 		t.Fatalf("fresh store on a 16 MiB tmpfs: %+v", sp)
@@ -332,7 +294,7 @@ func TestSpaceOnRealDisk(t *testing.T) {
 	if n < 10 {
 		t.Fatalf("only %d MiB versions fit on a 16 MiB tmpfs with a 2 MiB reserve", n)
 	}
-	if free := fsFree(t, dir); free < 2<<20 {
+	if free := testdisk.Free(t, dir); free < 2<<20 {
 		t.Fatalf("the reserve is not free: %d bytes free", free)
 	}
 	for v := 1; v <= n; v++ {
@@ -342,7 +304,7 @@ func TestSpaceOnRealDisk(t *testing.T) {
 	}
 	// The file system was full: the deletes gave it room for the reserve
 	// plus a version at once; the rest may be kept.
-	if free := fsFree(t, dir); free < 2<<20+FileSize(length) {
+	if free := testdisk.Free(t, dir); free < 2<<20+FileSize(length) {
 		t.Fatalf("after deleting everything only %d bytes free", free)
 	}
 	kept := s.Space().Kept

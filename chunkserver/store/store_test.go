@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	"github.com/rdmafs/rdmafs/internal/testdisk"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -398,7 +399,7 @@ func TestLock(t *testing.T) {
 
 // TestRealENOSPC fills a tiny tmpfs: the error must say ENOSPC and leave no file.
 func TestRealENOSPC(t *testing.T) {
-	dir := mountTmpfs(t, "2m")
+	dir := testdisk.Tmpfs(t, "2m")
 	s, err := Open(dir, Options{Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)

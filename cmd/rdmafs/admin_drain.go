@@ -1,11 +1,12 @@
 package main
 
 import (
+	"context"
 	"fmt"
-	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
@@ -13,8 +14,8 @@ import (
 // shard off a chunkserver before it is decommissioned.
 func newAdminDrainCommand() *cobra.Command {
 	var mf metaFlags
-	var wait, undo bool
-	var every time.Duration
+	var wf waitFlags
+	var undo bool
 	cmd := &cobra.Command{
 		Use:   "drain META-ADDR CHUNKSERVER-ID",
 		Short: "Move every shard off a chunkserver (for decommissioning)",
@@ -22,12 +23,7 @@ func newAdminDrainCommand() *cobra.Command {
 			"other chunkservers by the repair machinery, and it stays readable until then. With --wait,\n" +
 			"wait until it holds no shard and no chunk. --undo makes it a normal member again.",
 		Args: cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, ctx, done, err := mf.dial(cmd, args[0])
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: mf.run(func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			id := args[1]
 			if _, err := c.Drain(ctx, &metapb.DrainRequest{Id: id, Undo: undo}); err != nil {
 				return fmt.Errorf("drain %s: %w", id, err)
@@ -38,10 +34,10 @@ func newAdminDrainCommand() *cobra.Command {
 				return nil
 			}
 			fmt.Fprintf(w, "chunkserver %s is retiring: its shards are being moved\n", id)
-			if !wait {
+			if !wf.wait {
 				return nil
 			}
-			err = waitRepair(ctx, w, c, true, every, func(st *metapb.StatusReply) bool {
+			err := waitRepair(ctx, w, c, true, wf.every, func(st *metapb.StatusReply) bool {
 				for _, cs := range st.Chunkservers {
 					if cs.Id == id {
 						return cs.Shards == 0 && cs.ChunkCount == 0 && cs.PendingDeletes == 0
@@ -54,12 +50,11 @@ func newAdminDrainCommand() *cobra.Command {
 			}
 			fmt.Fprintf(w, "chunkserver %s holds no data: it can be stopped\n", id)
 			return nil
-		},
+		}),
 	}
 	mf.register(cmd, 0)
-	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the chunkserver holds nothing")
+	wf.register(cmd, "wait until the chunkserver holds nothing")
 	cmd.Flags().BoolVar(&undo, "undo", false, "stop draining: make the chunkserver a normal member again")
-	cmd.Flags().DurationVar(&every, "interval", time.Second, "progress refresh interval")
 	return cmd
 }
 
@@ -67,32 +62,25 @@ func newAdminDrainCommand() *cobra.Command {
 // over the chunkservers, e.g. after new ones joined.
 func newAdminRebalanceCommand() *cobra.Command {
 	var mf metaFlags
-	var wait bool
-	var every time.Duration
+	var wf waitFlags
 	cmd := &cobra.Command{
 		Use:   "rebalance META-ADDR",
 		Short: "Move shards from the fullest chunkservers to the emptiest",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, ctx, done, err := mf.dial(cmd, args[0])
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: mf.run(func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			r, err := c.Rebalance(ctx, &metapb.RebalanceRequest{})
 			if err != nil {
 				return fmt.Errorf("rebalance: %w", err)
 			}
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "%d shard moves planned\n", r.MovesPlanned)
-			if !wait || r.MovesPlanned == 0 {
+			if !wf.wait || r.MovesPlanned == 0 {
 				return nil
 			}
-			return waitRepair(ctx, w, c, true, every, nil)
-		},
+			return waitRepair(ctx, w, c, true, wf.every, nil)
+		}),
 	}
 	mf.register(cmd, 0)
-	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the moves are done")
-	cmd.Flags().DurationVar(&every, "interval", time.Second, "progress refresh interval")
+	wf.register(cmd, "wait until the moves are done")
 	return cmd
 }

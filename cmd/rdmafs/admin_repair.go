@@ -35,8 +35,7 @@ var errStripesLost = errors.New("stripes lost")
 // and, with --wait, waits until every stripe has full redundancy again.
 func newAdminRepairCommand() *cobra.Command {
 	var mf metaFlags
-	var wait bool
-	var every time.Duration
+	var wf waitFlags
 	cmd := &cobra.Command{
 		Use:   "repair META-ADDR",
 		Short: "Show repair progress; with --wait, wait until every stripe has full redundancy",
@@ -45,19 +44,27 @@ func newAdminRepairCommand() *cobra.Command {
 			"(exit status 0), or fail at once if stripes are lost: fewer than k of their shards\n" +
 			"are readable, so only bringing their chunkservers back can save them.",
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, ctx, done, err := mf.dial(cmd, args[0])
-			if err != nil {
-				return err
-			}
-			defer done()
-			return waitRepair(ctx, cmd.OutOrStdout(), c, wait, every, nil)
-		},
+		RunE: mf.run(func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
+			return waitRepair(ctx, cmd.OutOrStdout(), c, wf.wait, wf.every, nil)
+		}),
 	}
 	mf.register(cmd, 0)
-	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every stripe is healthy, showing progress")
-	cmd.Flags().DurationVar(&every, "interval", time.Second, "progress refresh interval")
+	wf.register(cmd, "wait until every stripe is healthy, showing progress")
 	return cmd
+}
+
+// waitFlags are --wait and --interval of the commands that can wait for
+// the repair machinery to finish (admin repair, drain, rebalance).
+type waitFlags struct {
+	wait  bool
+	every time.Duration
+}
+
+// register adds --wait, which waitHelp describes, and --interval (the
+// progress refresh interval, default 1s) to cmd.
+func (f *waitFlags) register(cmd *cobra.Command, waitHelp string) {
+	cmd.Flags().BoolVar(&f.wait, "wait", false, waitHelp)
+	cmd.Flags().DurationVar(&f.every, "interval", time.Second, "progress refresh interval")
 }
 
 // waitRepair prints repair state once or, with wait, until done(st) (default:

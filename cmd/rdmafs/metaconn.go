@@ -47,3 +47,19 @@ func (f *metaFlags) dial(cmd *cobra.Command, addr string) (c *client.Client, ctx
 		c.Close()
 	}, nil
 }
+
+// run returns a cobra RunE for a command whose first argument is the meta
+// server's address: it dials it (see dial), calls fn with the bounded
+// context and the client, and cancels the context and closes the client
+// once fn returned. fn's error is returned as it is; a dial error names the
+// address.
+func (f *metaFlags) run(fn func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		c, ctx, done, err := f.dial(cmd, args[0])
+		if err != nil {
+			return err
+		}
+		defer done()
+		return fn(ctx, c, cmd, args)
+	}
+}

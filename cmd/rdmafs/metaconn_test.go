@@ -15,7 +15,8 @@ import (
 
 // TestMetaFlags runs the commands that call a meta server through
 // metaFlags against an in-process one: a missing --secret-file is refused,
-// an unreadable one names the server, and status and admin repair answer.
+// an unreadable one names the server, and status and admin repair (with
+// and without --wait) answer.
 func TestMetaFlags(t *testing.T) {
 	m := metatest.Start(t, metatest.Options{})
 	run := func(cmd *cobra.Command, args ...string) (string, error) {
@@ -40,6 +41,10 @@ func TestMetaFlags(t *testing.T) {
 	out, err = run(newAdminRepairCommand(), m.Addr, "--secret-file", m.SecretFile, "--timeout", "10s")
 	if err != nil || !strings.Contains(out, "stripes:") {
 		t.Fatalf("admin repair: %v\n%s", err, out)
+	}
+	out, err = run(newAdminRepairCommand(), m.Addr, "--secret-file", m.SecretFile, "--timeout", "10s", "--wait", "--interval", "10ms")
+	if err != nil || !strings.Contains(out, "full redundancy") {
+		t.Fatalf("admin repair --wait: %v\n%s", err, out)
 	}
 }
 

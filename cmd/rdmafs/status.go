@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
@@ -18,19 +20,14 @@ func newStatusCommand() *cobra.Command {
 		Use:   "status META-ADDR",
 		Short: "Show chunkservers, file and stripe counts and degraded stripes",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, ctx, done, err := mf.dial(cmd, args[0])
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: mf.run(func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			st, err := c.Status(ctx, &metapb.StatusRequest{})
 			if err != nil {
 				return fmt.Errorf("status of %s: %w", args[0], err)
 			}
 			printStatus(cmd, st)
 			return nil
-		},
+		}),
 	}
 	mf.register(cmd, 10*time.Second)
 	return cmd

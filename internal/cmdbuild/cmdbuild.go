@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"testing"
 )
 
 // ModuleRoot returns the directory holding the module's go.mod: found from
@@ -65,4 +66,20 @@ func Temp() (dir string, remove func(), err error) {
 		return "", nil, err
 	}
 	return dir, remove, nil
+}
+
+// ForTest builds pkgs (as Build) for a test that runs them as processes,
+// into a temporary directory of t that is removed when the test ends, and
+// returns that directory. In -short mode it skips the test instead: a build
+// takes seconds. A failed build fails the test.
+func ForTest(t testing.TB, pkgs ...string) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("builds %s (not in -short mode)", strings.Join(pkgs, " "))
+	}
+	dir := t.TempDir()
+	if err := Build(dir, pkgs...); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }

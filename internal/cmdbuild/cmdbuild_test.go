@@ -19,16 +19,11 @@ func TestModuleRoot(t *testing.T) {
 	}
 }
 
-// TestBuild builds chunkd (the smaller command) and runs it, and checks that
-// a package that does not exist fails with the go command's words.
+// TestBuild builds chunkd (the smaller command, with ForTest) and runs it,
+// and checks that a package that does not exist fails with the go
+// command's words.
 func TestBuild(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds chunkd")
-	}
-	dir := t.TempDir()
-	if err := Build(dir, "./cmd/chunkd"); err != nil {
-		t.Fatal(err)
-	}
+	dir := ForTest(t, "./cmd/chunkd")
 	if out, err := exec.Command(filepath.Join(dir, "chunkd"), "--help").CombinedOutput(); err != nil || !strings.Contains(string(out), "--metrics") {
 		t.Fatalf("chunkd --help: %v\n%s", err, out)
 	}

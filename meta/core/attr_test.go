@@ -255,6 +255,22 @@ func TestXattrs(t *testing.T) {
 		for _, st := range steps {
 			t.Run(st.name, func(t *testing.T) { wantErrno(t, st.op(), st.want) })
 		}
+		// Setting and removing an attribute change the inode: its ctime.
+		for _, op := range []func() error{
+			func() error { return set(alice, f, "user.t", "v", 0) },
+			func() error {
+				_, err := e.s.RemoveXattr(e.ctx, &metapb.RemoveXattrRequest{Caller: alice, Ino: f, Name: "user.t"})
+				return err
+			},
+		} {
+			e.clock.Advance(1e9)
+			if err := op(); err != nil {
+				t.Fatal(err)
+			}
+			if a := e.attr(f); a.CtimeNs != e.clock.Now().UnixNano() {
+				t.Fatalf("ctime %d after changing an xattr, want %d", a.CtimeNs, e.clock.Now().UnixNano())
+			}
+		}
 		list := func(c *metapb.Caller) string {
 			r, err := e.s.ListXattr(e.ctx, &metapb.ListXattrRequest{Caller: c, Ino: f})
 			if err != nil {

@@ -7,11 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/rdmafs/rdmafs/internal/fakeclock"
 	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/kv"
 	"github.com/rdmafs/rdmafs/meta/kv/bolt"
@@ -67,30 +67,13 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // env is one service on a fresh store.
 type env struct {
 	t     *testing.T
 	ctx   context.Context
 	s     *Service
 	store kv.Store
-	clock *clock
+	clock *fakeclock.Clock
 	dir   string
 	open  storeFactory
 }
@@ -113,7 +96,7 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, e *env)) {
 			if _, err := Format(context.Background(), st, testLayout, time.Unix(1700000000, 0)); err != nil {
 				t.Fatal(err)
 			}
-			e := &env{t: t, ctx: context.Background(), store: st, clock: &clock{t: time.Unix(1700000000, 0)}, dir: dir, open: open}
+			e := &env{t: t, ctx: context.Background(), store: st, clock: fakeclock.New(time.Unix(1700000000, 0)), dir: dir, open: open}
 			e.start()
 			t.Cleanup(func() { e.store.Close() })
 			fn(t, e)

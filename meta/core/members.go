@@ -38,6 +38,10 @@ type member struct {
 // retiring reports whether the chunkserver is being drained.
 func (mb *member) retiring() bool { return mb.rec.Retiring }
 
+// placeable reports whether new shards may go to the chunkserver: it is up
+// and not being drained.
+func (mb *member) placeable() bool { return mb.up && !mb.retiring() }
+
 // members is the registry of chunkservers: registrations are stored, the
 // up/down state and statistics live in memory and come from heartbeats.
 type members struct {
@@ -84,7 +88,7 @@ func (m *members) place(n, need int, minFree uint64, exclude, taken map[string]b
 	cands := make([]placement.Candidate, 0, len(m.byID))
 	live := 0
 	for id, mb := range m.byID {
-		if !mb.up || mb.retiring() || exclude[id] || taken[id] {
+		if !mb.placeable() || exclude[id] || taken[id] {
 			continue
 		}
 		live++
@@ -136,7 +140,7 @@ func (m *members) canKeep(shards []*metapb.Shard, minFree uint64, exclude map[st
 	defer m.mu.Unlock()
 	for _, sh := range shards {
 		mb, ok := m.byID[sh.ServerId]
-		if !ok || !mb.up || mb.retiring() || exclude[sh.ServerId] || mb.free < minFree {
+		if !ok || !mb.placeable() || exclude[sh.ServerId] || mb.free < minFree {
 			return false
 		}
 	}
@@ -331,11 +335,9 @@ func (s *Service) Status(ctx context.Context, req *metapb.StatusRequest) (*metap
 				health.Healthy++ // inline: its bytes are in metadata
 				return nil
 			}
-			s.members.mu.Lock()
-			s.repMu.Lock()
+			s.lockRepair()
 			states := s.classifyLocked(st, now)
-			s.repMu.Unlock()
-			s.members.mu.Unlock()
+			s.unlockRepair()
 			_, lost, degraded := healthOf(states, int(st.Layout.K))
 			switch {
 			case lost:

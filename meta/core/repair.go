@@ -189,10 +189,8 @@ func (s *Service) planRepairs(ctx context.Context) error {
 		return err
 	}
 	now := s.now()
-	s.members.mu.Lock()
-	defer s.members.mu.Unlock()
-	s.repMu.Lock()
-	defer s.repMu.Unlock()
+	s.lockRepair()
+	defer s.unlockRepair()
 	r := &s.rep
 	var h Health
 	shardsOn := map[string]uint64{}
@@ -211,13 +209,7 @@ func (s *Service) planRepairs(ctx context.Context) error {
 	}
 	queue := make([]*repairItem, 0, len(r.queue))
 	var rebalance []*repairItem
-	var total, eligible uint64 // shards on and number of placeable servers, as of the last scan
-	for id, mb := range s.members.byID {
-		if mb.up && !mb.retiring() {
-			total += r.shardsOn[id]
-			eligible++
-		}
-	}
+	total, eligible := s.placedShardsLocked()
 	referenced := map[badKey]bool{}
 	for _, sc := range stripes {
 		st := sc.st
@@ -370,7 +362,7 @@ func (s *Service) RepairPoll(ctx context.Context, req *metapb.RepairPollRequest)
 	}
 	s.members.mu.Lock()
 	mb, ok := s.members.byID[req.Id]
-	eligible := ok && mb.up && !mb.retiring()
+	eligible := ok && mb.placeable()
 	s.members.mu.Unlock()
 	if !ok {
 		return &metapb.RepairPollReply{Reregister: true}, nil
@@ -438,10 +430,8 @@ type plannedTask struct {
 // that hold none its zone holds the fewest (the placement rule).
 func (s *Service) assignRepairs(target string, want int) []plannedTask {
 	now := s.now()
-	s.members.mu.Lock()
-	defer s.members.mu.Unlock()
-	s.repMu.Lock()
-	defer s.repMu.Unlock()
+	s.lockRepair()
+	defer s.unlockRepair()
 	r := &s.rep
 	tmb := s.members.byID[target]
 	zoneOf := func(id string) string {
@@ -451,13 +441,7 @@ func (s *Service) assignRepairs(target string, want int) []plannedTask {
 		return "\x00" + id
 	}
 	// Rebalance targets: fewer shards than the mean.
-	var total, eligible uint64
-	for id, mb := range s.members.byID {
-		if mb.up && !mb.retiring() {
-			total += r.shardsOn[id]
-			eligible++
-		}
-	}
+	total, eligible := s.placedShardsLocked()
 	var out []plannedTask
 	keep := r.queue[:0]
 	for qi, it := range r.queue {
@@ -504,7 +488,7 @@ func (s *Service) assignRepairs(target string, want int) []plannedTask {
 		if ok && own < 0 {
 			minZone := -1
 			for id, mb := range s.members.byID {
-				if !mb.up || mb.retiring() || holders[id] {
+				if !mb.placeable() || holders[id] {
 					continue
 				}
 				if z := zones[zoneOf(id)]; minZone < 0 || z < minZone {
@@ -553,6 +537,33 @@ func (s *Service) assignRepairs(target string, want int) []plannedTask {
 	return out
 }
 
+// lockRepair locks the membership and then the repair state (members.mu,
+// then repMu: the order every holder of both takes them in); unlockRepair
+// unlocks both.
+func (s *Service) lockRepair() {
+	s.members.mu.Lock()
+	s.repMu.Lock()
+}
+
+func (s *Service) unlockRepair() {
+	s.repMu.Unlock()
+	s.members.mu.Unlock()
+}
+
+// placedShardsLocked returns the shards on the placeable chunkservers (up,
+// not retiring), as the last scan counted them, and how many such
+// chunkservers there are: a rebalance aims at the mean, total/servers. The
+// caller holds members.mu and repMu.
+func (s *Service) placedShardsLocked() (total, servers uint64) {
+	for id, mb := range s.members.byID {
+		if mb.placeable() {
+			total += s.rep.shardsOn[id]
+			servers++
+		}
+	}
+	return total, servers
+}
+
 // belowMeanFreeLocked reports whether a placeable server holding fewer
 // shards than the mean holds none of shards (a rebalance target exists).
 func (s *Service) belowMeanFreeLocked(shards []*metapb.Shard, total, eligible uint64) bool {
@@ -561,7 +572,7 @@ func (s *Service) belowMeanFreeLocked(shards []*metapb.Shard, total, eligible ui
 	}
 outer:
 	for id, mb := range s.members.byID {
-		if !mb.up || mb.retiring() || s.rep.shardsOn[id]*eligible >= total {
+		if !mb.placeable() || s.rep.shardsOn[id]*eligible >= total {
 			continue
 		}
 		for _, sh := range shards {
@@ -723,28 +734,20 @@ func (s *Service) Rebalance(ctx context.Context, req *metapb.RebalanceRequest) (
 	if err := s.planRepairs(ctx); err != nil {
 		return nil, err
 	}
-	s.members.mu.Lock()
-	s.repMu.Lock()
-	var total, n uint64
-	for id, mb := range s.members.byID {
-		if mb.up && !mb.retiring() {
-			total += s.rep.shardsOn[id]
-			n++
-		}
-	}
+	s.lockRepair()
+	total, n := s.placedShardsLocked()
 	var planned uint64
 	if n > 0 {
 		target := (total + n - 1) / n // ceil(mean)
 		clear(s.rep.budget)
 		for id, mb := range s.members.byID {
-			if c := s.rep.shardsOn[id]; mb.up && !mb.retiring() && c > target {
+			if c := s.rep.shardsOn[id]; mb.placeable() && c > target {
 				s.rep.budget[id] = int(c - target)
 				planned += c - target
 			}
 		}
 	}
-	s.repMu.Unlock()
-	s.members.mu.Unlock()
+	s.unlockRepair()
 	if err := s.planRepairs(ctx); err != nil {
 		return nil, err
 	}

@@ -108,20 +108,32 @@ func (s *Service) SetXattr(ctx context.Context, req *metapb.SetXattrRequest) (*m
 	if req.Flags&^uint32(3) != 0 || (create && replace) {
 		return nil, metaerr.New(syscall.EINVAL, "setxattr: invalid flags %#x", req.Flags)
 	}
-	c := caller(req.Caller)
-	out := &metapb.Empty{}
-	if _, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
-		rec, _, exists, err := loadXattr(t, c, req.Ino, req.Name, ns, true)
-		if err != nil {
-			return err
-		}
+	return s.changeXattr(ctx, req.Caller, req.Ino, req.Name, ns, func(t kv.Txn, key []byte, exists bool) error {
 		if exists && create {
 			return metaerr.New(syscall.EEXIST, "xattr %q exists", req.Name)
 		}
 		if !exists && replace {
 			return metaerr.New(syscall.ENODATA, "no xattr %q to replace", req.Name)
 		}
-		if err := t.Put(keys.Xattr(req.Ino, req.Name), req.Value); err != nil {
+		return t.Put(key, req.Value)
+	})
+}
+
+// changeXattr runs change on the extended attribute name (of namespace ns)
+// of inode ino, in one transaction that runs once per request (updateOnce):
+// it loads the inode, checks that the caller may change the attribute
+// (loadXattr), calls change with the attribute's key and whether it exists,
+// and, unless change fails, sets the inode's ctime to now.
+func (s *Service) changeXattr(ctx context.Context, pc *metapb.Caller, ino uint64, name, ns string,
+	change func(t kv.Txn, key []byte, exists bool) error) (*metapb.Empty, error) {
+	c := caller(pc)
+	out := &metapb.Empty{}
+	if _, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
+		rec, _, exists, err := loadXattr(t, c, ino, name, ns, true)
+		if err != nil {
+			return err
+		}
+		if err := change(t, keys.Xattr(ino, name), exists); err != nil {
 			return err
 		}
 		rec.Attr.CtimeNs = s.now().UnixNano()
@@ -167,23 +179,10 @@ func (s *Service) RemoveXattr(ctx context.Context, req *metapb.RemoveXattrReques
 	if err != nil {
 		return nil, err
 	}
-	c := caller(req.Caller)
-	out := &metapb.Empty{}
-	if _, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
-		rec, _, ok, err := loadXattr(t, c, req.Ino, req.Name, ns, true)
-		if err != nil {
-			return err
-		}
-		if !ok {
+	return s.changeXattr(ctx, req.Caller, req.Ino, req.Name, ns, func(t kv.Txn, key []byte, exists bool) error {
+		if !exists {
 			return metaerr.New(syscall.ENODATA, "no xattr %q on inode %d", req.Name, req.Ino)
 		}
-		if err := t.Delete(keys.Xattr(req.Ino, req.Name)); err != nil {
-			return err
-		}
-		rec.Attr.CtimeNs = s.now().UnixNano()
-		return putInode(t, rec)
-	}); err != nil {
-		return nil, err
-	}
-	return out, nil
+		return t.Delete(key)
+	})
 }

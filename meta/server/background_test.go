@@ -24,6 +24,27 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
+// openUnlinked opens a session for clientName, creates the file "f" in the
+// root directory held open by that session, and unlinks it; it returns the
+// session and the file's inode, which lives on until the session releases
+// it or expires.
+func openUnlinked(t *testing.T, c *client.Client, clientName string) (session, ino uint64) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := c.OpenSession(ctx, &metapb.OpenSessionRequest{Client: clientName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := c.Create(ctx, &metapb.CreateRequest{Parent: core.RootIno, Name: "f", Mode: 0o644, SessionId: s.SessionId})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Unlink(ctx, &metapb.UnlinkRequest{Parent: core.RootIno, Name: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	return s.SessionId, f.Attr.Ino
+}
+
 // TestChunkserverDownAndUp runs the server's background loop with a short
 // heartbeat timeout: a silent chunkserver goes down, and up when it returns.
 func TestChunkserverDownAndUp(t *testing.T) {
@@ -59,22 +80,12 @@ func TestDeadClientSessionExpires(t *testing.T) {
 	m := metatest.Start(t, metatest.Options{SessionTTL: 300 * time.Millisecond})
 	c := m.Client(t)
 	ctx := context.Background()
-	s, err := c.OpenSession(ctx, &metapb.OpenSessionRequest{Client: "doomed"}) // no keepalives
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := c.Create(ctx, &metapb.CreateRequest{Parent: core.RootIno, Name: "f", Mode: 0o644, SessionId: s.SessionId})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Unlink(ctx, &metapb.UnlinkRequest{Parent: core.RootIno, Name: "f"}); err != nil {
-		t.Fatal(err)
-	}
+	session, ino := openUnlinked(t, c, "doomed") // no keepalives
 	waitFor(t, 5*time.Second, "the open-unlinked file of an expired session to go", func() bool {
-		_, err := c.GetAttr(ctx, &metapb.GetAttrRequest{Ino: f.Attr.Ino})
+		_, err := c.GetAttr(ctx, &metapb.GetAttrRequest{Ino: ino})
 		return client.Errno(err) == syscall.ENOENT
 	})
-	_, err = c.KeepAlive(ctx, &metapb.KeepAliveRequest{SessionId: s.SessionId})
+	_, err := c.KeepAlive(ctx, &metapb.KeepAliveRequest{SessionId: session})
 	if client.Errno(err) != syscall.ESTALE {
 		t.Fatalf("keepalive of an expired session: %v", err)
 	}
@@ -85,30 +96,19 @@ func TestDeadClientSessionExpires(t *testing.T) {
 func TestRestartKeepsSessions(t *testing.T) {
 	m := metatest.Start(t, metatest.Options{SessionTTL: 5 * time.Second})
 	ctx := context.Background()
-	c := m.Client(t)
-	s, err := c.OpenSession(ctx, &metapb.OpenSessionRequest{Client: "survivor"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := c.Create(ctx, &metapb.CreateRequest{Parent: core.RootIno, Name: "f", Mode: 0o644, SessionId: s.SessionId})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Unlink(ctx, &metapb.UnlinkRequest{Parent: core.RootIno, Name: "f"}); err != nil {
-		t.Fatal(err)
-	}
+	session, ino := openUnlinked(t, m.Client(t), "survivor")
 	m.Restart(t)
-	c = m.Client(t)
-	if _, err := c.KeepAlive(ctx, &metapb.KeepAliveRequest{SessionId: s.SessionId}); err != nil {
+	c := m.Client(t)
+	if _, err := c.KeepAlive(ctx, &metapb.KeepAliveRequest{SessionId: session}); err != nil {
 		t.Fatalf("session lost across restart: %v", err)
 	}
-	if _, err := c.GetAttr(ctx, &metapb.GetAttrRequest{Ino: f.Attr.Ino}); err != nil {
+	if _, err := c.GetAttr(ctx, &metapb.GetAttrRequest{Ino: ino}); err != nil {
 		t.Fatalf("open-unlinked file lost across restart: %v", err)
 	}
-	if _, err := c.Release(ctx, &metapb.ReleaseRequest{Ino: f.Attr.Ino, SessionId: s.SessionId}); err != nil {
+	if _, err := c.Release(ctx, &metapb.ReleaseRequest{Ino: ino, SessionId: session}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.GetAttr(ctx, &metapb.GetAttrRequest{Ino: f.Attr.Ino})
+	_, err := c.GetAttr(ctx, &metapb.GetAttrRequest{Ino: ino})
 	if client.Errno(err) != syscall.ENOENT {
 		t.Fatalf("file kept after its last release: %v", err)
 	}

@@ -112,13 +112,12 @@ func (c *TCPClient) Run(ctx context.Context, cfg Config) (Result, error) {
 	hdrs := make([]byte, cfg.Depth*baselineHeader)
 	iov := make([][]byte, 0, 2*cfg.Depth)
 	var bufs net.Buffers
-	posted := make([]time.Time, cfg.Depth)
-	lat := newLatencies()
-	var seq, done uint64
+	w := newWindow(cfg)
 	post := func(n int) error {
 		iov = iov[:0]
 		now := time.Now()
 		for i := 0; i < n; i++ {
+			seq := w.next(now)
 			slot := int(seq % uint64(cfg.Depth))
 			h := hdrs[slot*baselineHeader : (slot+1)*baselineHeader]
 			binary.LittleEndian.PutUint32(h, op)
@@ -128,8 +127,6 @@ func (c *TCPClient) Run(ctx context.Context, cfg Config) (Result, error) {
 			if op == baseWrite {
 				iov = append(iov, c.buf[:cfg.Size])
 			}
-			posted[slot] = now
-			seq++
 		}
 		bufs = iov
 		_, err := bufs.WriteTo(c.conn)
@@ -139,37 +136,21 @@ func (c *TCPClient) Run(ctx context.Context, cfg Config) (Result, error) {
 	if op == baseRead {
 		resp = cfg.Size
 	}
-	start := time.Now()
-	deadline := start.Add(cfg.Duration)
-	if err := post(cfg.Depth); err != nil {
+	if err := w.begin(post); err != nil {
 		return Result{}, err
 	}
-	stopping := false
-	pending := 0
-	for done < seq {
+	for w.busy() {
 		if _, err := io.ReadFull(c.br, c.buf[:resp]); err != nil {
 			return Result{}, fmt.Errorf("perftest: baseline read: %w", err)
 		}
 		now := time.Now()
-		if op == baseWrite && binary.LittleEndian.Uint64(c.buf) != done {
-			return Result{}, fmt.Errorf("%w: ack %d, want %d", ErrBaseline, binary.LittleEndian.Uint64(c.buf), done)
+		if op == baseWrite && binary.LittleEndian.Uint64(c.buf) != w.done {
+			return Result{}, fmt.Errorf("%w: ack %d, want %d", ErrBaseline, binary.LittleEndian.Uint64(c.buf), w.done)
 		}
-		lat.add(now.Sub(posted[done%uint64(cfg.Depth)]))
-		done++
-		if !stopping && done >= uint64(cfg.MinIters) && now.After(deadline) {
-			stopping = true
-		}
-		if !stopping {
-			pending++
-			if pending >= cfg.Batch || done == seq {
-				if err := post(pending); err != nil {
-					return Result{}, err
-				}
-				pending = 0
-			}
+		w.complete(w.done, now)
+		if err := w.refill(1, now); err != nil {
+			return Result{}, err
 		}
 	}
-	res := Result{Config: cfg, Iters: int(done), Elapsed: time.Since(start)}
-	res.P50, res.P99 = lat.percentiles()
-	return res, nil
+	return w.result(), nil
 }

@@ -74,6 +74,81 @@ func (l *latencies) percentiles() (p50, p99 time.Duration) {
 	return l.d[len(l.d)/2], l.d[min(len(l.d)-1, len(l.d)*99/100)]
 }
 
+// window is the measuring loop that Client.Run and TCPClient.Run share, so
+// that the transport and its baseline measure alike: Depth operations are
+// posted when the clock starts and, as they complete, replaced Batch at a
+// time until Duration has passed and MinIters are done; then the
+// outstanding ones drain. Operations are numbered from 0 in posting order.
+// Nothing is allocated after newWindow.
+type window struct {
+	cfg      Config
+	post     func(n int) error // posts the next n operations, numbering each with next
+	posted   []time.Time       // when operation seq was posted, at seq % Depth
+	lat      *latencies
+	seq      uint64 // operations posted
+	done     uint64 // operations completed
+	start    time.Time
+	deadline time.Time
+	pending  int  // completed operations not replaced yet
+	stopping bool // Duration has passed and MinIters are done: post no more
+}
+
+func newWindow(cfg Config) *window {
+	return &window{cfg: cfg, posted: make([]time.Time, cfg.Depth), lat: newLatencies()}
+}
+
+// begin starts the clock and posts Depth operations with post, which refill
+// calls from then on.
+func (w *window) begin(post func(n int) error) error {
+	w.post = post
+	w.start = time.Now()
+	w.deadline = w.start.Add(w.cfg.Duration)
+	return post(w.cfg.Depth)
+}
+
+// next numbers an operation posted at now and returns its number.
+func (w *window) next(now time.Time) uint64 {
+	seq := w.seq
+	w.posted[seq%uint64(w.cfg.Depth)] = now
+	w.seq++
+	return seq
+}
+
+// busy reports whether operations are outstanding.
+func (w *window) busy() bool { return w.done < w.seq }
+
+// complete records that operation seq completed at now.
+func (w *window) complete(seq uint64, now time.Time) {
+	w.lat.add(now.Sub(w.posted[seq%uint64(w.cfg.Depth)]))
+	w.done++
+}
+
+// refill is called after n operations completed at now: it ends the
+// measurement once Duration has passed and MinIters are done, and until
+// then replaces completed operations once Batch of them are waiting (or
+// none is outstanding).
+func (w *window) refill(n int, now time.Time) error {
+	if !w.stopping && w.done >= uint64(w.cfg.MinIters) && now.After(w.deadline) {
+		w.stopping = true
+	}
+	if w.stopping {
+		return nil
+	}
+	w.pending += n
+	if w.pending < w.cfg.Batch && w.done != w.seq {
+		return nil
+	}
+	n, w.pending = w.pending, 0
+	return w.post(n)
+}
+
+// result is the measurement: the completed operations, timed from begin.
+func (w *window) result() Result {
+	res := Result{Config: w.cfg, Iters: int(w.done), Elapsed: time.Since(w.start)}
+	res.P50, res.P99 = w.lat.percentiles()
+	return res
+}
+
 // serverInfo is the accept private data of a perftest server: where the client
 // may read and write.
 type serverInfo struct {
@@ -287,23 +362,19 @@ func (c *Client) Run(ctx context.Context, cfg Config) (Result, error) {
 		wrs[i] = rdma.SendWR{Opcode: opcode, Flags: rdma.SendSignaled, SGL: sges[i : i+1],
 			RemoteAddr: c.server.addr + uint64(i%2)*MaxSize, RKey: c.server.rkey}
 	}
-	posted := make([]time.Time, cfg.Depth)
 	wcs := make([]rdma.WorkCompletion, cfg.Depth)
-	lat := newLatencies()
-	var seq, done uint64
+	w := newWindow(cfg)
 	post := func(n int) error {
 		// Requests go out in runs of up to Batch per call.
 		for n > 0 {
 			k := min(n, cfg.Batch)
-			first := int(seq % uint64(cfg.Depth))
+			first := int(w.seq % uint64(cfg.Depth))
 			if first+k > cfg.Depth {
 				k = cfg.Depth - first
 			}
 			now := time.Now()
 			for i := first; i < first+k; i++ {
-				wrs[i].ID = seq
-				posted[i] = now
-				seq++
+				wrs[i].ID = w.next(now)
 			}
 			if err := c.qp.PostSend(wrs[first : first+k]); err != nil {
 				return err
@@ -312,14 +383,10 @@ func (c *Client) Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		return nil
 	}
-	start := time.Now()
-	deadline := start.Add(cfg.Duration)
-	if err := post(cfg.Depth); err != nil {
+	if err := w.begin(post); err != nil {
 		return Result{}, err
 	}
-	stopping := false
-	pending := 0
-	for done < seq {
+	for w.busy() {
 		n := c.scq.Poll(wcs)
 		if n == 0 {
 			if err := c.scq.Wait(ctx); err != nil {
@@ -332,25 +399,13 @@ func (c *Client) Run(ctx context.Context, cfg Config) (Result, error) {
 			if wc.Status != rdma.WCSuccess {
 				return Result{}, fmt.Errorf("perftest: %s of %d bytes: completion status %v", cfg.Op, cfg.Size, wc.Status)
 			}
-			lat.add(now.Sub(posted[wc.ID%uint64(cfg.Depth)]))
-			done++
+			w.complete(wc.ID, now)
 		}
-		if !stopping && done >= uint64(cfg.MinIters) && now.After(deadline) {
-			stopping = true
-		}
-		if !stopping {
-			pending += n
-			if pending >= cfg.Batch || done == seq {
-				if err := post(pending); err != nil {
-					return Result{}, err
-				}
-				pending = 0
-			}
+		if err := w.refill(n, now); err != nil {
+			return Result{}, err
 		}
 	}
-	res := Result{Config: cfg, Iters: int(done), Elapsed: time.Since(start)}
-	res.P50, res.P99 = lat.percentiles()
-	return res, nil
+	return w.result(), nil
 }
 
 // ErrBaseline is returned for a baseline server that does not answer correctly.

@@ -101,30 +101,11 @@ func TestMetaFailover(t *testing.T) {
 			}
 		}(w)
 	}
-	// Kill once the load runs (warm files acknowledged), and stop it once as
-	// many again were written after the kill: all but the one per worker
-	// that may have been in flight, and that meta 0 still answered, went
-	// through the new leader.
-	const warm = 8 * workers
-	waited := ops.wait(warm, time.Minute)
-	before := ops.load()
-	if waited {
-		if err := c.KillMeta(0); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("killed meta 0 (SIGKILL) after %d files", before)
-		waited = ops.wait(before+warm, time.Minute)
-	}
-	stop.Store(true)
-	wg.Wait()
-	if firstErr != nil {
-		t.Fatalf("an error reached the application across the meta failover: %v", firstErr)
-	}
-	after := ops.load()
-	t.Logf("%d files written and acknowledged, %d of them after the kill", after, after-before)
-	if !waited {
-		t.Fatalf("the load stalled: %d files before the kill, %d after", before, after-before)
-	}
+	killMetaUnderLoad(t, c, ops, 8*workers, "files", func() error {
+		stop.Store(true)
+		wg.Wait()
+		return firstErr
+	})
 	if l := c.Leader(ctx); l != 1 {
 		t.Fatalf("leader after the kill is %d, want 1", l)
 	}
@@ -151,6 +132,35 @@ func TestMetaFailover(t *testing.T) {
 				t.Logf("unacknowledged entry %s (a write in flight at the stop)", e.Name())
 			}
 		}
+	}
+}
+
+// killMetaUnderLoad is the fault of the meta failover tests. It kills meta
+// 0 with SIGKILL once the load counted by ops has acknowledged warm
+// operations, and waits until the load has acknowledged warm more after the
+// kill: all but the one per worker that may have been in flight, and that
+// meta 0 still answered, went through the new leader. Then it calls
+// stopLoad, which stops the load and returns its first error. The test
+// fails on that error, or if the load stalled before or after the kill;
+// what names the operations in the messages.
+func killMetaUnderLoad(t *testing.T, c *devcluster.Cluster, ops *progress, warm int64, what string, stopLoad func() error) {
+	t.Helper()
+	waited := ops.wait(warm, time.Minute)
+	before := ops.load()
+	if waited {
+		if err := c.KillMeta(0); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("killed meta 0 (SIGKILL) after %d %s", before, what)
+		waited = ops.wait(before+warm, time.Minute)
+	}
+	if err := stopLoad(); err != nil {
+		t.Fatalf("an error reached the application across the meta failover: %v", err)
+	}
+	after := ops.load()
+	t.Logf("%d %s acknowledged, %d of them after the kill", after, what, after-before)
+	if !waited {
+		t.Fatalf("the load stalled: %d %s before the kill, %d after", before, what, after-before)
 	}
 }
 
@@ -189,6 +199,13 @@ func TestMetaFailoverClient(t *testing.T) {
 		parents[w] = d.Attr.Ino
 		want[d.Attr.Ino] = map[string]bool{}
 	}
+	// fail records a worker's failed call; the worker then stops.
+	fail := func(err error) {
+		mu.Lock()
+		errs = append(errs, err)
+		mu.Unlock()
+		ops.fail()
+	}
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func(w int) {
@@ -197,10 +214,7 @@ func TestMetaFailoverClient(t *testing.T) {
 			for i := 0; !stop.Load(); i++ {
 				name := fmt.Sprintf("f%d", i)
 				if _, err := mc.Create(ctx, &metapb.CreateRequest{Parent: p, Name: name, Mode: 0o644, Exclusive: true}); err != nil {
-					mu.Lock()
-					errs = append(errs, fmt.Errorf("create w%d/%s: %w", w, name, err))
-					mu.Unlock()
-					ops.fail()
+					fail(fmt.Errorf("create w%d/%s: %w", w, name, err))
 					return
 				}
 				mu.Lock()
@@ -208,10 +222,7 @@ func TestMetaFailoverClient(t *testing.T) {
 				mu.Unlock()
 				if i%2 == 1 {
 					if _, err := mc.Unlink(ctx, &metapb.UnlinkRequest{Parent: p, Name: name}); err != nil {
-						mu.Lock()
-						errs = append(errs, fmt.Errorf("unlink w%d/%s: %w", w, name, err))
-						mu.Unlock()
-						ops.fail()
+						fail(fmt.Errorf("unlink w%d/%s: %w", w, name, err))
 						return
 					}
 					mu.Lock()
@@ -222,28 +233,14 @@ func TestMetaFailoverClient(t *testing.T) {
 			}
 		}(w)
 	}
-	// As in TestMetaFailover: kill once the load runs, stop once as many
-	// steps again were acknowledged after the kill (all but one per worker
-	// through the new leader).
-	const warm = 8 * workers
-	waited := ops.wait(warm, time.Minute)
-	before := ops.load()
-	if waited {
-		if err := c.KillMeta(0); err != nil {
-			t.Fatal(err)
+	killMetaUnderLoad(t, c, ops, 8*workers, "create(+unlink) steps", func() error {
+		stop.Store(true)
+		wg.Wait()
+		if len(errs) > 0 {
+			return fmt.Errorf("%d calls failed, first: %w", len(errs), errs[0])
 		}
-		waited = ops.wait(before+warm, time.Minute)
-	}
-	stop.Store(true)
-	wg.Wait()
-	if len(errs) > 0 {
-		t.Fatalf("%d calls failed across the failover, first: %v", len(errs), errs[0])
-	}
-	after := ops.load()
-	t.Logf("%d create(+unlink) steps, %d after the kill", after, after-before)
-	if !waited {
-		t.Fatalf("the load stalled: %d steps before the kill, %d after", before, after-before)
-	}
+		return nil
+	})
 	for w, p := range parents {
 		got := map[string]bool{}
 		cookie := uint64(0)

@@ -264,23 +264,59 @@ func (r *recorder) check(t *testing.T, bound time.Duration, allowed ...syscall.E
 // than hangBound, so waits end with the hang reported instead of blocking
 // until the go test timeout. stop ends it.
 func (r *recorder) watch(cancel context.CancelCauseFunc) (stop func()) {
+	return every(time.Second, func() bool {
+		if d, what := r.longestInFlight(); d > hangBound {
+			cancel(fmt.Errorf("hang: %s in flight for %v", what, d.Round(time.Second)))
+			return false
+		}
+		return true
+	})
+}
+
+// every calls fn every period, in a goroutine of its own, until fn returns
+// false or stop is called. stop returns at once (a call of fn may still be
+// running) and is called once.
+func every(period time.Duration, fn func() bool) (stop func()) {
 	done := make(chan struct{})
 	go func() {
-		tick := time.NewTicker(time.Second)
+		tick := time.NewTicker(period)
 		defer tick.Stop()
 		for {
 			select {
 			case <-done:
 				return
 			case <-tick.C:
-				if d, what := r.longestInFlight(); d > hangBound {
-					cancel(fmt.Errorf("hang: %s in flight for %v", what, d.Round(time.Second)))
+				if !fn() {
 					return
 				}
 			}
 		}
 	}()
 	return func() { close(done) }
+}
+
+// TestEvery: every calls fn once a period, again and again (here until fn
+// returns false), and stop may be called after fn ended it.
+func TestEvery(t *testing.T) {
+	calls := make(chan int, 10)
+	n := 0
+	stop := every(time.Millisecond, func() bool {
+		n++
+		calls <- n
+		return n < 3
+	})
+	defer stop()
+	timeout := time.After(10 * time.Second)
+	for want := 1; want <= 3; want++ {
+		select {
+		case got := <-calls:
+			if got != want {
+				t.Fatalf("call %d, want %d", got, want)
+			}
+		case <-timeout:
+			t.Fatalf("fn called %d times in 10s, want 3", want-1)
+		}
+	}
 }
 
 // ---------------------------------------------------------------- data

@@ -92,21 +92,13 @@ func loadChild(js string) int {
 		io.Copy(io.Discard, os.Stdin) // the test closes stdin to stop the load
 		cancel()
 	}()
-	done := make(chan struct{})
-	go func() {
-		tick := time.NewTicker(250 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-				d, what := rec.longestInFlight()
-				op, path, _ := strings.Cut(what, " ")
-				emit(fmt.Sprintf("I %d %s %s", d.Nanoseconds(), op, path))
-			}
-		}
-	}()
+	// Report the longest call in flight four times a second.
+	stopReports := every(250*time.Millisecond, func() bool {
+		d, what := rec.longestInFlight()
+		op, path, _ := strings.Cut(what, " ")
+		emit(fmt.Sprintf("I %d %s %s", d.Nanoseconds(), op, path))
+		return true
+	})
 	var onErr func(error) bool
 	if spec.Continue {
 		onErr = func(error) bool {
@@ -130,7 +122,7 @@ func loadChild(js string) int {
 	default:
 		err = fmt.Errorf("unknown load kind %q", spec.Kind)
 	}
-	close(done)
+	stopReports()
 	if err != nil {
 		emit("E " + strings.ReplaceAll(err.Error(), "\n", " "))
 	}

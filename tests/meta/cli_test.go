@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/core"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/meta/metatest"
@@ -44,11 +43,7 @@ func TestCommands(t *testing.T) {
 		}
 	}
 	p := metatest.StartProcess(t, bin, metatest.Options{DataDir: dir})
-	c, err := client.Dial(p.Addr, p.Secret)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := p.Client(t)
 	ctx := context.Background()
 	lr, err := c.GetLayout(ctx, &metapb.GetLayoutRequest{Ino: core.RootIno})
 	if err != nil || lr.Layout.K != 2 || lr.Layout.M != 1 || lr.Layout.Unit != 64<<10 {

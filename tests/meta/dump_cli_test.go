@@ -64,10 +64,7 @@ func TestDumpLoadCommands(t *testing.T) {
 	ctx := context.Background()
 	dir := filepath.Join(tmp, "meta")
 	p := metatest.StartProcess(t, bin, metatest.Options{DataDir: dir})
-	c, err := client.Dial(p.Addr, p.Secret)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := p.Client(t)
 	d, err := c.Mkdir(ctx, &metapb.MkdirRequest{Parent: core.RootIno, Name: "d", Mode: 0o755})
 	if err != nil {
 		t.Fatal(err)

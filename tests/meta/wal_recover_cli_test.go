@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/core"
 	"github.com/rdmafs/rdmafs/meta/kv/bolt"
 	"github.com/rdmafs/rdmafs/meta/metapb"
@@ -29,10 +28,7 @@ func TestWALRecoverCommand(t *testing.T) {
 	}
 	bin := metatest.BuildRdmafs(t)
 	p := metatest.StartProcess(t, bin, metatest.Options{})
-	c, err := client.Dial(p.Addr, p.Secret)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := p.Client(t)
 	ctx := context.Background()
 	const dirs = 5
 	for i := 0; i < dirs; i++ {
@@ -40,7 +36,7 @@ func TestWALRecoverCommand(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c.Close()
+	c.Close() // before the SIGTERM
 	if err := p.Terminate(t); err != nil {
 		t.Fatalf("SIGTERM: %v", err)
 	}
@@ -85,11 +81,7 @@ func TestWALRecoverCommand(t *testing.T) {
 	}
 	t.Logf("wal-recover:\n%s", out)
 	p.Restart(t)
-	c, err = client.Dial(p.Addr, p.Secret)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c = p.Client(t)
 	for i := 0; i < dirs; i++ {
 		if _, err := c.Lookup(ctx, &metapb.LookupRequest{Parent: core.RootIno, Name: fmt.Sprintf("d%d", i)}); err != nil {
 			t.Fatalf("d%d after recovery: %v", i, err)

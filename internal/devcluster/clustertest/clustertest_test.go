@@ -14,14 +14,7 @@ import (
 // mount: no root needed) in a subtest and checks that it serves, and that
 // once the subtest passed its process is gone and its directory removed.
 func TestStart(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the commands")
-	}
-	bin, remove, err := cmdbuild.Temp()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer remove()
+	bin := cmdbuild.ForTest(t, "./cmd/...") // skips in -short mode
 	var c *devcluster.Cluster
 	t.Run("cluster", func(t *testing.T) {
 		c = Start(t, devcluster.Config{Bin: bin, Chunkservers: -1}, Options{})

@@ -26,18 +26,60 @@ type sendSlot struct {
 	rkey     uint32
 	length   uint32
 	psn      uint32
-	localErr rdma.WCStatus
-	segs     [][]byte
-	regs     []*soft.Region
+	localMem
 }
 
 // recvSlot is one entry of the receive queue.
 type recvSlot struct {
 	id       uint64
 	capacity uint64
+	localMem
+}
+
+// localMem is the local memory of a queued work request: its SGEs resolved
+// to the registered bytes they name, with the regions held until the request
+// completes; or, if an SGE was bad, its status and nothing held.
+type localMem struct {
 	localErr rdma.WCStatus
 	segs     [][]byte
 	regs     []*soft.Region
+}
+
+// resolve resolves sgl with pd's keys, for writing when write (the request
+// puts data there: RDMA_READ, RECV), and returns sgl's total length. A bad
+// SGE releases what was taken and is recorded in localErr. segs and regs
+// keep their capacity from one request to the next; they must hold nothing
+// (releaseRegions runs when a request completes).
+func (m *localMem) resolve(pd *soft.PD, sgl []rdma.SGE, write bool) (length uint64) {
+	m.localErr = rdma.WCSuccess
+	m.segs, m.regs = m.segs[:0], m.regs[:0]
+	for _, sge := range sgl {
+		length += uint64(sge.Length)
+	}
+	for _, sge := range sgl {
+		if sge.Length == 0 {
+			continue
+		}
+		r, b, st := pd.Keys.Local(sge, pd, write)
+		if st != rdma.WCSuccess {
+			m.localErr = st
+			m.releaseRegions()
+			return length
+		}
+		m.regs = append(m.regs, r)
+		m.segs = append(m.segs, b)
+	}
+	return length
+}
+
+// releaseRegions releases the regions held and forgets the resolved memory.
+func (m *localMem) releaseRegions() {
+	for i, r := range m.regs {
+		r.Release()
+		m.regs[i] = nil
+	}
+	m.regs = m.regs[:0]
+	m.segs = m.segs[:0]
 }
 
 // outItem is a response waiting for the writer: an ACK, a NAK or an RDMA_READ
@@ -306,33 +348,10 @@ func (q *queuePair) fillSlot(s *sendSlot, wr *rdma.SendWR) {
 		id: wr.ID, op: wr.Opcode, imm: wr.Imm, raddr: wr.RemoteAddr, rkey: wr.RKey,
 		signaled: wr.Flags&rdma.SendSignaled != 0 || q.attr.SignalAll,
 		fence:    wr.Flags&rdma.SendFence != 0,
-		psn:      q.nextPSN, segs: s.segs[:0], regs: s.regs[:0],
+		psn:      q.nextPSN, localMem: s.localMem,
 	}
 	q.nextPSN++
-	write := wr.Opcode == rdma.OpRDMARead
-	for _, sge := range wr.SGL {
-		s.length += sge.Length
-		if sge.Length == 0 {
-			continue
-		}
-		r, b, st := q.pd.Keys.Local(sge, q.pd, write)
-		if st != rdma.WCSuccess {
-			s.localErr = st
-			s.releaseRegions()
-			return
-		}
-		s.regs = append(s.regs, r)
-		s.segs = append(s.segs, b)
-	}
-}
-
-func (s *sendSlot) releaseRegions() {
-	for i, r := range s.regs {
-		r.Release()
-		s.regs[i] = nil
-	}
-	s.regs = s.regs[:0]
-	s.segs = s.segs[:0]
+	s.length = uint32(s.resolve(q.pd, wr.SGL, wr.Opcode == rdma.OpRDMARead)) // at most maxMessage (validate)
 }
 
 // PostRecv implements rdma.QueuePair.
@@ -353,21 +372,8 @@ func (q *queuePair) PostRecv(wrs []rdma.RecvWR) error {
 	}
 	for i := range wrs {
 		s := &q.rq[q.rqTail%uint64(len(q.rq))]
-		*s = recvSlot{id: wrs[i].ID, segs: s.segs[:0], regs: s.regs[:0]}
-		for _, sge := range wrs[i].SGL {
-			s.capacity += uint64(sge.Length)
-			if sge.Length == 0 {
-				continue
-			}
-			r, b, st := q.pd.Keys.Local(sge, q.pd, true)
-			if st != rdma.WCSuccess {
-				s.localErr = st
-				s.releaseRegions()
-				break
-			}
-			s.regs = append(s.regs, r)
-			s.segs = append(s.segs, b)
-		}
+		*s = recvSlot{id: wrs[i].ID, localMem: s.localMem}
+		s.capacity = s.resolve(q.pd, wrs[i].SGL, true)
 		q.rqTail++
 	}
 	if q.tornDown {
@@ -379,15 +385,6 @@ func (q *queuePair) PostRecv(wrs []rdma.RecvWR) error {
 	default:
 	}
 	return nil
-}
-
-func (s *recvSlot) releaseRegions() {
-	for i, r := range s.regs {
-		r.Release()
-		s.regs[i] = nil
-	}
-	s.regs = s.regs[:0]
-	s.segs = s.segs[:0]
 }
 
 // completeSendLocked completes the slot at the head of the send queue.
