@@ -201,14 +201,11 @@ func FreeAddr(t testing.TB) string {
 }
 
 // BuildRdmafs builds the rdmafs command into a temporary directory and
-// returns the binary's path.
+// returns the binary's path; in -short mode it skips the test
+// (cmdbuild.ForTest).
 func BuildRdmafs(t testing.TB) string {
 	t.Helper()
-	dir := t.TempDir()
-	if err := cmdbuild.Build(dir, "./cmd/rdmafs"); err != nil {
-		t.Fatalf("metatest: %v", err)
-	}
-	return filepath.Join(dir, "rdmafs")
+	return filepath.Join(cmdbuild.ForTest(t, "./cmd/rdmafs"), "rdmafs")
 }
 
 // Process is a `rdmafs meta` process.

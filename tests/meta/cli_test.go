@@ -17,9 +17,6 @@ import (
 // TestCommands drives format, meta, status and a SIGTERM shutdown through the
 // real binary.
 func TestCommands(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the rdmafs binary")
-	}
 	bin := metatest.BuildRdmafs(t)
 	dir := filepath.Join(t.TempDir(), "meta")
 	run := func(args ...string) (string, error) {

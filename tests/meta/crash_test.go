@@ -35,9 +35,6 @@ type acked struct {
 }
 
 func TestKill9KeepsAcknowledgedChanges(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the rdmafs binary")
-	}
 	bin := metatest.BuildRdmafs(t)
 	p := metatest.StartProcess(t, bin, metatest.Options{SessionTTL: time.Minute})
 	ctx := context.Background()

@@ -51,9 +51,6 @@ func pairs(t *testing.T, path string) map[string]string {
 // the real `rdmafs admin dump` and `rdmafs admin load`, and serves it from
 // etcd with `rdmafs meta --kv` in between.
 func TestDumpLoadCommands(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the rdmafs binary")
-	}
 	bin := metatest.BuildRdmafs(t)
 	etcd := etcdtest.StartT(t)
 	tmp := t.TempDir()

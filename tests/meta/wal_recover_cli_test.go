@@ -23,9 +23,6 @@ import (
 // reports it and writes nothing; the command cuts the log, and the server
 // starts with every directory made before.
 func TestWALRecoverCommand(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the rdmafs binary")
-	}
 	bin := metatest.BuildRdmafs(t)
 	p := metatest.StartProcess(t, bin, metatest.Options{})
 	c := p.Client(t)
