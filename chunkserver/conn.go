@@ -22,11 +22,12 @@ const sendTag = 1 << 32
 // the leases and staging grants the client holds. Request messages are handled by
 // one worker per credit, so a connection never holds more than Credits requests.
 type conn struct {
-	s    *Server
-	log  *slog.Logger
-	peer string // the client's address, for audit lines
-	qp   rdma.QueuePair
-	cq   rdma.CompletionQueue
+	s        *Server
+	log      *slog.Logger
+	peer     string // the client's address, for audit lines
+	readOnly bool   // a read-only mount token's connection: no writes
+	qp       rdma.QueuePair
+	cq       rdma.CompletionQueue
 
 	ring      mempool.Buf // Credits receive buffers, then sendSlots reply buffers
 	sendSlots int
@@ -434,6 +435,9 @@ func (c *conn) serve(req *proto.Request, spare *int) proto.Reply {
 
 func (c *conn) handle(req *proto.Request, spare *int) proto.Reply {
 	key := chunk.Key{Chunk: req.Chunk, Version: req.Version}
+	if c.readOnly && writes(req.Op) {
+		return proto.Reply{Status: proto.StatusNotAuthorized}
+	}
 	switch req.Op {
 	case proto.OpReadLease:
 		return c.readLease(key)
@@ -792,4 +796,14 @@ func statusOf(err error) proto.Status {
 		return proto.StatusShuttingDown
 	}
 	return proto.StatusIOError
+}
+
+// writes reports whether op stores or removes data (refused on a read-only
+// token's connection).
+func writes(op proto.Op) bool {
+	switch op {
+	case proto.OpPrepareWrite, proto.OpCommit, proto.OpAbort, proto.OpDelete, proto.OpPreparePatch, proto.OpClone:
+		return true
+	}
+	return false
 }

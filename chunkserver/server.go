@@ -367,7 +367,8 @@ func (s *Server) handshake(ctx context.Context, req rdma.ConnRequest) {
 		}
 		return
 	}
-	accept := proto.EncodeAccept(s.cfg.Secret, req.PrivateData(), proto.AcceptData{
+	c.readOnly = cd.Token != nil && cd.Token.ReadOnly
+	accept := proto.EncodeAccept(cd.Key(s.cfg.Secret), req.PrivateData(), proto.AcceptData{
 		Credits: s.cfg.Credits, MaxBatch: s.cfg.MaxBatch, MaxMsg: s.cfg.MaxMsg,
 		MaxLength: s.store.MaxLength(), LeaseTTL: s.cfg.LeaseTTL,
 	})

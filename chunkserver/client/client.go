@@ -28,8 +28,11 @@ import (
 
 // Options configure a Client.
 type Options struct {
-	// Secret is the cluster secret.
+	// Secret is the cluster secret, or with Token the mount token's data
+	// key (auth.MountToken.DataKey).
 	Secret []byte
+	// Token, when set, connects as the holder of that mount token.
+	Token *proto.Token
 	// MaxSendWR is the send queue depth: control messages plus one-sided
 	// operations in flight (default 256).
 	MaxSendWR int
@@ -215,7 +218,7 @@ func Dial(ctx context.Context, dev rdma.Device, pd rdma.ProtectionDomain, addr s
 	if err != nil {
 		return nil, fmt.Errorf("chunkserver client: create qp: %w", err)
 	}
-	cd := proto.ConnectData{Time: time.Now()}
+	cd := proto.ConnectData{Time: time.Now(), Token: opts.Token}
 	rand.Read(cd.Nonce[:])
 	priv := proto.EncodeConnect(opts.Secret, cd)
 	acc, err := dev.Connect(ctx, c.qp, addr, priv)

@@ -7,11 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/rdmafs/rdmafs/internal/datakey"
 )
 
 // Connection setup. The client connects with ConnectData as the rdma_cm private
 // data (52 bytes, within rdma.MaxConnectPrivateData): a timestamp, a random nonce and
-// an HMAC-SHA256 of both under the cluster secret. chunkd accepts with AcceptData
+// an HMAC-SHA256 of both under the cluster secret — or, for a mount holding a
+// mount token, the token's id and an HMAC (cut to 24 bytes) under its data key. chunkd accepts with AcceptData
 // (56 bytes): the connection's limits and an HMAC that binds them to the client's
 // nonce, so the client knows it reached a chunkd that holds the secret. chunkd
 // rejects a bad token with a short text reason as the reject private data.
@@ -33,6 +36,35 @@ var ErrAuth = errors.New("proto: authentication failed")
 type ConnectData struct {
 	Time  time.Time // when the client made the token
 	Nonce [8]byte   // random, unique per connection
+	// Token, when set, says the client holds a mount token, not the
+	// secret: it authenticates with the token's data key
+	// (datakey.ForToken), which the token's id and read-only bit, sent in
+	// clear, select. chunkd refuses writes on a read-only token's
+	// connection.
+	Token *Token
+}
+
+// Token is the mount token a connection authenticates with.
+type Token struct {
+	ID       [8]byte
+	ReadOnly bool
+}
+
+// Connect flags (byte 3). With flagToken the token id follows the nonce and
+// the MAC is cut to tokenMACLen bytes, to fit the 56 bytes of private data.
+const (
+	flagToken    = 1 << 0
+	flagReadOnly = 1 << 1
+	tokenMACLen  = 24
+)
+
+// Key returns the key the connection is authenticated with: the secret, or
+// a token's data key derived from it. chunkd's accept is made with it.
+func (c ConnectData) Key(secret []byte) []byte {
+	if c.Token == nil {
+		return secret
+	}
+	return datakey.ForToken(secret, c.Token.ID, c.Token.ReadOnly)
 }
 
 func mac(secret []byte, label string, parts ...[]byte) []byte {
@@ -44,15 +76,25 @@ func mac(secret []byte, label string, parts ...[]byte) []byte {
 	return h.Sum(nil)
 }
 
-// EncodeConnect returns the connect private data for c under secret.
-func EncodeConnect(secret []byte, c ConnectData) []byte {
+// EncodeConnect returns the connect private data for c under key: the
+// cluster secret, or with c.Token the token's data key.
+func EncodeConnect(key []byte, c ConnectData) []byte {
 	b := make([]byte, ConnectDataLen)
 	binary.LittleEndian.PutUint16(b[0:], connectMagic)
 	b[2] = Version
 	b[3] = 0
 	binary.LittleEndian.PutUint64(b[4:], uint64(c.Time.UnixNano()))
 	copy(b[12:20], c.Nonce[:])
-	copy(b[20:], mac(secret, "rdmafs chunkd connect\x00", b[:20]))
+	if t := c.Token; t != nil {
+		b[3] = flagToken
+		if t.ReadOnly {
+			b[3] |= flagReadOnly
+		}
+		copy(b[20:28], t.ID[:])
+		copy(b[28:], mac(key, "rdmafs chunkd connect\x00", b[:28])[:tokenMACLen])
+		return b
+	}
+	copy(b[20:], mac(key, "rdmafs chunkd connect\x00", b[:20]))
 	return b
 }
 
@@ -69,10 +111,23 @@ func DecodeConnect(secret, b []byte, now time.Time, maxSkew time.Duration) (Conn
 	if b[2] != Version {
 		return ConnectData{}, fmt.Errorf("%w %d", ErrVersion, b[2])
 	}
-	if !hmac.Equal(b[20:], mac(secret, "rdmafs chunkd connect\x00", b[:20])) {
-		return ConnectData{}, fmt.Errorf("%w: bad token (wrong cluster secret?)", ErrAuth)
-	}
 	c := ConnectData{Time: time.Unix(0, int64(binary.LittleEndian.Uint64(b[4:])))}
+	switch flags := b[3]; {
+	case flags == 0:
+		if !hmac.Equal(b[20:], mac(secret, "rdmafs chunkd connect\x00", b[:20])) {
+			return ConnectData{}, fmt.Errorf("%w: bad token (wrong cluster secret?)", ErrAuth)
+		}
+	case flags&^(flagToken|flagReadOnly) == 0 && flags&flagToken != 0:
+		t := &Token{ReadOnly: flags&flagReadOnly != 0}
+		copy(t.ID[:], b[20:28])
+		key := datakey.ForToken(secret, t.ID, t.ReadOnly)
+		if !hmac.Equal(b[28:], mac(key, "rdmafs chunkd connect\x00", b[:28])[:tokenMACLen]) {
+			return ConnectData{}, fmt.Errorf("%w: bad mount token connection (token of another cluster?)", ErrAuth)
+		}
+		c.Token = t
+	default:
+		return ConnectData{}, fmt.Errorf("%w: unknown connect flags %#x", ErrAuth, flags)
+	}
 	copy(c.Nonce[:], b[12:20])
 	if d := now.Sub(c.Time); d > maxSkew || d < -maxSkew {
 		return ConnectData{}, fmt.Errorf("%w: token time %v is %v away from ours (clock skew or replay)", ErrAuth, c.Time.UTC(), d)

@@ -50,13 +50,27 @@ func Dial(addrs, secret string, opts ...grpc.DialOption) (*Client, error) {
 	if secret == "" {
 		return nil, errors.New("client: empty cluster secret")
 	}
+	return dial(addrs, auth.Credentials{Secret: secret}, opts)
+}
+
+// DialToken is Dial for a mount holding a mount token instead of the
+// secret: its calls carry grant (auth.MountToken.Grant), and meta restricts
+// them to what the token allows.
+func DialToken(addrs, grant string, opts ...grpc.DialOption) (*Client, error) {
+	if grant == "" {
+		return nil, errors.New("client: empty mount token")
+	}
+	return dial(addrs, auth.TokenCredentials{Grant: grant}, opts)
+}
+
+func dial(addrs string, creds credentials.PerRPCCredentials, opts []grpc.DialOption) (*Client, error) {
 	list, err := SplitAddrs(addrs)
 	if err != nil {
 		return nil, err
 	}
 	all := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithPerRPCCredentials(auth.Credentials{Secret: secret}),
+		grpc.WithPerRPCCredentials(creds),
 		// A server that was down (or a standby) must be retried soon
 		// after it comes back, not after grpc's default backoff of up to
 		// two minutes.
@@ -147,6 +161,7 @@ func ConflictStripes(err error) []uint64 { return metaerr.ConflictStripes(err) }
 type Session struct {
 	c      *Client
 	id     uint64
+	root   uint64 // RootIno
 	cancel context.CancelFunc
 	done   chan struct{}
 	mu     sync.Mutex
@@ -161,13 +176,17 @@ func (c *Client) StartSession(ctx context.Context, client string, ttl time.Durat
 		return nil, fmt.Errorf("client: open session: %w", err)
 	}
 	kctx, cancel := context.WithCancel(context.Background())
-	s := &Session{c: c, id: r.SessionId, cancel: cancel, done: make(chan struct{})}
+	s := &Session{c: c, id: r.SessionId, root: r.RootIno, cancel: cancel, done: make(chan struct{})}
 	go s.keepalive(kctx, time.Duration(r.TtlMs)*time.Millisecond/3)
 	return s, nil
 }
 
 // ID returns the session id to pass in Create, Open, Release and SetAttr.
 func (s *Session) ID() uint64 { return s.id }
+
+// RootIno returns the inode the session's mount must show as its root: a
+// mount token's subdirectory, or 0 for the file system's root.
+func (s *Session) RootIno() uint64 { return s.root }
 
 // Err returns the error that ended the keepalives (the session expired), or nil.
 func (s *Session) Err() error {

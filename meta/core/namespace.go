@@ -141,7 +141,7 @@ func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, n
 		}
 		a := &metapb.Attr{Ino: ino, Mode: n.mode, Uid: c.Uid, Gid: c.Gid, Nlink: 1,
 			AtimeNs: now, MtimeNs: now, CtimeNs: now, Rdev: n.rdev, Generation: 1, StoredKnown: true}
-		rec := &metapb.InodeRecord{Attr: a, Symlink: n.symlink}
+		rec := &metapb.InodeRecord{Attr: a, Symlink: n.symlink, Parent: parent}
 		if p.Attr.Mode&syscall.S_ISGID != 0 {
 			// setgid directory: new entries take its group, new
 			// subdirectories inherit the bit.
@@ -156,7 +156,6 @@ func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, n
 		switch fileType(n.mode) {
 		case syscall.S_IFDIR:
 			a.Nlink = 2
-			rec.Parent = parent
 			rec.NextCookie = FirstCookie
 			rec.DirLayout = p.DirLayout
 			if p.Attr.Nlink >= LinkMax {

@@ -195,13 +195,13 @@ func (r *renameTx) exchangeEntries(t kv.Txn) error {
 		return err
 	}
 	if r.crossDir() {
+		// Every inode records a directory that holds a link to it.
+		src.Parent, dst.Parent = req.NewParent, req.Parent
 		if r.srcDir() {
-			src.Parent = req.NewParent
 			r.sp.Attr.Nlink--
 			r.dp.Attr.Nlink++
 		}
 		if r.dstDir() {
-			dst.Parent = req.Parent
 			r.dp.Attr.Nlink--
 			r.sp.Attr.Nlink++
 		}
@@ -237,10 +237,12 @@ func (r *renameTx) moveEntry(t kv.Txn, s *Service) (purged int64, err error) {
 	if err := putMsg(t, keys.Cookie(req.NewParent, cookie), &metapb.CookieRecord{Name: req.NewName, Ino: r.src.Attr.Ino, Type: r.sd.Type}); err != nil {
 		return 0, err
 	}
-	if r.srcDir() && r.crossDir() {
-		r.src.Parent = req.NewParent
-		r.sp.Attr.Nlink--
-		r.dp.Attr.Nlink++
+	if r.crossDir() {
+		r.src.Parent = req.NewParent // a directory holding a link to it
+		if r.srcDir() {
+			r.sp.Attr.Nlink--
+			r.dp.Attr.Nlink++
+		}
 	}
 	return purged, nil
 }

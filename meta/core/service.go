@@ -127,6 +127,8 @@ type Service struct {
 
 	lockMu sync.Mutex
 	locks  lockState
+
+	tokens tokenStates // mount tokens seen (restrict.go)
 }
 
 // loggedStore is a store that can answer a transaction once it is logged,

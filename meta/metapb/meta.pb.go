@@ -2455,9 +2455,12 @@ func (x *OpenSessionRequest) GetTtlMs() int64 {
 }
 
 type OpenSessionReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	TtlMs         int64                  `protobuf:"varint,2,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	TtlMs     int64                  `protobuf:"varint,2,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	// root_ino is the inode the session's mount shows as its root: the
+	// subdirectory of a mount token, 0 (the file system's root) otherwise.
+	RootIno       uint64 `protobuf:"varint,3,opt,name=root_ino,json=rootIno,proto3" json:"root_ino,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2502,6 +2505,13 @@ func (x *OpenSessionReply) GetSessionId() uint64 {
 func (x *OpenSessionReply) GetTtlMs() int64 {
 	if x != nil {
 		return x.TtlMs
+	}
+	return 0
+}
+
+func (x *OpenSessionReply) GetRootIno() uint64 {
+	if x != nil {
+		return x.RootIno
 	}
 	return 0
 }
@@ -4359,13 +4369,16 @@ func (x *StatusReply) GetRepair() *RepairStatus {
 
 // InodeRecord is the stored form of an inode.
 type InodeRecord struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Attr          *Attr                  `protobuf:"bytes,1,opt,name=attr,proto3" json:"attr,omitempty"`
-	Symlink       string                 `protobuf:"bytes,2,opt,name=symlink,proto3" json:"symlink,omitempty"`
-	Parent        uint64                 `protobuf:"varint,3,opt,name=parent,proto3" json:"parent,omitempty"`                           // directories: the parent directory
-	NextCookie    uint64                 `protobuf:"varint,4,opt,name=next_cookie,json=nextCookie,proto3" json:"next_cookie,omitempty"` // directories: the next readdir cookie
-	DirLayout     *Layout                `protobuf:"bytes,5,opt,name=dir_layout,json=dirLayout,proto3" json:"dir_layout,omitempty"`     // directories: layout override inherited by new files
-	GrantSeq      uint64                 `protobuf:"varint,6,opt,name=grant_seq,json=grantSeq,proto3" json:"grant_seq,omitempty"`       // regular files: highest version granted for any stripe
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Attr    *Attr                  `protobuf:"bytes,1,opt,name=attr,proto3" json:"attr,omitempty"`
+	Symlink string                 `protobuf:"bytes,2,opt,name=symlink,proto3" json:"symlink,omitempty"`
+	// parent is a directory's parent; for another inode, the directory it was
+	// created in or last renamed into, which held a link to it then (0 for
+	// inodes made before it was recorded). Mount tokens check it.
+	Parent        uint64  `protobuf:"varint,3,opt,name=parent,proto3" json:"parent,omitempty"`
+	NextCookie    uint64  `protobuf:"varint,4,opt,name=next_cookie,json=nextCookie,proto3" json:"next_cookie,omitempty"` // directories: the next readdir cookie
+	DirLayout     *Layout `protobuf:"bytes,5,opt,name=dir_layout,json=dirLayout,proto3" json:"dir_layout,omitempty"`     // directories: layout override inherited by new files
+	GrantSeq      uint64  `protobuf:"varint,6,opt,name=grant_seq,json=grantSeq,proto3" json:"grant_seq,omitempty"`       // regular files: highest version granted for any stripe
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6250,11 +6263,12 @@ const file_meta_proto_rawDesc = "" +
 	"\bname_max\x18\a \x01(\rR\anameMax\"C\n" +
 	"\x12OpenSessionRequest\x12\x16\n" +
 	"\x06client\x18\x01 \x01(\tR\x06client\x12\x15\n" +
-	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\"H\n" +
+	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\"c\n" +
 	"\x10OpenSessionReply\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x15\n" +
-	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\"1\n" +
+	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\x12\x19\n" +
+	"\broot_ino\x18\x03 \x01(\x04R\arootIno\"1\n" +
 	"\x10KeepAliveRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\"4\n" +

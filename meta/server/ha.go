@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"path"
 	"sync"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rdmafs/rdmafs/internal/metricshttp"
 	"github.com/rdmafs/rdmafs/meta/auth"
@@ -151,7 +153,7 @@ func (h *ha) term(ctx context.Context, standby *grpc.Server) (*grpc.Server, erro
 	if err != nil {
 		return standby, fmt.Errorf("server: load state as new leader: %w", err)
 	}
-	g := newGRPC(h.cfg, h.m)
+	g := newGRPC(h.cfg, h.m, svc)
 	metapb.RegisterMetaServer(g, svc)
 	sub := h.mux.next()
 	go g.Serve(sub)
@@ -225,11 +227,11 @@ func (h *ha) stop(ctx context.Context) error {
 	return err
 }
 
-// newGRPC is the gRPC server of a serving meta server.
-func newGRPC(cfg Config, m *metrics) *grpc.Server {
+// newGRPC is the gRPC server of a serving meta server for svc.
+func newGRPC(cfg Config, m *metrics, svc *core.Service) *grpc.Server {
 	guard := auth.NewGuard(cfg.Secret, cfg.Logger, func(reason string) { m.authRejected.WithLabelValues(reason).Inc() })
 	opts := []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(guard.Unary(), m.unaryInterceptor),
+		grpc.ChainUnaryInterceptor(guard.Unary(), restrictTokens(svc), m.unaryInterceptor),
 		grpc.ChainStreamInterceptor(guard.Stream()),
 		// Static flow-control windows: metadata messages are small, and
 		// the dynamic window's bandwidth probe (a PING and a WINDOW_UPDATE
@@ -335,3 +337,29 @@ func (s *subListener) Close() error {
 
 // Addr implements net.Listener.
 func (s *subListener) Addr() net.Addr { return s.addr }
+
+// restrictTokens enforces the mount token of a call admitted with one
+// (core.Service.Restrict before, Admitted after); calls made with the
+// cluster secret pass untouched.
+func restrictTokens(svc *core.Service) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		t, ok := auth.TokenFrom(ctx)
+		if !ok {
+			return h(ctx, req)
+		}
+		msg, ok := req.(proto.Message)
+		if !ok {
+			return nil, status.Errorf(codes.Internal, "request of %s is not a protobuf message", info.FullMethod)
+		}
+		if err := svc.Restrict(ctx, t, path.Base(info.FullMethod), msg); err != nil {
+			return nil, err
+		}
+		resp, err := h(ctx, req)
+		if err == nil {
+			if r, ok := resp.(proto.Message); ok {
+				svc.Admitted(t, r)
+			}
+		}
+		return resp, err
+	}
+}

@@ -181,7 +181,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("server: listen on %s: %w", cfg.Listen, err)
 	}
 	s := &Server{cfg: cfg, store: store, svc: svc, lis: lis}
-	s.grpc = newGRPC(cfg, m)
+	s.grpc = newGRPC(cfg, m, svc)
 	metapb.RegisterMetaServer(s.grpc, svc)
 	if s.metrics, err = startMetrics(cfg); err != nil {
 		lis.Close()

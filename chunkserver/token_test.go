@@ -1,0 +1,71 @@
+package chunkserver_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	"github.com/rdmafs/rdmafs/chunkserver/chunktest"
+	"github.com/rdmafs/rdmafs/chunkserver/client"
+	"github.com/rdmafs/rdmafs/chunkserver/proto"
+	"github.com/rdmafs/rdmafs/chunkserver/store"
+	"github.com/rdmafs/rdmafs/internal/datakey"
+	"github.com/rdmafs/rdmafs/rdma"
+)
+
+// TestTokenConnections: a mount holding a mount token connects with the
+// token's data key, never the secret; a read-only token's connection reads
+// but every write is refused; a data key used with the other read-only bit,
+// or of another cluster, does not connect.
+func TestTokenConnections(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{Secret: []byte("the cluster secret")})
+	full, env := s.Dial(t)
+	ctx := ctxT(t)
+	key := chunk.Key{Chunk: 9, Version: 1}
+	want := put(t, full, env, 0, key, 8192)
+
+	id := [8]byte{1, 2, 3, 4, 5, 6, 7, 8}
+	dial := func(secret []byte, tok proto.Token, claimReadOnly bool) (*client.Client, *chunktest.ClientEnv, error) {
+		e := chunktest.NewClientEnv(t, 1<<20)
+		c, err := client.Dial(ctx, e.Dev, e.PD, s.Addr(), client.Options{
+			Secret: datakey.ForToken(secret, tok.ID, tok.ReadOnly),
+			Token:  &proto.Token{ID: tok.ID, ReadOnly: claimReadOnly}})
+		if err == nil {
+			t.Cleanup(func() { c.Close() })
+		}
+		return c, e, err
+	}
+
+	ro, roEnv, err := dial(s.Secret, proto.Token{ID: id, ReadOnly: true}, true)
+	if err != nil {
+		t.Fatalf("read-only token: %v", err)
+	}
+	buf := roEnv.Bytes()[:len(want)]
+	if _, err := ro.ReadAt(ctx, key, 0, []rdma.SGE{roEnv.SGE(0, len(want))}); err != nil || string(buf) != string(want) {
+		t.Fatalf("read with a read-only token: %v", err)
+	}
+	err = ro.WriteVersion(ctx, chunk.Key{Chunk: 10, Version: 1}, []rdma.SGE{roEnv.SGE(0, 4096)}, store.Checksum(roEnv.Bytes()[:4096]))
+	if !proto.IsStatus(err, proto.StatusNotAuthorized) {
+		t.Fatalf("write with a read-only token: %v, want not authorized", err)
+	}
+	if err := ro.Delete(ctx, key); !proto.IsStatus(err, proto.StatusNotAuthorized) {
+		t.Fatalf("delete with a read-only token: %v, want not authorized", err)
+	}
+
+	rw, rwEnv, err := dial(s.Secret, proto.Token{ID: id}, false)
+	if err != nil {
+		t.Fatalf("read-write token: %v", err)
+	}
+	if err := rw.WriteVersion(ctx, chunk.Key{Chunk: 11, Version: 1}, []rdma.SGE{rwEnv.SGE(0, 4096)}, store.Checksum(rwEnv.Bytes()[:4096])); err != nil {
+		t.Fatalf("write with a read-write token: %v", err)
+	}
+
+	// The read-only token's key claiming write access, and a key of
+	// another cluster, are refused at the handshake.
+	if _, _, err := dial(s.Secret, proto.Token{ID: id, ReadOnly: true}, false); err == nil || !strings.Contains(err.Error(), "not authorized") {
+		t.Fatalf("a read-only token's key claiming write access: %v", err)
+	}
+	if _, _, err := dial([]byte("another secret"), proto.Token{ID: id}, false); err == nil || !strings.Contains(err.Error(), "not authorized") {
+		t.Fatalf("a token of another cluster: %v", err)
+	}
+}

@@ -1,0 +1,255 @@
+package core
+
+import (
+	"context"
+	"path"
+	"strings"
+	"sync"
+	"syscall"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/rdmafs/rdmafs/meta/auth"
+	"github.com/rdmafs/rdmafs/meta/kv"
+	"github.com/rdmafs/rdmafs/meta/metaerr"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// What a call made with a mount token may do, by method. Methods not listed
+// (chunkserver membership, repair, administration, layouts) are refused.
+type tokenRule uint8
+
+const (
+	tokenRead    tokenRule = iota + 1 // reads the namespace: inodes checked
+	tokenWrite                        // changes it: inodes checked, refused read-only
+	tokenSession                      // names no inode
+)
+
+var tokenRules = map[string]tokenRule{
+	"Lookup": tokenRead, "GetAttr": tokenRead, "Readlink": tokenRead, "ReadDir": tokenRead,
+	"GetXattr": tokenRead, "ListXattr": tokenRead, "Open": tokenRead, "Release": tokenRead,
+	"Lock": tokenRead, "GetLayout": tokenRead, "GetStripes": tokenRead,
+	"SetAttr": tokenWrite, "Create": tokenWrite, "Mknod": tokenWrite, "Mkdir": tokenWrite,
+	"Symlink": tokenWrite, "Link": tokenWrite, "Unlink": tokenWrite, "Rmdir": tokenWrite,
+	"Rename": tokenWrite, "SetXattr": tokenWrite, "RemoveXattr": tokenWrite,
+	"GrantWrite": tokenWrite, "CommitStripes": tokenWrite, "ReplaceShards": tokenWrite,
+	"OpenSession": tokenSession, "KeepAlive": tokenSession, "CloseSession": tokenSession,
+	"StatFS": tokenSession, "Sync": tokenSession,
+}
+
+// inodeFields are the request fields that name an inode a token's mount
+// must be allowed to use.
+var inodeFields = []protoreflect.Name{"ino", "parent", "new_parent"}
+
+// maxDepth bounds the walk from an inode up to its token's subdirectory.
+const maxDepth = 4096
+
+// tokenStates is what the service keeps of each mount token seen: the inode
+// of its subdirectory and the inodes its mounts may use. An inode is allowed
+// once it is the subdirectory, lies below it (directories by their parent
+// chain, files by the directory they were created in or last renamed into),
+// or was returned to the token's mount by a call on an allowed inode
+// (a lookup or readdir: how a hard link into the subtree is reached).
+type tokenStates struct {
+	mu sync.Mutex
+	m  map[[8]byte]*tokenState
+}
+
+type tokenState struct {
+	mu      sync.Mutex
+	root    uint64 // 0 until resolved
+	allowed map[uint64]struct{}
+}
+
+func (ts *tokenStates) get(id [8]byte) *tokenState {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if ts.m == nil {
+		ts.m = make(map[[8]byte]*tokenState)
+	}
+	st := ts.m[id]
+	if st == nil {
+		st = &tokenState{allowed: make(map[uint64]struct{})}
+		ts.m[id] = st
+	}
+	return st
+}
+
+// Restrict enforces the mount token t on a call of method (the RPC's name)
+// with req before it runs: methods outside a mount's fail with EPERM,
+// changes under a read-only token with EROFS, inodes outside its
+// subdirectory with EACCES; and root's uid and gid in the request's caller
+// become Squashed under a root-squashing token. Admitted must follow a
+// successful call.
+func (s *Service) Restrict(ctx context.Context, t *auth.Token, method string, req proto.Message) error {
+	rule := tokenRules[method]
+	switch {
+	case rule == 0:
+		return metaerr.New(syscall.EPERM, "%s is not allowed with a mount token (token %x)", method, t.ID)
+	case rule == tokenWrite && t.ReadOnly:
+		return metaerr.New(syscall.EROFS, "mount token %x is read-only", t.ID)
+	case method == "Open" && t.ReadOnly:
+		if f := req.(*metapb.OpenRequest).Flags; f&syscall.O_ACCMODE != syscall.O_RDONLY || f&syscall.O_TRUNC != 0 {
+			return metaerr.New(syscall.EROFS, "mount token %x is read-only", t.ID)
+		}
+	}
+	m := req.ProtoReflect()
+	if t.SquashRoot {
+		if fd := m.Descriptor().Fields().ByName("caller"); fd != nil && m.Has(fd) {
+			squash(m.Get(fd).Message().Interface().(*metapb.Caller))
+		}
+	}
+	st := s.tokens.get(t.ID)
+	if _, err := s.tokenRoot(ctx, t, st); err != nil {
+		return err
+	}
+	if rule == tokenSession {
+		return nil
+	}
+	for _, name := range inodeFields {
+		fd := m.Descriptor().Fields().ByName(name)
+		if fd == nil || fd.Kind() != protoreflect.Uint64Kind {
+			continue
+		}
+		if ino := m.Get(fd).Uint(); ino != 0 {
+			if err := s.allow(ctx, t, st, ino); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Admitted records the inodes a successful call under t returned (its
+// reply's "ino" fields at any depth): they were reached from an allowed
+// directory. For OpenSession it sets the reply's root inode.
+func (s *Service) Admitted(t *auth.Token, reply proto.Message) {
+	st := s.tokens.get(t.ID)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if r, ok := reply.(*metapb.OpenSessionReply); ok {
+		r.RootIno = st.root
+		return
+	}
+	collectInodes(reply.ProtoReflect(), st.allowed)
+}
+
+func collectInodes(m protoreflect.Message, into map[uint64]struct{}) {
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.Name() == "ino" && fd.Kind() == protoreflect.Uint64Kind && !fd.IsList():
+			into[v.Uint()] = struct{}{}
+		case fd.Kind() == protoreflect.MessageKind && fd.IsList():
+			l := v.List()
+			for i := 0; i < l.Len(); i++ {
+				collectInodes(l.Get(i).Message(), into)
+			}
+		case fd.Kind() == protoreflect.MessageKind && !fd.IsMap():
+			collectInodes(v.Message(), into)
+		}
+		return true
+	})
+}
+
+func squash(c *metapb.Caller) {
+	if c.Uid == 0 {
+		c.Uid = auth.Squashed
+	}
+	if c.Gid == 0 {
+		c.Gid = auth.Squashed
+	}
+	groups := c.Groups[:0]
+	for _, g := range c.Groups {
+		if g != 0 {
+			groups = append(groups, g)
+		}
+	}
+	c.Groups = groups
+}
+
+// tokenRoot returns the inode of t's subdirectory, resolving its path from
+// the root the first time (a subdirectory renamed later stays the root, as an
+// NFS export does).
+func (s *Service) tokenRoot(ctx context.Context, t *auth.Token, st *tokenState) (uint64, error) {
+	st.mu.Lock()
+	root := st.root
+	st.mu.Unlock()
+	if root != 0 {
+		return root, nil
+	}
+	ino := uint64(RootIno)
+	err := s.view(ctx, func(r kv.Reader) error {
+		for _, name := range strings.Split(strings.Trim(path.Clean(t.Subdir), "/"), "/") {
+			if name == "" {
+				continue
+			}
+			d, ok, err := getDentry(r, ino, name)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return metaerr.New(syscall.ENOENT, "the subdirectory %s of mount token %x does not exist", t.Subdir, t.ID)
+			}
+			ino = d.Ino
+		}
+		rec, err := getInode(r, ino)
+		if err != nil {
+			return err
+		}
+		if !isDir(rec.Attr) {
+			return metaerr.New(syscall.ENOTDIR, "the subdirectory %s of mount token %x is not a directory", t.Subdir, t.ID)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.root == 0 {
+		st.root = ino
+		st.allowed[ino] = struct{}{}
+	}
+	return st.root, nil
+}
+
+// allow reports whether t's mounts may use ino, and remembers a yes.
+func (s *Service) allow(ctx context.Context, t *auth.Token, st *tokenState, ino uint64) error {
+	st.mu.Lock()
+	_, ok := st.allowed[ino]
+	root := st.root
+	st.mu.Unlock()
+	if ok {
+		return nil
+	}
+	below := false
+	err := s.view(ctx, func(r kv.Reader) error {
+		cur := ino
+		for depth := 0; depth < maxDepth; depth++ {
+			if cur == root {
+				below = true
+				return nil
+			}
+			if cur == RootIno || cur == 0 {
+				return nil
+			}
+			rec, err := getInode(r, cur)
+			if err != nil {
+				return err
+			}
+			cur = rec.Parent
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if !below {
+		return metaerr.New(syscall.EACCES, "inode %d is outside the subdirectory %s of mount token %x", ino, t.Subdir, t.ID)
+	}
+	st.mu.Lock()
+	st.allowed[ino] = struct{}{}
+	st.mu.Unlock()
+	return nil
+}
