@@ -57,6 +57,9 @@ type Options struct {
 	Meta metapb.MetaClient
 	// Session is the client session opens are recorded in.
 	Session uint64
+	// Root is the inode shown as the mount's root (default RootIno): the
+	// subdirectory of a mount token, which meta names at session start.
+	Root uint64
 	// Data moves file bytes.
 	Data Data
 	// AttrTimeout and EntryTimeout are how long the kernel caches attributes
@@ -102,7 +105,11 @@ func New(opts Options) (*FS, *Node) {
 	}
 	f := &FS{opts: opts, meta: opts.Meta, callers: newCallers(), log: opts.Logger}
 	f.releases = releaser{meta: opts.Meta, session: opts.Session, log: opts.Logger}
-	return f, &Node{fsys: f, ino: RootIno}
+	root := opts.Root
+	if root == 0 {
+		root = RootIno
+	}
+	return f, &Node{fsys: f, ino: root}
 }
 
 // Node is an inode of the file system.

@@ -25,5 +25,6 @@ func adminSubcommands() []*cobra.Command {
 		newAdminDumpCommand(),
 		newAdminLoadCommand(),
 		newAdminWALRecoverCommand(),
+		newAdminTokenCommand(),
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 
+	"github.com/rdmafs/rdmafs/chunkserver/proto"
 	"github.com/rdmafs/rdmafs/fs"
 	"github.com/rdmafs/rdmafs/fs/fileio"
 	"github.com/rdmafs/rdmafs/internal/bytesize"
@@ -42,13 +43,14 @@ const mountChildEnv = "RDMAFS_MOUNT_CHILD"
 // mountFlags are the mount command's flags as given; config parses and checks
 // them.
 type mountFlags struct {
-	secretFile, transport, memory, metrics, logLevel, logFile string
-	dirtyLimit, readaheadMem, kernelReadahead, dropBehind     string
-	readaheadStripes, procs                                   int
-	attrTimeout, entryTimeout, ioTimeout, writeTimeout        time.Duration
-	background, debug, schedBatch                             bool
-	cpuProfile                                                string
-	tls                                                       auth.TLSFiles
+	secretFile, tokenFile, transport, memory, metrics     string
+	logLevel, logFile                                     string
+	dirtyLimit, readaheadMem, kernelReadahead, dropBehind string
+	readaheadStripes, procs                               int
+	attrTimeout, entryTimeout, ioTimeout, writeTimeout    time.Duration
+	background, debug, schedBatch                         bool
+	cpuProfile                                            string
+	tls                                                   auth.TLSFiles
 }
 
 // mountConfig is what a mount runs with: its arguments and its flags, parsed
@@ -56,6 +58,7 @@ type mountFlags struct {
 type mountConfig struct {
 	metaAddr, mountpoint string
 	secretFile           string
+	tokenFile            string      // instead of secretFile: a mount token
 	tls                  *tls.Config // nil: plaintext to meta
 	transport            string
 	memBytes             int   // --mem: positive
@@ -93,6 +96,7 @@ unmounts; --background returns once the file system is mounted.`,
 	}
 	fl := c.Flags()
 	fl.StringVar(&f.secretFile, "secret-file", os.Getenv("RDMAFS_SECRET_FILE"), "file holding the cluster secret (default $RDMAFS_SECRET_FILE)")
+	fl.StringVar(&f.tokenFile, "token-file", "", "mount with this mount token instead of the cluster secret (made by rdmafs admin token create): restricted to the token's subdirectory, read-only or root-squashed as it says")
 	f.tls.Register(fl, false)
 	fl.StringVar(&f.transport, "transport", "auto", "rdma transport to the chunkservers: auto, tcp, shm or verbs")
 	fl.StringVar(&f.memory, "mem", "256MiB", "registered buffer memory for file data (bounds dirty data)")
@@ -196,12 +200,14 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 // config parses and checks the flags of a mount of the file system at
 // metaAddr on mountpoint. Its errors name the flag at fault.
 func (f *mountFlags) config(metaAddr, mountpoint string) (*mountConfig, error) {
-	if f.secretFile == "" {
-		return nil, errors.New("mount: --secret-file (or $RDMAFS_SECRET_FILE) is required: the metadata service refuses requests without the cluster secret")
+	if f.tokenFile != "" {
+		f.secretFile = "" // a token replaces the secret, also one from $RDMAFS_SECRET_FILE
+	} else if f.secretFile == "" {
+		return nil, errors.New("mount: --secret-file (or $RDMAFS_SECRET_FILE) or --token-file is required: the metadata service refuses requests without the cluster secret or a mount token")
 	}
 	c := &mountConfig{
 		metaAddr: metaAddr, mountpoint: mountpoint,
-		secretFile: f.secretFile, transport: f.transport,
+		secretFile: f.secretFile, tokenFile: f.tokenFile, transport: f.transport,
 		readaheadStripes: f.readaheadStripes, procs: f.procs,
 		attrTimeout: f.attrTimeout, entryTimeout: f.entryTimeout, ioTimeout: f.ioTimeout, writeTimeout: f.writeTimeout,
 		metrics: f.metrics, logFile: f.logFile, cpuProfile: f.cpuProfile,
@@ -315,24 +321,39 @@ func (c *mountConfig) setScheduling(logger *slog.Logger) {
 }
 
 // mountMeta is a mount's link to the metadata service: the client, the
-// session its opens are recorded in, and the cluster secret (which the
-// chunkservers check too).
+// session its opens are recorded in, and what the chunkservers check: the
+// cluster secret, or a mount token's data key and the token.
 type mountMeta struct {
 	client  *client.Client
 	session *client.Session
-	secret  string
+	dataKey []byte
+	token   *proto.Token // nil: dataKey is the cluster secret
 }
 
-// openMountMeta reads the cluster secret, dials the metadata service at
-// c.metaAddr and opens a session named after this host and process.
+// openMountMeta reads the cluster secret or the mount token, dials the
+// metadata service at c.metaAddr and opens a session named after this host
+// and process.
 func openMountMeta(ctx context.Context, c *mountConfig) (*mountMeta, error) {
-	secret, err := auth.ReadSecretFile(c.secretFile)
-	if err != nil {
-		return nil, fmt.Errorf("mount: %w", err)
-	}
-	mc, err := client.Dial(c.metaAddr, secret, client.WithTLS(c.tls))
-	if err != nil {
-		return nil, fmt.Errorf("mount: %w", err)
+	m := &mountMeta{}
+	var mc *client.Client
+	if c.tokenFile != "" {
+		mt, err := auth.ReadTokenFile(c.tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("mount: %w", err)
+		}
+		m.dataKey, m.token = mt.DataKey, &proto.Token{ID: mt.Claims.ID, ReadOnly: mt.Claims.ReadOnly}
+		if mc, err = client.DialToken(c.metaAddr, mt.Grant, client.WithTLS(c.tls)); err != nil {
+			return nil, fmt.Errorf("mount: %w", err)
+		}
+	} else {
+		secret, err := auth.ReadSecretFile(c.secretFile)
+		if err != nil {
+			return nil, fmt.Errorf("mount: %w", err)
+		}
+		m.dataKey = []byte(secret)
+		if mc, err = client.Dial(c.metaAddr, secret, client.WithTLS(c.tls)); err != nil {
+			return nil, fmt.Errorf("mount: %w", err)
+		}
 	}
 	host, _ := os.Hostname()
 	sess, err := mc.StartSession(ctx, fmt.Sprintf("%s pid %d", host, os.Getpid()), 0)
@@ -340,7 +361,8 @@ func openMountMeta(ctx context.Context, c *mountConfig) (*mountMeta, error) {
 		mc.Close()
 		return nil, fmt.Errorf("mount: metadata service at %s: %w", c.metaAddr, err)
 	}
-	return &mountMeta{client: mc, session: sess, secret: secret}, nil
+	m.client, m.session = mc, sess
+	return m, nil
 }
 
 // close closes the session, which releases its open files on the metadata
@@ -357,7 +379,7 @@ func (c *mountConfig) newEngine(m *mountMeta, logger *slog.Logger) (rdma.Device,
 	if err != nil {
 		return nil, nil, fmt.Errorf("mount: %w", err)
 	}
-	eng, err := fileio.New(fileio.Config{Meta: m.client, Device: dev, Secret: []byte(m.secret), MemBytes: c.memBytes,
+	eng, err := fileio.New(fileio.Config{Meta: m.client, Device: dev, Secret: m.dataKey, Token: m.token, MemBytes: c.memBytes,
 		FileDirtyLimit: c.dirtyLimit, ReadaheadStripes: c.readaheadStripes, ReadaheadBytes: c.readaheadMem, Logger: logger,
 		IOTimeout: c.ioTimeout, WriteTimeout: c.writeTimeout})
 	if err != nil {
@@ -389,7 +411,7 @@ func serveMountMetrics(addr string, eng *fileio.Engine, logger *slog.Logger) (st
 // mountFS builds the file system over m's session and eng and mounts it on
 // c.mountpoint; the returned server is serving the kernel's requests.
 func (c *mountConfig) mountFS(m *mountMeta, eng *fileio.Engine, logger *slog.Logger) (*fs.FS, *fuse.Server, error) {
-	fsys, root := fs.New(fs.Options{Meta: m.client, Session: m.session.ID(), Data: eng,
+	fsys, root := fs.New(fs.Options{Meta: m.client, Session: m.session.ID(), Root: m.session.RootIno(), Data: eng,
 		AttrTimeout: c.attrTimeout, EntryTimeout: c.entryTimeout, Logger: logger, DropBehind: c.dropBehind})
 	srv, err := fs.Mount(c.mountpoint, root, fs.MountOptions{Debug: c.debug, MaxReadAhead: c.kernelReadahead})
 	if err != nil {

@@ -44,6 +44,7 @@ import (
 	"time"
 
 	chunkclient "github.com/rdmafs/rdmafs/chunkserver/client"
+	"github.com/rdmafs/rdmafs/chunkserver/proto"
 	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/rdma"
@@ -52,8 +53,9 @@ import (
 // Config configures an Engine.
 type Config struct {
 	Meta   metapb.MetaClient
-	Device rdma.Device // transport to the chunkservers
-	Secret []byte      // cluster secret, presented to chunkservers
+	Device rdma.Device  // transport to the chunkservers
+	Secret []byte       // cluster secret, or a mount token's data key, presented to chunkservers
+	Token  *proto.Token // the mount token Secret is the data key of; nil: Secret is the cluster secret
 	// MemBytes is the registered buffer memory (default 256 MiB). It bounds
 	// dirty data: writers flush their own files when it runs short.
 	MemBytes int
@@ -177,7 +179,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, pd: pd, mem: mem, mr: mr, pool: newPool(mr), log: cfg.Logger,
 		files: map[uint64]*file{}}
 	e.ra.limit = int64(cfg.ReadaheadBytes)
-	e.conns = chunkclient.NewPool(cfg.Device, pd, chunkclient.Options{Secret: cfg.Secret, MinTimeout: minIOTimeout(cfg.IOTimeout), MaxTimeout: cfg.IOTimeout},
+	e.conns = chunkclient.NewPool(cfg.Device, pd, chunkclient.Options{Secret: cfg.Secret, Token: cfg.Token, MinTimeout: minIOTimeout(cfg.IOTimeout), MaxTimeout: cfg.IOTimeout},
 		cfg.Now, cfg.Logger)
 	return e, nil
 }

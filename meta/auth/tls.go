@@ -31,13 +31,13 @@ func (f TLSFiles) Enabled() bool { return f.Cert != "" || f.Key != "" || f.CA !=
 // --tls-require-client-cert too.
 func (f *TLSFiles) Register(fs *pflag.FlagSet, server bool) {
 	if server {
-		fs.StringVar(&f.Cert, "tls-cert", "", "serve TLS with this PEM certificate (chain); needs --tls-key (see `rdmafs certs`)")
+		fs.StringVar(&f.Cert, "tls-cert", "", "serve TLS with this PEM certificate (chain); needs --tls-key (rdmafs certs makes them)")
 		fs.StringVar(&f.Key, "tls-key", "", "the PEM private key of --tls-cert")
 		fs.StringVar(&f.CA, "tls-ca", "", "verify client certificates against this PEM CA bundle when clients present one")
 		fs.BoolVar(&f.RequireClientCert, "tls-require-client-cert", false, "refuse clients that present no certificate signed by --tls-ca (mutual TLS)")
 		return
 	}
-	fs.StringVar(&f.CA, "tls-ca", "", "connect to meta over TLS, verifying its certificate against this PEM CA bundle (see `rdmafs certs`)")
+	fs.StringVar(&f.CA, "tls-ca", "", "connect to meta over TLS, verifying its certificate against this PEM CA bundle (rdmafs certs makes them)")
 	fs.StringVar(&f.Cert, "tls-cert", "", "present this PEM client certificate to meta (mutual TLS); needs --tls-key")
 	fs.StringVar(&f.Key, "tls-key", "", "the PEM private key of --tls-cert")
 }

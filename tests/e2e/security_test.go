@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"io"
 	"io/fs"
 	"net"
@@ -251,4 +252,133 @@ func randomHex(t *testing.T, n int) string {
 		t.Fatal(err)
 	}
 	return hex.EncodeToString(b)
+}
+
+// mountWithToken mounts c at dir with the mount token in tokenFile instead
+// of the secret (and c's TLS flags), as a process of its own; the mount is
+// stopped with SIGTERM when the test ends.
+func mountWithToken(t *testing.T, c *devcluster.Cluster, tokenFile, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"mount", c.MetaAddr, dir, "--token-file", tokenFile, "--transport", c.Transport, "--mem", "64MiB"}
+	client := c.ClientArgs()
+	for i := 0; i < len(client); i += 2 {
+		if client[i] != "--secret-file" {
+			args = append(args, client[i], client[i+1])
+		}
+	}
+	var log bytes.Buffer
+	cmd := exec.Command(filepath.Join(binDir, "rdmafs"), args...)
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+		if devcluster.IsFUSEMount(dir) {
+			syscall.Unmount(dir, syscall.MNT_DETACH)
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for !devcluster.IsFUSEMount(dir) {
+		select {
+		case err := <-exited:
+			exited <- err
+			t.Fatalf("mount with %s exited: %v\n%s", tokenFile, err, log.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("mount with %s not mounted after 30s:\n%s", tokenFile, log.String())
+		}
+	}
+}
+
+// TestMountToken mounts with mount tokens made by `rdmafs admin token
+// create`: the mount's root is the token's subdirectory and nothing else of
+// the file system is in it; file data moves through chunkd on the token's
+// data key; root's files belong to nobody under --squash-root; a
+// --readonly token's mount reads and refuses every change with EROFS.
+func TestMountToken(t *testing.T) {
+	needRoot(t)
+	c := up(t)
+	proj := filepath.Join(c.MountPoint, "projects", "a")
+	if err := os.MkdirAll(proj, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(proj, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	big := pattern(3<<20, 7) // in shards: read back through chunkd
+	if err := os.WriteFile(filepath.Join(proj, "big"), big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(c.MountPoint, "other"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(c.MountPoint, "other", "payroll"), []byte("outside"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	token := func(name string, flags ...string) string {
+		file := filepath.Join(t.TempDir(), name)
+		out, err := rdmafs(t, append([]string{"admin", "token", "create", "--secret-file", c.SecretFile, "--subdir", "/projects/a", "-o", file}, flags...)...)
+		if err != nil {
+			t.Fatalf("admin token create: %v\n%s", err, out)
+		}
+		return file
+	}
+
+	rwDir := filepath.Join(t.TempDir(), "rw")
+	mountWithToken(t, c, token("rw", "--squash-root"), rwDir)
+	ents, err := os.ReadDir(rwDir)
+	if err != nil || len(ents) != 1 || ents[0].Name() != "big" {
+		t.Fatalf("the token mount's root holds %v (%v), want the subdirectory's one file", ents, err)
+	}
+	got, err := os.ReadFile(filepath.Join(rwDir, "big"))
+	if err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("read through the token mount: %v (equal %v)", err, bytes.Equal(got, big))
+	}
+	written := pattern(2<<20, 8)
+	if err := os.WriteFile(filepath.Join(rwDir, "by-root"), written, 0o644); err != nil {
+		t.Fatalf("write through a read-write token mount: %v", err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(proj, "by-root"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Uid != 65534 || st.Gid != 65534 {
+		t.Fatalf("root's file on a root-squashed mount is owned by %d:%d, want 65534:65534", st.Uid, st.Gid)
+	}
+	if got, err := os.ReadFile(filepath.Join(proj, "by-root")); err != nil || !bytes.Equal(got, written) {
+		t.Fatalf("file written through the token mount, read on the full mount: %v", err)
+	}
+
+	roDir := filepath.Join(t.TempDir(), "ro")
+	mountWithToken(t, c, token("ro", "--readonly"), roDir)
+	if got, err := os.ReadFile(filepath.Join(roDir, "big")); err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("read through a read-only token mount: %v", err)
+	}
+	for name, err := range map[string]error{
+		"create": os.WriteFile(filepath.Join(roDir, "new"), []byte("x"), 0o644),
+		"write":  os.WriteFile(filepath.Join(roDir, "big"), []byte("x"), 0o644),
+		"remove": os.Remove(filepath.Join(roDir, "big")),
+		"mkdir":  os.Mkdir(filepath.Join(roDir, "d"), 0o755),
+		"chmod":  os.Chmod(filepath.Join(roDir, "big"), 0o600),
+	} {
+		if !errors.Is(err, syscall.EROFS) {
+			t.Errorf("%s on a read-only token mount: %v, want EROFS", name, err)
+		}
+	}
+	if got, err := os.ReadFile(filepath.Join(proj, "big")); err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("the file after the read-only mount's attempts: %v", err)
+	}
 }
