@@ -2,6 +2,7 @@ package chunkserver
 
 import (
 	"context"
+	"crypto/hmac"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 	"github.com/rdmafs/rdmafs/chunkserver/mempool"
 	"github.com/rdmafs/rdmafs/chunkserver/proto"
+	"github.com/rdmafs/rdmafs/internal/datakey"
 	"github.com/rdmafs/rdmafs/rdma"
 )
 
@@ -22,12 +24,16 @@ const sendTag = 1 << 32
 // the leases and staging grants the client holds. Request messages are handled by
 // one worker per credit, so a connection never holds more than Credits requests.
 type conn struct {
-	s        *Server
-	log      *slog.Logger
-	peer     string // the client's address, for audit lines
-	readOnly bool   // a read-only mount token's connection: no writes
-	qp       rdma.QueuePair
-	cq       rdma.CompletionQueue
+	s    *Server
+	log  *slog.Logger
+	peer string // the client's address, for audit lines
+	// token is the mount token of a token's connection (nil: the client
+	// holds the secret): it is served only the chunks it authorized
+	// (chunk -> writable), never writes when the token is read-only.
+	token      *proto.Token
+	authorized map[uint64]bool // under mu
+	qp         rdma.QueuePair
+	cq         rdma.CompletionQueue
 
 	ring      mempool.Buf // Credits receive buffers, then sendSlots reply buffers
 	sendSlots int
@@ -435,8 +441,13 @@ func (c *conn) serve(req *proto.Request, spare *int) proto.Reply {
 
 func (c *conn) handle(req *proto.Request, spare *int) proto.Reply {
 	key := chunk.Key{Chunk: req.Chunk, Version: req.Version}
-	if c.readOnly && writes(req.Op) {
-		return proto.Reply{Status: proto.StatusNotAuthorized}
+	if c.token != nil {
+		if st := c.tokenAllows(req); st != proto.StatusOK {
+			return proto.Reply{Status: st}
+		}
+		if req.Op == proto.OpAuthorize {
+			return proto.Reply{}
+		}
 	}
 	switch req.Op {
 	case proto.OpReadLease:
@@ -796,6 +807,46 @@ func statusOf(err error) proto.Status {
 		return proto.StatusShuttingDown
 	}
 	return proto.StatusIOError
+}
+
+// tokenAllows checks a request of a mount token's connection: an OpAuthorize
+// is checked and recorded; any other request on a chunk needs an
+// authorization of it (for writing, one that allows writing); a read-only
+// token writes nothing. The connection's workers call it concurrently: the
+// map is under c.mu.
+func (c *conn) tokenAllows(req *proto.Request) proto.Status {
+	write := writes(req.Op)
+	if write && c.token.ReadOnly {
+		return proto.StatusNotAuthorized
+	}
+	switch req.Op {
+	case proto.OpRenewLease, proto.OpReleaseLease:
+		return proto.StatusOK // the connection's own leases
+	case proto.OpAuthorize:
+		capability, w := req.Capability()
+		if w && c.token.ReadOnly {
+			return proto.StatusNotAuthorized
+		}
+		if !hmac.Equal(capability[:], datakey.Capability(c.s.cfg.Secret, c.token.ID, req.Chunk, w)) {
+			c.s.metrics.Errors.WithLabelValues("auth").Inc()
+			c.s.audit.Warn("chunkd: bad chunk capability", "peer", c.peer, "chunk", req.Chunk)
+			return proto.StatusNotAuthorized
+		}
+		c.mu.Lock()
+		if c.authorized == nil {
+			c.authorized = make(map[uint64]bool)
+		}
+		c.authorized[req.Chunk] = c.authorized[req.Chunk] || w
+		c.mu.Unlock()
+		return proto.StatusOK
+	}
+	c.mu.Lock()
+	w, ok := c.authorized[req.Chunk]
+	c.mu.Unlock()
+	if !ok || (write && !w) {
+		return proto.StatusNotAuthorized
+	}
+	return proto.StatusOK
 }
 
 // writes reports whether op stores or removes data (refused on a read-only

@@ -133,7 +133,7 @@ func (c *Config) setDefaults() error {
 // does not know the chunkserver; chunkd registers again.
 var ErrNotRegistered = errors.New("chunkserver: not registered with the metadata service")
 
-const numOps = int(proto.OpClone) + 1
+const numOps = int(proto.OpAuthorize) + 1
 const numStatus = int(proto.StatusShuttingDown) + 1
 
 // Server is a running chunkd: a listener, a registered memory pool and the
@@ -367,7 +367,7 @@ func (s *Server) handshake(ctx context.Context, req rdma.ConnRequest) {
 		}
 		return
 	}
-	c.readOnly = cd.Token != nil && cd.Token.ReadOnly
+	c.token = cd.Token
 	accept := proto.EncodeAccept(cd.Key(s.cfg.Secret), req.PrivateData(), proto.AcceptData{
 		Credits: s.cfg.Credits, MaxBatch: s.cfg.MaxBatch, MaxMsg: s.cfg.MaxMsg,
 		MaxLength: s.store.MaxLength(), LeaseTTL: s.cfg.LeaseTTL,

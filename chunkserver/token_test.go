@@ -14,22 +14,37 @@ import (
 )
 
 // TestTokenConnections: a mount holding a mount token connects with the
-// token's data key, never the secret; a read-only token's connection reads
-// but every write is refused; a data key used with the other read-only bit,
-// or of another cluster, does not connect.
+// token's data key, never the secret; it is served only chunks it presented
+// a capability for (what meta gives it for files in its subdirectory), and a
+// read-only token's connection reads but every write is refused; a data key
+// used with the other read-only bit, or of another cluster, does not
+// connect.
 func TestTokenConnections(t *testing.T) {
-	s := chunktest.Start(t, chunktest.Options{Secret: []byte("the cluster secret")})
+	secret := []byte("the cluster secret")
+	s := chunktest.Start(t, chunktest.Options{Secret: secret})
 	full, env := s.Dial(t)
 	ctx := ctxT(t)
 	key := chunk.Key{Chunk: 9, Version: 1}
 	want := put(t, full, env, 0, key, 8192)
+	outside := chunk.Key{Chunk: 12, Version: 1}
+	put(t, full, env, 0, outside, 4096)
 
 	id := [8]byte{1, 2, 3, 4, 5, 6, 7, 8}
+	// The capabilities meta gives the token: chunk 9, and 11 to write.
+	roCaps, rwCaps := client.NewCaps(false), client.NewCaps(true)
+	roCaps.Add(9, datakey.Capability(secret, id, 9, false))
+	roCaps.Add(12, datakey.Capability([]byte("forged"), id, 12, false))
+	rwCaps.Add(9, datakey.Capability(secret, id, 9, true))
+	rwCaps.Add(11, datakey.Capability(secret, id, 11, true))
 	dial := func(secret []byte, tok proto.Token, claimReadOnly bool) (*client.Client, *chunktest.ClientEnv, error) {
 		e := chunktest.NewClientEnv(t, 1<<20)
+		caps := rwCaps
+		if claimReadOnly {
+			caps = roCaps
+		}
 		c, err := client.Dial(ctx, e.Dev, e.PD, s.Addr(), client.Options{
 			Secret: datakey.ForToken(secret, tok.ID, tok.ReadOnly),
-			Token:  &proto.Token{ID: tok.ID, ReadOnly: claimReadOnly}})
+			Token:  &proto.Token{ID: tok.ID, ReadOnly: claimReadOnly}, Caps: caps})
 		if err == nil {
 			t.Cleanup(func() { c.Close() })
 		}
@@ -51,6 +66,13 @@ func TestTokenConnections(t *testing.T) {
 	if err := ro.Delete(ctx, key); !proto.IsStatus(err, proto.StatusNotAuthorized) {
 		t.Fatalf("delete with a read-only token: %v, want not authorized", err)
 	}
+	// A chunk without a capability, or with a forged one, is not served.
+	if _, err := ro.Stat(ctx, chunk.Key{Chunk: 10, Version: 1}); !proto.IsStatus(err, proto.StatusNotAuthorized) {
+		t.Fatalf("stat of a chunk the token has no capability for: %v, want not authorized", err)
+	}
+	if _, err := ro.ReadAt(ctx, outside, 0, []rdma.SGE{roEnv.SGE(0, 4096)}); err == nil || !strings.Contains(err.Error(), "not authorized") {
+		t.Fatalf("read with a forged capability: %v, want not authorized", err)
+	}
 
 	rw, rwEnv, err := dial(s.Secret, proto.Token{ID: id}, false)
 	if err != nil {
@@ -58,6 +80,12 @@ func TestTokenConnections(t *testing.T) {
 	}
 	if err := rw.WriteVersion(ctx, chunk.Key{Chunk: 11, Version: 1}, []rdma.SGE{rwEnv.SGE(0, 4096)}, store.Checksum(rwEnv.Bytes()[:4096])); err != nil {
 		t.Fatalf("write with a read-write token: %v", err)
+	}
+	if err := rw.Delete(ctx, outside); !proto.IsStatus(err, proto.StatusNotAuthorized) {
+		t.Fatalf("delete of a chunk the token has no capability for: %v, want not authorized", err)
+	}
+	if _, err := full.Stat(ctx, outside); err != nil {
+		t.Fatalf("the chunk outside after the token's attempts: %v", err)
 	}
 
 	// The read-only token's key claiming write access, and a key of

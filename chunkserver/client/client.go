@@ -31,8 +31,11 @@ type Options struct {
 	// Secret is the cluster secret, or with Token the mount token's data
 	// key (auth.MountToken.DataKey).
 	Secret []byte
-	// Token, when set, connects as the holder of that mount token.
+	// Token, when set, connects as the holder of that mount token; Caps then
+	// holds the chunk capabilities meta gave it, presented to chunkd before
+	// a chunk's first use on the connection.
 	Token *proto.Token
+	Caps  *Caps
 	// MaxSendWR is the send queue depth: control messages plus one-sided
 	// operations in flight (default 256).
 	MaxSendWR int
@@ -119,6 +122,12 @@ type Client struct {
 
 	maxLeases int
 
+	// A mount token's connection: the capabilities to present and the
+	// chunks presented (caps.go).
+	caps       *Caps
+	authMu     sync.Mutex
+	authorized map[uint64]bool
+
 	// Stall detection: the time of the last completion of anything, and
 	// the average request latency (an EWMA, nanoseconds).
 	minTimeout, maxTimeout time.Duration
@@ -201,6 +210,7 @@ func Dial(ctx context.Context, dev rdma.Device, pd rdma.ProtectionDomain, addr s
 		addr: addr, maxSGE: rdma.MaxSGELimit, minTimeout: opts.MinTimeout, maxTimeout: opts.MaxTimeout,
 		calls: make(map[uint64]*call), ops: make(map[uint64]*op), leases: make(map[chunk.Key]*cachedLease),
 		done: make(chan struct{}), closing: make(chan struct{}), pollDone: make(chan struct{}),
+		caps: opts.Caps, authorized: make(map[uint64]bool),
 	}
 	defer func() {
 		if err != nil {
@@ -583,6 +593,16 @@ func (c *Client) Do(ctx context.Context, reqs []proto.Request) ([]proto.Reply, e
 	if len(reqs) == 0 {
 		return nil, nil
 	}
+	if c.caps != nil {
+		if err := c.authorize(ctx, reqs); err != nil {
+			return nil, err
+		}
+	}
+	return c.send(ctx, reqs)
+}
+
+// send is Do without authorizations.
+func (c *Client) send(ctx context.Context, reqs []proto.Request) ([]proto.Reply, error) {
 	if len(reqs) > c.limits.MaxBatch {
 		return nil, fmt.Errorf("chunkserver client: batch of %d requests, at most %d", len(reqs), c.limits.MaxBatch)
 	}

@@ -92,9 +92,15 @@ const (
 	// OpClone stores (Chunk, Version) as an exact copy of the stored (Chunk,
 	// Base) and answers {Length, CRC} of the new version once it is durable.
 	OpClone Op = 11
+	// OpAuthorize presents, on a mount token's connection, the capability
+	// meta gave the token for Chunk (AuthorizeRequest): the connection may
+	// then read the chunk, and write it if the capability says so. A
+	// token's connection is refused every other request on a chunk it has
+	// not authorized (StatusNotAuthorized); other connections need none.
+	OpAuthorize Op = 12
 )
 
-var opNames = [...]string{"", "ReadLease", "RenewLease", "ReleaseLease", "PrepareWrite", "Commit", "Abort", "Delete", "Stat", "List", "PreparePatch", "Clone"}
+var opNames = [...]string{"", "ReadLease", "RenewLease", "ReleaseLease", "PrepareWrite", "Commit", "Abort", "Delete", "Stat", "List", "PreparePatch", "Clone", "Authorize"}
 
 func (o Op) String() string {
 	if o > 0 && int(o) < len(opNames) {
@@ -104,7 +110,30 @@ func (o Op) String() string {
 }
 
 // Valid reports whether o is a known operation.
-func (o Op) Valid() bool { return o >= OpReadLease && o <= OpClone }
+func (o Op) Valid() bool { return o >= OpReadLease && o <= OpAuthorize }
+
+// AuthorizeRequest returns the OpAuthorize request presenting capability
+// (datakey.CapabilitySize bytes) for chunk, for writing if write. The
+// capability travels in the Version and Base fields, write in Length.
+func AuthorizeRequest(chunk uint64, capability []byte, write bool) Request {
+	r := Request{Op: OpAuthorize, Chunk: chunk}
+	if len(capability) == 16 {
+		r.Version = binary.LittleEndian.Uint64(capability[:8])
+		r.Base = binary.LittleEndian.Uint64(capability[8:])
+	}
+	if write {
+		r.Length = 1
+	}
+	return r
+}
+
+// Capability returns what an OpAuthorize request presents: the capability
+// and whether it asks for writing.
+func (r *Request) Capability() (capability [16]byte, write bool) {
+	binary.LittleEndian.PutUint64(capability[:8], r.Version)
+	binary.LittleEndian.PutUint64(capability[8:], r.Base)
+	return capability, r.Length == 1
+}
 
 // Status is the result of one request.
 type Status uint16
@@ -285,7 +314,7 @@ func EncodeRequests(b []byte, id uint64, reqs []Request) (int, error) {
 			arg = r.LeaseID
 		case OpCommit:
 			arg = uint64(r.CRC)
-		case OpPreparePatch, OpClone:
+		case OpPreparePatch, OpClone, OpAuthorize:
 			arg = r.Base
 		}
 		binary.LittleEndian.PutUint64(q[24:], arg)
@@ -337,7 +366,7 @@ func DecodeRequests(b []byte, dst []Request) (uint64, []Request, error) {
 				return h.ID, nil, fmt.Errorf("proto: commit crc %#x out of range in item %d", arg, i)
 			}
 			r.CRC = uint32(arg)
-		case OpPreparePatch, OpClone:
+		case OpPreparePatch, OpClone, OpAuthorize:
 			r.Base = arg
 		}
 		dst[i] = r

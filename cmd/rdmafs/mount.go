@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 
+	chunkclient "github.com/rdmafs/rdmafs/chunkserver/client"
 	"github.com/rdmafs/rdmafs/chunkserver/proto"
 	"github.com/rdmafs/rdmafs/fs"
 	"github.com/rdmafs/rdmafs/fs/fileio"
@@ -327,7 +328,8 @@ type mountMeta struct {
 	client  *client.Client
 	session *client.Session
 	dataKey []byte
-	token   *proto.Token // nil: dataKey is the cluster secret
+	token   *proto.Token      // nil: dataKey is the cluster secret
+	caps    *chunkclient.Caps // the token's chunk capabilities, from meta's replies
 }
 
 // openMountMeta reads the cluster secret or the mount token, dials the
@@ -342,7 +344,8 @@ func openMountMeta(ctx context.Context, c *mountConfig) (*mountMeta, error) {
 			return nil, fmt.Errorf("mount: %w", err)
 		}
 		m.dataKey, m.token = mt.DataKey, &proto.Token{ID: mt.Claims.ID, ReadOnly: mt.Claims.ReadOnly}
-		if mc, err = client.DialToken(c.metaAddr, mt.Grant, client.WithTLS(c.tls)); err != nil {
+		m.caps = chunkclient.NewCaps(!mt.Claims.ReadOnly)
+		if mc, err = client.DialToken(c.metaAddr, mt.Grant, m.caps, client.WithTLS(c.tls)); err != nil {
 			return nil, fmt.Errorf("mount: %w", err)
 		}
 	} else {
@@ -379,7 +382,7 @@ func (c *mountConfig) newEngine(m *mountMeta, logger *slog.Logger) (rdma.Device,
 	if err != nil {
 		return nil, nil, fmt.Errorf("mount: %w", err)
 	}
-	eng, err := fileio.New(fileio.Config{Meta: m.client, Device: dev, Secret: m.dataKey, Token: m.token, MemBytes: c.memBytes,
+	eng, err := fileio.New(fileio.Config{Meta: m.client, Device: dev, Secret: m.dataKey, Token: m.token, Caps: m.caps, MemBytes: c.memBytes,
 		FileDirtyLimit: c.dirtyLimit, ReadaheadStripes: c.readaheadStripes, ReadaheadBytes: c.readaheadMem, Logger: logger,
 		IOTimeout: c.ioTimeout, WriteTimeout: c.writeTimeout})
 	if err != nil {

@@ -53,9 +53,10 @@ import (
 // Config configures an Engine.
 type Config struct {
 	Meta   metapb.MetaClient
-	Device rdma.Device  // transport to the chunkservers
-	Secret []byte       // cluster secret, or a mount token's data key, presented to chunkservers
-	Token  *proto.Token // the mount token Secret is the data key of; nil: Secret is the cluster secret
+	Device rdma.Device       // transport to the chunkservers
+	Secret []byte            // cluster secret, or a mount token's data key, presented to chunkservers
+	Token  *proto.Token      // the mount token Secret is the data key of; nil: Secret is the cluster secret
+	Caps   *chunkclient.Caps // with Token: the chunk capabilities meta gave it
 	// MemBytes is the registered buffer memory (default 256 MiB). It bounds
 	// dirty data: writers flush their own files when it runs short.
 	MemBytes int
@@ -179,7 +180,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, pd: pd, mem: mem, mr: mr, pool: newPool(mr), log: cfg.Logger,
 		files: map[uint64]*file{}}
 	e.ra.limit = int64(cfg.ReadaheadBytes)
-	e.conns = chunkclient.NewPool(cfg.Device, pd, chunkclient.Options{Secret: cfg.Secret, Token: cfg.Token, MinTimeout: minIOTimeout(cfg.IOTimeout), MaxTimeout: cfg.IOTimeout},
+	e.conns = chunkclient.NewPool(cfg.Device, pd, chunkclient.Options{Secret: cfg.Secret, Token: cfg.Token, Caps: cfg.Caps, MinTimeout: minIOTimeout(cfg.IOTimeout), MaxTimeout: cfg.IOTimeout},
 		cfg.Now, cfg.Logger)
 	return e, nil
 }

@@ -7,6 +7,7 @@ package datakey
 import (
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/binary"
 )
 
 // Size is the length of a data key.
@@ -26,4 +27,26 @@ func ForToken(secret []byte, id [8]byte, readOnly bool) []byte {
 		h.Write([]byte{0})
 	}
 	return h.Sum(nil)
+}
+
+// CapabilitySize is the length of a chunk capability.
+const CapabilitySize = 16
+
+// Capability returns the capability meta gives the holder of mount token id
+// for one chunk: HMAC-SHA256 under the cluster secret of a label, the token
+// id, the chunk id and whether it allows writing, cut to CapabilitySize
+// bytes. chunkd serves a token's connection only the chunks it presented a
+// capability for, so that the token's holder reaches no chunk of a file
+// outside its subdirectory by guessing chunk ids.
+func Capability(secret []byte, id [8]byte, chunk uint64, write bool) []byte {
+	h := hmac.New(sha256.New, secret)
+	h.Write([]byte("rdmafs chunk capability\x00"))
+	h.Write(id[:])
+	var b [9]byte
+	binary.LittleEndian.PutUint64(b[:8], chunk)
+	if write {
+		b[8] = 1
+	}
+	h.Write(b[:])
+	return h.Sum(nil)[:CapabilitySize]
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/metaerr"
@@ -53,14 +54,39 @@ func Dial(addrs, secret string, opts ...grpc.DialOption) (*Client, error) {
 	return dial(addrs, auth.Credentials{Secret: secret}, opts)
 }
 
+// CapSink receives the chunk capabilities meta puts in a token mount's
+// replies (chunkserver/client.Caps is one).
+type CapSink interface {
+	Add(chunk uint64, capability []byte)
+}
+
 // DialToken is Dial for a mount holding a mount token instead of the
-// secret: its calls carry grant (auth.MountToken.Grant), and meta restricts
-// them to what the token allows.
-func DialToken(addrs, grant string, opts ...grpc.DialOption) (*Client, error) {
+// secret: its calls carry grant (auth.MountToken.Grant), meta restricts them
+// to what the token allows, and the chunk capabilities in every reply go to
+// caps (if not nil).
+func DialToken(addrs, grant string, caps CapSink, opts ...grpc.DialOption) (*Client, error) {
 	if grant == "" {
 		return nil, errors.New("client: empty mount token")
 	}
+	if caps != nil {
+		opts = append([]grpc.DialOption{grpc.WithChainUnaryInterceptor(collectCaps(caps))}, opts...)
+	}
 	return dial(addrs, auth.TokenCredentials{Grant: grant}, opts)
+}
+
+// collectCaps hands the capabilities of the shards in each reply to caps.
+func collectCaps(caps CapSink) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if m, ok := reply.(proto.Message); ok && err == nil {
+			metapb.EachShard(m, func(sh *metapb.Shard) {
+				if len(sh.Cap) > 0 {
+					caps.Add(sh.ChunkId, sh.Cap)
+				}
+			})
+		}
+		return err
+	}
 }
 
 func dial(addrs string, creds credentials.PerRPCCredentials, opts []grpc.DialOption) (*Client, error) {

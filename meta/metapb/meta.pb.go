@@ -2888,11 +2888,15 @@ func (x *LayoutReply) GetLayout() *Layout {
 
 // Shard is one chunk of a stripe: the chunk, its chunkserver and how to reach it.
 type Shard struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ChunkId       uint64                 `protobuf:"varint,1,opt,name=chunk_id,json=chunkId,proto3" json:"chunk_id,omitempty"`
-	ServerId      string                 `protobuf:"bytes,2,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
-	Address       string                 `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
-	Transports    []string               `protobuf:"bytes,4,rep,name=transports,proto3" json:"transports,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ChunkId    uint64                 `protobuf:"varint,1,opt,name=chunk_id,json=chunkId,proto3" json:"chunk_id,omitempty"`
+	ServerId   string                 `protobuf:"bytes,2,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	Address    string                 `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
+	Transports []string               `protobuf:"bytes,4,rep,name=transports,proto3" json:"transports,omitempty"`
+	// cap is, in replies to a mount holding a mount token, its capability for
+	// the chunk (internal/datakey.Capability), which chunkd requires before it
+	// serves the chunk on the token's connection. Empty otherwise.
+	Cap           []byte `protobuf:"bytes,5,opt,name=cap,proto3" json:"cap,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2951,6 +2955,13 @@ func (x *Shard) GetAddress() string {
 func (x *Shard) GetTransports() []string {
 	if x != nil {
 		return x.Transports
+	}
+	return nil
+}
+
+func (x *Shard) GetCap() []byte {
+	if x != nil {
+		return x.Cap
 	}
 	return nil
 }
@@ -6293,14 +6304,15 @@ const file_meta_proto_rawDesc = "" +
 	"\x10GetLayoutRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\"=\n" +
 	"\vLayoutReply\x12.\n" +
-	"\x06layout\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\"y\n" +
+	"\x06layout\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\"\x8b\x01\n" +
 	"\x05Shard\x12\x19\n" +
 	"\bchunk_id\x18\x01 \x01(\x04R\achunkId\x12\x1b\n" +
 	"\tserver_id\x18\x02 \x01(\tR\bserverId\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x1e\n" +
 	"\n" +
 	"transports\x18\x04 \x03(\tR\n" +
-	"transports\"t\n" +
+	"transports\x12\x10\n" +
+	"\x03cap\x18\x05 \x01(\fR\x03cap\"t\n" +
 	"\x11GrantWriteRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x18\n" +
 	"\astripes\x18\x02 \x03(\x04R\astripes\x12\x18\n" +

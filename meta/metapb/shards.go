@@ -1,5 +1,10 @@
 package metapb
 
+import (
+	"google.golang.org/protobuf/proto"
+	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
+)
+
 // SameShards reports whether two shard lists name the same chunks on the same
 // chunkservers, in the same order (addresses aside).
 func SameShards(a, b []*Shard) bool {
@@ -12,4 +17,30 @@ func SameShards(a, b []*Shard) bool {
 		}
 	}
 	return true
+}
+
+// EachShard calls fn with every Shard in m, at any depth (the shards of a
+// reply's stripes, whatever the reply).
+func EachShard(m proto.Message, fn func(*Shard)) {
+	eachShard(m.ProtoReflect(), fn)
+}
+
+func eachShard(m protoreflect.Message, fn func(*Shard)) {
+	if sh, ok := m.Interface().(*Shard); ok {
+		fn(sh)
+		return
+	}
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.Kind() != protoreflect.MessageKind || fd.IsMap():
+		case fd.IsList():
+			l := v.List()
+			for i := 0; i < l.Len(); i++ {
+				eachShard(l.Get(i).Message(), fn)
+			}
+		default:
+			eachShard(v.Message(), fn)
+		}
+		return true
+	})
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rdmafs/rdmafs/internal/datakey"
 	"github.com/rdmafs/rdmafs/internal/metricshttp"
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/core"
@@ -231,7 +232,7 @@ func (h *ha) stop(ctx context.Context) error {
 func newGRPC(cfg Config, m *metrics, svc *core.Service) *grpc.Server {
 	guard := auth.NewGuard(cfg.Secret, cfg.Logger, func(reason string) { m.authRejected.WithLabelValues(reason).Inc() })
 	opts := []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(guard.Unary(), restrictTokens(svc), m.unaryInterceptor),
+		grpc.ChainUnaryInterceptor(guard.Unary(), restrictTokens(svc, []byte(cfg.Secret)), m.unaryInterceptor),
 		grpc.ChainStreamInterceptor(guard.Stream()),
 		// Static flow-control windows: metadata messages are small, and
 		// the dynamic window's bandwidth probe (a PING and a WINDOW_UPDATE
@@ -339,9 +340,10 @@ func (s *subListener) Close() error {
 func (s *subListener) Addr() net.Addr { return s.addr }
 
 // restrictTokens enforces the mount token of a call admitted with one
-// (core.Service.Restrict before, Admitted after); calls made with the
-// cluster secret pass untouched.
-func restrictTokens(svc *core.Service) grpc.UnaryServerInterceptor {
+// (core.Service.Restrict before, Admitted after) and gives the token a
+// capability for every chunk its reply names (the shards of files it may
+// use); calls made with the cluster secret pass untouched.
+func restrictTokens(svc *core.Service, secret []byte) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		t, ok := auth.TokenFrom(ctx)
 		if !ok {
@@ -357,7 +359,14 @@ func restrictTokens(svc *core.Service) grpc.UnaryServerInterceptor {
 		resp, err := h(ctx, req)
 		if err == nil {
 			if r, ok := resp.(proto.Message); ok {
+				// A copy: the service may share the reply's messages
+				// (cached stripes, exactly-once records).
+				r = proto.Clone(r)
 				svc.Admitted(t, r)
+				metapb.EachShard(r, func(sh *metapb.Shard) {
+					sh.Cap = datakey.Capability(secret, t.ID, sh.ChunkId, !t.ReadOnly)
+				})
+				resp = r
 			}
 		}
 		return resp, err

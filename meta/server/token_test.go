@@ -59,7 +59,7 @@ func TestMountTokens(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := client.DialToken(m.Addr, mt.Grant)
+		c, err := client.DialToken(m.Addr, mt.Grant, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
