@@ -25,4 +25,4 @@ echo
 echo "== at rest: files and directories in $dir open to group or others (public certificates aside)"
 find "$dir" -path "$dir/mnt" -prune -o -perm /077 ! -name '*.pem' -printf '%m %p\n' | head -20
 echo "$(find "$dir" -path "$dir/mnt" -prune -o -type f ! -perm /077 -print | wc -l) files private (mode 0600 or 0400)"
-find "$dir" -path "$dir/mnt" -prune -o -printf '%m\n' | sort | uniq -c | sed 's/^/   mode /'
+find "$dir" -path "$dir/mnt" -prune -o -printf '%m\n' | sort | uniq -c | awk '{printf "   %5d entries of mode %04d\n", $1, $2}'
