@@ -67,18 +67,26 @@ func ReadSecretFile(path string) (string, error) {
 	return secret, nil
 }
 
-// Credentials attaches the secret to every outgoing call; use it with
+// Credentials attach the cluster secret (SecretCredentials) or a mount
+// token's grant (TokenCredentials) to every outgoing call; use them with
 // grpc.WithPerRPCCredentials.
 type Credentials struct {
-	Secret string
+	key, value string
 }
+
+// SecretCredentials returns the credentials of a holder of the secret.
+func SecretCredentials(secret string) Credentials { return Credentials{MetadataKey, secret} }
+
+// TokenCredentials returns the credentials of a mount token's holder: its
+// grant (MountToken.Grant), never its data key.
+func TokenCredentials(grant string) Credentials { return Credentials{TokenMetadataKey, grant} }
 
 // GetRequestMetadata implements credentials.PerRPCCredentials.
 func (c Credentials) GetRequestMetadata(ctx context.Context, uri ...string) (map[string]string, error) {
-	return map[string]string{MetadataKey: c.Secret}, nil
+	return map[string]string{c.key: c.value}, nil
 }
 
 // RequireTransportSecurity implements credentials.PerRPCCredentials. The
-// secret is sent in clear without TLS: acceptable only on a trusted network
-// (see docs/security.md).
+// secret or grant is sent in clear without TLS: acceptable only on a trusted
+// network (see docs/security.md).
 func (c Credentials) RequireTransportSecurity() bool { return false }

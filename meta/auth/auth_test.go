@@ -84,7 +84,7 @@ func TestInterceptor(t *testing.T) {
 	if !strings.Contains(logs.String(), "reason=wrong_secret peer=127.0.0.9:4242 method=/m") {
 		t.Errorf("refusal not logged with its peer:\n%s", logs.String())
 	}
-	md, _ := Credentials{Secret: secret}.GetRequestMetadata(context.Background())
+	md, _ := SecretCredentials(secret).GetRequestMetadata(context.Background())
 	if md[MetadataKey] != secret {
 		t.Fatalf("credentials send %v", md)
 	}

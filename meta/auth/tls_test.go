@@ -64,7 +64,7 @@ func (l *lockedWriter) Write(b []byte) (int, error) {
 }
 
 func check(addr string, creds credentials.TransportCredentials, secret string) error {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds), grpc.WithPerRPCCredentials(Credentials{Secret: secret}))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds), grpc.WithPerRPCCredentials(SecretCredentials(secret)))
 	if err != nil {
 		return err
 	}

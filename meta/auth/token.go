@@ -1,7 +1,6 @@
 package auth
 
 import (
-	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -160,17 +159,3 @@ func decodeClaims(s string) (Token, error) {
 	}
 	return t, nil
 }
-
-// TokenCredentials attaches a token's grant to every outgoing call; use it
-// with grpc.WithPerRPCCredentials instead of Credentials.
-type TokenCredentials struct {
-	Grant string
-}
-
-// GetRequestMetadata implements credentials.PerRPCCredentials.
-func (c TokenCredentials) GetRequestMetadata(ctx context.Context, uri ...string) (map[string]string, error) {
-	return map[string]string{TokenMetadataKey: c.Grant}, nil
-}
-
-// RequireTransportSecurity implements credentials.PerRPCCredentials.
-func (c TokenCredentials) RequireTransportSecurity() bool { return false }

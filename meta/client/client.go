@@ -51,7 +51,7 @@ func Dial(addrs, secret string, opts ...grpc.DialOption) (*Client, error) {
 	if secret == "" {
 		return nil, errors.New("client: empty cluster secret")
 	}
-	return dial(addrs, auth.Credentials{Secret: secret}, opts)
+	return dial(addrs, auth.SecretCredentials(secret), opts)
 }
 
 // CapSink receives the chunk capabilities meta puts in a token mount's
@@ -71,7 +71,7 @@ func DialToken(addrs, grant string, caps CapSink, opts ...grpc.DialOption) (*Cli
 	if caps != nil {
 		opts = append([]grpc.DialOption{grpc.WithChainUnaryInterceptor(collectCaps(caps))}, opts...)
 	}
-	return dial(addrs, auth.TokenCredentials{Grant: grant}, opts)
+	return dial(addrs, auth.TokenCredentials(grant), opts)
 }
 
 // collectCaps hands the capabilities of the shards in each reply to caps.
