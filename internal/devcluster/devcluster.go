@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -126,6 +127,8 @@ type Cluster struct {
 	// SIGKILL (default 60s for the mount, 10s for the others when zero).
 	StopGrace time.Duration `json:"-"`
 	net       *Net
+	portsMu   sync.Mutex
+	ports     map[int]bool // handed out by freePort
 }
 
 func (c *Config) defaults() {
@@ -155,14 +158,27 @@ func (c *Config) defaults() {
 	}
 }
 
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// freePort returns a TCP port on 127.0.0.1 that was free a moment ago and
+// that this cluster has not handed out before: a process started on an
+// earlier port may not have bound it yet, and the kernel may offer it again.
+func (c *Cluster) freePort() (int, error) {
+	c.portsMu.Lock()
+	defer c.portsMu.Unlock()
+	if c.ports == nil {
+		c.ports = make(map[int]bool)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !c.ports[port] {
+			c.ports[port] = true
+			return port, nil
+		}
+	}
 }
 
 // Up formats a file system in cfg.Dir (unless formatted), starts the meta
@@ -209,7 +225,7 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		c.MetaAddr = cfg.Net.Meta.IP + ":7300" // a namespace of its own: the port is free
 		prefix = cfg.Net.Meta.Prefix
 	} else {
-		port, err := freePort()
+		port, err := c.freePort()
 		if err != nil {
 			return c, fmt.Errorf("devcluster: %w", err)
 		}
@@ -287,7 +303,7 @@ func (c *Cluster) StartChunkd(ctx context.Context, i int, mem string) (Proc, err
 		}
 	}
 	if addr == "" {
-		port, err := freePort()
+		port, err := c.freePort()
 		if err != nil {
 			return Proc{}, err
 		}

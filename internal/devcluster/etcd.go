@@ -28,7 +28,7 @@ func (c *Cluster) upEtcd(ctx context.Context, cfg Config) error {
 	}
 	var addrs []string
 	for i := 0; i < cfg.Metas; i++ {
-		port, err := freePort()
+		port, err := c.freePort()
 		if err != nil {
 			return fmt.Errorf("devcluster: %w", err)
 		}
