@@ -816,7 +816,8 @@ func statusOf(err error) proto.Status {
 // map is under c.mu.
 func (c *conn) tokenAllows(req *proto.Request) proto.Status {
 	write := writes(req.Op)
-	if write && c.token.ReadOnly {
+	if (write && c.token.ReadOnly) || req.Op == proto.OpDelete {
+		// Deleting versions is meta's garbage collection, never a mount's.
 		return proto.StatusNotAuthorized
 	}
 	switch req.Op {

@@ -31,11 +31,11 @@ func TestTokenConnections(t *testing.T) {
 
 	id := [8]byte{1, 2, 3, 4, 5, 6, 7, 8}
 	// The capabilities meta gives the token: chunk 9, and 11 to write.
-	roCaps, rwCaps := client.NewCaps(false), client.NewCaps(true)
-	roCaps.Add(9, datakey.Capability(secret, id, 9, false))
-	roCaps.Add(12, datakey.Capability([]byte("forged"), id, 12, false))
-	rwCaps.Add(9, datakey.Capability(secret, id, 9, true))
-	rwCaps.Add(11, datakey.Capability(secret, id, 11, true))
+	roCaps, rwCaps := client.NewCaps(), client.NewCaps()
+	roCaps.Add(9, datakey.Capability(secret, id, 9, false), false)
+	roCaps.Add(12, datakey.Capability([]byte("forged"), id, 12, false), false)
+	rwCaps.Add(9, datakey.Capability(secret, id, 9, false), false) // read only
+	rwCaps.Add(11, datakey.Capability(secret, id, 11, true), true)
 	dial := func(secret []byte, tok proto.Token, claimReadOnly bool) (*client.Client, *chunktest.ClientEnv, error) {
 		e := chunktest.NewClientEnv(t, 1<<20)
 		caps := rwCaps
@@ -83,6 +83,17 @@ func TestTokenConnections(t *testing.T) {
 	}
 	if err := rw.Delete(ctx, outside); !proto.IsStatus(err, proto.StatusNotAuthorized) {
 		t.Fatalf("delete of a chunk the token has no capability for: %v, want not authorized", err)
+	}
+	// A read capability does not let a read-write token write or delete the
+	// chunk; a write capability does not let it delete (meta's GC does).
+	if err := rw.WriteVersion(ctx, chunk.Key{Chunk: 9, Version: 2}, []rdma.SGE{rwEnv.SGE(0, 4096)}, store.Checksum(rwEnv.Bytes()[:4096])); !proto.IsStatus(err, proto.StatusNotAuthorized) {
+		t.Fatalf("write with a read capability: %v, want not authorized", err)
+	}
+	if err := rw.Delete(ctx, chunk.Key{Chunk: 11, Version: 1}); !proto.IsStatus(err, proto.StatusNotAuthorized) {
+		t.Fatalf("delete by a token's connection: %v, want not authorized", err)
+	}
+	if _, err := rw.ReadAt(ctx, key, 0, []rdma.SGE{rwEnv.SGE(0, len(want))}); err != nil {
+		t.Fatalf("read with a read capability: %v", err)
 	}
 	if _, err := full.Stat(ctx, outside); err != nil {
 		t.Fatalf("the chunk outside after the token's attempts: %v", err)

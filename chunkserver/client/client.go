@@ -594,9 +594,7 @@ func (c *Client) Do(ctx context.Context, reqs []proto.Request) ([]proto.Reply, e
 		return nil, nil
 	}
 	if c.caps != nil {
-		if err := c.authorize(ctx, reqs); err != nil {
-			return nil, err
-		}
+		return c.doAuthorized(ctx, reqs)
 	}
 	return c.send(ctx, reqs)
 }

@@ -344,7 +344,7 @@ func openMountMeta(ctx context.Context, c *mountConfig) (*mountMeta, error) {
 			return nil, fmt.Errorf("mount: %w", err)
 		}
 		m.dataKey, m.token = mt.DataKey, &proto.Token{ID: mt.Claims.ID, ReadOnly: mt.Claims.ReadOnly}
-		m.caps = chunkclient.NewCaps(!mt.Claims.ReadOnly)
+		m.caps = chunkclient.NewCaps()
 		if mc, err = client.DialToken(c.metaAddr, mt.Grant, m.caps, client.WithTLS(c.tls)); err != nil {
 			return nil, fmt.Errorf("mount: %w", err)
 		}

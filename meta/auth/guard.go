@@ -23,6 +23,7 @@ const (
 	RejectNoSecret    = "no_secret"
 	RejectWrongSecret = "wrong_secret"
 	RejectBadToken    = "bad_token"
+	RejectTokenScope  = "token_scope" // a valid token, a call outside what it allows
 	RejectTLS         = "tls_handshake"
 )
 
@@ -89,12 +90,19 @@ func (g *Guard) check(ctx context.Context, method string, tokens bool) (context.
 }
 
 func (g *Guard) reject(ctx context.Context, reason, method string) {
+	g.Refused(ctx, reason, method)
+}
+
+// Refused counts and logs (rate-limited, with the peer's address) a call
+// refused for reason, with args as extra log attributes: the Guard's own
+// refusals, and those of whoever enforces what a mount token allows.
+func (g *Guard) Refused(ctx context.Context, reason, method string, args ...any) {
 	g.onReject(reason)
 	addr := "unknown"
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		addr = p.Addr.String()
 	}
-	g.log.Warn("meta: call refused", "reason", reason, "peer", addr, "method", method)
+	g.log.Warn("meta: call refused", append([]any{"reason", reason, "peer", addr, "method", method}, args...)...)
 }
 
 // Unary returns the interceptor that refuses unary calls without the secret

@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -145,8 +146,12 @@ func decodeClaims(s string) (Token, error) {
 	if err != nil {
 		return Token{}, fmt.Errorf("%w: claims: %v", ErrBadToken, err)
 	}
+	// A claim this version does not know may be a restriction: refuse the
+	// token rather than ignore it.
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
 	var t Token
-	if err := json.Unmarshal(b, &t); err != nil {
+	if err := dec.Decode(&t); err != nil {
 		return Token{}, fmt.Errorf("%w: claims: %v", ErrBadToken, err)
 	}
 	id, err := hex.DecodeString(t.IDHex)

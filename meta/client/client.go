@@ -57,7 +57,7 @@ func Dial(addrs, secret string, opts ...grpc.DialOption) (*Client, error) {
 // CapSink receives the chunk capabilities meta puts in a token mount's
 // replies (chunkserver/client.Caps is one).
 type CapSink interface {
-	Add(chunk uint64, capability []byte)
+	Add(chunk uint64, capability []byte, write bool)
 }
 
 // DialToken is Dial for a mount holding a mount token instead of the
@@ -81,7 +81,7 @@ func collectCaps(caps CapSink) grpc.UnaryClientInterceptor {
 		if m, ok := reply.(proto.Message); ok && err == nil {
 			metapb.EachShard(m, func(sh *metapb.Shard) {
 				if len(sh.Cap) > 0 {
-					caps.Add(sh.ChunkId, sh.Cap)
+					caps.Add(sh.ChunkId, sh.Cap, sh.CapWrite)
 				}
 			})
 		}

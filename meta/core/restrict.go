@@ -1,6 +1,7 @@
 package core
 
 import (
+	"bytes"
 	"context"
 	"path"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/rdmafs/rdmafs/meta/auth"
+	"github.com/rdmafs/rdmafs/meta/keys"
 	"github.com/rdmafs/rdmafs/meta/kv"
 	"github.com/rdmafs/rdmafs/meta/metaerr"
 	"github.com/rdmafs/rdmafs/meta/metapb"
@@ -57,9 +59,10 @@ type tokenStates struct {
 }
 
 type tokenState struct {
-	mu      sync.Mutex
-	root    uint64 // 0 until resolved
-	allowed map[uint64]struct{}
+	mu       sync.Mutex
+	root     uint64 // 0 until resolved
+	allowed  map[uint64]struct{}
+	sessions map[uint64]struct{} // sessions known to be the token's
 }
 
 func (ts *tokenStates) get(id [8]byte) *tokenState {
@@ -70,7 +73,7 @@ func (ts *tokenStates) get(id [8]byte) *tokenState {
 	}
 	st := ts.m[id]
 	if st == nil {
-		st = &tokenState{allowed: make(map[uint64]struct{})}
+		st = &tokenState{allowed: make(map[uint64]struct{}), sessions: make(map[uint64]struct{})}
 		ts.m[id] = st
 	}
 	return st
@@ -95,14 +98,21 @@ func (s *Service) Restrict(ctx context.Context, t *auth.Token, method string, re
 		}
 	}
 	m := req.ProtoReflect()
-	if t.SquashRoot {
-		if fd := m.Descriptor().Fields().ByName("caller"); fd != nil && m.Has(fd) {
-			squash(m.Get(fd).Message().Interface().(*metapb.Caller))
+	if fd := m.Descriptor().Fields().ByName("caller"); fd != nil && t.SquashRoot {
+		// A request without a caller acts as root: it gets nobody too.
+		if !m.Has(fd) {
+			m.Set(fd, protoreflect.ValueOfMessage((&metapb.Caller{}).ProtoReflect()))
 		}
+		squash(m.Get(fd).Message().Interface().(*metapb.Caller))
 	}
 	st := s.tokens.get(t.ID)
 	if _, err := s.tokenRoot(ctx, t, st); err != nil {
 		return err
+	}
+	for _, id := range sessionsOf(m) {
+		if err := s.ownSession(ctx, t, st, id); err != nil {
+			return err
+		}
 	}
 	if rule == tokenSession {
 		return nil
@@ -118,6 +128,62 @@ func (s *Service) Restrict(ctx context.Context, t *auth.Token, method string, re
 			}
 		}
 	}
+	if r, ok := req.(*metapb.ReleaseRequest); ok {
+		for _, ino := range r.More {
+			if err := s.allow(ctx, t, st, ino); err != nil {
+				return err
+			}
+		}
+	}
+	if r, ok := req.(*metapb.LockRequest); ok && t.ReadOnly && r.GetLock().GetType() == metapb.LockType_LOCK_WRITE {
+		return metaerr.New(syscall.EROFS, "mount token %x is read-only: no write locks", t.ID)
+	}
+	return nil
+}
+
+// sessionsOf returns the session ids a request names: its session_id, and a
+// lock's session.
+func sessionsOf(m protoreflect.Message) []uint64 {
+	var out []uint64
+	if fd := m.Descriptor().Fields().ByName("session_id"); fd != nil && fd.Kind() == protoreflect.Uint64Kind {
+		if id := m.Get(fd).Uint(); id != 0 {
+			out = append(out, id)
+		}
+	}
+	if r, ok := m.Interface().(*metapb.LockRequest); ok && r.GetLock().GetSession() != 0 {
+		out = append(out, r.GetLock().GetSession())
+	}
+	return out
+}
+
+// ownSession reports whether session id was opened with token t: a token's
+// calls may name only its own sessions (their opens, locks and lifetime).
+func (s *Service) ownSession(ctx context.Context, t *auth.Token, st *tokenState, id uint64) error {
+	st.mu.Lock()
+	_, ok := st.sessions[id]
+	st.mu.Unlock()
+	if ok {
+		return nil
+	}
+	var rec metapb.SessionRecord
+	var found bool
+	err := s.view(ctx, func(r kv.Reader) error {
+		var err error
+		found, err = getMsg(r, keys.Session(id), &rec)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if !found {
+		return metaerr.New(syscall.ESTALE, "session %d expired or unknown", id)
+	}
+	if !bytes.Equal(rec.TokenId, t.ID[:]) {
+		return metaerr.New(syscall.EACCES, "session %d was not opened with mount token %x", id, t.ID)
+	}
+	st.mu.Lock()
+	st.sessions[id] = struct{}{}
+	st.mu.Unlock()
 	return nil
 }
 

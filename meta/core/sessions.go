@@ -6,6 +6,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/keys"
 	"github.com/rdmafs/rdmafs/meta/kv"
 	"github.com/rdmafs/rdmafs/meta/metaerr"
@@ -26,7 +27,11 @@ func (s *Service) OpenSession(ctx context.Context, req *metapb.OpenSessionReques
 		if id, err = nextID(t, counterSession, 1); err != nil {
 			return err
 		}
-		return putMsg(t, keys.Session(id), &metapb.SessionRecord{Client: req.Client, TtlMs: ttl.Milliseconds(), OpenedNs: s.now().UnixNano()})
+		rec := &metapb.SessionRecord{Client: req.Client, TtlMs: ttl.Milliseconds(), OpenedNs: s.now().UnixNano()}
+		if tok, ok := auth.TokenFrom(ctx); ok {
+			rec.TokenId = tok.ID[:]
+		}
+		return putMsg(t, keys.Session(id), rec)
 	})
 	if err != nil {
 		return nil, err

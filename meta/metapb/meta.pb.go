@@ -2896,7 +2896,10 @@ type Shard struct {
 	// cap is, in replies to a mount holding a mount token, its capability for
 	// the chunk (internal/datakey.Capability), which chunkd requires before it
 	// serves the chunk on the token's connection. Empty otherwise.
-	Cap           []byte `protobuf:"bytes,5,opt,name=cap,proto3" json:"cap,omitempty"`
+	Cap []byte `protobuf:"bytes,5,opt,name=cap,proto3" json:"cap,omitempty"`
+	// cap_write says cap allows writing the chunk (only in the replies that
+	// grant writes: GrantWrite, ReplaceShards).
+	CapWrite      bool `protobuf:"varint,6,opt,name=cap_write,json=capWrite,proto3" json:"cap_write,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2964,6 +2967,13 @@ func (x *Shard) GetCap() []byte {
 		return x.Cap
 	}
 	return nil
+}
+
+func (x *Shard) GetCapWrite() bool {
+	if x != nil {
+		return x.CapWrite
+	}
+	return false
 }
 
 type GrantWriteRequest struct {
@@ -4837,10 +4847,13 @@ func (x *ChunkserverRecord) GetRetiring() bool {
 
 // SessionRecord is a client session.
 type SessionRecord struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Client        string                 `protobuf:"bytes,1,opt,name=client,proto3" json:"client,omitempty"`
-	TtlMs         int64                  `protobuf:"varint,2,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
-	OpenedNs      int64                  `protobuf:"varint,3,opt,name=opened_ns,json=openedNs,proto3" json:"opened_ns,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Client   string                 `protobuf:"bytes,1,opt,name=client,proto3" json:"client,omitempty"`
+	TtlMs    int64                  `protobuf:"varint,2,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	OpenedNs int64                  `protobuf:"varint,3,opt,name=opened_ns,json=openedNs,proto3" json:"opened_ns,omitempty"`
+	// token_id is the mount token the session was opened with (empty: the
+	// cluster secret); only that token's calls may name the session.
+	TokenId       []byte `protobuf:"bytes,4,opt,name=token_id,json=tokenId,proto3" json:"token_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4894,6 +4907,13 @@ func (x *SessionRecord) GetOpenedNs() int64 {
 		return x.OpenedNs
 	}
 	return 0
+}
+
+func (x *SessionRecord) GetTokenId() []byte {
+	if x != nil {
+		return x.TokenId
+	}
+	return nil
 }
 
 // ClusterRecord holds the format-time settings.
@@ -6304,7 +6324,7 @@ const file_meta_proto_rawDesc = "" +
 	"\x10GetLayoutRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\"=\n" +
 	"\vLayoutReply\x12.\n" +
-	"\x06layout\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\"\x8b\x01\n" +
+	"\x06layout\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\"\xa8\x01\n" +
 	"\x05Shard\x12\x19\n" +
 	"\bchunk_id\x18\x01 \x01(\x04R\achunkId\x12\x1b\n" +
 	"\tserver_id\x18\x02 \x01(\tR\bserverId\x12\x18\n" +
@@ -6312,7 +6332,8 @@ const file_meta_proto_rawDesc = "" +
 	"\n" +
 	"transports\x18\x04 \x03(\tR\n" +
 	"transports\x12\x10\n" +
-	"\x03cap\x18\x05 \x01(\fR\x03cap\"t\n" +
+	"\x03cap\x18\x05 \x01(\fR\x03cap\x12\x1b\n" +
+	"\tcap_write\x18\x06 \x01(\bR\bcapWrite\"t\n" +
 	"\x11GrantWriteRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x18\n" +
 	"\astripes\x18\x02 \x03(\x04R\astripes\x12\x18\n" +
@@ -6471,11 +6492,12 @@ const file_meta_proto_rawDesc = "" +
 	"\bcapacity\x18\x05 \x01(\x04R\bcapacity\x12\x12\n" +
 	"\x04used\x18\x06 \x01(\x04R\x04used\x12#\n" +
 	"\rregistered_ns\x18\a \x01(\x03R\fregisteredNs\x12\x1a\n" +
-	"\bretiring\x18d \x01(\bR\bretiring\"[\n" +
+	"\bretiring\x18d \x01(\bR\bretiring\"v\n" +
 	"\rSessionRecord\x12\x16\n" +
 	"\x06client\x18\x01 \x01(\tR\x06client\x12\x15\n" +
 	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\x12\x1b\n" +
-	"\topened_ns\x18\x03 \x01(\x03R\bopenedNs\"\x8c\x01\n" +
+	"\topened_ns\x18\x03 \x01(\x03R\bopenedNs\x12\x19\n" +
+	"\btoken_id\x18\x04 \x01(\fR\atokenId\"\x8c\x01\n" +
 	"\rClusterRecord\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12=\n" +

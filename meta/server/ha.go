@@ -125,9 +125,15 @@ func (h *ha) run(ctx context.Context) {
 // serveStandby makes new connections go to a server that refuses every
 // call with Unavailable.
 func (h *ha) serveStandby() *grpc.Server {
-	g := grpc.NewServer(grpc.UnknownServiceHandler(func(srv any, stream grpc.ServerStream) error {
+	opts := []grpc.ServerOption{grpc.UnknownServiceHandler(func(srv any, stream grpc.ServerStream) error {
 		return status.Error(codes.Unavailable, "rdmafs meta: this server is a standby (not the elected leader); use another meta address")
-	}))
+	})}
+	if h.cfg.TLS != nil {
+		// Clients must not send their secret in clear to a standby either.
+		guard := auth.NewGuard(h.cfg.Secret, h.cfg.Logger, func(reason string) { h.m.authRejected.WithLabelValues(reason).Inc() })
+		opts = append(opts, grpc.Creds(guard.TLS(h.cfg.TLS)))
+	}
+	g := grpc.NewServer(opts...)
 	sub := h.mux.next()
 	go g.Serve(sub)
 	return g
@@ -232,7 +238,8 @@ func (h *ha) stop(ctx context.Context) error {
 func newGRPC(cfg Config, m *metrics, svc *core.Service) *grpc.Server {
 	guard := auth.NewGuard(cfg.Secret, cfg.Logger, func(reason string) { m.authRejected.WithLabelValues(reason).Inc() })
 	opts := []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(guard.Unary(), restrictTokens(svc, []byte(cfg.Secret)), m.unaryInterceptor),
+		// Metrics first: calls a mount token is refused count in ops_total.
+		grpc.ChainUnaryInterceptor(m.unaryInterceptor, guard.Unary(), restrictTokens(svc, guard, []byte(cfg.Secret))),
 		grpc.ChainStreamInterceptor(guard.Stream()),
 		// Static flow-control windows: metadata messages are small, and
 		// the dynamic window's bandwidth probe (a PING and a WINDOW_UPDATE
@@ -343,7 +350,7 @@ func (s *subListener) Addr() net.Addr { return s.addr }
 // (core.Service.Restrict before, Admitted after) and gives the token a
 // capability for every chunk its reply names (the shards of files it may
 // use); calls made with the cluster secret pass untouched.
-func restrictTokens(svc *core.Service, secret []byte) grpc.UnaryServerInterceptor {
+func restrictTokens(svc *core.Service, guard *auth.Guard, secret []byte) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		t, ok := auth.TokenFrom(ctx)
 		if !ok {
@@ -353,7 +360,9 @@ func restrictTokens(svc *core.Service, secret []byte) grpc.UnaryServerIntercepto
 		if !ok {
 			return nil, status.Errorf(codes.Internal, "request of %s is not a protobuf message", info.FullMethod)
 		}
-		if err := svc.Restrict(ctx, t, path.Base(info.FullMethod), msg); err != nil {
+		method := path.Base(info.FullMethod)
+		if err := svc.Restrict(ctx, t, method, msg); err != nil {
+			guard.Refused(ctx, auth.RejectTokenScope, info.FullMethod, "token", fmt.Sprintf("%x", t.ID), "err", err)
 			return nil, err
 		}
 		resp, err := h(ctx, req)
@@ -363,8 +372,10 @@ func restrictTokens(svc *core.Service, secret []byte) grpc.UnaryServerIntercepto
 				// (cached stripes, exactly-once records).
 				r = proto.Clone(r)
 				svc.Admitted(t, r)
+				// Write capabilities only where meta grants a write.
+				write := !t.ReadOnly && (method == "GrantWrite" || method == "ReplaceShards")
 				metapb.EachShard(r, func(sh *metapb.Shard) {
-					sh.Cap = datakey.Capability(secret, t.ID, sh.ChunkId, !t.ReadOnly)
+					sh.Cap, sh.CapWrite = datakey.Capability(secret, t.ID, sh.ChunkId, write), write
 				})
 				resp = r
 			}

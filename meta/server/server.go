@@ -300,9 +300,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "rdmafs", Subsystem: "meta", Name: "commit_seconds",
 			Help: "Duration of a group commit including fsync.", Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16)}),
 		authRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "rdmafs", Subsystem: "meta", Name: "auth_rejected_total",
-			Help: "Calls and TLS handshakes refused, by reason (no_secret, wrong_secret, bad_token, tls_handshake)."}, []string{"reason"}),
+			Help: "Calls and TLS handshakes refused, by reason (no_secret, wrong_secret, bad_token, token_scope, tls_handshake)."}, []string{"reason"}),
 	}
-	for _, r := range []string{auth.RejectNoSecret, auth.RejectWrongSecret, auth.RejectBadToken, auth.RejectTLS} {
+	for _, r := range []string{auth.RejectNoSecret, auth.RejectWrongSecret, auth.RejectBadToken, auth.RejectTokenScope, auth.RejectTLS} {
 		m.authRejected.WithLabelValues(r)
 	}
 	reg.MustRegister(m.ops, m.latency, m.retries, m.groupCommit, m.commitSeconds, m.authRejected)

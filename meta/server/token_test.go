@@ -104,6 +104,33 @@ func TestMountTokens(t *testing.T) {
 			t.Errorf("%s: %v, want EACCES", name, err)
 		}
 	}
+	// A call without a caller acts as root: on a squashing token, as nobody.
+	if _, err := rw.SetAttr(ctx, &metapb.SetAttrRequest{Ino: inside.Attr.Ino, SetMode: true, Mode: 0o4755}); errno(err) != syscall.EPERM {
+		t.Errorf("setattr without a caller on a root-squashing token: %v, want EPERM (nobody does not own the file)", err)
+	}
+	// Sessions of others: the full client's session may not be named.
+	victim, err := full.StartSession(ctx, "victim", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer victim.Close(ctx)
+	for name, err := range map[string]error{
+		"close another's session":       second(rw.CloseSession(ctx, &metapb.CloseSessionRequest{SessionId: victim.ID()})),
+		"keep another's session alive":  second(rw.KeepAlive(ctx, &metapb.KeepAliveRequest{SessionId: victim.ID()})),
+		"release in another's session":  second(rw.Release(ctx, &metapb.ReleaseRequest{Ino: inside.Attr.Ino, SessionId: victim.ID()})),
+		"truncate in another's session": second(rw.SetAttr(ctx, &metapb.SetAttrRequest{Caller: root, Ino: inside.Attr.Ino, SetSize: true, SessionId: victim.ID()})),
+		"lock in another's session": second(rw.Lock(ctx, &metapb.LockRequest{Ino: inside.Attr.Ino,
+			Lock: &metapb.FileLock{Session: victim.ID(), Owner: 1, Type: metapb.LockType_LOCK_UNLOCK}})),
+		"release an inode outside": second(rw.Release(ctx, &metapb.ReleaseRequest{Ino: inside.Attr.Ino, SessionId: sess.ID(),
+			More: []uint64{secretFile.Attr.Ino}})),
+	} {
+		if errno(err) != syscall.EACCES {
+			t.Errorf("%s: %v, want EACCES", name, err)
+		}
+	}
+	if _, err := full.KeepAlive(ctx, &metapb.KeepAliveRequest{SessionId: victim.ID()}); err != nil {
+		t.Fatalf("the victim's session after the token's attempts: %v", err)
+	}
 	// Not a mount's business.
 	if _, err := rw.Status(ctx, &metapb.StatusRequest{}); errno(err) != syscall.EPERM {
 		t.Errorf("status with a token: %v, want EPERM", err)
@@ -125,6 +152,8 @@ func TestMountTokens(t *testing.T) {
 		t.Fatalf("open for reading with a read-only token: %v", err)
 	}
 	for name, err := range map[string]error{
+		"write lock": second(ro.Lock(ctx, &metapb.LockRequest{Ino: inside.Attr.Ino,
+			Lock: &metapb.FileLock{Session: roSess.ID(), Owner: 1, Type: metapb.LockType_LOCK_WRITE, End: 100}})),
 		"create":           second(ro.Create(ctx, &metapb.CreateRequest{Caller: root, Parent: sub, Name: "no", Mode: 0o644})),
 		"unlink":           second(ro.Unlink(ctx, &metapb.UnlinkRequest{Caller: root, Parent: sub, Name: "notes"})),
 		"setattr":          second(ro.SetAttr(ctx, &metapb.SetAttrRequest{Caller: root, Ino: inside.Attr.Ino, SetMode: true, Mode: 0o600})),
