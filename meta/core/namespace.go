@@ -190,7 +190,7 @@ func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, n
 			return err
 		}
 		if n.session != 0 {
-			if err := addOpen(t, ino, n.session); err != nil {
+			if err := addOpen(t, ino, n.session, n.openFlags&syscall.O_ACCMODE != syscall.O_RDONLY || n.openFlags&syscall.O_TRUNC != 0); err != nil {
 				return err
 			}
 		}

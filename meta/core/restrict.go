@@ -26,16 +26,18 @@ const (
 	tokenRead    tokenRule = iota + 1 // reads the namespace: inodes checked
 	tokenWrite                        // changes it: inodes checked, refused read-only
 	tokenSession                      // names no inode
+	tokenData                         // file data: the inode must be open in one of the token's sessions
+	tokenDataWrite                    // likewise, opened for writing; refused read-only
 )
 
 var tokenRules = map[string]tokenRule{
 	"Lookup": tokenRead, "GetAttr": tokenRead, "Readlink": tokenRead, "ReadDir": tokenRead,
 	"GetXattr": tokenRead, "ListXattr": tokenRead, "Open": tokenRead, "Release": tokenRead,
-	"Lock": tokenRead, "GetLayout": tokenRead, "GetStripes": tokenRead,
+	"Lock": tokenRead, "GetLayout": tokenRead, "GetStripes": tokenData,
 	"SetAttr": tokenWrite, "Create": tokenWrite, "Mknod": tokenWrite, "Mkdir": tokenWrite,
 	"Symlink": tokenWrite, "Link": tokenWrite, "Unlink": tokenWrite, "Rmdir": tokenWrite,
 	"Rename": tokenWrite, "SetXattr": tokenWrite, "RemoveXattr": tokenWrite,
-	"GrantWrite": tokenWrite, "CommitStripes": tokenWrite, "ReplaceShards": tokenWrite,
+	"GrantWrite": tokenDataWrite, "CommitStripes": tokenDataWrite, "ReplaceShards": tokenDataWrite,
 	"OpenSession": tokenSession, "KeepAlive": tokenSession, "CloseSession": tokenSession,
 	"StatFS": tokenSession, "Sync": tokenSession,
 }
@@ -90,7 +92,7 @@ func (s *Service) Restrict(ctx context.Context, t *auth.Token, method string, re
 	switch {
 	case rule == 0:
 		return metaerr.New(syscall.EPERM, "%s is not allowed with a mount token (token %x)", method, t.ID)
-	case rule == tokenWrite && t.ReadOnly:
+	case (rule == tokenWrite || rule == tokenDataWrite) && t.ReadOnly:
 		return metaerr.New(syscall.EROFS, "mount token %x is read-only", t.ID)
 	case method == "Open" && t.ReadOnly:
 		if f := req.(*metapb.OpenRequest).Flags; f&syscall.O_ACCMODE != syscall.O_RDONLY || f&syscall.O_TRUNC != 0 {
@@ -135,8 +137,50 @@ func (s *Service) Restrict(ctx context.Context, t *auth.Token, method string, re
 			}
 		}
 	}
+	if rule == tokenData || rule == tokenDataWrite {
+		// These calls carry no caller: the permission check is the open's,
+		// made for the caller who opened the file.
+		ino := m.Get(m.Descriptor().Fields().ByName("ino")).Uint()
+		if err := s.openedByToken(ctx, t, ino, rule == tokenDataWrite); err != nil {
+			return err
+		}
+	}
 	if r, ok := req.(*metapb.LockRequest); ok && t.ReadOnly && r.GetLock().GetType() == metapb.LockType_LOCK_WRITE {
 		return metaerr.New(syscall.EROFS, "mount token %x is read-only: no write locks", t.ID)
+	}
+	return nil
+}
+
+// openedByToken reports whether one of t's sessions has ino open (for
+// writing if write).
+func (s *Service) openedByToken(ctx context.Context, t *auth.Token, ino uint64, write bool) error {
+	found := false
+	err := s.view(ctx, func(r kv.Reader) error {
+		found = false
+		return opensOf(r, ino, func(session uint64, w bool) error {
+			if write && !w {
+				return nil
+			}
+			var rec metapb.SessionRecord
+			if ok, err := getMsg(r, keys.Session(session), &rec); err != nil || !ok {
+				return err
+			}
+			if bytes.Equal(rec.TokenId, t.ID[:]) {
+				found = true
+				return kv.ErrStop
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return err
+	}
+	if !found {
+		how := "open"
+		if write {
+			how = "open for writing"
+		}
+		return metaerr.New(syscall.EACCES, "inode %d is not %s in a session of mount token %x", ino, how, t.ID)
 	}
 	return nil
 }

@@ -192,10 +192,16 @@ func (s *Service) openInTxn(t kv.Txn, c *metapb.Caller, rec *metapb.InodeRecord,
 	if err := checkAccess(caller(c), rec.Attr, mask); err != nil {
 		return err
 	}
-	return addOpen(t, rec.Attr.Ino, session)
+	return addOpen(t, rec.Attr.Ino, session, mask&mayWrite != 0)
 }
 
-func addOpen(t kv.Txn, ino, session uint64) error {
+// openWriter marks, in an open record's count, that the session opened the
+// inode for writing at least once while it holds it open: a mount token's
+// data calls (grants, commits) need it.
+const openWriter = 1 << 63
+
+// addOpen records one more open of ino by session, for writing if write.
+func addOpen(t kv.Txn, ino, session uint64, write bool) error {
 	n := uint64(0)
 	if v, ok, err := t.Get(keys.Open(ino, session)); err != nil {
 		return err
@@ -204,7 +210,11 @@ func addOpen(t kv.Txn, ino, session uint64) error {
 			return err
 		}
 	}
-	if err := t.Put(keys.Open(ino, session), keys.EncodeUint64(n+1)); err != nil {
+	n = (n&^openWriter + 1) | n&openWriter
+	if write {
+		n |= openWriter
+	}
+	if err := t.Put(keys.Open(ino, session), keys.EncodeUint64(n)); err != nil {
 		return err
 	}
 	return t.Put(keys.SessionOpen(session, ino), nil)
@@ -237,7 +247,7 @@ func (s *Service) Release(ctx context.Context, req *metapb.ReleaseRequest) (*met
 			if err != nil {
 				return err
 			}
-			if n > 1 {
+			if n&^openWriter > 1 {
 				if err := t.Put(keys.Open(ino, req.SessionId), keys.EncodeUint64(n-1)); err != nil {
 					return err
 				}
@@ -296,6 +306,23 @@ func isOpen(r kv.Reader, ino uint64) (bool, error) {
 func openedBy(r kv.Reader, ino, session uint64) (bool, error) {
 	_, ok, err := r.Get(keys.Open(ino, session))
 	return ok, err
+}
+
+// opensOf calls fn with each session that has ino open and whether it
+// opened it for writing.
+func opensOf(r kv.Reader, ino uint64, fn func(session uint64, write bool) error) error {
+	prefix := keys.OpenPrefix(ino)
+	return r.Scan(prefix, kv.PrefixEnd(prefix), 0, func(k, v []byte) error {
+		_, session, err := keys.ParseOpen(k)
+		if err != nil {
+			return err
+		}
+		n, err := keys.DecodeUint64(v)
+		if err != nil {
+			return err
+		}
+		return fn(session, n&openWriter != 0)
+	})
 }
 
 // purgeInode deletes an inode with its xattrs, stripes and outstanding

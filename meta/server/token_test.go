@@ -131,6 +131,20 @@ func TestMountTokens(t *testing.T) {
 	if _, err := full.KeepAlive(ctx, &metapb.KeepAliveRequest{SessionId: victim.ID()}); err != nil {
 		t.Fatalf("the victim's session after the token's attempts: %v", err)
 	}
+	// File data needs an open in one of the token's sessions (for writing, an
+	// open for writing): data calls carry no caller to check.
+	if _, err := rw.GetStripes(ctx, &metapb.GetStripesRequest{Ino: inside.Attr.Ino}); errno(err) != syscall.EACCES {
+		t.Errorf("stripes of a file the token has not opened: %v, want EACCES", err)
+	}
+	if _, err := rw.Open(ctx, &metapb.OpenRequest{Caller: root, Ino: inside.Attr.Ino, SessionId: sess.ID(), Flags: syscall.O_RDONLY}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rw.GetStripes(ctx, &metapb.GetStripesRequest{Ino: inside.Attr.Ino}); err != nil {
+		t.Errorf("stripes of a file open in the token's session: %v", err)
+	}
+	if _, err := rw.GrantWrite(ctx, &metapb.GrantWriteRequest{Ino: inside.Attr.Ino}); errno(err) != syscall.EACCES {
+		t.Errorf("write grant on a file opened only for reading: %v, want EACCES", err)
+	}
 	// Not a mount's business.
 	if _, err := rw.Status(ctx, &metapb.StatusRequest{}); errno(err) != syscall.EPERM {
 		t.Errorf("status with a token: %v, want EPERM", err)
