@@ -23,11 +23,11 @@ import (
 type tokenRule uint8
 
 const (
-	tokenRead    tokenRule = iota + 1 // reads the namespace: inodes checked
-	tokenWrite                        // changes it: inodes checked, refused read-only
-	tokenSession                      // names no inode
-	tokenData                         // file data: the inode must be open in one of the token's sessions
-	tokenDataWrite                    // likewise, opened for writing; refused read-only
+	tokenRead      tokenRule = iota + 1 // reads the namespace: inodes checked
+	tokenWrite                          // changes it: inodes checked, refused read-only
+	tokenSession                        // names no inode
+	tokenData                           // file data: the inode must be open in one of the token's sessions
+	tokenDataWrite                      // likewise, opened for writing; refused read-only
 )
 
 var tokenRules = map[string]tokenRule{
