@@ -103,10 +103,31 @@ func CheckSecret(path string) error {
 // OpenLog opens (creating with mode 0600, appending) the log file at path
 // without following a symbolic link at its last component, so that a link
 // planted where the log should be cannot make a process running as root write
-// elsewhere. An existing file open to others is tightened first.
+// elsewhere; it refuses a file that is not regular, not ours or has other
+// links. An existing file open to others is tightened first.
 func OpenLog(path string) (*os.File, error) {
-	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(FileMode))
+	// O_NONBLOCK: a FIFO planted there must not block the open.
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, uint32(FileMode))
 	if err != nil {
+		return nil, fmt.Errorf("open log file %s: %w", path, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("open log file %s: %w", path, err)
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		unix.Close(fd)
+		return nil, fmt.Errorf("open log file %s: not a regular file", path)
+	case int(st.Uid) != os.Geteuid() || st.Nlink != 1:
+		// Another user's file (made to read our log) or a hard link to
+		// a file elsewhere.
+		unix.Close(fd)
+		return nil, fmt.Errorf("open log file %s: owned by uid %d with %d links, want ours with 1", path, st.Uid, st.Nlink)
+	}
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
 		return nil, fmt.Errorf("open log file %s: %w", path, err)
 	}
 	f := os.NewFile(uintptr(fd), path)
@@ -114,10 +135,6 @@ func OpenLog(path string) (*os.File, error) {
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("open log file %s: %w", path, err)
-	}
-	if !fi.Mode().IsRegular() {
-		f.Close()
-		return nil, fmt.Errorf("open log file %s: not a regular file", path)
 	}
 	if fi.Mode().Perm()&loose != 0 {
 		if err := f.Chmod(fi.Mode().Perm() &^ loose); err != nil {

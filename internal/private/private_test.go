@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 )
 
@@ -91,5 +92,33 @@ func TestOpenLogRefusesLinks(t *testing.T) {
 	f.Close()
 	if fi, _ := os.Stat(p); fi.Mode().Perm() != FileMode {
 		t.Fatalf("loose log not tightened: %v", fi.Mode())
+	}
+}
+
+func TestOpenLogRefusesOthersFiles(t *testing.T) {
+	dir := t.TempDir()
+	other := filepath.Join(dir, "other.log")
+	os.WriteFile(other, nil, 0o666)
+	if err := os.Chown(other, 4242, 4242); err != nil {
+		t.Skipf("chown: %v (needs root)", err)
+	}
+	if f, err := OpenLog(other); err == nil {
+		f.Close()
+		t.Fatal("opened a log file another user owns")
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := OpenLog(fifo); err == nil {
+		f.Close()
+		t.Fatal("opened a FIFO as a log")
+	}
+	linked := filepath.Join(dir, "linked.log")
+	os.WriteFile(linked, nil, 0o600)
+	os.Link(linked, filepath.Join(dir, "second-name"))
+	if f, err := OpenLog(linked); err == nil {
+		f.Close()
+		t.Fatal("opened a log file with two links")
 	}
 }
