@@ -26,34 +26,51 @@ const (
 const loose fs.FileMode = 0o077
 
 // MkdirAll creates dir and any missing parents with mode 0700 (as
-// os.MkdirAll) and removes group and world access from dir itself if it
-// already existed with them, logging the change. Parents that existed are
-// left as they are: they may be shared, such as /var/lib.
+// os.MkdirAll) and removes group and world access from dir itself (the
+// directory a symbolic link dir names, if it is one) if it already existed
+// with them, logging the change. Parents that existed are left as they are:
+// they may be shared, such as /var/lib.
 func MkdirAll(dir string, log *slog.Logger) error {
 	if err := os.MkdirAll(dir, DirMode); err != nil {
 		return fmt.Errorf("create private directory: %w", err)
 	}
-	_, err := Tighten(dir, log)
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return fmt.Errorf("private directory: %w", err)
+	}
+	_, err = Tighten(real, log)
 	return err
 }
 
-// Tighten removes group and world permission bits from path (not following
-// a final symbolic link: a link's own mode means nothing) and reports
+// Tighten removes group and world permission bits from path and reports
 // whether it changed anything; a change is logged with the old and new mode.
+// A symbolic link at path is left alone (a link's own mode means nothing,
+// and its target may be anyone's): the file is opened without following one
+// and changed through that descriptor, so a link swapped in meanwhile is not
+// followed either.
 func Tighten(path string, log *slog.Logger) (bool, error) {
-	fi, err := os.Lstat(path)
-	if err != nil {
-		return false, fmt.Errorf("tighten mode: %w", err)
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENXIO) {
+		return false, nil // a symbolic link, or a socket: nothing to read there
 	}
-	if fi.Mode()&fs.ModeSymlink != 0 || fi.Mode().Perm()&loose == 0 {
+	if err != nil {
+		return false, fmt.Errorf("tighten mode of %s: %w", path, &os.PathError{Op: "open", Path: path, Err: err})
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return false, fmt.Errorf("tighten mode of %s: %w", path, err)
+	}
+	old := fs.FileMode(st.Mode & 0o777)
+	if old&loose == 0 {
 		return false, nil
 	}
-	perm := fi.Mode().Perm() &^ loose
-	if err := os.Chmod(path, perm); err != nil {
+	perm := old &^ loose
+	if err := unix.Fchmod(fd, uint32(perm)|st.Mode&0o7000); err != nil {
 		return false, fmt.Errorf("tighten mode of %s: %w", path, err)
 	}
 	if log != nil {
-		log.Warn("removed group and world access", "path", path, "old_mode", fmt.Sprintf("%#o", fi.Mode().Perm()),
+		log.Warn("removed group and world access", "path", path, "old_mode", fmt.Sprintf("%#o", old),
 			"new_mode", fmt.Sprintf("%#o", perm))
 	}
 	return true, nil
@@ -63,6 +80,9 @@ func Tighten(path string, log *slog.Logger) (bool, error) {
 // many entries it changed; only a summary is logged, not each entry.
 func TightenTree(root string, log *slog.Logger) (int, error) {
 	n := 0
+	if real, err := filepath.EvalSymlinks(root); err == nil {
+		root = real // a data directory given as a link: its target
+	}
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err

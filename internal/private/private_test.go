@@ -122,3 +122,21 @@ func TestOpenLogRefusesOthersFiles(t *testing.T) {
 		t.Fatal("opened a log file with two links")
 	}
 }
+
+func TestSymlinkedDataDir(t *testing.T) {
+	base := t.TempDir()
+	real := filepath.Join(base, "real")
+	os.Mkdir(real, 0o755)
+	link := filepath.Join(base, "data")
+	os.Symlink(real, link)
+	if err := MkdirAll(link, nil); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Stat(real); fi.Mode().Perm() != DirMode {
+		t.Fatalf("the directory a data-dir link names was not tightened: %v", fi.Mode())
+	}
+	os.WriteFile(filepath.Join(real, "f"), nil, 0o644)
+	if n, err := TightenTree(link, nil); err != nil || n != 1 {
+		t.Fatalf("TightenTree through a link: %d changed, %v; want the file", n, err)
+	}
+}

@@ -242,21 +242,38 @@ func (s *Service) Admitted(t *auth.Token, reply proto.Message) {
 		r.RootIno = st.root
 		return
 	}
-	collectInodes(reply.ProtoReflect(), st.allowed)
+	collectInodes(reply.ProtoReflect(), st.rememberLocked)
 }
 
-func collectInodes(m protoreflect.Message, into map[uint64]struct{}) {
+// maxAllowed bounds a token's set of allowed inodes: past it the set starts
+// again from the subdirectory. Inodes below it are allowed again by their
+// parent chain; one reached through a hard link from outside needs a new
+// lookup, which the kernel makes when its entry times out.
+const maxAllowed = 1 << 20
+
+// rememberLocked adds ino to the allowed set (st.mu held).
+func (st *tokenState) rememberLocked(ino uint64) {
+	if len(st.allowed) >= maxAllowed {
+		clear(st.allowed)
+		if st.root != 0 {
+			st.allowed[st.root] = struct{}{}
+		}
+	}
+	st.allowed[ino] = struct{}{}
+}
+
+func collectInodes(m protoreflect.Message, remember func(uint64)) {
 	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
 		switch {
 		case fd.Name() == "ino" && fd.Kind() == protoreflect.Uint64Kind && !fd.IsList():
-			into[v.Uint()] = struct{}{}
+			remember(v.Uint())
 		case fd.Kind() == protoreflect.MessageKind && fd.IsList():
 			l := v.List()
 			for i := 0; i < l.Len(); i++ {
-				collectInodes(l.Get(i).Message(), into)
+				collectInodes(l.Get(i).Message(), remember)
 			}
 		case fd.Kind() == protoreflect.MessageKind && !fd.IsMap():
-			collectInodes(v.Message(), into)
+			collectInodes(v.Message(), remember)
 		}
 		return true
 	})
@@ -359,7 +376,7 @@ func (s *Service) allow(ctx context.Context, t *auth.Token, st *tokenState, ino 
 		return metaerr.New(syscall.EACCES, "inode %d is outside the subdirectory %s of mount token %x", ino, t.Subdir, t.ID)
 	}
 	st.mu.Lock()
-	st.allowed[ino] = struct{}{}
+	st.rememberLocked(ino)
 	st.mu.Unlock()
 	return nil
 }
