@@ -16,6 +16,7 @@ import (
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
@@ -654,6 +655,13 @@ func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	return errno(err)
 }
 
+// LayoutXattr is the virtual extended attribute of a file's layout, or of
+// the layout a directory gives new files, as stripe.Layout formats it
+// ("4+2/1048576/inline=65536"); setting it on a directory (its owner or
+// root) changes what new files below it get, as CephFS's ceph.dir.layout.
+// It is not listed by listxattr.
+const LayoutXattr = "rdmafs.layout"
+
 // Getxattr implements gofs.NodeGetxattrer.
 //
 // The kernel asks for security.capability before every write(2) to the file
@@ -665,6 +673,17 @@ func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
 	ctx, done := killable(ctx)
 	defer done()
+	if attr == LayoutXattr {
+		r, err := n.fsys.meta.GetLayout(ctx, &metapb.GetLayoutRequest{Ino: n.ino})
+		if err != nil {
+			return 0, errno(err)
+		}
+		v := r.Layout.Stripe().String()
+		if len(dest) < len(v) {
+			return uint32(len(v)), syscall.ERANGE
+		}
+		return uint32(copy(dest, v)), 0
+	}
 	caps := attr == capsXattr
 	var start time.Time
 	var gen uint64
@@ -700,6 +719,15 @@ func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
+	if attr == LayoutXattr {
+		l, err := stripe.ParseLayout(string(data))
+		if err != nil {
+			n.fsys.log.Info("setxattr "+LayoutXattr, "ino", n.ino, "err", err)
+			return syscall.EINVAL
+		}
+		_, err = n.fsys.meta.SetLayout(ctx, &metapb.SetLayoutRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Layout: metapb.LayoutOf(l)})
+		return errno(err)
+	}
 	n.dirChange() // a change the kept attributes do not show
 	n.forgetNoCaps()
 	defer n.forgetNoCaps()
@@ -735,6 +763,9 @@ func (n *Node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 func (n *Node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
+	if attr == LayoutXattr {
+		return syscall.ENOTSUP // a directory's layout is set, not removed
+	}
 	n.dirChange() // a change the kept attributes do not show
 	n.forgetNoCaps()
 	defer n.forgetNoCaps()

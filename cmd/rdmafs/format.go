@@ -73,15 +73,21 @@ func newFormatCommand() *cobra.Command {
 	return cmd
 }
 
-func parseLayout(ec, unit, inline string, minWrite uint32) (stripe.Layout, error) {
+// parseEC parses the --ec flag's k+m.
+func parseEC(ec string) (k, m int, err error) {
 	ks, ms, ok := strings.Cut(ec, "+")
-	if !ok {
-		return stripe.Layout{}, fmt.Errorf("--ec %q: want k+m, e.g. 4+2", ec)
+	k64, err1 := strconv.ParseUint(ks, 10, 32)
+	m64, err2 := strconv.ParseUint(ms, 10, 32)
+	if !ok || err1 != nil || err2 != nil {
+		return 0, 0, fmt.Errorf("--ec %q: want k+m, e.g. 4+2", ec)
 	}
-	k, err1 := strconv.ParseUint(ks, 10, 32)
-	m, err2 := strconv.ParseUint(ms, 10, 32)
-	if err1 != nil || err2 != nil {
-		return stripe.Layout{}, fmt.Errorf("--ec %q: want k+m, e.g. 4+2", ec)
+	return int(k64), int(m64), nil
+}
+
+func parseLayout(ec, unit, inline string, minWrite uint32) (stripe.Layout, error) {
+	k, m, err := parseEC(ec)
+	if err != nil {
+		return stripe.Layout{}, err
 	}
 	size, err := bytesize.Parse(unit)
 	if err == nil && size <= 0 {
@@ -97,6 +103,6 @@ func parseLayout(ec, unit, inline string, minWrite uint32) (stripe.Layout, error
 	if err != nil {
 		return stripe.Layout{}, fmt.Errorf("--inline-max: %w", err)
 	}
-	l := stripe.Layout{K: int(k), M: int(m), Unit: size, MinWrite: int(minWrite), Inline: in}
+	l := stripe.Layout{K: k, M: m, Unit: size, MinWrite: int(minWrite), Inline: in}
 	return l, l.Validate()
 }

@@ -35,6 +35,7 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(newMetaCommand())
 	root.AddCommand(newFormatCommand())
 	root.AddCommand(newCertsCommand())
+	root.AddCommand(newLayoutCommand())
 	root.AddCommand(newStatusCommand())
 	root.AddCommand(newMountCommand())
 	root.AddCommand(newUmountCommand())

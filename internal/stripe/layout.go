@@ -1,6 +1,12 @@
 package stripe
 
-import "fmt"
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/rdmafs/rdmafs/internal/bytesize"
+)
 
 // DefaultInline is the size up to which files keep their data in metadata
 // unless format is told otherwise, and MaxInline the largest allowed: an
@@ -61,6 +67,48 @@ func (l Layout) String() string {
 		s += fmt.Sprintf("/inline=%d", l.Inline)
 	}
 	return s
+}
+
+// ParseLayout parses what String formats, "k+m/unit[/min-write=N][/inline=N]"
+// (unit and inline in bytes, or with a suffix such as KiB or MiB), and
+// validates the result.
+func ParseLayout(s string) (Layout, error) {
+	parts := strings.Split(strings.TrimSpace(s), "/")
+	var l Layout
+	km := strings.SplitN(parts[0], "+", 2)
+	if len(parts) < 2 || len(km) != 2 {
+		return Layout{}, fmt.Errorf("layout %q: want k+m/unit[/min-write=N][/inline=SIZE], e.g. 4+2/1MiB", s)
+	}
+	var err error
+	if l.K, err = strconv.Atoi(km[0]); err != nil {
+		return Layout{}, fmt.Errorf("layout %q: k: %w", s, err)
+	}
+	if l.M, err = strconv.Atoi(km[1]); err != nil {
+		return Layout{}, fmt.Errorf("layout %q: m: %w", s, err)
+	}
+	if l.Unit, err = bytesize.Parse(parts[1]); err != nil {
+		return Layout{}, fmt.Errorf("layout %q: unit: %w", s, err)
+	}
+	for _, opt := range parts[2:] {
+		name, val, ok := strings.Cut(opt, "=")
+		switch {
+		case !ok:
+			err = fmt.Errorf("%q is not name=value", opt)
+		case name == "min-write":
+			l.MinWrite, err = strconv.Atoi(val)
+		case name == "inline":
+			l.Inline, err = bytesize.Parse(val)
+		default:
+			err = fmt.Errorf("unknown setting %q (min-write, inline)", name)
+		}
+		if err != nil {
+			return Layout{}, fmt.Errorf("layout %q: %w", s, err)
+		}
+	}
+	if err := l.Validate(); err != nil {
+		return Layout{}, err
+	}
+	return l, nil
 }
 
 // StripeSize returns the bytes of file data a stripe holds: K×Unit.

@@ -86,3 +86,24 @@ func TestLayoutLengths(t *testing.T) {
 		}
 	}
 }
+
+func TestParseLayout(t *testing.T) {
+	for _, l := range []Layout{
+		{K: 4, M: 2, Unit: 1 << 20},
+		{K: 8, M: 3, Unit: 64 << 10, MinWrite: 9, Inline: 4096},
+		{K: 1, M: 2, Unit: 4096},
+	} {
+		got, err := ParseLayout(l.String())
+		if err != nil || got != l {
+			t.Errorf("ParseLayout(%q) = %+v, %v; want %+v", l.String(), got, err, l)
+		}
+	}
+	if got, err := ParseLayout("6+3/1MiB/inline=16KiB"); err != nil || got != (Layout{K: 6, M: 3, Unit: 1 << 20, Inline: 16 << 10}) {
+		t.Errorf("with suffixes: %+v, %v", got, err)
+	}
+	for _, bad := range []string{"", "4+2", "4-2/1MiB", "x+2/1MiB", "4+2/1000", "4+2/1MiB/min-write=1", "4+2/1MiB/speed=3", "4+2/1MiB/inline", "0+2/1MiB"} {
+		if _, err := ParseLayout(bad); err == nil {
+			t.Errorf("ParseLayout(%q) accepted", bad)
+		}
+	}
+}

@@ -1,9 +1,11 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +23,7 @@ import (
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/rdma/transport"
+	"golang.org/x/sys/unix"
 )
 
 // repairCluster starts meta and n chunkd processes with short heartbeat and
@@ -434,5 +437,51 @@ func TestDrainUnderLoad(t *testing.T) {
 	}
 	if n := verifyAll(t, c, files); n != 0 {
 		t.Fatalf("%d degraded reads after the drained chunkserver stopped: it still held data", n)
+	}
+}
+
+// TestLayoutCommand sets a directory's layout with `rdmafs layout set` on a
+// mount, writes a file below it and reads it back: the file has the
+// directory's layout (2+1, 64 KiB units), its bytes survive, and a file
+// written before keeps the old layout.
+func TestLayoutCommand(t *testing.T) {
+	needRoot(t)
+	c := up(t)
+	dir := filepath.Join(c.MountPoint, "narrow")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	before := filepath.Join(c.MountPoint, "before")
+	if err := os.WriteFile(before, pattern(1<<20, 3), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := rdmafs(t, "layout", "set", dir, "--ec", "2+1", "--unit", "64KiB")
+	if err != nil || !strings.Contains(out, "ec 2+1, unit 64.0KiB") {
+		t.Fatalf("layout set: %v\n%s", err, out)
+	}
+	data := pattern(3<<20+5, 4)
+	f := filepath.Join(dir, "f")
+	if err := os.WriteFile(f, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = rdmafs(t, "layout", "get", f, before)
+	if err != nil || !strings.Contains(out, f+": ec 2+1, unit 64.0KiB") || !strings.Contains(out, before+": ec 4+2") {
+		t.Fatalf("layout get: %v\n%s", err, out)
+	}
+	// Read from the chunkservers, not the page cache the write filled.
+	fh, err := os.Open(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fadvise(int(fh.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(fh)
+	fh.Close()
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back a 2+1 file: %v (equal %v)", err, bytes.Equal(got, data))
+	}
+	if out, err := rdmafs(t, "layout", "set", dir, "--ec", "0+1"); err == nil {
+		t.Fatalf("layout set --ec 0+1 succeeded:\n%s", out)
 	}
 }
