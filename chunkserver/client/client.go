@@ -210,7 +210,10 @@ func Dial(ctx context.Context, dev rdma.Device, pd rdma.ProtectionDomain, addr s
 		addr: addr, maxSGE: rdma.MaxSGELimit, minTimeout: opts.MinTimeout, maxTimeout: opts.MaxTimeout,
 		calls: make(map[uint64]*call), ops: make(map[uint64]*op), leases: make(map[chunk.Key]*cachedLease),
 		done: make(chan struct{}), closing: make(chan struct{}), pollDone: make(chan struct{}),
-		caps: opts.Caps, authorized: make(map[uint64]bool),
+		caps: opts.Caps,
+	}
+	if c.caps != nil {
+		c.authorized = make(map[uint64]bool)
 	}
 	defer func() {
 		if err != nil {

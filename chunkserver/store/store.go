@@ -214,7 +214,6 @@ type Store struct {
 	// durably free: kept slots too, counted as free space.
 	dirtyBytes int64
 	nextRow    uint64 // slot numbers are row*fanout + directory
-	tightened  int    // entries whose group or world access open removed
 	nextSeq    uint64
 	used       int64 // bytes of committed files plus bytes reserved by writes in progress
 	count      int
@@ -325,17 +324,20 @@ func (s *Store) open() error {
 	}
 	s.id = id
 	// Files of older versions, or made by hand, may be open to others.
-	s.tightened = 0
-	for _, name := range []string{lockFile, idFile, corruptDir} {
+	tightened := 0
+	for _, name := range []string{lockFile, idFile} {
 		switch changed, err := private.Tighten(filepath.Join(s.dir, name), nil); {
-		case err != nil && !errors.Is(err, fs.ErrNotExist):
+		case err != nil:
 			return fmt.Errorf("store: %w", err)
 		case changed:
-			s.tightened++
+			tightened++
 		}
 	}
-	if n, err := private.TightenTree(filepath.Join(s.dir, corruptDir), nil); err == nil {
-		s.tightened += n
+	switch n, err := private.TightenTree(filepath.Join(s.dir, corruptDir), nil); {
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("store: %w", err)
+	default:
+		tightened += n
 	}
 	root := filepath.Join(s.dir, chunksDir)
 	found := map[chunk.Key]found{}
@@ -348,24 +350,26 @@ func (s *Store) open() error {
 		case err != nil:
 			return fmt.Errorf("store: %w", err)
 		case changed:
-			s.tightened++
+			tightened++
 		}
 		d, err := os.Open(sub)
 		if err != nil {
 			return fmt.Errorf("store: open %s: %w", sub, err)
 		}
 		s.dirs[i] = d
-		if err := s.recoverDir(sub, found); err != nil {
+		n, err := s.recoverDir(sub, found)
+		if err != nil {
 			return err
 		}
+		tightened += n
 	}
 	for _, f := range found {
 		s.add(f.info, slot{n: f.slot, seq: f.seq})
 		s.nextSeq = max(s.nextSeq, f.seq+1)
 	}
-	if s.tightened > 0 {
+	if tightened > 0 {
 		s.log.Warn("store: removed group and world access from files and directories of the data directory",
-			"dir", s.dir, "entries", s.tightened)
+			"dir", s.dir, "entries", tightened)
 	}
 	if err := syncDir(root); err != nil {
 		return err
@@ -380,10 +384,10 @@ type found struct {
 }
 
 // recoverDir scans one fan-out directory.
-func (s *Store) recoverDir(sub string, versions map[chunk.Key]found) error {
+func (s *Store) recoverDir(sub string, versions map[chunk.Key]found) (tightened int, err error) {
 	ents, err := os.ReadDir(sub)
 	if err != nil {
-		return fmt.Errorf("store: scan %s: %w", sub, err)
+		return tightened, fmt.Errorf("store: scan %s: %w", sub, err)
 	}
 	for _, e := range ents {
 		name := e.Name()
@@ -391,7 +395,7 @@ func (s *Store) recoverDir(sub string, versions map[chunk.Key]found) error {
 		if strings.HasPrefix(name, tmpPrefix) {
 			s.log.Info("store: removing interrupted write", "file", path)
 			if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return fmt.Errorf("store: remove %s: %w", path, err)
+				return tightened, fmt.Errorf("store: remove %s: %w", path, err)
 			}
 			continue
 		}
@@ -403,7 +407,7 @@ func (s *Store) recoverDir(sub string, versions map[chunk.Key]found) error {
 		s.nextRow = max(s.nextRow, n/fanout+1)
 		fi, err := e.Info()
 		if err != nil {
-			return fmt.Errorf("store: stat %s: %w", path, err)
+			return tightened, fmt.Errorf("store: stat %s: %w", path, err)
 		}
 		if fi.Size() == 0 {
 			s.addFree(n, 0)
@@ -419,9 +423,9 @@ func (s *Store) recoverDir(sub string, versions map[chunk.Key]found) error {
 				mode = pendingMode
 			}
 			if err := os.Chmod(path, mode); err != nil {
-				return fmt.Errorf("store: make %s private: %w", path, err)
+				return tightened, fmt.Errorf("store: make %s private: %w", path, err)
 			}
-			s.tightened++
+			tightened++
 		}
 		info, seq, size, err := readHeaderFile(path)
 		if errors.Is(err, errFreedHeader) {
@@ -429,7 +433,7 @@ func (s *Store) recoverDir(sub string, versions map[chunk.Key]found) error {
 			if !pending {
 				s.log.Info("store: freeing the slot of a deleted version", "file", path)
 				if err := os.Chmod(path, pendingMode); err != nil {
-					return fmt.Errorf("store: mark %s free: %w", path, err)
+					return tightened, fmt.Errorf("store: mark %s free: %w", path, err)
 				}
 			}
 			s.addFree(n, fi.Size())
@@ -449,7 +453,7 @@ func (s *Store) recoverDir(sub string, versions map[chunk.Key]found) error {
 				continue
 			}
 			if err := os.Chmod(path, doneMode); err != nil {
-				return fmt.Errorf("store: mark %s complete: %w", path, err)
+				return tightened, fmt.Errorf("store: mark %s complete: %w", path, err)
 			}
 			s.log.Info("store: kept a whole version from a slot not marked complete", "file", path, "chunk", info.Key)
 		} else if err != nil {
@@ -469,7 +473,7 @@ func (s *Store) recoverDir(sub string, versions map[chunk.Key]found) error {
 		}
 		versions[info.Key] = found{info: info, slot: n, seq: seq}
 	}
-	return nil
+	return tightened, nil
 }
 
 func slotDir(sub string) uint64 {

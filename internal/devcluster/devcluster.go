@@ -440,11 +440,18 @@ func (c *Cluster) ClientTLS() auth.TLSFiles {
 // chunkd, status, admin commands) reaches meta: --secret-file and, with
 // TLS, --tls-ca, --tls-cert and --tls-key.
 func (c *Cluster) ClientArgs() []string {
-	args := []string{"--secret-file", c.SecretFile}
-	if f := c.ClientTLS(); f.Enabled() {
-		args = append(args, "--tls-ca", f.CA, "--tls-cert", f.Cert, "--tls-key", f.Key)
+	return append([]string{"--secret-file", c.SecretFile}, c.TLSArgs()...)
+}
+
+// TLSArgs returns a client's TLS flags (--tls-ca, --tls-cert, --tls-key;
+// none without TLS): ClientArgs without the secret, for a mount given a
+// mount token instead.
+func (c *Cluster) TLSArgs() []string {
+	f := c.ClientTLS()
+	if !f.Enabled() {
+		return nil
 	}
-	return args
+	return []string{"--tls-ca", f.CA, "--tls-cert", f.Cert, "--tls-key", f.Key}
 }
 
 // serverTLSArgs returns the TLS flags of a meta server of the cluster

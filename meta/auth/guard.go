@@ -74,23 +74,19 @@ func (g *Guard) check(ctx context.Context, method string, tokens bool) (context.
 		if grant := metadata.ValueFromIncomingContext(ctx, TokenMetadataKey); tokens && len(grant) > 0 {
 			t, err := VerifyGrant(string(g.secret), grant[0])
 			if err != nil {
-				g.reject(ctx, RejectBadToken, method)
+				g.Refused(ctx, RejectBadToken, method)
 				return ctx, status.Error(codes.Unauthenticated, err.Error())
 			}
 			return WithToken(ctx, &t), nil
 		}
-		g.reject(ctx, RejectNoSecret, method)
+		g.Refused(ctx, RejectNoSecret, method)
 		return ctx, status.Error(codes.Unauthenticated, ErrNoSecret)
 	}
 	if subtle.ConstantTimeCompare([]byte(vals[0]), g.secret) != 1 {
-		g.reject(ctx, RejectWrongSecret, method)
+		g.Refused(ctx, RejectWrongSecret, method)
 		return ctx, status.Error(codes.Unauthenticated, "wrong cluster secret: this client's secret file does not match the cluster's")
 	}
 	return ctx, nil
-}
-
-func (g *Guard) reject(ctx context.Context, reason, method string) {
-	g.Refused(ctx, reason, method)
 }
 
 // Refused counts and logs (rate-limited, with the peer's address) a call

@@ -35,10 +35,23 @@ const TokenMetadataKey = "rdmafs-token"
 // tokenPrefix starts every token file's content and every grant.
 const tokenPrefix = "rdmafs-token-1"
 
+// TokenID names a mount token; in its claims it is 16 hex digits.
+type TokenID [8]byte
+
+// MarshalText implements encoding.TextMarshaler.
+func (id TokenID) MarshalText() ([]byte, error) { return []byte(hex.EncodeToString(id[:])), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (id *TokenID) UnmarshalText(b []byte) error {
+	if n, err := hex.Decode(id[:], b); err != nil || n != len(id) || len(b) != 2*len(id) {
+		return fmt.Errorf("token id %q: want %d hex digits", b, 2*len(id))
+	}
+	return nil
+}
+
 // Token is what a mount token allows.
 type Token struct {
-	ID         [8]byte   `json:"-"`
-	IDHex      string    `json:"id"`
+	ID         TokenID   `json:"id"`
 	Subdir     string    `json:"subdir"` // absolute, cleaned: "/" is the whole file system
 	ReadOnly   bool      `json:"readonly,omitempty"`
 	SquashRoot bool      `json:"squash_root,omitempty"`
@@ -54,8 +67,8 @@ const Squashed = 65534
 var ErrBadToken = errors.New("invalid mount token")
 
 // NewTokenID returns a random token id.
-func NewTokenID() ([8]byte, error) {
-	var id [8]byte
+func NewTokenID() (TokenID, error) {
+	var id TokenID
 	_, err := rand.Read(id[:])
 	return id, err
 }
@@ -68,14 +81,13 @@ func IssueToken(secret string, t Token) (string, error) {
 		return "", fmt.Errorf("auth: token subdirectory %q is not an absolute path", t.Subdir)
 	}
 	t.Subdir = path.Clean(t.Subdir)
-	t.IDHex = hex.EncodeToString(t.ID[:])
 	claims, err := json.Marshal(t)
 	if err != nil {
 		return "", fmt.Errorf("auth: encode token: %w", err)
 	}
 	c := base64.RawURLEncoding.EncodeToString(claims)
 	m := base64.RawURLEncoding.EncodeToString(grantMAC(secret, c))
-	k := base64.RawURLEncoding.EncodeToString(DataKey([]byte(secret), t.ID, t.ReadOnly))
+	k := base64.RawURLEncoding.EncodeToString(datakey.ForToken([]byte(secret), t.ID, t.ReadOnly))
 	return strings.Join([]string{tokenPrefix, c, m, k}, ":"), nil
 }
 
@@ -84,13 +96,6 @@ func grantMAC(secret, claims string) []byte {
 	h.Write([]byte("rdmafs mount token grant\x00"))
 	h.Write([]byte(claims))
 	return h.Sum(nil)
-}
-
-// DataKey returns the key a token's mount authenticates to chunkd with,
-// derived from the secret, the token id and its read-only bit
-// (datakey.ForToken, which chunkd derives too).
-func DataKey(secret []byte, id [8]byte, readOnly bool) []byte {
-	return datakey.ForToken(secret, id, readOnly)
 }
 
 // MountToken is a token file as a mount reads it: what it sends meta (Grant)
@@ -154,11 +159,9 @@ func decodeClaims(s string) (Token, error) {
 	if err := dec.Decode(&t); err != nil {
 		return Token{}, fmt.Errorf("%w: claims: %v", ErrBadToken, err)
 	}
-	id, err := hex.DecodeString(t.IDHex)
-	if err != nil || len(id) != len(t.ID) {
-		return Token{}, fmt.Errorf("%w: id %q", ErrBadToken, t.IDHex)
+	if t.ID == (TokenID{}) {
+		return Token{}, fmt.Errorf("%w: no id", ErrBadToken)
 	}
-	copy(t.ID[:], id)
 	if !path.IsAbs(t.Subdir) || path.Clean(t.Subdir) != t.Subdir {
 		return Token{}, fmt.Errorf("%w: subdirectory %q", ErrBadToken, t.Subdir)
 	}

@@ -141,7 +141,7 @@ func (s *Service) Restrict(ctx context.Context, t *auth.Token, method string, re
 		// These calls carry no caller: the permission check is the open's,
 		// made for the caller who opened the file.
 		ino := m.Get(m.Descriptor().Fields().ByName("ino")).Uint()
-		if err := s.openedByToken(ctx, t, ino, rule == tokenDataWrite); err != nil {
+		if err := s.openedByToken(ctx, t, st, ino, rule == tokenDataWrite); err != nil {
 			return err
 		}
 	}
@@ -153,7 +153,7 @@ func (s *Service) Restrict(ctx context.Context, t *auth.Token, method string, re
 
 // openedByToken reports whether one of t's sessions has ino open (for
 // writing if write).
-func (s *Service) openedByToken(ctx context.Context, t *auth.Token, ino uint64, write bool) error {
+func (s *Service) openedByToken(ctx context.Context, t *auth.Token, st *tokenState, ino uint64, write bool) error {
 	found := false
 	err := s.view(ctx, func(r kv.Reader) error {
 		found = false
@@ -161,15 +161,12 @@ func (s *Service) openedByToken(ctx context.Context, t *auth.Token, ino uint64, 
 			if write && !w {
 				return nil
 			}
-			var rec metapb.SessionRecord
-			if ok, err := getMsg(r, keys.Session(session), &rec); err != nil || !ok {
-				return err
-			}
-			if bytes.Equal(rec.TokenId, t.ID[:]) {
+			_, owned, err := st.owns(r, t, session)
+			if err == nil && owned {
 				found = true
 				return kv.ErrStop
 			}
-			return nil
+			return err
 		})
 	})
 	if err != nil {
@@ -183,6 +180,29 @@ func (s *Service) openedByToken(ctx context.Context, t *auth.Token, ino uint64, 
 		return metaerr.New(syscall.EACCES, "inode %d is not %s in a session of mount token %x", ino, how, t.ID)
 	}
 	return nil
+}
+
+// owns reports whether session id exists and whether it was opened with t,
+// from the sessions st knows or the session's record in r (remembered when
+// it was).
+func (st *tokenState) owns(r kv.Reader, t *auth.Token, id uint64) (exists, owned bool, err error) {
+	st.mu.Lock()
+	_, ok := st.sessions[id]
+	st.mu.Unlock()
+	if ok {
+		return true, true, nil
+	}
+	var rec metapb.SessionRecord
+	if exists, err = getMsg(r, keys.Session(id), &rec); err != nil || !exists {
+		return exists, false, err
+	}
+	if !bytes.Equal(rec.TokenId, t.ID[:]) {
+		return true, false, nil
+	}
+	st.mu.Lock()
+	st.sessions[id] = struct{}{}
+	st.mu.Unlock()
+	return true, true, nil
 }
 
 // sessionsOf returns the session ids a request names: its session_id, and a
@@ -204,30 +224,25 @@ func sessionsOf(m protoreflect.Message) []uint64 {
 // calls may name only its own sessions (their opens, locks and lifetime).
 func (s *Service) ownSession(ctx context.Context, t *auth.Token, st *tokenState, id uint64) error {
 	st.mu.Lock()
-	_, ok := st.sessions[id]
+	_, known := st.sessions[id]
 	st.mu.Unlock()
-	if ok {
-		return nil
+	if known {
+		return nil // no transaction for the common case
 	}
-	var rec metapb.SessionRecord
-	var found bool
+	var exists, owned bool
 	err := s.view(ctx, func(r kv.Reader) error {
 		var err error
-		found, err = getMsg(r, keys.Session(id), &rec)
+		exists, owned, err = st.owns(r, t, id)
 		return err
 	})
-	if err != nil {
+	switch {
+	case err != nil:
 		return err
-	}
-	if !found {
+	case !exists:
 		return metaerr.New(syscall.ESTALE, "session %d expired or unknown", id)
-	}
-	if !bytes.Equal(rec.TokenId, t.ID[:]) {
+	case !owned:
 		return metaerr.New(syscall.EACCES, "session %d was not opened with mount token %x", id, t.ID)
 	}
-	st.mu.Lock()
-	st.sessions[id] = struct{}{}
-	st.mu.Unlock()
 	return nil
 }
 
@@ -262,18 +277,11 @@ func (st *tokenState) rememberLocked(ino uint64) {
 	st.allowed[ino] = struct{}{}
 }
 
+// collectInodes calls remember with the "ino" field of every message in m.
 func collectInodes(m protoreflect.Message, remember func(uint64)) {
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		switch {
-		case fd.Name() == "ino" && fd.Kind() == protoreflect.Uint64Kind && !fd.IsList():
-			remember(v.Uint())
-		case fd.Kind() == protoreflect.MessageKind && fd.IsList():
-			l := v.List()
-			for i := 0; i < l.Len(); i++ {
-				collectInodes(l.Get(i).Message(), remember)
-			}
-		case fd.Kind() == protoreflect.MessageKind && !fd.IsMap():
-			collectInodes(v.Message(), remember)
+	metapb.Walk(m, func(m protoreflect.Message) bool {
+		if fd := m.Descriptor().Fields().ByName("ino"); fd != nil && fd.Kind() == protoreflect.Uint64Kind && !fd.IsList() && m.Has(fd) {
+			remember(m.Get(fd).Uint())
 		}
 		return true
 	})

@@ -22,12 +22,19 @@ func SameShards(a, b []*Shard) bool {
 // EachShard calls fn with every Shard in m, at any depth (the shards of a
 // reply's stripes, whatever the reply).
 func EachShard(m proto.Message, fn func(*Shard)) {
-	eachShard(m.ProtoReflect(), fn)
+	Walk(m.ProtoReflect(), func(m protoreflect.Message) bool {
+		if sh, ok := m.Interface().(*Shard); ok {
+			fn(sh)
+			return false
+		}
+		return true
+	})
 }
 
-func eachShard(m protoreflect.Message, fn func(*Shard)) {
-	if sh, ok := m.Interface().(*Shard); ok {
-		fn(sh)
+// Walk calls fn with m and, depth first, every message set in its fields and
+// lists (not maps), descending into a message only when fn returns true.
+func Walk(m protoreflect.Message, fn func(protoreflect.Message) bool) {
+	if !fn(m) {
 		return
 	}
 	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
@@ -36,10 +43,10 @@ func eachShard(m protoreflect.Message, fn func(*Shard)) {
 		case fd.IsList():
 			l := v.List()
 			for i := 0; i < l.Len(); i++ {
-				eachShard(l.Get(i).Message(), fn)
+				Walk(l.Get(i).Message(), fn)
 			}
 		default:
-			eachShard(v.Message(), fn)
+			Walk(v.Message(), fn)
 		}
 		return true
 	})

@@ -262,13 +262,8 @@ func mountWithToken(t *testing.T, c *devcluster.Cluster, tokenFile, dir string) 
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"mount", c.MetaAddr, dir, "--token-file", tokenFile, "--transport", c.Transport, "--mem", "64MiB"}
-	client := c.ClientArgs()
-	for i := 0; i < len(client); i += 2 {
-		if client[i] != "--secret-file" {
-			args = append(args, client[i], client[i+1])
-		}
-	}
+	args := append([]string{"mount", c.MetaAddr, dir, "--token-file", tokenFile, "--transport", c.Transport, "--mem", "64MiB"},
+		c.TLSArgs()...)
 	var log bytes.Buffer
 	cmd := exec.Command(filepath.Join(binDir, "rdmafs"), args...)
 	cmd.Stdout, cmd.Stderr = &log, &log
