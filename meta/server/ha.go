@@ -366,20 +366,25 @@ func restrictTokens(svc *core.Service, guard *auth.Guard, secret []byte) grpc.Un
 			return nil, err
 		}
 		resp, err := h(ctx, req)
-		if err == nil {
-			if r, ok := resp.(proto.Message); ok {
-				// A copy: the service may share the reply's messages
-				// (cached stripes, exactly-once records).
-				r = proto.Clone(r)
-				svc.Admitted(t, r)
-				// Write capabilities only where meta grants a write.
-				write := !t.ReadOnly && (method == "GrantWrite" || method == "ReplaceShards")
-				metapb.EachShard(r, func(sh *metapb.Shard) {
-					sh.Cap, sh.CapWrite = datakey.Capability(secret, t.ID, sh.ChunkId, write), write
-				})
-				resp = r
-			}
+		r, ok := resp.(proto.Message)
+		if err != nil || !ok {
+			return resp, err
 		}
-		return resp, err
+		// A reply this changes (the session's root, the shards'
+		// capabilities) is copied first: the service may share its
+		// messages (cached stripes, exactly-once records). The others are
+		// only read.
+		_, changed := r.(*metapb.OpenSessionReply)
+		metapb.EachShard(r, func(*metapb.Shard) { changed = true })
+		if changed {
+			r = proto.Clone(r)
+		}
+		svc.Admitted(t, r)
+		// Write capabilities only where meta grants a write.
+		write := !t.ReadOnly && (method == "GrantWrite" || method == "ReplaceShards")
+		metapb.EachShard(r, func(sh *metapb.Shard) {
+			sh.Cap, sh.CapWrite = datakey.Capability(secret, t.ID, sh.ChunkId, write), write
+		})
+		return r, nil
 	}
 }
