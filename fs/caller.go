@@ -21,8 +21,9 @@ const groupCacheTTL = time.Second
 // callers turns the caller of a FUSE request into a metapb.Caller with its
 // supplementary groups, caching the groups per pid briefly.
 type callers struct {
-	mu    sync.Mutex
-	cache map[uint32]groupEntry
+	session uint64 // the mount's session, named in every caller
+	mu      sync.Mutex
+	cache   map[uint32]groupEntry
 }
 
 type groupEntry struct {
@@ -30,15 +31,17 @@ type groupEntry struct {
 	at     time.Time
 }
 
-func newCallers() *callers { return &callers{cache: map[uint32]groupEntry{}} }
+func newCallers(session uint64) *callers {
+	return &callers{session: session, cache: map[uint32]groupEntry{}}
+}
 
 // of returns the caller of the request ctx belongs to.
 func (c *callers) of(ctx context.Context) *metapb.Caller {
 	fc, ok := fuse.FromContext(ctx)
 	if !ok {
-		return &metapb.Caller{}
+		return &metapb.Caller{Session: c.session}
 	}
-	caller := &metapb.Caller{Uid: fc.Uid, Gid: fc.Gid}
+	caller := &metapb.Caller{Uid: fc.Uid, Gid: fc.Gid, Session: c.session}
 	if fc.Uid != 0 && fc.Pid != 0 {
 		caller.Groups = c.groups(fc.Pid)
 	}

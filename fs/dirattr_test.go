@@ -13,9 +13,10 @@ import (
 
 // TestDirAttrsAfterChanges checks that a directory's attributes seen through
 // the mount right after a create, an unlink, a rename and a mkdir in it are
-// the metadata service's (the mount answers the kernel's getattr after a
-// create or unlink from the change's reply, and must not answer with them
-// after a later change).
+// the metadata service's once the changes have reached it (the mount answers
+// the kernel's getattr after a create or unlink from the change's reply, or
+// as it answered the change itself, and must not answer with them after a
+// later change).
 func TestDirAttrsAfterChanges(t *testing.T) {
 	c := fstest.Start(t, fstest.Options{})
 	mc := c.Meta.Client(t)
@@ -30,6 +31,14 @@ func TestDirAttrsAfterChanges(t *testing.T) {
 	ino := st.Ino
 	same := func(what string) {
 		t.Helper()
+		// fsyncdir waits for the changes the mount answered early.
+		if f, err := os.Open(d); err != nil {
+			t.Fatal(err)
+		} else if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		} else {
+			f.Close()
+		}
 		if err := syscall.Stat(d, &st); err != nil {
 			t.Fatal(err)
 		}

@@ -74,6 +74,10 @@ type Options struct {
 	// same few pages instead of filling memory with data it will not read,
 	// as RWF_DONTCACHE does for local files.
 	DropBehind int64
+	// Early, when set, lets the mount answer creates and unlinks before
+	// the metadata service has applied them (early.go); nil: every
+	// namespace change waits for meta.
+	Early Early
 }
 
 // FS is a mounted rdmafs.
@@ -83,9 +87,10 @@ type FS struct {
 	callers *callers
 	log     *slog.Logger
 
-	dropping atomic.Int32 // page cache invalidations in flight (drop-behind)
-	releases releaser     // closed files' opens, on their way to meta
-	locks    lockTable    // the file locks this mount's processes hold
+	dropping  atomic.Int32  // page cache invalidations in flight (drop-behind)
+	earlyLost atomic.Uint64 // changes answered early that meta refused (early.go)
+	releases  releaser      // closed files' opens, on their way to meta
+	locks     lockTable     // the file locks this mount's processes hold
 
 	// Read replies, so that a read costs no allocation.
 	inPlace      sync.Pool // of *inPlaceResult
@@ -104,7 +109,7 @@ func New(opts Options) (*FS, *Node) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	f := &FS{opts: opts, meta: opts.Meta, callers: newCallers(), log: opts.Logger}
+	f := &FS{opts: opts, meta: opts.Meta, callers: newCallers(opts.Session), log: opts.Logger}
 	f.releases = releaser{meta: opts.Meta, session: opts.Session, log: opts.Logger}
 	root := opts.Root
 	if root == 0 {
@@ -136,6 +141,13 @@ type Node struct {
 	dirAttr      *metapb.Attr
 	dirAttrUntil time.Time
 	dirGen       uint64 // counts changes through this mount, so that a reply overtaken by one is not kept
+	// reserved are the names of this directory meta holds for the mount,
+	// with when the hold stops being usable (early.go).
+	reserved map[string]reservedName
+	// lastAttr is a directory's attributes as meta last reported them to
+	// this mount: an unlink answered early (early.go) derives what the
+	// kernel's next getattr gets from them.
+	lastAttr *metapb.Attr
 }
 
 // dirChange notes a change to the directory through this mount: it forgets
@@ -156,7 +168,7 @@ func (n *Node) noteDirAttr(gen uint64, a *metapb.Attr) {
 	if a == nil || a.Ino != n.ino || n.dirGen != gen {
 		return
 	}
-	n.dirAttr, n.dirAttrUntil = a, time.Now().Add(n.fsys.opts.AttrTimeout)
+	n.dirAttr, n.dirAttrUntil, n.lastAttr = a, time.Now().Add(n.fsys.opts.AttrTimeout), a
 }
 
 // cachedDirAttr returns the attributes noteDirAttr recorded, once: they
@@ -433,13 +445,23 @@ func (n *Node) entry(ctx context.Context, a *metapb.Attr, out *fuse.EntryOut) *g
 	return n.NewInode(ctx, child, gofs.StableAttr{Mode: a.Mode & syscall.S_IFMT, Ino: a.Ino, Gen: a.Generation})
 }
 
-// Lookup implements gofs.NodeLookuper.
+// Lookup implements gofs.NodeLookuper. With early creates on, a missing
+// name is reserved for the mount (early.go).
 func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	ctx, done := killable(ctx)
 	defer done()
-	r, err := n.fsys.meta.Lookup(ctx, &metapb.LookupRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
+	early := n.fsys.opts.Early != nil
+	sent := time.Now()
+	r, err := n.fsys.meta.Lookup(ctx, &metapb.LookupRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Reserve: early})
 	if err != nil {
 		return nil, errno(err)
+	}
+	if r.Reserved {
+		n.noteReserved(name, sent, r)
+		return nil, syscall.ENOENT
+	}
+	if r.Attr == nil {
+		return nil, syscall.EIO
 	}
 	return n.entry(ctx, r.Attr, out), 0
 }
@@ -456,6 +478,11 @@ func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut
 	r, err := n.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: n.ino})
 	if err != nil {
 		return errno(err)
+	}
+	if r.Attr.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		n.mu.Lock()
+		n.lastAttr = r.Attr
+		n.mu.Unlock()
 	}
 	n.fsys.fillAttr(r.Attr, &out.Attr)
 	out.SetTimeout(n.fsys.opts.AttrTimeout)
@@ -526,6 +553,9 @@ func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 // Create implements gofs.NodeCreater: the file is created and opened in one
 // transaction. The kernel has applied the umask to mode already.
 func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if ino, fh, ok := n.createEarly(ctx, name, flags, mode, out); ok {
+		return ino, fh, 0, 0
+	}
 	ctx, done := killable(ctx)
 	defer done()
 	gen := n.dirChange()
@@ -621,6 +651,9 @@ func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 
 // Unlink implements gofs.NodeUnlinker.
 func (n *Node) Unlink(ctx context.Context, name string) syscall.Errno {
+	if n.unlinkEarly(ctx, name) {
+		return 0
+	}
 	ctx, done := killable(ctx)
 	defer done()
 	gen := n.dirChange()

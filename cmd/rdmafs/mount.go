@@ -49,7 +49,7 @@ type mountFlags struct {
 	dirtyLimit, readaheadMem, kernelReadahead, dropBehind string
 	readaheadStripes, procs                               int
 	attrTimeout, entryTimeout, ioTimeout, writeTimeout    time.Duration
-	background, debug, schedBatch                         bool
+	background, debug, schedBatch, wsync                  bool
 	cpuProfile                                            string
 	tls                                                   auth.TLSFiles
 }
@@ -78,6 +78,7 @@ type mountConfig struct {
 	logFile              string // --log-file; empty: stderr
 	cpuProfile           string // --cpuprofile; empty: off
 	debug, schedBatch    bool
+	wsync                bool // --wsync: no creates or unlinks answered before meta
 }
 
 // newMountCommand is `rdmafs mount`; runMount does the work.
@@ -114,6 +115,7 @@ unmounts; --background returns once the file system is mounted.`,
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFile, "log-file", "", "log to this file, created 0600 (default stderr; --background: mount-MOUNTPOINT.log in /var/log/rdmafs, or ~/.local/state/rdmafs when not root)")
 	fl.BoolVar(&f.background, "background", false, "return once mounted, serving in a background process")
+	fl.BoolVar(&f.wsync, "wsync", false, "answer every create and unlink only once meta has applied it (by default a create of a name meta reserved for this mount, and an unlink, are answered at once and sent behind, in order; fsync and fsyncdir wait for them), as CephFS's wsync")
 	fl.BoolVar(&f.schedBatch, "sched-batch", true, "run under SCHED_BATCH (no wake-up preemption: fewer context switches per request)")
 	fl.IntVar(&f.procs, "procs", 0, "Go scheduler processors for the mount (GOMAXPROCS; default $GOMAXPROCS, else the larger of 16 and the CPU count): FUSE reader threads hold one each while blocked reading /dev/fuse")
 	fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
@@ -212,7 +214,7 @@ func (f *mountFlags) config(metaAddr, mountpoint string) (*mountConfig, error) {
 		readaheadStripes: f.readaheadStripes, procs: f.procs,
 		attrTimeout: f.attrTimeout, entryTimeout: f.entryTimeout, ioTimeout: f.ioTimeout, writeTimeout: f.writeTimeout,
 		metrics: f.metrics, logFile: f.logFile, cpuProfile: f.cpuProfile,
-		debug: f.debug, schedBatch: f.schedBatch,
+		debug: f.debug, schedBatch: f.schedBatch, wsync: f.wsync,
 	}
 	var err error
 	if c.tls, err = f.tls.ClientConfig(); err != nil {
@@ -414,8 +416,14 @@ func serveMountMetrics(addr string, eng *fileio.Engine, logger *slog.Logger) (st
 // mountFS builds the file system over m's session and eng and mounts it on
 // c.mountpoint; the returned server is serving the kernel's requests.
 func (c *mountConfig) mountFS(m *mountMeta, eng *fileio.Engine, logger *slog.Logger) (*fs.FS, *fuse.Server, error) {
-	fsys, root := fs.New(fs.Options{Meta: m.client, Session: m.session.ID(), Root: m.session.RootIno(), Data: eng,
-		AttrTimeout: c.attrTimeout, EntryTimeout: c.entryTimeout, Logger: logger, DropBehind: c.dropBehind})
+	opts := fs.Options{Meta: m.client, Session: m.session.ID(), Root: m.session.RootIno(), Data: eng,
+		AttrTimeout: c.attrTimeout, EntryTimeout: c.entryTimeout, Logger: logger, DropBehind: c.dropBehind}
+	if !c.wsync && m.token == nil {
+		// A mount token's mount sends every change itself: meta gives
+		// its session no inode numbers nor names.
+		opts.Early = m.session
+	}
+	fsys, root := fs.New(opts)
 	srv, err := fs.Mount(c.mountpoint, root, fs.MountOptions{Debug: c.debug, MaxReadAhead: c.kernelReadahead})
 	if err != nil {
 		return nil, nil, err

@@ -34,6 +34,9 @@ type Options struct {
 	FileDirtyLimit int
 	// IOTimeout and WriteTimeout are fileio.Config's (default: the engine's).
 	IOTimeout, WriteTimeout time.Duration
+	// Wsync turns off creates and unlinks answered early (fs.Options.Early),
+	// which mounts without WrapMeta use otherwise.
+	Wsync bool
 	// ChunkConfig, when set, adjusts chunkserver i's configuration before it
 	// starts (to advertise another address, say).
 	ChunkConfig func(i int, cfg *chunkserver.Config)
@@ -108,7 +111,11 @@ func (c *Cluster) mount(t *testing.T, wrap func(metapb.MetaClient) metapb.MetaCl
 		sess.Close(ctx)
 		eng.Close()
 	})
-	_, root := fs.New(fs.Options{Meta: fsMeta, Session: sess.ID(), Data: eng, DropBehind: c.opts.DropBehind})
+	opts := fs.Options{Meta: fsMeta, Session: sess.ID(), Data: eng, DropBehind: c.opts.DropBehind}
+	if wrap == nil && !c.opts.Wsync {
+		opts.Early = sess // calls sent behind would bypass a wrapper
+	}
+	_, root := fs.New(opts)
 	return MountRoot(t, root), eng
 }
 

@@ -37,6 +37,7 @@ const (
 type Client struct {
 	metapb.MetaClient
 	fo *failover
+	bg *behind // calls sent behind (behind.go); MetaClient's calls go through it
 }
 
 // Dial connects to the metadata service at addrs: one host:port, or several
@@ -118,7 +119,8 @@ func dial(addrs string, creds credentials.PerRPCCredentials, opts []grpc.DialOpt
 		fo.conns = append(fo.conns, conn)
 		fo.addrs = append(fo.addrs, a)
 	}
-	return &Client{MetaClient: metapb.NewMetaClient(fo), fo: fo}, nil
+	bg := newBehind(fo)
+	return &Client{MetaClient: metapb.NewMetaClient(bg), fo: fo, bg: bg}, nil
 }
 
 // SplitAddrs splits a comma-separated list of host:port addresses.
@@ -192,6 +194,7 @@ type Session struct {
 	done   chan struct{}
 	mu     sync.Mutex
 	err    error
+	inos   inoPool
 }
 
 // StartSession opens a session named client with the given TTL (0: server
@@ -245,8 +248,11 @@ func (s *Session) keepalive(ctx context.Context, every time.Duration) {
 }
 
 // Close stops the keepalives and closes the session on the server, which
-// releases its open files.
+// releases its open files. The calls sent behind go first.
 func (s *Session) Close(ctx context.Context) error {
+	if err := s.c.WaitBehind(ctx); err != nil {
+		return fmt.Errorf("client: close session %d: %w", s.id, err)
+	}
 	s.cancel()
 	<-s.done
 	if _, err := s.c.CloseSession(ctx, &metapb.CloseSessionRequest{SessionId: s.id}); err != nil {

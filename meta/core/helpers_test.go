@@ -76,6 +76,9 @@ type env struct {
 	clock *fakeclock.Clock
 	dir   string
 	open  storeFactory
+	// reserveGrace is Config.ReserveGrace (default here: none to speak of,
+	// so that restarts in tests do not wait).
+	reserveGrace time.Duration
 }
 
 var (
@@ -96,7 +99,7 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, e *env)) {
 			if _, err := Format(context.Background(), st, testLayout, time.Unix(1700000000, 0)); err != nil {
 				t.Fatal(err)
 			}
-			e := &env{t: t, ctx: context.Background(), store: st, clock: fakeclock.New(time.Unix(1700000000, 0)), dir: dir, open: open}
+			e := &env{t: t, ctx: context.Background(), store: st, clock: fakeclock.New(time.Unix(1700000000, 0)), dir: dir, open: open, reserveGrace: time.Nanosecond}
 			e.start()
 			t.Cleanup(func() { e.store.Close() })
 			fn(t, e)
@@ -105,7 +108,8 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, e *env)) {
 }
 
 func (e *env) start() {
-	s, err := New(e.ctx, Config{Store: e.store, Now: e.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), HeartbeatTimeout: 5 * time.Second, SessionTTL: 10 * time.Second, GrantTTL: time.Minute})
+	s, err := New(e.ctx, Config{Store: e.store, Now: e.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), HeartbeatTimeout: 5 * time.Second, SessionTTL: 10 * time.Second, GrantTTL: time.Minute,
+		ReserveGrace: e.reserveGrace})
 	if err != nil {
 		e.t.Fatal(err)
 	}

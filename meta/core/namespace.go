@@ -13,11 +13,17 @@ import (
 )
 
 // Lookup implements metapb.MetaServer: it needs search permission on parent.
+// With reserve, a missing name the caller's session may create is held for
+// it (reserve.go) and the reply says so instead of failing with ENOENT.
 func (s *Service) Lookup(ctx context.Context, req *metapb.LookupRequest) (*metapb.EntryReply, error) {
 	if err := checkName(req.Name); err != nil {
 		return nil, err
 	}
 	c := caller(req.Caller)
+	// The name is held before it is looked up: a create of another session
+	// that commits it after the lookup would otherwise go unseen.
+	reserved := req.Reserve && c.Session != 0 && s.checkSession(c.Session) == nil &&
+		s.reserved.reserve(c.Session, req.Parent, req.Name, s.now(), s.cfg.ReserveTTL)
 	var out *metapb.EntryReply
 	err := s.view(ctx, func(r kv.Reader) error {
 		p, err := getDir(r, req.Parent)
@@ -32,6 +38,15 @@ func (s *Service) Lookup(ctx context.Context, req *metapb.LookupRequest) (*metap
 			return err
 		}
 		if !ok {
+			if reserved && p.Attr.Nlink > 0 && checkAccess(c, p.Attr, mayWrite) == nil {
+				l := metapb.LayoutOf(s.def)
+				if p.DirLayout != nil {
+					l = p.DirLayout
+				}
+				out = &metapb.EntryReply{Reserved: true, Parent: p.Attr, NewLayout: l,
+					ReservedMs: uint32(s.cfg.ReserveTTL.Milliseconds())}
+				return nil
+			}
 			return metaerr.New(syscall.ENOENT, "%q not found in directory %d", req.Name, req.Parent)
 		}
 		child, err := getInode(r, d.Ino)
@@ -41,6 +56,9 @@ func (s *Service) Lookup(ctx context.Context, req *metapb.LookupRequest) (*metap
 		out = &metapb.EntryReply{Attr: child.Attr, Cookie: d.Cookie}
 		return nil
 	})
+	if reserved && (err != nil || !out.Reserved) {
+		s.reserved.unreserve(c.Session, req.Parent, req.Name)
+	}
 	return out, err
 }
 
@@ -83,6 +101,10 @@ type newNode struct {
 	exclusive bool   // regular files: fail if the name exists
 	session   uint64 // regular files: open in this session
 	openFlags uint32
+	// ino and timeNs, when ino is set, are the inode number and times the
+	// client chose: it answered the create before sending it.
+	ino    uint64
+	timeNs int64
 }
 
 // create makes a new entry name in parent. For a non-exclusive create of a
@@ -91,11 +113,22 @@ func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, n
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
+	if n.ino != 0 {
+		n.exclusive = true // the client gave the kernel a new file already
+	}
+	release, err := s.acquireName(ctx, c.Session, parent, name, n.ino != 0)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	var out *metapb.EntryReply
 	created := false
-	_, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
+	_, err = updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		created = false
 		now := s.now().UnixNano()
+		if n.timeNs != 0 {
+			now = n.timeNs
+		}
 		p, err := getDir(t, parent)
 		if err != nil {
 			return err
@@ -135,24 +168,17 @@ func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, n
 				return err
 			}
 		}
-		ino, err := nextID(t, counterIno, 1)
-		if err != nil {
+		ino := n.ino
+		if ino != 0 {
+			if err := checkClientIno(t, n.session, ino); err != nil {
+				return err
+			}
+		} else if ino, err = nextID(t, counterIno, 1); err != nil {
 			return err
 		}
-		a := &metapb.Attr{Ino: ino, Mode: n.mode, Uid: c.Uid, Gid: c.Gid, Nlink: 1,
-			AtimeNs: now, MtimeNs: now, CtimeNs: now, Rdev: n.rdev, Generation: 1, StoredKnown: true}
+		a := metapb.NewAttr(c, p.Attr, ino, n.mode, now)
+		a.Rdev = n.rdev
 		rec := &metapb.InodeRecord{Attr: a, Symlink: n.symlink, Parent: parent}
-		if p.Attr.Mode&syscall.S_ISGID != 0 {
-			// setgid directory: new entries take its group, new
-			// subdirectories inherit the bit.
-			a.Gid = p.Attr.Gid
-			if isDir(a) {
-				a.Mode |= syscall.S_ISGID
-			}
-		}
-		if !isDir(a) && a.Mode&syscall.S_ISGID != 0 && a.Mode&syscall.S_IXGRP != 0 && !isRoot(c) && !inGroup(c, a.Gid) {
-			a.Mode &^= syscall.S_ISGID
-		}
 		switch fileType(n.mode) {
 		case syscall.S_IFDIR:
 			a.Nlink = 2
@@ -211,7 +237,7 @@ func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, n
 func (s *Service) Create(ctx context.Context, req *metapb.CreateRequest) (*metapb.EntryReply, error) {
 	return s.create(ctx, caller(req.Caller), req.Parent, req.Name, newNode{
 		mode: syscall.S_IFREG | req.Mode&0o7777, exclusive: req.Exclusive,
-		session: req.SessionId, openFlags: req.OpenFlags,
+		session: req.SessionId, openFlags: req.OpenFlags, ino: req.Ino, timeNs: req.TimeNs,
 	})
 }
 
@@ -259,8 +285,13 @@ func (s *Service) Link(ctx context.Context, req *metapb.LinkRequest) (*metapb.En
 		return nil, err
 	}
 	c := caller(req.Caller)
+	release, err := s.acquireName(ctx, c.Session, req.NewParent, req.NewName, false)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	var out *metapb.EntryReply
-	_, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
+	_, err = updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		now := s.now().UnixNano()
 		src, err := getInode(t, req.Ino)
 		if err != nil {
@@ -324,15 +355,18 @@ func removeEntry(t kv.Txn, parent uint64, name string, d *metapb.DentryRecord) e
 
 // Unlink implements metapb.MetaServer.
 func (s *Service) Unlink(ctx context.Context, req *metapb.UnlinkRequest) (*metapb.DirReply, error) {
-	return s.remove(ctx, caller(req.Caller), req.Parent, req.Name, false)
+	return s.remove(ctx, caller(req.Caller), req.Parent, req.Name, false, req.Ino, req.TimeNs)
 }
 
 // Rmdir implements metapb.MetaServer.
 func (s *Service) Rmdir(ctx context.Context, req *metapb.RmdirRequest) (*metapb.DirReply, error) {
-	return s.remove(ctx, caller(req.Caller), req.Parent, req.Name, true)
+	return s.remove(ctx, caller(req.Caller), req.Parent, req.Name, true, 0, 0)
 }
 
-func (s *Service) remove(ctx context.Context, c *metapb.Caller, parent uint64, name string, dir bool) (*metapb.DirReply, error) {
+// remove removes name from parent: a directory (Rmdir) or another file
+// (Unlink). With ino set, only if name refers to that inode (else ENOENT);
+// with timeNs set, that is the time of the change.
+func (s *Service) remove(ctx context.Context, c *metapb.Caller, parent uint64, name string, dir bool, ino uint64, timeNs int64) (*metapb.DirReply, error) {
 	if dir && (name == "." || name == "..") {
 		if name == "." {
 			return nil, metaerr.New(syscall.EINVAL, "rmdir of '.'")
@@ -342,11 +376,19 @@ func (s *Service) remove(ctx context.Context, c *metapb.Caller, parent uint64, n
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
+	if dir {
+		if err := s.awaitChildDir(ctx, c, parent, name); err != nil {
+			return nil, err
+		}
+	}
 	var purged int64
 	out := &metapb.DirReply{}
 	_, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		purged = 0
 		now := s.now().UnixNano()
+		if timeNs != 0 {
+			now = timeNs
+		}
 		p, err := getDir(t, parent)
 		if err != nil {
 			return err
@@ -358,7 +400,7 @@ func (s *Service) remove(ctx context.Context, c *metapb.Caller, parent uint64, n
 		if err != nil {
 			return err
 		}
-		if !ok {
+		if !ok || (ino != 0 && d.Ino != ino) {
 			return metaerr.New(syscall.ENOENT, "%q not found in directory %d", name, parent)
 		}
 		child, err := getInode(t, d.Ino)
@@ -426,6 +468,48 @@ func (s *Service) dropLink(t kv.Txn, child *metapb.InodeRecord, now int64) (int6
 		return 0, t.Put(keys.Orphan(child.Attr.Ino), nil)
 	}
 	return 1, purgeInode(t, child)
+}
+
+// awaitChildDir waits until no other session holds a name in the
+// directory name of parent, before it is removed.
+func (s *Service) awaitChildDir(ctx context.Context, c *metapb.Caller, parent uint64, name string) error {
+	var child uint64
+	if err := s.view(ctx, func(r kv.Reader) error {
+		d, ok, err := getDentry(r, parent, name)
+		if ok {
+			child = d.Ino
+		}
+		return err
+	}); err != nil || child == 0 {
+		return err
+	}
+	return s.awaitDir(ctx, c.Session, child)
+}
+
+// checkClientIno fails unless ino lies in a range AllocInodes gave session
+// and no inode has it.
+func checkClientIno(t kv.Txn, session, ino uint64) error {
+	rec := &metapb.SessionRecord{}
+	ok, err := getMsg(t, keys.Session(session), rec)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return metaerr.New(syscall.ESTALE, "session %d expired or unknown", session)
+	}
+	in := false
+	for _, r := range rec.InoRanges {
+		in = in || (ino >= r.First && ino < r.End)
+	}
+	if !in {
+		return metaerr.New(syscall.EINVAL, "inode %d was not given to session %d", ino, session)
+	}
+	if _, found, err := t.Get(keys.Inode(ino)); err != nil {
+		return err
+	} else if found {
+		return metaerr.New(syscall.EEXIST, "inode %d exists", ino)
+	}
+	return nil
 }
 
 func dirEmpty(r kv.Reader, ino uint64) (bool, error) {

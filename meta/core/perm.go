@@ -26,18 +26,6 @@ func caller(c *metapb.Caller) *metapb.Caller {
 
 func isRoot(c *metapb.Caller) bool { return c.Uid == 0 }
 
-func inGroup(c *metapb.Caller, gid uint32) bool {
-	if c.Gid == gid {
-		return true
-	}
-	for _, g := range c.Groups {
-		if g == gid {
-			return true
-		}
-	}
-	return false
-}
-
 // allowed reports whether c may access a with the mask of may* bits, using
 // the owner, group or other permission class as Linux does (no ACLs).
 func allowed(c *metapb.Caller, a *metapb.Attr, mask uint32) bool {
@@ -53,7 +41,7 @@ func allowed(c *metapb.Caller, a *metapb.Attr, mask uint32) bool {
 	switch {
 	case c.Uid == a.Uid:
 		perm = a.Mode >> 6
-	case inGroup(c, a.Gid):
+	case c.InGroup(a.Gid):
 		perm = a.Mode >> 3
 	default:
 		perm = a.Mode

@@ -24,11 +24,22 @@ func (s *Service) Rename(ctx context.Context, req *metapb.RenameRequest) (*metap
 	if err := checkName(req.NewName); err != nil {
 		return nil, err
 	}
+	c := caller(req.Caller)
+	// The new name may be reserved by another session, or be a directory
+	// that the rename replaces and in which another session holds names.
+	release, err := s.acquireName(ctx, c.Session, req.NewParent, req.NewName, false)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if err := s.awaitChildDir(ctx, c, req.NewParent, req.NewName); err != nil {
+		return nil, err
+	}
 	var purged int64
 	out := &metapb.Empty{}
-	_, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
+	_, err = updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		purged = 0
-		r := &renameTx{req: req, c: caller(req.Caller), noReplace: noReplace, exchange: exchange, now: s.now().UnixNano()}
+		r := &renameTx{req: req, c: c, noReplace: noReplace, exchange: exchange, now: s.now().UnixNano()}
 		if same, err := r.load(t); err != nil || same {
 			return err
 		}

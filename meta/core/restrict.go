@@ -107,6 +107,14 @@ func (s *Service) Restrict(ctx context.Context, t *auth.Token, method string, re
 		}
 		squash(m.Get(fd).Message().Interface().(*metapb.Caller))
 	}
+	// A token's mount answers no create before meta (reserve.go): it holds
+	// no names, and its calls are not those of a session holding some.
+	if fd := m.Descriptor().Fields().ByName("caller"); fd != nil && m.Has(fd) {
+		m.Get(fd).Message().Interface().(*metapb.Caller).Session = 0
+	}
+	if r, ok := req.(*metapb.LookupRequest); ok {
+		r.Reserve = false
+	}
 	st := s.tokens.get(t.ID)
 	if _, err := s.tokenRoot(ctx, t, st); err != nil {
 		return err

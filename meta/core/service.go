@@ -99,6 +99,13 @@ type Config struct {
 	// because their recent heartbeats went to the previous server. Without
 	// it liveness is learnt afresh from heartbeats.
 	Takeover bool
+	// ReserveTTL is how long a Lookup with reserve holds a missing name for
+	// the caller's session (default 100ms; see reserve.go).
+	ReserveTTL time.Duration
+	// ReserveGrace is how long, after a start with live sessions, calls that
+	// could conflict with a create answered before the restart wait for its
+	// replay (default 2s).
+	ReserveGrace time.Duration
 }
 
 // Service implements metapb.MetaServer.
@@ -129,6 +136,8 @@ type Service struct {
 	locks  lockState
 
 	tokens tokenStates // mount tokens seen (restrict.go)
+
+	reserved reservations // names held for creates answered early (reserve.go)
 }
 
 // loggedStore is a store that can answer a transaction once it is logged,
@@ -227,6 +236,12 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.RequestTTL <= 0 {
 		cfg.RequestTTL = 5 * time.Minute
 	}
+	if cfg.ReserveTTL <= 0 {
+		cfg.ReserveTTL = 100 * time.Millisecond
+	}
+	if cfg.ReserveGrace <= 0 {
+		cfg.ReserveGrace = 2 * time.Second
+	}
 	s := &Service{store: cfg.Store, log: cfg.Logger, now: cfg.Now, cfg: cfg,
 		sessions: map[uint64]time.Time{}, sessTTL: map[uint64]time.Duration{}, repKick: make(chan struct{}, 1),
 		locks: lockState{wake: map[uint64]chan struct{}{}, waitsFor: map[lockOwner][]lockOwner{}}}
@@ -282,6 +297,11 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("core: load state: %w", err)
 	}
 	s.inodes.Store(inodes)
+	var grace time.Time
+	if len(s.sessions) > 0 {
+		grace = start.Add(cfg.ReserveGrace)
+	}
+	s.reserved.init(grace)
 	if ls, ok := cfg.Store.(loggedStore); ok && !cfg.DurableReplies {
 		unclean := false
 		if err := s.update(ctx, func(t kv.Txn) error {

@@ -44,6 +44,48 @@ func (s *Service) OpenSession(ctx context.Context, req *metapb.OpenSessionReques
 	return &metapb.OpenSessionReply{SessionId: id, TtlMs: ttl.Milliseconds()}, nil
 }
 
+// maxInoRanges is how many AllocInodes ranges a session record keeps: the
+// one a client uses and the ones it fetched ahead.
+const maxInoRanges = 4
+
+// maxAllocInodes bounds one AllocInodes call.
+const maxAllocInodes = 1 << 16
+
+// AllocInodes implements metapb.MetaServer: it gives the session a range of
+// inode numbers for creates it answers before sending them. The range is
+// durable before the reply, so that a create replayed after a crash of the
+// server's machine still finds it.
+func (s *Service) AllocInodes(ctx context.Context, req *metapb.AllocInodesRequest) (*metapb.AllocInodesReply, error) {
+	if req.Count == 0 || req.Count > maxAllocInodes {
+		return nil, metaerr.New(syscall.EINVAL, "allocate %d inodes: want 1 to %d", req.Count, maxAllocInodes)
+	}
+	if err := s.checkSession(req.SessionId); err != nil {
+		return nil, err
+	}
+	var first uint64
+	err := s.update(ctx, func(t kv.Txn) error {
+		rec := &metapb.SessionRecord{}
+		if ok, err := getMsg(t, keys.Session(req.SessionId), rec); err != nil {
+			return err
+		} else if !ok {
+			return metaerr.New(syscall.ESTALE, "session %d expired or unknown", req.SessionId)
+		}
+		var err error
+		if first, err = nextID(t, counterIno, uint64(req.Count)); err != nil {
+			return err
+		}
+		rec.InoRanges = append(rec.InoRanges, &metapb.InoRange{First: first, End: first + uint64(req.Count)})
+		if n := len(rec.InoRanges); n > maxInoRanges {
+			rec.InoRanges = rec.InoRanges[n-maxInoRanges:]
+		}
+		return putMsg(t, keys.Session(req.SessionId), rec)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &metapb.AllocInodesReply{First: first, Count: req.Count}, nil
+}
+
 // KeepAlive implements metapb.MetaServer.
 func (s *Service) KeepAlive(ctx context.Context, req *metapb.KeepAliveRequest) (*metapb.Empty, error) {
 	s.sessMu.Lock()
@@ -118,6 +160,7 @@ func (s *Service) endSession(ctx context.Context, id uint64, why string) error {
 	delete(s.sessions, id)
 	delete(s.sessTTL, id)
 	s.sessMu.Unlock()
+	s.reserved.dropSession(id)
 	s.log.Info("session ended", "session", id, "why", why, "purged_inodes", purged)
 	return nil
 }

@@ -13,6 +13,13 @@ import (
 // truncate(2) and utimensat(2).
 func (s *Service) SetAttr(ctx context.Context, req *metapb.SetAttrRequest) (*metapb.AttrReply, error) {
 	c := caller(req.Caller)
+	if req.SetMode || req.SetUid || req.SetGid {
+		// A directory's permissions must not change under a create that
+		// another session has answered already.
+		if err := s.awaitDir(ctx, c.Session, req.Ino); err != nil {
+			return nil, err
+		}
+	}
 	var out *metapb.AttrReply
 	_, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		now := s.now().UnixNano()
@@ -35,7 +42,7 @@ func (s *Service) SetAttr(ctx context.Context, req *metapb.SetAttrRequest) (*met
 				return metaerr.New(syscall.EPERM, "chmod: uid %d does not own inode %d", c.Uid, a.Ino)
 			}
 			mode := req.Mode & 0o7777
-			if !isRoot(c) && !isDir(a) && !inGroup(c, a.Gid) {
+			if !isRoot(c) && !isDir(a) && !c.InGroup(a.Gid) {
 				mode &^= syscall.S_ISGID
 			}
 			a.Mode = fileType(a.Mode) | mode
@@ -46,7 +53,7 @@ func (s *Service) SetAttr(ctx context.Context, req *metapb.SetAttrRequest) (*met
 				if req.SetUid && req.Uid != a.Uid {
 					return metaerr.New(syscall.EPERM, "chown: only root may change the owner")
 				}
-				if req.SetGid && req.Gid != a.Gid && (c.Uid != a.Uid || !inGroup(c, req.Gid)) {
+				if req.SetGid && req.Gid != a.Gid && (c.Uid != a.Uid || !c.InGroup(req.Gid)) {
 					return metaerr.New(syscall.EPERM, "chown: uid %d may not give inode %d to group %d", c.Uid, a.Ino, req.Gid)
 				}
 				if c.Uid != a.Uid {

@@ -127,6 +127,9 @@ func (s *Service) SetXattr(ctx context.Context, req *metapb.SetXattrRequest) (*m
 func (s *Service) changeXattr(ctx context.Context, pc *metapb.Caller, ino uint64, name, ns string,
 	change func(t kv.Txn, key []byte, exists bool) error) (*metapb.Empty, error) {
 	c := caller(pc)
+	if err := s.awaitDir(ctx, c.Session, ino); err != nil { // ACLs: as SetAttr's mode
+		return nil, err
+	}
 	out := &metapb.Empty{}
 	if _, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		rec, _, exists, err := loadXattr(t, c, ino, name, ns, true)

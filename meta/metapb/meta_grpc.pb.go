@@ -43,6 +43,7 @@ const (
 	Meta_StatFS_FullMethodName        = "/rdmafs.meta.v1.Meta/StatFS"
 	Meta_Sync_FullMethodName          = "/rdmafs.meta.v1.Meta/Sync"
 	Meta_OpenSession_FullMethodName   = "/rdmafs.meta.v1.Meta/OpenSession"
+	Meta_AllocInodes_FullMethodName   = "/rdmafs.meta.v1.Meta/AllocInodes"
 	Meta_KeepAlive_FullMethodName     = "/rdmafs.meta.v1.Meta/KeepAlive"
 	Meta_CloseSession_FullMethodName  = "/rdmafs.meta.v1.Meta/CloseSession"
 	Meta_Open_FullMethodName          = "/rdmafs.meta.v1.Meta/Open"
@@ -92,6 +93,7 @@ type MetaClient interface {
 	// fdatasync). fsync and fsyncdir call it.
 	Sync(ctx context.Context, in *SyncRequest, opts ...grpc.CallOption) (*Empty, error)
 	OpenSession(ctx context.Context, in *OpenSessionRequest, opts ...grpc.CallOption) (*OpenSessionReply, error)
+	AllocInodes(ctx context.Context, in *AllocInodesRequest, opts ...grpc.CallOption) (*AllocInodesReply, error)
 	KeepAlive(ctx context.Context, in *KeepAliveRequest, opts ...grpc.CallOption) (*Empty, error)
 	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*Empty, error)
 	Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*AttrReply, error)
@@ -322,6 +324,16 @@ func (c *metaClient) OpenSession(ctx context.Context, in *OpenSessionRequest, op
 	return out, nil
 }
 
+func (c *metaClient) AllocInodes(ctx context.Context, in *AllocInodesRequest, opts ...grpc.CallOption) (*AllocInodesReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AllocInodesReply)
+	err := c.cc.Invoke(ctx, Meta_AllocInodes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *metaClient) KeepAlive(ctx context.Context, in *KeepAliveRequest, opts ...grpc.CallOption) (*Empty, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Empty)
@@ -522,6 +534,7 @@ type MetaServer interface {
 	// fdatasync). fsync and fsyncdir call it.
 	Sync(context.Context, *SyncRequest) (*Empty, error)
 	OpenSession(context.Context, *OpenSessionRequest) (*OpenSessionReply, error)
+	AllocInodes(context.Context, *AllocInodesRequest) (*AllocInodesReply, error)
 	KeepAlive(context.Context, *KeepAliveRequest) (*Empty, error)
 	CloseSession(context.Context, *CloseSessionRequest) (*Empty, error)
 	Open(context.Context, *OpenRequest) (*AttrReply, error)
@@ -611,6 +624,9 @@ func (UnimplementedMetaServer) Sync(context.Context, *SyncRequest) (*Empty, erro
 }
 func (UnimplementedMetaServer) OpenSession(context.Context, *OpenSessionRequest) (*OpenSessionReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method OpenSession not implemented")
+}
+func (UnimplementedMetaServer) AllocInodes(context.Context, *AllocInodesRequest) (*AllocInodesReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method AllocInodes not implemented")
 }
 func (UnimplementedMetaServer) KeepAlive(context.Context, *KeepAliveRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method KeepAlive not implemented")
@@ -1044,6 +1060,24 @@ func _Meta_OpenSession_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Meta_AllocInodes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AllocInodesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).AllocInodes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_AllocInodes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).AllocInodes(ctx, req.(*AllocInodesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Meta_KeepAlive_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(KeepAliveRequest)
 	if err := dec(in); err != nil {
@@ -1436,6 +1470,10 @@ var Meta_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "OpenSession",
 			Handler:    _Meta_OpenSession_Handler,
+		},
+		{
+			MethodName: "AllocInodes",
+			Handler:    _Meta_AllocInodes_Handler,
 		},
 		{
 			MethodName: "KeepAlive",

@@ -1,0 +1,189 @@
+package fs
+
+import (
+	"context"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rdmafs/rdmafs/meta/client"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// Early creates and unlinks. The kernel looks a name up before it creates
+// it; the lookup asks meta to reserve a missing name for the mount's session
+// (meta/core/reserve.go). A create that follows within half the reservation
+// is answered at once — the inode number from the session's own range, the
+// attributes as meta will make them — and sent to meta behind. An unlink of
+// a file the kernel knows is answered at once too and sent behind, naming
+// the inode it removes. Calls sent behind reach meta in order with every
+// later call that depends on them (meta/client/behind.go); fsync and
+// fsyncdir wait for them; they are retried across meta restarts with their
+// request ids, so an answered change is lost only with the mount, or when
+// meta refuses it (logged, and counted by EarlyLost).
+
+// Early sends the namespace changes a mount answers before meta applies
+// them (meta/client.Session is one).
+type Early interface {
+	// NextIno returns an inode number of the session's own, or false when
+	// none is at hand.
+	NextIno() (uint64, bool)
+	// CreateBehind and UnlinkBehind send req in the background and call
+	// done with the outcome; false means they did not (too many in flight).
+	CreateBehind(req *metapb.CreateRequest, done func(error)) bool
+	UnlinkBehind(req *metapb.UnlinkRequest, done func(error)) bool
+}
+
+// maxReserved bounds the reservations a directory node remembers; past it
+// expired ones are dropped, and new ones are not kept.
+const maxReserved = 256
+
+// reservedName is a name meta holds for the mount: usable until until, with
+// the directory's attributes and the layout of a new file at the lookup.
+type reservedName struct {
+	until  time.Time
+	parent *metapb.Attr
+	layout *metapb.Layout
+}
+
+// noteReserved remembers that meta holds name for the mount: a lookup sent
+// at sent was answered r. The mount uses it for half the time meta holds
+// it, counted from before the lookup, so that its create reaches meta while
+// the name is held.
+func (n *Node) noteReserved(name string, sent time.Time, r *metapb.EntryReply) {
+	if r.ReservedMs == 0 || r.Parent == nil || r.NewLayout == nil {
+		return
+	}
+	until := sent.Add(time.Duration(r.ReservedMs) * time.Millisecond / 2)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.reserved == nil {
+		n.reserved = make(map[string]reservedName)
+	}
+	if len(n.reserved) >= maxReserved {
+		now := time.Now()
+		for k, v := range n.reserved {
+			if !now.Before(v.until) {
+				delete(n.reserved, k)
+			}
+		}
+		if len(n.reserved) >= maxReserved {
+			return
+		}
+	}
+	n.reserved[name] = reservedName{until: until, parent: r.Parent, layout: r.NewLayout}
+	n.lastAttr = r.Parent
+}
+
+// takeReserved returns and forgets the reservation of name, if it is still
+// usable.
+func (n *Node) takeReserved(name string) (reservedName, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	r, ok := n.reserved[name]
+	if !ok {
+		return r, false
+	}
+	delete(n.reserved, name)
+	return r, time.Now().Before(r.until)
+}
+
+// changedDirAttr returns a copy of a, the directory's attributes before a
+// change this mount answers itself, as the change leaves them at now.
+func changedDirAttr(a *metapb.Attr, now int64) *metapb.Attr {
+	if a == nil {
+		return nil
+	}
+	c := proto.CloneOf(a)
+	c.MtimeNs, c.CtimeNs = now, now
+	return c
+}
+
+// createEarly answers a create of a regular file at once, if meta holds the
+// name for the mount and an inode number is at hand, and sends it behind.
+func (n *Node) createEarly(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, bool) {
+	early := n.fsys.opts.Early
+	if early == nil {
+		return nil, nil, false
+	}
+	res, ok := n.takeReserved(name)
+	if !ok {
+		return nil, nil, false
+	}
+	ino, ok := early.NextIno()
+	if !ok {
+		return nil, nil, false
+	}
+	c := n.fsys.callers.of(ctx)
+	now := time.Now().UnixNano()
+	a := metapb.NewAttr(c, res.parent, ino, syscall.S_IFREG|mode&0o7777, now)
+	a.Layout = res.layout
+	req := &metapb.CreateRequest{Caller: c, Parent: n.ino, Name: name, Mode: mode & 0o7777, Exclusive: true,
+		SessionId: n.fsys.opts.Session, OpenFlags: flags, Ino: ino, TimeNs: now}
+	gen := n.dirChange()
+	if !early.CreateBehind(req, n.fsys.lostEarly("create", n.ino, name, ino)) {
+		return nil, nil, false
+	}
+	n.noteDirAttr(gen, changedDirAttr(res.parent, now))
+	inode := n.entry(ctx, a, out)
+	child, _ := inode.Operations().(*Node)
+	if child != nil {
+		child.mu.Lock()
+		child.noCapsUntil = time.Now().Add(n.fsys.opts.AttrTimeout) // see Create
+		child.mu.Unlock()
+	}
+	if d := n.fsys.opts.Data; d != nil {
+		d.Created(ino, a.Layout)
+	}
+	return inode, &fileHandle{fsys: n.fsys, node: child, ino: ino, flags: flags}, true
+}
+
+// unlinkEarly answers an unlink of a file the kernel knows at once and sends
+// it behind, naming the inode: if the name refers to another inode by then
+// (another mount replaced it), meta removes nothing.
+func (n *Node) unlinkEarly(ctx context.Context, name string) bool {
+	early := n.fsys.opts.Early
+	if early == nil {
+		return false
+	}
+	ch := n.GetChild(name)
+	if ch == nil || ch.StableAttr().Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		return false
+	}
+	child, ok := ch.Operations().(*Node)
+	if !ok {
+		return false
+	}
+	n.mu.Lock()
+	parent := n.lastAttr
+	n.mu.Unlock()
+	gen := n.dirChange()
+	now := time.Now().UnixNano()
+	req := &metapb.UnlinkRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Ino: child.ino, TimeNs: now}
+	if !early.UnlinkBehind(req, n.fsys.lostEarly("unlink", n.ino, name, child.ino)) {
+		return false
+	}
+	n.noteDirAttr(gen, changedDirAttr(parent, now))
+	return true
+}
+
+// lostEarly returns the completion of a change answered early: one that meta
+// refused is logged and counted, since the application was told it happened.
+// An unlink of a name that is gone (ENOENT) is no loss: the name is gone.
+func (fsys *FS) lostEarly(op string, parent uint64, name string, ino uint64) func(error) {
+	return func(err error) {
+		if err == nil || (op == "unlink" && client.Errno(err) == syscall.ENOENT) {
+			return
+		}
+		fsys.earlyLost.Add(1)
+		fsys.log.Error("a "+op+" answered before meta applied it failed: the application was told it succeeded",
+			"parent", parent, "name", name, "ino", ino, "err", err)
+	}
+}
+
+// EarlyLost returns the number of creates and unlinks answered before meta
+// applied them that meta then refused.
+func (fsys *FS) EarlyLost() uint64 { return fsys.earlyLost.Load() }
