@@ -35,6 +35,12 @@ type Early interface {
 	// done with the outcome; false means they did not (too many in flight).
 	CreateBehind(req *metapb.CreateRequest, done func(error)) bool
 	UnlinkBehind(req *metapb.UnlinkRequest, done func(error)) bool
+	// ReleaseBehind sends the release of the session's open of ino behind
+	// (nothing if ino's create has not been sent yet: it then opens
+	// nothing); false as CreateBehind.
+	ReleaseBehind(ino uint64, done func(error)) bool
+	// WaitBehind waits until every call sent behind so far has returned.
+	WaitBehind(ctx context.Context) error
 }
 
 // maxReserved bounds the reservations a directory node remembers; past it

@@ -110,7 +110,7 @@ func New(opts Options) (*FS, *Node) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	f := &FS{opts: opts, meta: opts.Meta, callers: newCallers(opts.Session), log: opts.Logger}
-	f.releases = releaser{meta: opts.Meta, session: opts.Session, log: opts.Logger}
+	f.releases = releaser{meta: opts.Meta, session: opts.Session, early: opts.Early, log: opts.Logger}
 	root := opts.Root
 	if root == 0 {
 		root = RootIno

@@ -25,6 +25,7 @@ const maxReleaseBatch = 1025
 type releaser struct {
 	meta    metapb.MetaClient
 	session uint64
+	early   Early // nil: releases go in calls of their own
 	log     *slog.Logger
 
 	mu      sync.Mutex
@@ -33,8 +34,12 @@ type releaser struct {
 	idle    chan struct{}
 }
 
-// add queues one release of ino and makes sure it is sent.
+// add queues one release of ino and makes sure it is sent: behind the
+// mount's other calls when it sends some behind (early.go).
 func (r *releaser) add(ino uint64) {
+	if r.early != nil && r.early.ReleaseBehind(ino, r.failed) {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.queue = append(r.queue, ino)
@@ -69,8 +74,20 @@ func (r *releaser) send() {
 	}
 }
 
+// failed logs a release sent behind that failed.
+func (r *releaser) failed(err error) {
+	if err != nil {
+		r.log.Warn("release", "err", err)
+	}
+}
+
 // wait returns once every release queued so far has been sent.
 func (r *releaser) wait(ctx context.Context) error {
+	if r.early != nil {
+		if err := r.early.WaitBehind(ctx); err != nil {
+			return err
+		}
+	}
 	r.mu.Lock()
 	idle, sending := r.idle, r.sending
 	r.mu.Unlock()

@@ -2,30 +2,44 @@ package client
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rdmafs/rdmafs/meta/metapb"
+	"github.com/rdmafs/rdmafs/meta/reqid"
 )
 
 // Calls behind: a mount answers some namespace changes before meta has
-// applied them (a create of a name meta reserved for it, an unlink) and sends
-// them in the background. Every later call that could observe one of them
-// waits for it first, so the mount's calls take effect at meta in the order
-// the kernel saw them: a call on an inode, or on a directory, waits for the
-// background calls issued before it on that inode or directory; a lookup
-// waits for those on its name; Sync waits for all.
+// applied them (a create of a name meta reserved for it, an unlink) and
+// queues them. They go to meta in order, in batches (one Batch call runs
+// them one after the other): with the next call the mount makes, or, when
+// none comes within a short linger, on their own. A later call that depends
+// on one — it names the same inode or directory, a lookup the same name,
+// Sync any — goes after it: in the same batch, behind it, or once its batch
+// has returned. So the mount's calls take effect at meta in the order the
+// kernel saw them, and most changes answered early travel with a call the
+// mount makes anyway instead of costing a round trip of their own.
 
-// BehindTimeout is how long a call sent behind keeps trying the meta
-// servers (the same request id throughout, so a retry after a restart is
+// BehindTimeout is how long calls sent behind keep trying the meta servers
+// (the same request ids throughout, so that a retry after a restart is
 // applied once). A call still failing then is reported lost.
 const BehindTimeout = 10 * time.Minute
 
-// maxBehind bounds the calls in the background; more wait to be sent.
+// maxBehind bounds the calls queued or in flight behind; past it the caller
+// makes its calls itself.
 const maxBehind = 1024
+
+// linger is how long calls queued behind wait for another call to travel
+// with before they are sent on their own.
+const linger = 300 * time.Microsecond
 
 // pkey names what a call touches: an inode (name "") or a name in a
 // directory.
@@ -34,42 +48,78 @@ type pkey struct {
 	name string
 }
 
-// bgCall is a call in the background; done is closed when it has returned.
+// bgCall is a call sent behind; done is closed when it has returned.
 type bgCall struct {
-	keys []pkey
-	done chan struct{}
+	method string // short name, as in BatchCall
+	args   proto.Message
+	id     reqid.ID
+	keys   []pkey
+	done   chan struct{}
+	cb     func(error)
 }
 
-// behind is the grpc.ClientConnInterface of a Client: it orders calls after
-// the background calls they depend on.
+// behind is the grpc.ClientConnInterface of a Client over its failover: it
+// queues and batches the calls sent behind and orders every call after the
+// calls behind it depends on.
 type behind struct {
-	inner   grpc.ClientConnInterface
-	slots   chan struct{} // maxBehind
-	n       atomic.Int64  // background calls not returned
-	mu      sync.Mutex
-	pending map[pkey][]*bgCall
+	fo    *failover
+	slots chan struct{} // maxBehind
+	// send is held by whoever sends queued calls (a batch of them is in
+	// flight): batches go one at a time, in order.
+	send     chan struct{}
+	kick     chan struct{}
+	stop     chan struct{}
+	n        atomic.Int64 // calls queued or in flight
+	noBatch  atomic.Bool  // the server has no Batch (an older one)
+	mu       sync.Mutex
+	queue    []*bgCall
+	pending  map[pkey][]*bgCall // queued or in flight
+	stopOnce sync.Once
 }
 
-func newBehind(inner grpc.ClientConnInterface) *behind {
-	return &behind{inner: inner, slots: make(chan struct{}, maxBehind), pending: map[pkey][]*bgCall{}}
+func newBehind(fo *failover) *behind {
+	b := &behind{fo: fo, slots: make(chan struct{}, maxBehind), send: make(chan struct{}, 1),
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), pending: map[pkey][]*bgCall{}}
+	go b.sender()
+	return b
 }
+
+func (b *behind) close() { b.stopOnce.Do(func() { close(b.stop) }) }
+
+// batchMethod is the full name of Batch.
+const batchMethod = metapb.Meta_Batch_FullMethodName
 
 // Invoke implements grpc.ClientConnInterface.
 func (b *behind) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
-	if b.n.Load() > 0 {
-		if err := b.waitFor(ctx, waitKeys(args)); err != nil {
-			return err
+	if b.n.Load() == 0 {
+		return b.fo.Invoke(ctx, method, args, reply, opts...)
+	}
+	if !b.dependsOn(waitKeys(args)) {
+		// Independent: it takes the queued calls along if no batch is in
+		// flight, else it goes alone.
+		select {
+		case b.send <- struct{}{}:
+			return b.sendWith(ctx, method, args, reply, opts)
+		default:
+			return b.fo.Invoke(ctx, method, args, reply, opts...)
 		}
 	}
-	return b.inner.Invoke(ctx, method, args, reply, opts...)
+	// Dependent: once no batch is in flight, what it depends on has
+	// returned or is queued, and goes first in its batch.
+	select {
+	case b.send <- struct{}{}:
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	return b.sendWith(ctx, method, args, reply, opts)
 }
 
 // NewStream implements grpc.ClientConnInterface.
 func (b *behind) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	return b.inner.NewStream(ctx, desc, method, opts...)
+	return b.fo.NewStream(ctx, desc, method, opts...)
 }
 
-// waitKeys returns what a call must wait for: nil for all (Sync).
+// waitKeys returns what a call depends on: nil for everything (Sync).
 func waitKeys(args any) []pkey {
 	switch r := args.(type) {
 	case *metapb.SyncRequest:
@@ -83,7 +133,7 @@ func waitKeys(args any) []pkey {
 		}
 		return keys
 	}
-	var keys []pkey
+	keys := []pkey{}
 	if r, ok := args.(interface{ GetIno() uint64 }); ok && r.GetIno() != 0 {
 		keys = append(keys, pkey{ino: r.GetIno()})
 	}
@@ -93,16 +143,276 @@ func waitKeys(args any) []pkey {
 	if r, ok := args.(interface{ GetNewParent() uint64 }); ok && r.GetNewParent() != 0 {
 		keys = append(keys, pkey{ino: r.GetNewParent()})
 	}
-	if keys == nil {
-		keys = []pkey{} // touches no inode: waits for nothing
-	}
 	return keys
 }
 
-// waitFor waits until the background calls issued so far on keys (all of
-// them for nil keys) have returned.
-func (b *behind) waitFor(ctx context.Context, keys []pkey) error {
-	for _, c := range b.issued(keys) {
+// dependsOn reports whether a call on keys (nil: on everything) must go
+// after calls queued or in flight.
+func (b *behind) dependsOn(keys []pkey) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if keys == nil {
+		return len(b.pending) > 0
+	}
+	for _, k := range keys {
+		if len(b.pending[k]) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// sendWith makes the call with the queued calls before it in one batch
+// (alone if none is queued). The caller holds send; it is released here.
+func (b *behind) sendWith(ctx context.Context, method string, args, reply any, opts []grpc.CallOption) error {
+	calls := b.take()
+	if len(calls) == 0 {
+		<-b.send
+		return b.fo.Invoke(ctx, method, args, reply, opts...)
+	}
+	short := method[strings.LastIndexByte(method, '/')+1:]
+	var id reqid.ID
+	if !readOnly(short) {
+		id = b.fo.newID()
+	}
+	if b.noBatch.Load() {
+		b.sendEach(ctx, calls)
+		<-b.send
+		return b.fo.invoke(ctx, method, args, reply, id, opts...)
+	}
+	m, ok := args.(proto.Message)
+	if !ok {
+		b.requeue(calls)
+		<-b.send
+		return b.fo.Invoke(ctx, method, args, reply, opts...)
+	}
+	self := &bgCall{method: short, args: m, id: id}
+	results, err := b.sendBatch(ctx, append(calls, self))
+	if err != nil {
+		// The calls behind go again, with the next batch.
+		b.requeue(calls)
+		<-b.send
+		if status.Code(err) == codes.Unimplemented {
+			b.noBatch.Store(true)
+			return b.fo.invoke(ctx, method, args, reply, id, opts...)
+		}
+		return err
+	}
+	b.finish(calls, results)
+	<-b.send
+	if err := resultErr(results[len(calls)]); err != nil {
+		return err
+	}
+	return proto.Unmarshal(results[len(calls)].Reply, reply.(proto.Message))
+}
+
+// sendBatch sends calls as one Batch and returns their results.
+func (b *behind) sendBatch(ctx context.Context, calls []*bgCall) ([]*metapb.BatchResult, error) {
+	req := &metapb.BatchRequest{Calls: make([]*metapb.BatchCall, len(calls))}
+	for i, c := range calls {
+		body, err := proto.Marshal(c.args)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "batch: encode %s: %v", c.method, err)
+		}
+		req.Calls[i] = &metapb.BatchCall{Method: c.method, Request: body,
+			IdClient: c.id.Client, IdSeq: c.id.Seq, IdMillis: c.id.Millis, IdRetry: c.id.Retry}
+	}
+	reply := &metapb.BatchReply{}
+	if err := b.fo.Invoke(ctx, batchMethod, req, reply); err != nil {
+		return nil, err
+	}
+	if len(reply.Results) != len(calls) {
+		return nil, status.Errorf(codes.Internal, "batch: %d results for %d calls", len(reply.Results), len(calls))
+	}
+	return reply.Results, nil
+}
+
+// sendEach sends calls one by one, for a server without Batch.
+func (b *behind) sendEach(ctx context.Context, calls []*bgCall) {
+	results := make([]*metapb.BatchResult, len(calls))
+	for i, c := range calls {
+		err := b.fo.invoke(ctx, "/"+metapb.Meta_ServiceDesc.ServiceName+"/"+c.method, c.args, replyOf(c.method), c.id)
+		results[i] = &metapb.BatchResult{}
+		if err != nil {
+			results[i].Status, _ = proto.Marshal(status.Convert(err).Proto())
+		}
+	}
+	b.finish(calls, results)
+}
+
+// replyOf returns an empty reply message of a method sent behind.
+func replyOf(method string) proto.Message {
+	switch method {
+	case "Create":
+		return &metapb.EntryReply{}
+	case "Unlink":
+		return &metapb.DirReply{}
+	}
+	return &metapb.Empty{}
+}
+
+// resultErr returns the error a batch result reports, or nil.
+func resultErr(r *metapb.BatchResult) error {
+	if len(r.Status) == 0 {
+		return nil
+	}
+	st := &spb.Status{}
+	if err := proto.Unmarshal(r.Status, st); err != nil {
+		return status.Errorf(codes.Internal, "batch: decode a failure: %v", err)
+	}
+	return status.ErrorProto(st)
+}
+
+// take removes and returns the queued calls.
+func (b *behind) take() []*bgCall {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	calls := b.queue
+	b.queue = nil
+	return calls
+}
+
+// requeue puts calls whose batch failed back at the head of the queue, as
+// retries.
+func (b *behind) requeue(calls []*bgCall) {
+	for _, c := range calls {
+		c.id.Retry = true
+	}
+	b.mu.Lock()
+	b.queue = append(calls, b.queue...)
+	b.mu.Unlock()
+	b.wake()
+}
+
+// finish completes calls with their results.
+func (b *behind) finish(calls []*bgCall, results []*metapb.BatchResult) {
+	b.mu.Lock()
+	for _, c := range calls {
+		for _, k := range c.keys {
+			list := b.pending[k]
+			for i, p := range list {
+				if p == c {
+					list = append(list[:i], list[i+1:]...)
+					break
+				}
+			}
+			if len(list) == 0 {
+				delete(b.pending, k)
+			} else {
+				b.pending[k] = list
+			}
+		}
+	}
+	b.mu.Unlock()
+	for i, c := range calls {
+		close(c.done)
+		b.n.Add(-1)
+		<-b.slots
+		if c.cb != nil {
+			c.cb(resultErr(results[i]))
+		}
+	}
+}
+
+func (b *behind) wake() {
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+}
+
+// sender sends queued calls that no other call took along within linger.
+func (b *behind) sender() {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	for {
+		select {
+		case <-b.kick:
+		case <-b.stop:
+			return
+		}
+		t.Reset(linger)
+		select {
+		case <-t.C:
+		case <-b.stop:
+			return
+		}
+		select {
+		case b.send <- struct{}{}:
+		case <-b.stop:
+			return
+		}
+		calls := b.take()
+		if len(calls) > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), BehindTimeout)
+			if b.noBatch.Load() {
+				b.sendEach(ctx, calls)
+			} else if results, err := b.sendBatch(ctx, calls); err == nil {
+				b.finish(calls, results)
+			} else if status.Code(err) == codes.Unimplemented {
+				b.noBatch.Store(true)
+				b.sendEach(ctx, calls)
+			} else {
+				// Retried for BehindTimeout: they are lost.
+				fail := &metapb.BatchResult{}
+				fail.Status, _ = proto.Marshal(status.Convert(err).Proto())
+				results := make([]*metapb.BatchResult, len(calls))
+				for i := range results {
+					results[i] = fail
+				}
+				b.finish(calls, results)
+			}
+			cancel()
+		}
+		<-b.send
+		b.mu.Lock()
+		more := len(b.queue) > 0
+		b.mu.Unlock()
+		if more {
+			b.wake()
+		}
+	}
+}
+
+// goCall queues the call method(args) behind and calls cb with its outcome
+// once it has returned; until then, calls on keys go after it. With
+// maxBehind calls queued or in flight it does nothing and returns false.
+func (b *behind) goCall(method string, args proto.Message, keys []pkey, cb func(error)) bool {
+	select {
+	case b.slots <- struct{}{}:
+	default:
+		return false
+	}
+	c := &bgCall{method: method, args: args, id: b.fo.newID(), keys: keys, done: make(chan struct{}), cb: cb}
+	b.n.Add(1)
+	b.mu.Lock()
+	b.queue = append(b.queue, c)
+	for _, k := range keys {
+		b.pending[k] = append(b.pending[k], c)
+	}
+	b.mu.Unlock()
+	b.wake()
+	return true
+}
+
+// waitAll waits until every call queued or in flight behind has returned.
+func (b *behind) waitAll(ctx context.Context) error {
+	b.mu.Lock()
+	seen := map[*bgCall]bool{}
+	var all []*bgCall
+	for _, list := range b.pending {
+		for _, c := range list {
+			if !seen[c] {
+				seen[c] = true
+				all = append(all, c)
+			}
+		}
+	}
+	b.mu.Unlock()
+	if len(all) > 0 {
+		b.wake()
+	}
+	for _, c := range all {
 		select {
 		case <-c.done:
 		case <-ctx.Done():
@@ -112,99 +422,54 @@ func (b *behind) waitFor(ctx context.Context, keys []pkey) error {
 	return nil
 }
 
-// issued returns the background calls pending on keys (all for nil keys).
-func (b *behind) issued(keys []pkey) []*bgCall {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []*bgCall
-	if keys == nil {
-		seen := map[*bgCall]bool{}
-		for _, calls := range b.pending {
-			for _, c := range calls {
-				if !seen[c] {
-					seen[c] = true
-					out = append(out, c)
-				}
-			}
-		}
-		return out
-	}
-	for _, k := range keys {
-		out = append(out, b.pending[k]...)
-	}
-	return out
-}
-
-// goCall makes the call method(args) into reply in the background, after
-// the background calls issued before it on after, and calls done with its
-// outcome. Until it returns, calls on keys wait for it. With maxBehind calls
-// in the background already it does nothing and returns false.
-func (b *behind) goCall(method string, args, reply any, keys, after []pkey, done func(error)) bool {
-	select {
-	case b.slots <- struct{}{}:
-	default:
-		return false
-	}
-	c := &bgCall{keys: keys, done: make(chan struct{})}
-	b.n.Add(1)
-	b.mu.Lock()
-	var before []*bgCall
-	for _, k := range after {
-		before = append(before, b.pending[k]...)
-	}
-	for _, k := range keys {
-		b.pending[k] = append(b.pending[k], c)
-	}
-	b.mu.Unlock()
-	go func() {
-		for _, p := range before {
-			<-p.done
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), BehindTimeout)
-		err := b.inner.Invoke(ctx, method, args, reply)
-		cancel()
-		b.mu.Lock()
-		for _, k := range c.keys {
-			calls := b.pending[k]
-			for i, p := range calls {
-				if p == c {
-					calls = append(calls[:i], calls[i+1:]...)
-					break
-				}
-			}
-			if len(calls) == 0 {
-				delete(b.pending, k)
-			} else {
-				b.pending[k] = calls
-			}
-		}
-		b.mu.Unlock()
-		close(c.done)
-		b.n.Add(-1)
-		<-b.slots
-		if done != nil {
-			done(err)
-		}
-	}()
-	return true
-}
-
-// CreateBehind sends req in the background and calls done with the
-// outcome: a create of the session the caller answers before meta applies
-// it, with an inode number from NextIno, of a name a lookup reserved. It
-// returns false, sending nothing, when too many calls are in the background
-// already (the caller then makes the call itself).
+// CreateBehind queues req behind and calls done with the outcome: a create
+// of the session the caller answers before meta applies it, with an inode
+// number from NextIno, of a name a lookup reserved. It returns false,
+// queuing nothing, when too many calls are behind already (the caller then
+// makes the call itself).
 func (s *Session) CreateBehind(req *metapb.CreateRequest, done func(error)) bool {
-	keys := []pkey{{ino: req.Parent}, {req.Parent, req.Name}, {ino: req.Ino}}
-	return s.c.bg.goCall(metapb.Meta_Create_FullMethodName, req, &metapb.EntryReply{}, keys, keys[1:2], done)
+	return s.c.bg.goCall("Create", req, []pkey{{ino: req.Parent}, {req.Parent, req.Name}, {ino: req.Ino}}, done)
 }
 
 // UnlinkBehind is CreateBehind for an unlink of the inode req.Ino (done gets
 // ENOENT if the name was removed, or given to another inode, meanwhile).
 func (s *Session) UnlinkBehind(req *metapb.UnlinkRequest, done func(error)) bool {
-	keys := []pkey{{ino: req.Parent}, {req.Parent, req.Name}, {ino: req.Ino}}
-	return s.c.bg.goCall(metapb.Meta_Unlink_FullMethodName, req, &metapb.DirReply{}, keys, keys[1:], done)
+	return s.c.bg.goCall("Unlink", req, []pkey{{ino: req.Parent}, {req.Parent, req.Name}, {ino: req.Ino}}, done)
+}
+
+// maxReleaseMore bounds the inodes one Release sent behind carries (meta's
+// limit: core.MaxReleasesPerCall).
+const maxReleaseMore = 1024
+
+// ReleaseBehind queues the release of the session's open of ino (a file
+// closed). If ino's create is still queued, the create opens nothing
+// instead, and there is nothing to release. Releases queued one after the
+// other go as one call. It returns false, queuing nothing, when too many
+// calls are behind already.
+func (s *Session) ReleaseBehind(ino uint64, done func(error)) bool {
+	b := s.c.bg
+	b.mu.Lock()
+	for _, c := range b.queue {
+		if cr, ok := c.args.(*metapb.CreateRequest); ok && cr.Ino == ino && cr.SessionId != 0 {
+			cr.SessionId, cr.OpenFlags = 0, 0
+			b.mu.Unlock()
+			return true
+		}
+	}
+	if n := len(b.queue); n > 0 {
+		last := b.queue[n-1]
+		if r, ok := last.args.(*metapb.ReleaseRequest); ok && len(r.More) < maxReleaseMore {
+			r.More = append(r.More, ino)
+			k := pkey{ino: ino}
+			last.keys = append(last.keys, k)
+			b.pending[k] = append(b.pending[k], last)
+			b.mu.Unlock()
+			return true
+		}
+	}
+	b.mu.Unlock()
+	return b.goCall("Release", &metapb.ReleaseRequest{Ino: ino, SessionId: s.id}, []pkey{{ino: ino}}, done)
 }
 
 // WaitBehind waits until every call sent behind so far has returned.
-func (c *Client) WaitBehind(ctx context.Context) error { return c.bg.waitFor(ctx, nil) }
+func (s *Session) WaitBehind(ctx context.Context) error { return s.c.bg.waitAll(ctx) }

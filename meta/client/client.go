@@ -165,8 +165,12 @@ func WithTLS(cfg *tls.Config) grpc.DialOption {
 	return grpc.WithTransportCredentials(credentials.NewTLS(cfg))
 }
 
-// Close closes the connections.
-func (c *Client) Close() error { return c.fo.close() }
+// Close closes the connections. Calls still behind are dropped: a mount
+// waits for them first (Session.Close).
+func (c *Client) Close() error {
+	c.bg.close()
+	return c.fo.close()
+}
 
 // SetFailoverTimeout bounds how long a call keeps trying the meta servers
 // when its context has no deadline (default 2 minutes).
@@ -250,7 +254,7 @@ func (s *Session) keepalive(ctx context.Context, every time.Duration) {
 // Close stops the keepalives and closes the session on the server, which
 // releases its open files. The calls sent behind go first.
 func (s *Session) Close(ctx context.Context) error {
-	if err := s.c.WaitBehind(ctx); err != nil {
+	if err := s.WaitBehind(ctx); err != nil {
 		return fmt.Errorf("client: close session %d: %w", s.id, err)
 	}
 	s.cancel()

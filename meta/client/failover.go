@@ -79,16 +79,24 @@ func (f *failover) Invoke(ctx context.Context, method string, args, reply any, o
 	if short == "Sync" {
 		return f.sync(ctx, method, args, reply, opts...)
 	}
-	return f.invoke(ctx, method, short, args, reply, opts...)
+	var id reqid.ID
+	if !readOnly(short) {
+		id = f.newID()
+	}
+	return f.invoke(ctx, method, args, reply, id, opts...)
+}
+
+// newID returns a new request id of this client.
+func (f *failover) newID() reqid.ID {
+	return reqid.ID{Client: f.client, Seq: f.seq.Add(1), Millis: uint64(time.Now().UnixMilli())}
 }
 
 // invoke makes the call, moving on to the next server while the current one
-// is unavailable; a mutating call carries a request id.
-func (f *failover) invoke(ctx context.Context, method, short string, args, reply any, opts ...grpc.CallOption) error {
-	var id reqid.ID
-	withID := !readOnly(short)
+// is unavailable; a mutating call carries its request id id (zero for a
+// call that changes nothing).
+func (f *failover) invoke(ctx context.Context, method string, args, reply any, id reqid.ID, opts ...grpc.CallOption) error {
+	withID := id.Client != 0
 	if withID {
-		id = reqid.ID{Client: f.client, Seq: f.seq.Add(1), Millis: uint64(time.Now().UnixMilli())}
 		// Counted when it returns, whatever the outcome: a failed call
 		// may have been applied.
 		defer f.mutations.Add(1)
@@ -109,7 +117,7 @@ func (f *failover) invoke(ctx context.Context, method, short string, args, reply
 		i := (start + int64(attempt)) % n
 		cctx := ctx
 		if withID {
-			id.Retry = attempt > 0
+			id.Retry = id.Retry || attempt > 0
 			cctx = reqid.AppendOutgoing(ctx, id)
 		}
 		err := f.conns[i].Invoke(cctx, method, args, reply, opts...)
@@ -147,7 +155,7 @@ func (f *failover) sync(ctx context.Context, method string, args, reply any, opt
 	if f.synced.Load() >= m {
 		return nil
 	}
-	if err := f.invoke(ctx, method, "Sync", args, reply, opts...); err != nil {
+	if err := f.invoke(ctx, method, args, reply, reqid.ID{}, opts...); err != nil {
 		return err
 	}
 	for s := f.synced.Load(); s < m && !f.synced.CompareAndSwap(s, m); s = f.synced.Load() {

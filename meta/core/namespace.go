@@ -170,7 +170,7 @@ func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, n
 		}
 		ino := n.ino
 		if ino != 0 {
-			if err := checkClientIno(t, n.session, ino); err != nil {
+			if err := checkClientIno(t, c.Session, ino); err != nil {
 				return err
 			}
 		} else if ino, err = nextID(t, counterIno, 1); err != nil {

@@ -44,6 +44,7 @@ const (
 	Meta_Sync_FullMethodName          = "/rdmafs.meta.v1.Meta/Sync"
 	Meta_OpenSession_FullMethodName   = "/rdmafs.meta.v1.Meta/OpenSession"
 	Meta_AllocInodes_FullMethodName   = "/rdmafs.meta.v1.Meta/AllocInodes"
+	Meta_Batch_FullMethodName         = "/rdmafs.meta.v1.Meta/Batch"
 	Meta_KeepAlive_FullMethodName     = "/rdmafs.meta.v1.Meta/KeepAlive"
 	Meta_CloseSession_FullMethodName  = "/rdmafs.meta.v1.Meta/CloseSession"
 	Meta_Open_FullMethodName          = "/rdmafs.meta.v1.Meta/Open"
@@ -94,6 +95,7 @@ type MetaClient interface {
 	Sync(ctx context.Context, in *SyncRequest, opts ...grpc.CallOption) (*Empty, error)
 	OpenSession(ctx context.Context, in *OpenSessionRequest, opts ...grpc.CallOption) (*OpenSessionReply, error)
 	AllocInodes(ctx context.Context, in *AllocInodesRequest, opts ...grpc.CallOption) (*AllocInodesReply, error)
+	Batch(ctx context.Context, in *BatchRequest, opts ...grpc.CallOption) (*BatchReply, error)
 	KeepAlive(ctx context.Context, in *KeepAliveRequest, opts ...grpc.CallOption) (*Empty, error)
 	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*Empty, error)
 	Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*AttrReply, error)
@@ -334,6 +336,16 @@ func (c *metaClient) AllocInodes(ctx context.Context, in *AllocInodesRequest, op
 	return out, nil
 }
 
+func (c *metaClient) Batch(ctx context.Context, in *BatchRequest, opts ...grpc.CallOption) (*BatchReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BatchReply)
+	err := c.cc.Invoke(ctx, Meta_Batch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *metaClient) KeepAlive(ctx context.Context, in *KeepAliveRequest, opts ...grpc.CallOption) (*Empty, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Empty)
@@ -535,6 +547,7 @@ type MetaServer interface {
 	Sync(context.Context, *SyncRequest) (*Empty, error)
 	OpenSession(context.Context, *OpenSessionRequest) (*OpenSessionReply, error)
 	AllocInodes(context.Context, *AllocInodesRequest) (*AllocInodesReply, error)
+	Batch(context.Context, *BatchRequest) (*BatchReply, error)
 	KeepAlive(context.Context, *KeepAliveRequest) (*Empty, error)
 	CloseSession(context.Context, *CloseSessionRequest) (*Empty, error)
 	Open(context.Context, *OpenRequest) (*AttrReply, error)
@@ -627,6 +640,9 @@ func (UnimplementedMetaServer) OpenSession(context.Context, *OpenSessionRequest)
 }
 func (UnimplementedMetaServer) AllocInodes(context.Context, *AllocInodesRequest) (*AllocInodesReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method AllocInodes not implemented")
+}
+func (UnimplementedMetaServer) Batch(context.Context, *BatchRequest) (*BatchReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Batch not implemented")
 }
 func (UnimplementedMetaServer) KeepAlive(context.Context, *KeepAliveRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method KeepAlive not implemented")
@@ -1078,6 +1094,24 @@ func _Meta_AllocInodes_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Meta_Batch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).Batch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_Batch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).Batch(ctx, req.(*BatchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Meta_KeepAlive_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(KeepAliveRequest)
 	if err := dec(in); err != nil {
@@ -1474,6 +1508,10 @@ var Meta_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "AllocInodes",
 			Handler:    _Meta_AllocInodes_Handler,
+		},
+		{
+			MethodName: "Batch",
+			Handler:    _Meta_Batch_Handler,
 		},
 		{
 			MethodName: "KeepAlive",

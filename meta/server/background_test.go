@@ -85,10 +85,12 @@ func TestDeadClientSessionExpires(t *testing.T) {
 		_, err := c.GetAttr(ctx, &metapb.GetAttrRequest{Ino: ino})
 		return client.Errno(err) == syscall.ENOENT
 	})
-	_, err := c.KeepAlive(ctx, &metapb.KeepAliveRequest{SessionId: session})
-	if client.Errno(err) != syscall.ESTALE {
-		t.Fatalf("keepalive of an expired session: %v", err)
-	}
+	// The session is forgotten once the transaction that ended it (and
+	// deleted the file) has committed: a moment after the file is gone.
+	waitFor(t, 5*time.Second, "keepalives of the expired session to fail with ESTALE", func() bool {
+		_, err := c.KeepAlive(ctx, &metapb.KeepAliveRequest{SessionId: session})
+		return client.Errno(err) == syscall.ESTALE
+	})
 }
 
 // TestRestartKeepsSessions: sessions and the files they hold open survive a

@@ -161,7 +161,7 @@ func (h *ha) term(ctx context.Context, standby *grpc.Server) (*grpc.Server, erro
 		return standby, fmt.Errorf("server: load state as new leader: %w", err)
 	}
 	g := newGRPC(h.cfg, h.m, svc)
-	metapb.RegisterMetaServer(g, svc)
+	metapb.RegisterMetaServer(g, newBatchService(svc, h.m))
 	sub := h.mux.next()
 	go g.Serve(sub)
 	standby.Stop()

@@ -182,7 +182,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, store: store, svc: svc, lis: lis}
 	s.grpc = newGRPC(cfg, m, svc)
-	metapb.RegisterMetaServer(s.grpc, svc)
+	metapb.RegisterMetaServer(s.grpc, newBatchService(svc, m))
 	if s.metrics, err = startMetrics(cfg); err != nil {
 		lis.Close()
 		store.Close()
@@ -312,10 +312,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 func (m *metrics) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	start := time.Now()
 	resp, err := h(ctx, req)
-	method := filepath.Base(info.FullMethod)
+	m.observe(filepath.Base(info.FullMethod), start, err)
+	return resp, err
+}
+
+// observe counts a call of method that began at start and ended with err.
+func (m *metrics) observe(method string, start time.Time, err error) {
 	m.latency.WithLabelValues(method).Observe(time.Since(start).Seconds())
 	m.ops.WithLabelValues(method, status.Code(err).String()).Inc()
-	return resp, err
 }
 
 // registerRepairMetrics exports the state of repair: the queue, stripes by
