@@ -442,10 +442,10 @@ func (s *Session) UnlinkBehind(req *metapb.UnlinkRequest, done func(error)) bool
 const maxReleaseMore = 1024
 
 // ReleaseBehind queues the release of the session's open of ino (a file
-// closed). If ino's create is still queued, the create opens nothing
-// instead, and there is nothing to release. Releases queued one after the
-// other go as one call. It returns false, queuing nothing, when too many
-// calls are behind already.
+// closed) and calls done with the outcome of the call that carries it. If
+// ino's create is still queued, the create opens nothing instead, and done
+// gets nil at once. Releases queued one after the other go as one call. It
+// returns false, queuing nothing, when too many calls are behind already.
 func (s *Session) ReleaseBehind(ino uint64, done func(error)) bool {
 	b := s.c.bg
 	b.mu.Lock()
@@ -453,6 +453,9 @@ func (s *Session) ReleaseBehind(ino uint64, done func(error)) bool {
 		if cr, ok := c.args.(*metapb.CreateRequest); ok && cr.Ino == ino && cr.SessionId != 0 {
 			cr.SessionId, cr.OpenFlags = 0, 0
 			b.mu.Unlock()
+			if done != nil {
+				done(nil)
+			}
 			return true
 		}
 	}
@@ -463,6 +466,14 @@ func (s *Session) ReleaseBehind(ino uint64, done func(error)) bool {
 			k := pkey{ino: ino}
 			last.keys = append(last.keys, k)
 			b.pending[k] = append(b.pending[k], last)
+			if prev := last.cb; done != nil {
+				last.cb = func(err error) {
+					if prev != nil {
+						prev(err)
+					}
+					done(err)
+				}
+			}
 			b.mu.Unlock()
 			return true
 		}

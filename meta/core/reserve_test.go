@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmafs/rdmafs/meta/metaerr"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
@@ -104,6 +105,20 @@ func TestReservedName(t *testing.T) {
 		wantErrno(t, err, syscall.EEXIST)
 		if _, err := e.createEarly(a, RootIno, "h", aFirst+2); err != nil {
 			t.Fatal(err)
+		}
+
+		// A create sent after its file was closed opens nothing: its
+		// unlink deletes it.
+		e.reserve(a, RootIno, "k")
+		if _, err := e.s.Create(e.ctx, &metapb.CreateRequest{Caller: &metapb.Caller{Session: a}, Parent: RootIno, Name: "k",
+			Mode: 0o644, Ino: aFirst + 3}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.s.Unlink(e.ctx, &metapb.UnlinkRequest{Parent: RootIno, Name: "k"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.s.GetAttr(e.ctx, &metapb.GetAttrRequest{Ino: aFirst + 3}); metaerr.Errno(err) != syscall.ENOENT {
+			t.Fatalf("a create without an open left its file open: %v", err)
 		}
 	})
 }
