@@ -39,8 +39,10 @@ type Early interface {
 	// (nothing if ino's create has not been sent yet: it then opens
 	// nothing); false as CreateBehind.
 	ReleaseBehind(ino uint64, done func(error)) bool
-	// WaitBehind waits until every call sent behind so far has returned.
+	// WaitBehind waits until every call sent behind so far has returned,
+	// and WaitIno those on ino.
 	WaitBehind(ctx context.Context) error
+	WaitIno(ctx context.Context, ino uint64) error
 }
 
 // maxReserved bounds the reservations a directory node remembers; past it

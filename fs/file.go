@@ -243,12 +243,18 @@ func (f *fileHandle) dropBehind(off, n int64) {
 	}()
 }
 
-// Flush implements gofs.FileFlusher: close(2) commits what was written, so that
-// the next open anywhere sees it (close-to-open consistency).
+// Flush implements gofs.FileFlusher: close(2) commits what was written, and
+// the file's create if the mount answered it early, so that the next open
+// anywhere sees it (close-to-open consistency).
 func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	f.releaseLocks(ctx)
 	ctx, done := killable(ctx)
 	defer done()
+	if early := f.fsys.opts.Early; early != nil {
+		if err := early.WaitIno(ctx, f.ino); err != nil {
+			return errno(err)
+		}
+	}
 	if f.flags&syscall.O_ACCMODE == syscall.O_RDONLY || f.fsys.opts.Data == nil {
 		return 0
 	}

@@ -206,6 +206,36 @@ func (b *behind) sendWith(ctx context.Context, method string, args, reply any, o
 	return proto.Unmarshal(results[len(calls)].Reply, reply.(proto.Message))
 }
 
+// sendCalls sends calls taken from the queue (the caller holds send): in one
+// batch, or one by one to a server without Batch. If the batch fails they
+// are queued again as retries — unless final is set: then they fail with
+// the batch's error (the sender gives up on them after BehindTimeout).
+func (b *behind) sendCalls(ctx context.Context, calls []*bgCall, final bool) error {
+	if !b.noBatch.Load() {
+		results, err := b.sendBatch(ctx, calls)
+		switch {
+		case err == nil:
+			b.finish(calls, results)
+			return nil
+		case status.Code(err) != codes.Unimplemented && !final:
+			b.requeue(calls)
+			return err
+		case status.Code(err) != codes.Unimplemented:
+			fail := &metapb.BatchResult{}
+			fail.Status, _ = proto.Marshal(status.Convert(err).Proto())
+			results := make([]*metapb.BatchResult, len(calls))
+			for i := range results {
+				results[i] = fail
+			}
+			b.finish(calls, results)
+			return err
+		}
+		b.noBatch.Store(true)
+	}
+	b.sendEach(ctx, calls)
+	return nil
+}
+
 // sendBatch sends calls as one Batch and returns their results.
 func (b *behind) sendBatch(ctx context.Context, calls []*bgCall) ([]*metapb.BatchResult, error) {
 	req := &metapb.BatchRequest{Calls: make([]*metapb.BatchCall, len(calls))}
@@ -342,26 +372,9 @@ func (b *behind) sender() {
 		case <-b.stop:
 			return
 		}
-		calls := b.take()
-		if len(calls) > 0 {
+		if calls := b.take(); len(calls) > 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), BehindTimeout)
-			if b.noBatch.Load() {
-				b.sendEach(ctx, calls)
-			} else if results, err := b.sendBatch(ctx, calls); err == nil {
-				b.finish(calls, results)
-			} else if status.Code(err) == codes.Unimplemented {
-				b.noBatch.Store(true)
-				b.sendEach(ctx, calls)
-			} else {
-				// Retried for BehindTimeout: they are lost.
-				fail := &metapb.BatchResult{}
-				fail.Status, _ = proto.Marshal(status.Convert(err).Proto())
-				results := make([]*metapb.BatchResult, len(calls))
-				for i := range results {
-					results[i] = fail
-				}
-				b.finish(calls, results)
-			}
+			b.sendCalls(ctx, calls, true)
 			cancel()
 		}
 		<-b.send
@@ -484,3 +497,23 @@ func (s *Session) ReleaseBehind(ino uint64, done func(error)) bool {
 
 // WaitBehind waits until every call sent behind so far has returned.
 func (s *Session) WaitBehind(ctx context.Context) error { return s.c.bg.waitAll(ctx) }
+
+// WaitIno sends the calls queued behind at once if one of them is on ino
+// (a close waits for the file's create), and waits until those on ino have
+// returned.
+func (s *Session) WaitIno(ctx context.Context, ino uint64) error {
+	b := s.c.bg
+	if b.n.Load() == 0 || !b.dependsOn([]pkey{{ino: ino}}) {
+		return nil
+	}
+	select {
+	case b.send <- struct{}{}:
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	defer func() { <-b.send }()
+	if calls := b.take(); len(calls) > 0 {
+		return b.sendCalls(ctx, calls, false)
+	}
+	return nil
+}
