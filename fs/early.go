@@ -178,6 +178,21 @@ func (n *Node) unlinkEarly(ctx context.Context, name string) bool {
 	return true
 }
 
+// waitChild waits for the calls sent behind on the inode the kernel knows
+// at name: the unlinks in a directory about to be removed or replaced,
+// which the call removing it does not name.
+func (n *Node) waitChild(ctx context.Context, name string) error {
+	early := n.fsys.opts.Early
+	if early == nil {
+		return nil
+	}
+	ch := n.GetChild(name)
+	if ch == nil {
+		return nil
+	}
+	return early.WaitIno(ctx, ch.StableAttr().Ino)
+}
+
 // lostEarly returns the completion of a change answered early: one that meta
 // refused is logged and counted, since the application was told it happened.
 // An unlink of a name that is gone (ENOENT) is no loss: the name is gone.

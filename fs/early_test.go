@@ -85,3 +85,38 @@ func TestEarlyCreateRace(t *testing.T) {
 		}
 	}
 }
+
+// TestEarlyUnlinksBeforeRmdir: a directory emptied by unlinks answered early
+// can be removed at once (rm -rf), and replaced by a rename.
+func TestEarlyUnlinksBeforeRmdir(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{})
+	for round := range 20 {
+		d := filepath.Join(c.Dir, fmt.Sprintf("d%d", round))
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 20 {
+			if err := os.WriteFile(filepath.Join(d, fmt.Sprintf("f%d", i)), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if round%2 == 0 {
+			if err := os.RemoveAll(d); err != nil {
+				t.Fatalf("rm -rf: %v", err)
+			}
+			continue
+		}
+		for i := range 20 {
+			if err := os.Remove(filepath.Join(d, fmt.Sprintf("f%d", i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		other := filepath.Join(c.Dir, fmt.Sprintf("other%d", round))
+		if err := os.Mkdir(other, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Rename(other, d); err != nil { // os.Rename refuses a directory target
+			t.Fatalf("rename onto a directory just emptied: %v", err)
+		}
+	}
+}

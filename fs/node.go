@@ -670,6 +670,9 @@ func (n *Node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
 	n.dirChange() // a change the kept attributes do not show
+	if err := n.waitChild(ctx, name); err != nil {
+		return errno(err)
+	}
 	_, err := n.fsys.meta.Rmdir(ctx, &metapb.RmdirRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
 	return errno(err)
 }
@@ -684,6 +687,9 @@ func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		return syscall.EXDEV
 	}
 	p.dirChange()
+	if err := p.waitChild(ctx, newName); err != nil { // a directory it replaces
+		return errno(err)
+	}
 	_, err := n.fsys.meta.Rename(ctx, &metapb.RenameRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, NewParent: p.ino, NewName: newName, Flags: flags})
 	return errno(err)
 }
