@@ -253,11 +253,14 @@ func TestSQLite(t *testing.T) {
 // go on after each kill, and the mount counts degraded stripe reads once a
 // chunkserver is dead. The readers use O_DIRECT, so that every read reaches
 // the mount: with the kernel's page cache (kept while the file is unchanged)
-// they would read the file's pages again and never the chunkservers.
+// they would read the file's pages again and never the chunkservers. The
+// mount's readahead memory holds two of the file's six stripes, so that
+// each read fetches most of them from the chunkservers (with the default,
+// the whole file could stay in it and the reads never need a chunkserver).
 func TestChunkdKilledDuringReads(t *testing.T) {
 	needRoot(t)
 	c := upWith(t, func(cfg *devcluster.Config) {
-		cfg.MountArgs = append(cfg.MountArgs, "--metrics", "127.0.0.1:0")
+		cfg.MountArgs = append(cfg.MountArgs, "--metrics", "127.0.0.1:0", "--readahead-mem", "8MiB")
 	})
 	metrics := mountMetricsAddr(t, c)
 	data := pattern(24<<20, 42)
