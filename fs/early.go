@@ -99,6 +99,14 @@ func (n *Node) takeReserved(name string) (reservedName, bool) {
 	return r, time.Now().Before(r.until)
 }
 
+// dropReserved forgets the directory's reservations: its attributes are
+// changing, and the creates they would answer derive a new file's from them.
+func (n *Node) dropReserved() {
+	n.mu.Lock()
+	n.reserved = nil
+	n.mu.Unlock()
+}
+
 // changedDirAttr returns a copy of a, the directory's attributes before a
 // change this mount answers itself, as the change leaves them at now.
 func changedDirAttr(a *metapb.Attr, now int64) *metapb.Attr {

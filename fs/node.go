@@ -504,6 +504,9 @@ func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 	if g, ok := in.GetGID(); ok {
 		req.SetGid, req.Gid = true, g
 	}
+	if req.SetMode || req.SetUid || req.SetGid {
+		n.dropReserved() // new files would take the directory's old group and mode bits
+	}
 	if in.Valid&fuse.FATTR_ATIME_NOW != 0 {
 		req.SetAtime, req.AtimeNow = true, true
 	} else if t, ok := in.GetATime(); ok {
