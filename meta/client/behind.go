@@ -94,6 +94,17 @@ func (b *behind) Invoke(ctx context.Context, method string, args, reply any, opt
 	if b.n.Load() == 0 {
 		return b.fo.Invoke(ctx, method, args, reply, opts...)
 	}
+	if r, ok := args.(*metapb.LockRequest); ok && r.Wait {
+		// A lock that may wait at meta goes alone, after what it depends
+		// on: in a batch it would hold back the calls queued meanwhile as
+		// long as it waits.
+		if b.dependsOn(waitKeys(args)) {
+			if err := b.flush(ctx); err != nil {
+				return err
+			}
+		}
+		return b.fo.Invoke(ctx, method, args, reply, opts...)
+	}
 	if !b.dependsOn(waitKeys(args)) {
 		// Independent: it takes the queued calls along if no batch is in
 		// flight, else it goes alone.
@@ -506,6 +517,12 @@ func (s *Session) WaitIno(ctx context.Context, ino uint64) error {
 	if b.n.Load() == 0 || !b.dependsOn([]pkey{{ino: ino}}) {
 		return nil
 	}
+	return b.flush(ctx)
+}
+
+// flush sends the queued calls at once, after the batch in flight, and
+// returns once they have returned.
+func (b *behind) flush(ctx context.Context) error {
 	select {
 	case b.send <- struct{}{}:
 	case <-ctx.Done():
