@@ -9,9 +9,13 @@ CLUSTER ?= /tmp/rdmafs-cluster
 
 all: build
 
+# The commit --version reports, when the toolchain does not stamp it.
+VERSION_LDFLAGS = -X github.com/rdmafs/rdmafs/internal/buildinfo.commit=$(shell git rev-parse HEAD 2>/dev/null) \
+	-X github.com/rdmafs/rdmafs/internal/buildinfo.commitTime=$(shell git log -1 --format=%cI 2>/dev/null)
+
 ## build: compile rdmafs and chunkd into ./bin
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 ## deps: install the Debian packages the tests, demo and benchmarks need (as root)
 deps:

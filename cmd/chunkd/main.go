@@ -22,6 +22,7 @@ import (
 	"github.com/rdmafs/rdmafs/chunkserver"
 	"github.com/rdmafs/rdmafs/chunkserver/store"
 	"github.com/rdmafs/rdmafs/cmd/chunkd/metamember"
+	"github.com/rdmafs/rdmafs/internal/buildinfo"
 	"github.com/rdmafs/rdmafs/internal/bytesize"
 	"github.com/rdmafs/rdmafs/internal/metricshttp"
 	"github.com/rdmafs/rdmafs/internal/sched"
@@ -57,6 +58,7 @@ func newCommand() *cobra.Command {
 		Short:         "chunkd: the rdmafs storage daemon",
 		Long:          "chunkd keeps chunk versions durable in --data and serves them from registered memory over an rdma transport.",
 		Args:          cobra.NoArgs,
+		Version:       buildinfo.Read().String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE:          func(cmd *cobra.Command, _ []string) error { return run(cmd.Context(), &f) },

@@ -12,6 +12,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/rdmafs/rdmafs/internal/buildinfo"
 )
 
 func main() {
@@ -29,6 +31,7 @@ func newRootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "rdmafs",
 		Short:         "rdmafs: an erasure-coded distributed file system with an RDMA data path",
+		Version:       buildinfo.Read().String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
