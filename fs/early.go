@@ -144,17 +144,8 @@ func (n *Node) createEarly(ctx context.Context, name string, flags, mode uint32,
 		return nil, nil, false
 	}
 	n.noteDirAttr(gen, changedDirAttr(res.parent, now))
-	inode := n.entry(ctx, a, out)
-	child, _ := inode.Operations().(*Node)
-	if child != nil {
-		child.mu.Lock()
-		child.noCapsUntil = time.Now().Add(n.fsys.opts.AttrTimeout) // see Create
-		child.mu.Unlock()
-	}
-	if d := n.fsys.opts.Data; d != nil {
-		d.Created(ino, a.Layout)
-	}
-	return inode, &fileHandle{fsys: n.fsys, node: child, ino: ino, flags: flags}, true
+	inode, fh := n.newFile(ctx, a, flags, out)
+	return inode, fh, true
 }
 
 // unlinkEarly answers an unlink of a file the kernel knows at once and sends

@@ -570,9 +570,27 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		return nil, nil, 0, errno(err)
 	}
 	n.noteDirAttr(gen, r.Parent)
+	if r.Created {
+		ino, fh := n.newFile(ctx, r.Attr, flags, out)
+		return ino, fh, 0, 0
+	}
 	ino := n.entry(ctx, r.Attr, out)
 	child, _ := ino.Operations().(*Node)
-	if r.Created && child != nil {
+	if d := n.fsys.opts.Data; d != nil {
+		if err := d.Open(ctx, r.Attr.Ino); err != nil {
+			return nil, nil, 0, errno(err)
+		}
+	}
+	return ino, &fileHandle{fsys: n.fsys, node: child, ino: r.Attr.Ino, flags: flags}, 0, 0
+}
+
+// newFile answers a create that made the new, empty file a (by meta, or
+// by this mount early): its entry, and an open handle the data engine
+// knows empty.
+func (n *Node) newFile(ctx context.Context, a *metapb.Attr, flags uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle) {
+	ino := n.entry(ctx, a, out)
+	child, _ := ino.Operations().(*Node)
+	if child != nil {
 		// A new file has no file capabilities: its first write needs no
 		// lookup of them (see Getxattr).
 		child.mu.Lock()
@@ -580,13 +598,9 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		child.mu.Unlock()
 	}
 	if d := n.fsys.opts.Data; d != nil {
-		if r.Created {
-			d.Created(r.Attr.Ino, r.Attr.Layout)
-		} else if err := d.Open(ctx, r.Attr.Ino); err != nil {
-			return nil, nil, 0, errno(err)
-		}
+		d.Created(a.Ino, a.Layout)
 	}
-	return ino, &fileHandle{fsys: n.fsys, node: child, ino: r.Attr.Ino, flags: flags}, 0, 0
+	return ino, &fileHandle{fsys: n.fsys, node: child, ino: a.Ino, flags: flags}
 }
 
 // Mknod implements gofs.NodeMknoder.

@@ -51,6 +51,18 @@ type result struct {
 	err error
 }
 
+// blocked fails t if a call whose outcome arrives on done returns within a
+// moment: it must wait for a reservation, which only the test ends (the
+// fake clock does not move). The moment only bounds the check.
+func blocked[T any](t *testing.T, done <-chan T, what string) {
+	t.Helper()
+	select {
+	case v := <-done:
+		t.Fatalf("%s returned (%v) while another session held the name", what, v)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
 func TestReservedName(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, e *env) {
 		a, aFirst := e.session(16)
@@ -63,6 +75,7 @@ func TestReservedName(t *testing.T) {
 			r, err := e.s.Create(e.ctx, &metapb.CreateRequest{Caller: &metapb.Caller{Session: b}, Parent: RootIno, Name: "f", Mode: 0o600, Exclusive: true})
 			done <- result{r, err}
 		}()
+		blocked(t, done, "another session's create")
 		r, err := e.createEarly(a, RootIno, "f", aFirst)
 		if err != nil {
 			t.Fatalf("early create: %v", err)
@@ -139,6 +152,8 @@ func TestReservedNameBlocksRemovalAndChmod(t *testing.T) {
 			_, err := e.s.SetAttr(e.ctx, &metapb.SetAttrRequest{Caller: &metapb.Caller{Session: b}, Ino: d, SetMode: true, Mode: 0o500})
 			chmod <- err
 		}()
+		blocked(t, rmdir, "rmdir of the directory")
+		blocked(t, chmod, "chmod of the directory")
 		if _, err := e.createEarly(a, d, "x", aFirst); err != nil {
 			t.Fatalf("early create in a directory being removed: %v", err)
 		}
