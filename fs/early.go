@@ -43,6 +43,10 @@ type Early interface {
 	// and WaitIno those on ino.
 	WaitBehind(ctx context.Context) error
 	WaitIno(ctx context.Context, ino uint64) error
+	// Recalls gives back the directory leases release (of epoch) and
+	// waits a moment for recalls of those held (lease.go); it returns
+	// meta's epoch and the ids of the leases recalled.
+	Recalls(ctx context.Context, epoch uint64, release []uint64) (uint64, []uint64, error)
 }
 
 // maxReserved bounds the reservations a directory node remembers; past it
@@ -118,33 +122,59 @@ func changedDirAttr(a *metapb.Attr, now int64) *metapb.Attr {
 	return c
 }
 
-// createEarly answers a create of a regular file at once, if meta holds the
-// name for the mount and an inode number is at hand, and sends it behind.
+// createEarly answers a create of a regular file at once, if the mount holds
+// the directory's lease and the name is not in it, or meta holds the name
+// for the mount, and an inode number is at hand; it sends it behind.
 func (n *Node) createEarly(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, bool) {
 	early := n.fsys.opts.Early
 	if early == nil {
 		return nil, nil, false
 	}
-	res, ok := n.takeReserved(name)
-	if !ok {
-		return nil, nil, false
-	}
-	ino, ok := early.NextIno()
-	if !ok {
-		return nil, nil, false
-	}
 	c := n.fsys.callers.of(ctx)
 	now := time.Now().UnixNano()
-	a := metapb.NewAttr(c, res.parent, ino, syscall.S_IFREG|mode&0o7777, now)
-	a.Layout = res.layout
 	req := &metapb.CreateRequest{Caller: c, Parent: n.ino, Name: name, Mode: mode & 0o7777, Exclusive: true,
-		SessionId: n.fsys.opts.Session, OpenFlags: flags, Ino: ino, TimeNs: now}
+		SessionId: n.fsys.opts.Session, OpenFlags: flags, TimeNs: now}
 	gen := n.dirChange()
-	if !early.CreateBehind(req, n.fsys.lostEarly("create", n.ino, name, ino)) {
-		return nil, nil, false
+	// Under the lease, the check of the name and the queuing of the create
+	// are one step for a recall: it sends the create before the lease goes.
+	var parent *metapb.Attr
+	var layout *metapb.Layout
+	var leaseID uint64
+	n.mu.Lock()
+	if l := n.leaseLocked(); l != nil {
+		if _, exists := l.names[name]; !exists {
+			if ino, ok := early.NextIno(); ok {
+				req.Ino = ino
+				if early.CreateBehind(req, n.fsys.lostEarly("create", n, name, ino)) {
+					l.names[name] = struct{}{}
+					parent, layout, leaseID = l.parent, l.layout, l.id
+				}
+			}
+		}
 	}
-	n.noteDirAttr(gen, changedDirAttr(res.parent, now))
+	n.mu.Unlock()
+	if leaseID == 0 {
+		res, ok := n.takeReserved(name)
+		if !ok {
+			return nil, nil, false
+		}
+		if req.Ino, ok = early.NextIno(); !ok {
+			return nil, nil, false
+		}
+		if !early.CreateBehind(req, n.fsys.lostEarly("create", n, name, req.Ino)) {
+			return nil, nil, false
+		}
+		parent, layout = res.parent, res.layout
+	}
+	a := metapb.NewAttr(c, parent, req.Ino, syscall.S_IFREG|mode&0o7777, now)
+	a.Layout = layout
+	n.noteDirAttr(gen, changedDirAttr(parent, now))
 	inode, fh := n.newFile(ctx, a, flags, out)
+	if child, ok := inode.Operations().(*Node); ok && leaseID != 0 {
+		child.mu.Lock()
+		child.createdIn, child.createdLease = n, leaseID
+		child.mu.Unlock()
+	}
 	return inode, fh, true
 }
 
@@ -164,13 +194,17 @@ func (n *Node) unlinkEarly(ctx context.Context, name string) bool {
 	if !ok {
 		return false
 	}
-	n.mu.Lock()
-	parent := n.lastAttr
-	n.mu.Unlock()
 	gen := n.dirChange()
 	now := time.Now().UnixNano()
 	req := &metapb.UnlinkRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Ino: child.ino, TimeNs: now}
-	if !early.UnlinkBehind(req, n.fsys.lostEarly("unlink", n.ino, name, child.ino)) {
+	n.mu.Lock()
+	parent := n.lastAttr
+	queued := early.UnlinkBehind(req, n.fsys.lostEarly("unlink", n, name, child.ino))
+	if queued && n.lease != nil {
+		delete(n.lease.names, name)
+	}
+	n.mu.Unlock()
+	if !queued {
 		return false
 	}
 	n.noteDirAttr(gen, changedDirAttr(parent, now))
@@ -192,17 +226,20 @@ func (n *Node) waitChild(ctx context.Context, name string) error {
 	return early.WaitIno(ctx, ch.StableAttr().Ino)
 }
 
-// lostEarly returns the completion of a change answered early: one that meta
-// refused is logged and counted, since the application was told it happened.
-// An unlink of a name that is gone (ENOENT) is no loss: the name is gone.
-func (fsys *FS) lostEarly(op string, parent uint64, name string, ino uint64) func(error) {
+// lostEarly returns the completion of a change answered early in dir: one
+// that meta refused is logged and counted, since the application was told
+// it happened, and the directory's lease goes back (its list of names is
+// wrong). An unlink of a name that is gone (ENOENT) is no loss: the name is
+// gone.
+func (fsys *FS) lostEarly(op string, dir *Node, name string, ino uint64) func(error) {
 	return func(err error) {
 		if err == nil || (op == "unlink" && client.Errno(err) == syscall.ENOENT) {
 			return
 		}
+		dir.dropLease()
 		fsys.earlyLost.Add(1)
 		fsys.log.Error("a "+op+" answered before meta applied it failed: the application was told it succeeded",
-			"parent", parent, "name", name, "ino", ino, "err", err)
+			"parent", dir.ino, "name", name, "ino", ino, "err", err)
 	}
 }
 

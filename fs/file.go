@@ -248,9 +248,13 @@ func (f *fileHandle) dropBehind(off, n int64) {
 // anywhere sees it (close-to-open consistency).
 func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	f.releaseLocks(ctx)
+	leased := f.node.createdUnderLease()
+	if leased && !f.dirty() {
+		return 0 // nothing to wait for: no data, and the create may stay behind
+	}
 	ctx, done := killable(ctx)
 	defer done()
-	if early := f.fsys.opts.Early; early != nil {
+	if early := f.fsys.opts.Early; early != nil && !leased {
 		if err := early.WaitIno(ctx, f.ino); err != nil {
 			return errno(err)
 		}
@@ -259,6 +263,15 @@ func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
 		return 0
 	}
 	return dataErrno(f.fsys.opts.Data.Flush(ctx, f.ino))
+}
+
+// dirty reports whether the handle may have written data not yet committed.
+func (f *fileHandle) dirty() bool {
+	if f.flags&syscall.O_ACCMODE == syscall.O_RDONLY || f.fsys.opts.Data == nil {
+		return false
+	}
+	_, dirty := f.fsys.opts.Data.Size(f.ino)
+	return dirty
 }
 
 // Fsync implements gofs.FileFsyncer: every shard durable and the version
@@ -312,7 +325,7 @@ func (f *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode
 		if err := d.Flush(ctx, f.ino); err != nil {
 			return errno(err)
 		}
-		a, err := f.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: f.ino})
+		a, err := f.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: f.ino, LeaseSession: f.fsys.opts.Session})
 		if err != nil {
 			return errno(err)
 		}
@@ -342,7 +355,7 @@ func (f *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode
 		if err := d.Flush(ctx, f.ino); err != nil {
 			return errno(err)
 		}
-		a, err := f.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: f.ino})
+		a, err := f.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: f.ino, LeaseSession: f.fsys.opts.Session})
 		if err != nil {
 			return errno(err)
 		}

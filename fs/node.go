@@ -15,6 +15,7 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/client"
@@ -91,6 +92,7 @@ type FS struct {
 	earlyLost atomic.Uint64 // changes answered early that meta refused (early.go)
 	releases  releaser      // closed files' opens, on their way to meta
 	locks     lockTable     // the file locks this mount's processes hold
+	leases    leaseTable    // the directory leases the mount holds (lease.go)
 
 	// Read replies, so that a read costs no allocation.
 	inPlace      sync.Pool // of *inPlaceResult
@@ -111,6 +113,9 @@ func New(opts Options) (*FS, *Node) {
 	}
 	f := &FS{opts: opts, meta: opts.Meta, callers: newCallers(opts.Session), log: opts.Logger}
 	f.releases = releaser{meta: opts.Meta, session: opts.Session, early: opts.Early, log: opts.Logger}
+	if opts.Early != nil {
+		f.startLeases()
+	}
 	root := opts.Root
 	if root == 0 {
 		root = RootIno
@@ -148,6 +153,14 @@ type Node struct {
 	// this mount: an unlink answered early (early.go) derives what the
 	// kernel's next getattr gets from them.
 	lastAttr *metapb.Attr
+	// lease is the directory's lease, if the mount holds it, and
+	// leaseAskAfter when a lookup may ask for it again (lease.go).
+	lease         *dirLease
+	leaseAskAfter time.Time
+	// createdIn and createdLease are, for a file created under a
+	// directory lease, the directory and the lease (lease.go).
+	createdIn    *Node
+	createdLease uint64
 }
 
 // dirChange notes a change to the directory through this mount: it forgets
@@ -448,16 +461,28 @@ func (n *Node) entry(ctx context.Context, a *metapb.Attr, out *fuse.EntryOut) *g
 // Lookup implements gofs.NodeLookuper. With early creates on, a missing
 // name is reserved for the mount (early.go).
 func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	early := n.fsys.opts.Early != nil
+	if early && n.leaseSaysMissing(name) {
+		return nil, syscall.ENOENT
+	}
 	ctx, done := killable(ctx)
 	defer done()
-	early := n.fsys.opts.Early != nil
+	lease := early && n.wantLease()
 	sent := time.Now()
-	r, err := n.fsys.meta.Lookup(ctx, &metapb.LookupRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Reserve: early})
+	r, err := n.fsys.meta.Lookup(ctx, &metapb.LookupRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name,
+		Reserve: early, Lease: lease})
 	if err != nil {
 		return nil, errno(err)
 	}
 	if r.Reserved {
 		n.noteReserved(name, sent, r)
+		if r.Lease != nil {
+			n.installLease(r.Lease, r)
+		} else if lease {
+			n.mu.Lock()
+			n.leaseAskAfter = time.Now().Add(leaseBackoff)
+			n.mu.Unlock()
+		}
 		return nil, syscall.ENOENT
 	}
 	if r.Attr == nil {
@@ -475,7 +500,7 @@ func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut
 	}
 	ctx, done := killable(ctx)
 	defer done()
-	r, err := n.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: n.ino})
+	r, err := n.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: n.ino, LeaseSession: n.fsys.opts.Session})
 	if err != nil {
 		return errno(err)
 	}
@@ -505,7 +530,9 @@ func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 		req.SetGid, req.Gid = true, g
 	}
 	if req.SetMode || req.SetUid || req.SetGid {
-		n.dropReserved() // new files would take the directory's old group and mode bits
+		// New files would take the directory's old group and mode bits.
+		n.dropReserved()
+		n.dropLease()
 	}
 	if in.Valid&fuse.FATTR_ATIME_NOW != 0 {
 		req.SetAtime, req.AtimeNow = true, true
@@ -561,7 +588,7 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	}
 	ctx, done := killable(ctx)
 	defer done()
-	gen := n.dirChange()
+	gen, lease := n.dirChange(), n.leaseID()
 	r, err := n.fsys.meta.Create(ctx, &metapb.CreateRequest{
 		Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Mode: mode & 0o7777,
 		Exclusive: flags&syscall.O_EXCL != 0, SessionId: n.fsys.opts.Session, OpenFlags: flags,
@@ -569,6 +596,7 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err != nil {
 		return nil, nil, 0, errno(err)
 	}
+	n.leaseNote(lease, name, true)
 	n.noteDirAttr(gen, r.Parent)
 	if r.Created {
 		ino, fh := n.newFile(ctx, r.Attr, flags, out)
@@ -608,10 +636,12 @@ func (n *Node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 	ctx, done := killable(ctx)
 	defer done()
 	n.dirChange() // a change the kept attributes do not show
+	lease := n.leaseID()
 	r, err := n.fsys.meta.Mknod(ctx, &metapb.MknodRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Mode: mode, Rdev: dev})
 	if err != nil {
 		return nil, errno(err)
 	}
+	n.leaseNote(lease, name, true)
 	return n.entry(ctx, r.Attr, out), 0
 }
 
@@ -620,10 +650,12 @@ func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	ctx, done := killable(ctx)
 	defer done()
 	n.dirChange() // a change the kept attributes do not show
+	lease := n.leaseID()
 	r, err := n.fsys.meta.Mkdir(ctx, &metapb.MkdirRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Mode: mode & 0o7777})
 	if err != nil {
 		return nil, errno(err)
 	}
+	n.leaseNote(lease, name, true)
 	return n.entry(ctx, r.Attr, out), 0
 }
 
@@ -632,10 +664,12 @@ func (n *Node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	ctx, done := killable(ctx)
 	defer done()
 	n.dirChange() // a change the kept attributes do not show
+	lease := n.leaseID()
 	r, err := n.fsys.meta.Symlink(ctx, &metapb.SymlinkRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Target: target})
 	if err != nil {
 		return nil, errno(err)
 	}
+	n.leaseNote(lease, name, true)
 	return n.entry(ctx, r.Attr, out), 0
 }
 
@@ -659,10 +693,12 @@ func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 	if !ok {
 		return nil, syscall.EXDEV
 	}
+	lease := n.leaseID()
 	r, err := n.fsys.meta.Link(ctx, &metapb.LinkRequest{Caller: n.fsys.callers.of(ctx), Ino: t.ino, NewParent: n.ino, NewName: name})
 	if err != nil {
 		return nil, errno(err)
 	}
+	n.leaseNote(lease, name, true)
 	return n.entry(ctx, r.Attr, out), 0
 }
 
@@ -673,11 +709,12 @@ func (n *Node) Unlink(ctx context.Context, name string) syscall.Errno {
 	}
 	ctx, done := killable(ctx)
 	defer done()
-	gen := n.dirChange()
+	gen, lease := n.dirChange(), n.leaseID()
 	r, err := n.fsys.meta.Unlink(ctx, &metapb.UnlinkRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
 	if err != nil {
 		return errno(err)
 	}
+	n.leaseNote(lease, name, false)
 	n.noteDirAttr(gen, r.Parent)
 	return 0
 }
@@ -690,8 +727,18 @@ func (n *Node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if err := n.waitChild(ctx, name); err != nil {
 		return errno(err)
 	}
+	lease := n.leaseID()
 	_, err := n.fsys.meta.Rmdir(ctx, &metapb.RmdirRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
-	return errno(err)
+	if err != nil {
+		return errno(err)
+	}
+	n.leaseNote(lease, name, false)
+	if ch := n.GetChild(name); ch != nil {
+		if dir, ok := ch.Operations().(*Node); ok {
+			dir.dropLease() // of a directory that is gone
+		}
+	}
+	return 0
 }
 
 // Rename implements gofs.NodeRenamer, with renameat2 flags.
@@ -707,8 +754,15 @@ func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if err := p.waitChild(ctx, newName); err != nil { // a directory it replaces
 		return errno(err)
 	}
+	from, to := n.leaseID(), p.leaseID()
 	_, err := n.fsys.meta.Rename(ctx, &metapb.RenameRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, NewParent: p.ino, NewName: newName, Flags: flags})
-	return errno(err)
+	if err != nil {
+		return errno(err)
+	}
+	// An exchange leaves both names in place.
+	n.leaseNote(from, name, flags&unix.RENAME_EXCHANGE != 0)
+	p.leaseNote(to, newName, true)
+	return 0
 }
 
 // LayoutXattr is the virtual extended attribute of a file's layout, or of
@@ -773,6 +827,9 @@ func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 
 // Setxattr implements gofs.NodeSetxattrer.
 func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	// New files take their layout and ACL-derived modes from the directory.
+	n.dropReserved()
+	n.dropLease()
 	ctx, done := killable(ctx)
 	defer done()
 	if attr == LayoutXattr {
@@ -817,6 +874,9 @@ func (n *Node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 
 // Removexattr implements gofs.NodeRemovexattrer.
 func (n *Node) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	// New files take their layout and ACL-derived modes from the directory.
+	n.dropReserved()
+	n.dropLease()
 	ctx, done := killable(ctx)
 	defer done()
 	if attr == LayoutXattr {

@@ -194,6 +194,7 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 		return err
 	}
 	defer finishReleases(fsys)
+	defer fsys.Close()
 	logger.Info("mounted", "meta", cfg.metaAddr, "mountpoint", cfg.mountpoint, "transport", dev.Name())
 	notifyMounted()
 	serveMount(ctx, srv, eng, cfg.mountpoint, logger)

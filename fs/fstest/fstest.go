@@ -115,7 +115,8 @@ func (c *Cluster) mount(t *testing.T, wrap func(metapb.MetaClient) metapb.MetaCl
 	if wrap == nil && !c.opts.Wsync {
 		opts.Early = sess // calls sent behind would bypass a wrapper
 	}
-	_, root := fs.New(opts)
+	fsys, root := fs.New(opts)
+	t.Cleanup(fsys.Close)
 	return MountRoot(t, root), eng
 }
 

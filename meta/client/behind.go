@@ -39,7 +39,7 @@ const maxBehind = 1024
 
 // linger is how long calls queued behind wait for another call to travel
 // with before they are sent on their own.
-const linger = 300 * time.Microsecond
+const linger = 1 * time.Millisecond
 
 // pkey names what a call touches: an inode (name "") or a name in a
 // directory.
@@ -136,6 +136,10 @@ func waitKeys(args any) []pkey {
 	case *metapb.SyncRequest:
 		return nil
 	case *metapb.LookupRequest:
+		if r.Lease {
+			// The grant lists the directory: after every change in it.
+			return []pkey{{r.Parent, r.Name}, {ino: r.Parent}}
+		}
 		return []pkey{{r.Parent, r.Name}}
 	case *metapb.ReleaseRequest:
 		keys := []pkey{{ino: r.Ino}}
@@ -434,7 +438,11 @@ func (b *behind) waitAll(ctx context.Context) error {
 	}
 	b.mu.Unlock()
 	if len(all) > 0 {
-		b.wake()
+		// The queued ones go now, not after the linger; if they fail,
+		// the sender retries them.
+		if err := b.flush(ctx); err != nil && ctx.Err() != nil {
+			return err
+		}
 	}
 	for _, c := range all {
 		select {

@@ -264,3 +264,17 @@ func (s *Session) Close(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Recalls gives back the directory leases release (granted in epoch) and
+// waits up to about half a second for recalls of the leases the session
+// holds; it returns meta's epoch and the ids of the leases recalled. It
+// goes straight to meta: a long poll would hold back calls queued behind.
+func (s *Session) Recalls(ctx context.Context, epoch uint64, release []uint64) (uint64, []uint64, error) {
+	r := &metapb.RecallsReply{}
+	err := s.c.fo.Invoke(ctx, metapb.Meta_Recalls_FullMethodName,
+		&metapb.RecallsRequest{SessionId: s.id, Epoch: epoch, Release: release}, r)
+	if err != nil {
+		return 0, nil, err
+	}
+	return r.Epoch, r.Recall, nil
+}

@@ -20,10 +20,18 @@ func (s *Service) Lookup(ctx context.Context, req *metapb.LookupRequest) (*metap
 		return nil, err
 	}
 	c := caller(req.Caller)
+	if err := s.awaitLease(ctx, c.Session, req.Parent); err != nil {
+		return nil, err
+	}
 	// The name is held before it is looked up: a create of another session
-	// that commits it after the lookup would otherwise go unseen.
+	// that commits it after the lookup would otherwise go unseen. So is a
+	// lease before the directory's names are listed.
 	reserved := req.Reserve && c.Session != 0 && s.checkSession(c.Session) == nil &&
 		s.reserved.reserve(c.Session, req.Parent, req.Name, s.now(), s.cfg.ReserveTTL)
+	var lease *dirLease
+	if reserved && req.Lease {
+		lease = s.grantLease(c.Session, req.Parent)
+	}
 	var out *metapb.EntryReply
 	err := s.view(ctx, func(r kv.Reader) error {
 		p, err := getDir(r, req.Parent)
@@ -45,6 +53,15 @@ func (s *Service) Lookup(ctx context.Context, req *metapb.LookupRequest) (*metap
 				}
 				out = &metapb.EntryReply{Reserved: true, Parent: p.Attr, NewLayout: l,
 					ReservedMs: uint32(s.cfg.ReserveTTL.Milliseconds())}
+				if lease != nil {
+					names, ok, err := listNames(r, req.Parent)
+					if err != nil {
+						return err
+					}
+					if ok {
+						out.Lease = &metapb.DirLease{Id: lease.id, Epoch: s.reserved.leases.epoch, Names: names}
+					}
+				}
 				return nil
 			}
 			return metaerr.New(syscall.ENOENT, "%q not found in directory %d", req.Name, req.Parent)
@@ -59,11 +76,17 @@ func (s *Service) Lookup(ctx context.Context, req *metapb.LookupRequest) (*metap
 	if reserved && (err != nil || !out.Reserved) {
 		s.reserved.unreserve(c.Session, req.Parent, req.Name)
 	}
+	if lease != nil && (err != nil || out.Lease == nil) {
+		s.releaseLease(lease)
+	}
 	return out, err
 }
 
 // GetAttr implements metapb.MetaServer.
 func (s *Service) GetAttr(ctx context.Context, req *metapb.GetAttrRequest) (*metapb.AttrReply, error) {
+	if err := s.awaitLease(ctx, req.LeaseSession, req.Ino); err != nil {
+		return nil, err
+	}
 	var out *metapb.AttrReply
 	err := s.view(ctx, func(r kv.Reader) error {
 		rec, err := getInode(r, req.Ino)
@@ -376,6 +399,9 @@ func (s *Service) remove(ctx context.Context, c *metapb.Caller, parent uint64, n
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
+	if err := s.awaitLease(ctx, c.Session, parent); err != nil {
+		return nil, err
+	}
 	if dir {
 		if err := s.awaitChildDir(ctx, c, parent, name); err != nil {
 			return nil, err
@@ -542,6 +568,9 @@ func checkNotUnder(r kv.Reader, dir, ino uint64) error {
 // ReadDir implements metapb.MetaServer.
 func (s *Service) ReadDir(ctx context.Context, req *metapb.ReadDirRequest) (*metapb.ReadDirReply, error) {
 	c := caller(req.Caller)
+	if err := s.awaitLease(ctx, c.Session, req.Ino); err != nil {
+		return nil, err
+	}
 	limit := int(req.Limit)
 	if limit <= 0 || limit > 4096 {
 		limit = 4096

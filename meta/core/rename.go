@@ -25,6 +25,9 @@ func (s *Service) Rename(ctx context.Context, req *metapb.RenameRequest) (*metap
 		return nil, err
 	}
 	c := caller(req.Caller)
+	if err := s.awaitLease(ctx, c.Session, req.Parent); err != nil {
+		return nil, err
+	}
 	// The new name may be reserved by another session, or be a directory
 	// that the rename replaces and in which another session holds names.
 	release, err := s.acquireName(ctx, c.Session, req.NewParent, req.NewName, false)

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -42,12 +43,15 @@ type reservations struct {
 	names      map[nameKey]*reservation
 	dirs       map[uint64]int // names held per directory
 	graceUntil time.Time
+	leases     leases       // directory leases (lease.go)
+	nLeases    atomic.Int64 // leases held: calls skip the lease check when 0
 }
 
 func (r *reservations) init(graceUntil time.Time) {
 	r.names = map[nameKey]*reservation{}
 	r.dirs = map[uint64]int{}
 	r.graceUntil = graceUntil
+	r.leases.init()
 }
 
 // live returns the reservation of k if it has not ended, dropping it if it
@@ -77,6 +81,9 @@ func (r *reservations) dropLocked(k nameKey, res *reservation) {
 func (r *reservations) reserve(session, dir uint64, name string, now time.Time, ttl time.Duration) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.otherLeaseLocked(session, dir) != nil {
+		return false
+	}
 	k := nameKey{dir, name}
 	if res := r.live(k, now); res != nil {
 		if res.session != session {
@@ -115,10 +122,11 @@ func (r *reservations) sweepLocked(now time.Time) {
 	}
 }
 
-// dropSession ends every reservation of session.
+// dropSession ends every reservation and lease of session.
 func (r *reservations) dropSession(session uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.dropSessionLeasesLocked(session)
 	for k, res := range r.names {
 		if res.session == session {
 			r.dropLocked(k, res)
@@ -140,6 +148,14 @@ func (s *Service) acquireName(ctx context.Context, session, dir uint64, name str
 		}
 		now := s.now()
 		r.mu.Lock()
+		if l := r.otherLeaseLocked(session, dir); l != nil {
+			wait := s.recallLocked(l, now)
+			r.mu.Unlock()
+			if err := waitFor(ctx, l.done, wait); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		res := r.live(k, now)
 		if res == nil || (session != 0 && res.session == session) {
 			if res == nil {
@@ -169,13 +185,16 @@ func (s *Service) acquireName(ctx context.Context, session, dir uint64, name str
 	}
 }
 
-// awaitDir waits until no session other than session holds a name in dir:
-// a change of dir's permissions or its removal must not make a create the
-// holder has answered fail.
+// awaitDir waits until no session other than session holds a name in dir
+// or its lease: a change of dir's permissions or its removal must not make
+// a create the holder has answered fail.
 func (s *Service) awaitDir(ctx context.Context, session, dir uint64) error {
 	r := &s.reserved
 	for {
 		if err := s.waitGrace(ctx, false); err != nil {
+			return err
+		}
+		if err := s.awaitLease(ctx, session, dir); err != nil {
 			return err
 		}
 		now := s.now()

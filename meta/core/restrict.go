@@ -113,7 +113,10 @@ func (s *Service) Restrict(ctx context.Context, t *auth.Token, method string, re
 		m.Get(fd).Message().Interface().(*metapb.Caller).Session = 0
 	}
 	if r, ok := req.(*metapb.LookupRequest); ok {
-		r.Reserve = false
+		r.Reserve, r.Lease = false, false
+	}
+	if r, ok := req.(*metapb.GetAttrRequest); ok {
+		r.LeaseSession = 0
 	}
 	st := s.tokens.get(t.ID)
 	if _, err := s.tokenRoot(ctx, t, st); err != nil {

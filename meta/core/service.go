@@ -106,6 +106,14 @@ type Config struct {
 	// could conflict with a create answered before the restart wait for its
 	// replay (default 2s).
 	ReserveGrace time.Duration
+	// LeaseRecallTimeout is how long a call waits for the holder of a
+	// directory lease to give it back before meta takes it back (default
+	// 3s); LeaseSilence how long a holder may go without calling Recalls
+	// before its leases are void (default 1.5s; a mount stops using them
+	// after 1s without a reply); LeasePollWait how long a Recalls call
+	// waits for a recall (default 500ms); LeaseBackoff how long after a
+	// recall the directory is not leased again (default 1s). See lease.go.
+	LeaseRecallTimeout, LeaseSilence, LeasePollWait, LeaseBackoff time.Duration
 }
 
 // Service implements metapb.MetaServer.
@@ -241,6 +249,18 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	if cfg.ReserveGrace <= 0 {
 		cfg.ReserveGrace = 2 * time.Second
+	}
+	if cfg.LeaseRecallTimeout <= 0 {
+		cfg.LeaseRecallTimeout = 3 * time.Second
+	}
+	if cfg.LeaseSilence <= 0 {
+		cfg.LeaseSilence = 1500 * time.Millisecond
+	}
+	if cfg.LeasePollWait <= 0 {
+		cfg.LeasePollWait = 500 * time.Millisecond
+	}
+	if cfg.LeaseBackoff <= 0 {
+		cfg.LeaseBackoff = time.Second
 	}
 	s := &Service{store: cfg.Store, log: cfg.Logger, now: cfg.Now, cfg: cfg,
 		sessions: map[uint64]time.Time{}, sessTTL: map[uint64]time.Duration{}, repKick: make(chan struct{}, 1),

@@ -25,6 +25,9 @@ func (s *Service) SetLayout(ctx context.Context, req *metapb.SetLayoutRequest) (
 		return nil, metaerr.New(syscall.EINVAL, "%v", err)
 	}
 	c := caller(req.Caller)
+	if err := s.awaitDir(ctx, c.Session, req.Ino); err != nil { // new files there take the old layout
+		return nil, err
+	}
 	return &metapb.Empty{}, s.update(ctx, func(t kv.Txn) error {
 		rec, err := getDir(t, req.Ino)
 		if err != nil {

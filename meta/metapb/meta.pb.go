@@ -555,7 +555,13 @@ type LookupRequest struct {
 	// waits until the holder's create or the end of the reservation, so the
 	// holder may answer a create of the name before meta has applied it
 	// (CreateRequest.ino). The reply is then EntryReply.reserved without attr.
-	Reserve       bool `protobuf:"varint,4,opt,name=reserve,proto3" json:"reserve,omitempty"`
+	Reserve bool `protobuf:"varint,4,opt,name=reserve,proto3" json:"reserve,omitempty"`
+	// lease asks, with reserve, for the directory's lease when the name does
+	// not exist: the reply's lease then lists every name in parent, and until
+	// meta recalls it (Recalls) no other session changes or reads the
+	// directory's entries, so the holder answers lookups of missing names and
+	// creates in it itself.
+	Lease         bool `protobuf:"varint,5,opt,name=lease,proto3" json:"lease,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -618,6 +624,13 @@ func (x *LookupRequest) GetReserve() bool {
 	return false
 }
 
+func (x *LookupRequest) GetLease() bool {
+	if x != nil {
+		return x.Lease
+	}
+	return false
+}
+
 // EntryReply answers operations that produce a directory entry.
 type EntryReply struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -631,9 +644,12 @@ type EntryReply struct {
 	// reserved answers a Lookup with reserve of a missing name: the name is
 	// held for the caller's session; parent is the directory's attributes and
 	// new_layout the layout a new file in it gets.
-	Reserved      bool    `protobuf:"varint,5,opt,name=reserved,proto3" json:"reserved,omitempty"`
-	NewLayout     *Layout `protobuf:"bytes,6,opt,name=new_layout,json=newLayout,proto3" json:"new_layout,omitempty"`
-	ReservedMs    uint32  `protobuf:"varint,7,opt,name=reserved_ms,json=reservedMs,proto3" json:"reserved_ms,omitempty"` // how long the name is held from the reply on
+	Reserved   bool    `protobuf:"varint,5,opt,name=reserved,proto3" json:"reserved,omitempty"`
+	NewLayout  *Layout `protobuf:"bytes,6,opt,name=new_layout,json=newLayout,proto3" json:"new_layout,omitempty"`
+	ReservedMs uint32  `protobuf:"varint,7,opt,name=reserved_ms,json=reservedMs,proto3" json:"reserved_ms,omitempty"` // how long the name is held from the reply on
+	// lease is the directory lease granted to a Lookup with lease (with
+	// reserved, parent and new_layout set).
+	Lease         *DirLease `protobuf:"bytes,8,opt,name=lease,proto3" json:"lease,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -717,6 +733,192 @@ func (x *EntryReply) GetReservedMs() uint32 {
 	return 0
 }
 
+func (x *EntryReply) GetLease() *DirLease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+// DirLease is a directory held by one session until meta recalls it.
+type DirLease struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`       // of this grant, unique within the epoch
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"` // the meta server's (RecallsReply.epoch)
+	Names         []string               `protobuf:"bytes,3,rep,name=names,proto3" json:"names,omitempty"`  // every entry of the directory at the grant
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DirLease) Reset() {
+	*x = DirLease{}
+	mi := &file_meta_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DirLease) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DirLease) ProtoMessage() {}
+
+func (x *DirLease) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DirLease.ProtoReflect.Descriptor instead.
+func (*DirLease) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *DirLease) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *DirLease) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *DirLease) GetNames() []string {
+	if x != nil {
+		return x.Names
+	}
+	return nil
+}
+
+// RecallsRequest gives back the leases the session no longer holds and
+// waits (at most about half a second) for recalls of those it holds.
+type RecallsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`            // the epoch the releases refer to
+	Release       []uint64               `protobuf:"varint,3,rep,packed,name=release,proto3" json:"release,omitempty"` // ids of leases given back
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecallsRequest) Reset() {
+	*x = RecallsRequest{}
+	mi := &file_meta_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecallsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecallsRequest) ProtoMessage() {}
+
+func (x *RecallsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecallsRequest.ProtoReflect.Descriptor instead.
+func (*RecallsRequest) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RecallsRequest) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *RecallsRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *RecallsRequest) GetRelease() []uint64 {
+	if x != nil {
+		return x.Release
+	}
+	return nil
+}
+
+// RecallsReply lists the leases meta wants back: the holder stops answering
+// for those directories, sends every call it answered early, then releases
+// them. epoch identifies the meta server's run: leases of another epoch are
+// void.
+type RecallsReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Recall        []uint64               `protobuf:"varint,2,rep,packed,name=recall,proto3" json:"recall,omitempty"` // lease ids
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecallsReply) Reset() {
+	*x = RecallsReply{}
+	mi := &file_meta_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecallsReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecallsReply) ProtoMessage() {}
+
+func (x *RecallsReply) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecallsReply.ProtoReflect.Descriptor instead.
+func (*RecallsReply) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RecallsReply) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *RecallsReply) GetRecall() []uint64 {
+	if x != nil {
+		return x.Recall
+	}
+	return nil
+}
+
 // DirReply answers removals: the directory's attributes after the call.
 type DirReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -727,7 +929,7 @@ type DirReply struct {
 
 func (x *DirReply) Reset() {
 	*x = DirReply{}
-	mi := &file_meta_proto_msgTypes[6]
+	mi := &file_meta_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -739,7 +941,7 @@ func (x *DirReply) String() string {
 func (*DirReply) ProtoMessage() {}
 
 func (x *DirReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[6]
+	mi := &file_meta_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -752,7 +954,7 @@ func (x *DirReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DirReply.ProtoReflect.Descriptor instead.
 func (*DirReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{6}
+	return file_meta_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DirReply) GetParent() *Attr {
@@ -763,15 +965,19 @@ func (x *DirReply) GetParent() *Attr {
 }
 
 type GetAttrRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ino   uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	// lease_session is the caller's session: the lease of a directory that
+	// another session holds is recalled first (its attributes are changing
+	// there). 0 for a caller without a session.
+	LeaseSession  uint64 `protobuf:"varint,2,opt,name=lease_session,json=leaseSession,proto3" json:"lease_session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetAttrRequest) Reset() {
 	*x = GetAttrRequest{}
-	mi := &file_meta_proto_msgTypes[7]
+	mi := &file_meta_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +989,7 @@ func (x *GetAttrRequest) String() string {
 func (*GetAttrRequest) ProtoMessage() {}
 
 func (x *GetAttrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[7]
+	mi := &file_meta_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,12 +1002,19 @@ func (x *GetAttrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAttrRequest.ProtoReflect.Descriptor instead.
 func (*GetAttrRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{7}
+	return file_meta_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetAttrRequest) GetIno() uint64 {
 	if x != nil {
 		return x.Ino
+	}
+	return 0
+}
+
+func (x *GetAttrRequest) GetLeaseSession() uint64 {
+	if x != nil {
+		return x.LeaseSession
 	}
 	return 0
 }
@@ -815,7 +1028,7 @@ type AttrReply struct {
 
 func (x *AttrReply) Reset() {
 	*x = AttrReply{}
-	mi := &file_meta_proto_msgTypes[8]
+	mi := &file_meta_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +1040,7 @@ func (x *AttrReply) String() string {
 func (*AttrReply) ProtoMessage() {}
 
 func (x *AttrReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[8]
+	mi := &file_meta_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +1053,7 @@ func (x *AttrReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttrReply.ProtoReflect.Descriptor instead.
 func (*AttrReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{8}
+	return file_meta_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AttrReply) GetAttr() *Attr {
@@ -880,7 +1093,7 @@ type SetAttrRequest struct {
 
 func (x *SetAttrRequest) Reset() {
 	*x = SetAttrRequest{}
-	mi := &file_meta_proto_msgTypes[9]
+	mi := &file_meta_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -892,7 +1105,7 @@ func (x *SetAttrRequest) String() string {
 func (*SetAttrRequest) ProtoMessage() {}
 
 func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[9]
+	mi := &file_meta_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -905,7 +1118,7 @@ func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrRequest.ProtoReflect.Descriptor instead.
 func (*SetAttrRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{9}
+	return file_meta_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SetAttrRequest) GetCaller() *Caller {
@@ -1067,7 +1280,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_meta_proto_msgTypes[10]
+	mi := &file_meta_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1079,7 +1292,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[10]
+	mi := &file_meta_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1092,7 +1305,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{10}
+	return file_meta_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CreateRequest) GetCaller() *Caller {
@@ -1173,7 +1386,7 @@ type MknodRequest struct {
 
 func (x *MknodRequest) Reset() {
 	*x = MknodRequest{}
-	mi := &file_meta_proto_msgTypes[11]
+	mi := &file_meta_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1185,7 +1398,7 @@ func (x *MknodRequest) String() string {
 func (*MknodRequest) ProtoMessage() {}
 
 func (x *MknodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[11]
+	mi := &file_meta_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1198,7 +1411,7 @@ func (x *MknodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MknodRequest.ProtoReflect.Descriptor instead.
 func (*MknodRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{11}
+	return file_meta_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *MknodRequest) GetCaller() *Caller {
@@ -1248,7 +1461,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_meta_proto_msgTypes[12]
+	mi := &file_meta_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1473,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[12]
+	mi := &file_meta_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1486,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{12}
+	return file_meta_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *MkdirRequest) GetCaller() *Caller {
@@ -1316,7 +1529,7 @@ type SymlinkRequest struct {
 
 func (x *SymlinkRequest) Reset() {
 	*x = SymlinkRequest{}
-	mi := &file_meta_proto_msgTypes[13]
+	mi := &file_meta_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1328,7 +1541,7 @@ func (x *SymlinkRequest) String() string {
 func (*SymlinkRequest) ProtoMessage() {}
 
 func (x *SymlinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[13]
+	mi := &file_meta_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1341,7 +1554,7 @@ func (x *SymlinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SymlinkRequest.ProtoReflect.Descriptor instead.
 func (*SymlinkRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{13}
+	return file_meta_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SymlinkRequest) GetCaller() *Caller {
@@ -1381,7 +1594,7 @@ type ReadlinkRequest struct {
 
 func (x *ReadlinkRequest) Reset() {
 	*x = ReadlinkRequest{}
-	mi := &file_meta_proto_msgTypes[14]
+	mi := &file_meta_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1393,7 +1606,7 @@ func (x *ReadlinkRequest) String() string {
 func (*ReadlinkRequest) ProtoMessage() {}
 
 func (x *ReadlinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[14]
+	mi := &file_meta_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1406,7 +1619,7 @@ func (x *ReadlinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadlinkRequest.ProtoReflect.Descriptor instead.
 func (*ReadlinkRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{14}
+	return file_meta_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReadlinkRequest) GetIno() uint64 {
@@ -1425,7 +1638,7 @@ type ReadlinkReply struct {
 
 func (x *ReadlinkReply) Reset() {
 	*x = ReadlinkReply{}
-	mi := &file_meta_proto_msgTypes[15]
+	mi := &file_meta_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1437,7 +1650,7 @@ func (x *ReadlinkReply) String() string {
 func (*ReadlinkReply) ProtoMessage() {}
 
 func (x *ReadlinkReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[15]
+	mi := &file_meta_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1450,7 +1663,7 @@ func (x *ReadlinkReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadlinkReply.ProtoReflect.Descriptor instead.
 func (*ReadlinkReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{15}
+	return file_meta_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReadlinkReply) GetTarget() string {
@@ -1472,7 +1685,7 @@ type LinkRequest struct {
 
 func (x *LinkRequest) Reset() {
 	*x = LinkRequest{}
-	mi := &file_meta_proto_msgTypes[16]
+	mi := &file_meta_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1484,7 +1697,7 @@ func (x *LinkRequest) String() string {
 func (*LinkRequest) ProtoMessage() {}
 
 func (x *LinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[16]
+	mi := &file_meta_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1497,7 +1710,7 @@ func (x *LinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkRequest.ProtoReflect.Descriptor instead.
 func (*LinkRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{16}
+	return file_meta_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LinkRequest) GetCaller() *Caller {
@@ -1547,7 +1760,7 @@ type UnlinkRequest struct {
 
 func (x *UnlinkRequest) Reset() {
 	*x = UnlinkRequest{}
-	mi := &file_meta_proto_msgTypes[17]
+	mi := &file_meta_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1559,7 +1772,7 @@ func (x *UnlinkRequest) String() string {
 func (*UnlinkRequest) ProtoMessage() {}
 
 func (x *UnlinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[17]
+	mi := &file_meta_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1572,7 +1785,7 @@ func (x *UnlinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnlinkRequest.ProtoReflect.Descriptor instead.
 func (*UnlinkRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{17}
+	return file_meta_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *UnlinkRequest) GetCaller() *Caller {
@@ -1621,7 +1834,7 @@ type RmdirRequest struct {
 
 func (x *RmdirRequest) Reset() {
 	*x = RmdirRequest{}
-	mi := &file_meta_proto_msgTypes[18]
+	mi := &file_meta_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1633,7 +1846,7 @@ func (x *RmdirRequest) String() string {
 func (*RmdirRequest) ProtoMessage() {}
 
 func (x *RmdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[18]
+	mi := &file_meta_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1646,7 +1859,7 @@ func (x *RmdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RmdirRequest.ProtoReflect.Descriptor instead.
 func (*RmdirRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{18}
+	return file_meta_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RmdirRequest) GetCaller() *Caller {
@@ -1678,7 +1891,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_meta_proto_msgTypes[19]
+	mi := &file_meta_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1690,7 +1903,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[19]
+	mi := &file_meta_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1703,7 +1916,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{19}
+	return file_meta_proto_rawDescGZIP(), []int{22}
 }
 
 // SyncRequest asks that every operation answered before it be durable.
@@ -1715,7 +1928,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_meta_proto_msgTypes[20]
+	mi := &file_meta_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1727,7 +1940,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[20]
+	mi := &file_meta_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1740,7 +1953,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{20}
+	return file_meta_proto_rawDescGZIP(), []int{23}
 }
 
 type RenameRequest struct {
@@ -1757,7 +1970,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_meta_proto_msgTypes[21]
+	mi := &file_meta_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1769,7 +1982,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[21]
+	mi := &file_meta_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1782,7 +1995,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{21}
+	return file_meta_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RenameRequest) GetCaller() *Caller {
@@ -1843,7 +2056,7 @@ type ReadDirRequest struct {
 
 func (x *ReadDirRequest) Reset() {
 	*x = ReadDirRequest{}
-	mi := &file_meta_proto_msgTypes[22]
+	mi := &file_meta_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1855,7 +2068,7 @@ func (x *ReadDirRequest) String() string {
 func (*ReadDirRequest) ProtoMessage() {}
 
 func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[22]
+	mi := &file_meta_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1868,7 +2081,7 @@ func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirRequest.ProtoReflect.Descriptor instead.
 func (*ReadDirRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{22}
+	return file_meta_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReadDirRequest) GetCaller() *Caller {
@@ -1919,7 +2132,7 @@ type DirEntry struct {
 
 func (x *DirEntry) Reset() {
 	*x = DirEntry{}
-	mi := &file_meta_proto_msgTypes[23]
+	mi := &file_meta_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1931,7 +2144,7 @@ func (x *DirEntry) String() string {
 func (*DirEntry) ProtoMessage() {}
 
 func (x *DirEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[23]
+	mi := &file_meta_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1944,7 +2157,7 @@ func (x *DirEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DirEntry.ProtoReflect.Descriptor instead.
 func (*DirEntry) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{23}
+	return file_meta_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DirEntry) GetName() string {
@@ -1992,7 +2205,7 @@ type ReadDirReply struct {
 
 func (x *ReadDirReply) Reset() {
 	*x = ReadDirReply{}
-	mi := &file_meta_proto_msgTypes[24]
+	mi := &file_meta_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2004,7 +2217,7 @@ func (x *ReadDirReply) String() string {
 func (*ReadDirReply) ProtoMessage() {}
 
 func (x *ReadDirReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[24]
+	mi := &file_meta_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2017,7 +2230,7 @@ func (x *ReadDirReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirReply.ProtoReflect.Descriptor instead.
 func (*ReadDirReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{24}
+	return file_meta_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReadDirReply) GetEntries() []*DirEntry {
@@ -2045,7 +2258,7 @@ type GetXattrRequest struct {
 
 func (x *GetXattrRequest) Reset() {
 	*x = GetXattrRequest{}
-	mi := &file_meta_proto_msgTypes[25]
+	mi := &file_meta_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2057,7 +2270,7 @@ func (x *GetXattrRequest) String() string {
 func (*GetXattrRequest) ProtoMessage() {}
 
 func (x *GetXattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[25]
+	mi := &file_meta_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2070,7 +2283,7 @@ func (x *GetXattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetXattrRequest.ProtoReflect.Descriptor instead.
 func (*GetXattrRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{25}
+	return file_meta_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetXattrRequest) GetCaller() *Caller {
@@ -2103,7 +2316,7 @@ type GetXattrReply struct {
 
 func (x *GetXattrReply) Reset() {
 	*x = GetXattrReply{}
-	mi := &file_meta_proto_msgTypes[26]
+	mi := &file_meta_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2115,7 +2328,7 @@ func (x *GetXattrReply) String() string {
 func (*GetXattrReply) ProtoMessage() {}
 
 func (x *GetXattrReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[26]
+	mi := &file_meta_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2128,7 +2341,7 @@ func (x *GetXattrReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetXattrReply.ProtoReflect.Descriptor instead.
 func (*GetXattrReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{26}
+	return file_meta_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetXattrReply) GetValue() []byte {
@@ -2151,7 +2364,7 @@ type SetXattrRequest struct {
 
 func (x *SetXattrRequest) Reset() {
 	*x = SetXattrRequest{}
-	mi := &file_meta_proto_msgTypes[27]
+	mi := &file_meta_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2163,7 +2376,7 @@ func (x *SetXattrRequest) String() string {
 func (*SetXattrRequest) ProtoMessage() {}
 
 func (x *SetXattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[27]
+	mi := &file_meta_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2176,7 +2389,7 @@ func (x *SetXattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetXattrRequest.ProtoReflect.Descriptor instead.
 func (*SetXattrRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{27}
+	return file_meta_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SetXattrRequest) GetCaller() *Caller {
@@ -2224,7 +2437,7 @@ type ListXattrRequest struct {
 
 func (x *ListXattrRequest) Reset() {
 	*x = ListXattrRequest{}
-	mi := &file_meta_proto_msgTypes[28]
+	mi := &file_meta_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2236,7 +2449,7 @@ func (x *ListXattrRequest) String() string {
 func (*ListXattrRequest) ProtoMessage() {}
 
 func (x *ListXattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[28]
+	mi := &file_meta_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2249,7 +2462,7 @@ func (x *ListXattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListXattrRequest.ProtoReflect.Descriptor instead.
 func (*ListXattrRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{28}
+	return file_meta_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListXattrRequest) GetCaller() *Caller {
@@ -2275,7 +2488,7 @@ type ListXattrReply struct {
 
 func (x *ListXattrReply) Reset() {
 	*x = ListXattrReply{}
-	mi := &file_meta_proto_msgTypes[29]
+	mi := &file_meta_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2287,7 +2500,7 @@ func (x *ListXattrReply) String() string {
 func (*ListXattrReply) ProtoMessage() {}
 
 func (x *ListXattrReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[29]
+	mi := &file_meta_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2300,7 +2513,7 @@ func (x *ListXattrReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListXattrReply.ProtoReflect.Descriptor instead.
 func (*ListXattrReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{29}
+	return file_meta_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListXattrReply) GetNames() []string {
@@ -2321,7 +2534,7 @@ type RemoveXattrRequest struct {
 
 func (x *RemoveXattrRequest) Reset() {
 	*x = RemoveXattrRequest{}
-	mi := &file_meta_proto_msgTypes[30]
+	mi := &file_meta_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2333,7 +2546,7 @@ func (x *RemoveXattrRequest) String() string {
 func (*RemoveXattrRequest) ProtoMessage() {}
 
 func (x *RemoveXattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[30]
+	mi := &file_meta_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2346,7 +2559,7 @@ func (x *RemoveXattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveXattrRequest.ProtoReflect.Descriptor instead.
 func (*RemoveXattrRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{30}
+	return file_meta_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RemoveXattrRequest) GetCaller() *Caller {
@@ -2378,7 +2591,7 @@ type StatFSRequest struct {
 
 func (x *StatFSRequest) Reset() {
 	*x = StatFSRequest{}
-	mi := &file_meta_proto_msgTypes[31]
+	mi := &file_meta_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2390,7 +2603,7 @@ func (x *StatFSRequest) String() string {
 func (*StatFSRequest) ProtoMessage() {}
 
 func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[31]
+	mi := &file_meta_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2403,7 +2616,7 @@ func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSRequest.ProtoReflect.Descriptor instead.
 func (*StatFSRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{31}
+	return file_meta_proto_rawDescGZIP(), []int{34}
 }
 
 type StatFSReply struct {
@@ -2421,7 +2634,7 @@ type StatFSReply struct {
 
 func (x *StatFSReply) Reset() {
 	*x = StatFSReply{}
-	mi := &file_meta_proto_msgTypes[32]
+	mi := &file_meta_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2433,7 +2646,7 @@ func (x *StatFSReply) String() string {
 func (*StatFSReply) ProtoMessage() {}
 
 func (x *StatFSReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[32]
+	mi := &file_meta_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2446,7 +2659,7 @@ func (x *StatFSReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSReply.ProtoReflect.Descriptor instead.
 func (*StatFSReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{32}
+	return file_meta_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *StatFSReply) GetBlockSize() uint64 {
@@ -2508,7 +2721,7 @@ type OpenSessionRequest struct {
 
 func (x *OpenSessionRequest) Reset() {
 	*x = OpenSessionRequest{}
-	mi := &file_meta_proto_msgTypes[33]
+	mi := &file_meta_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2520,7 +2733,7 @@ func (x *OpenSessionRequest) String() string {
 func (*OpenSessionRequest) ProtoMessage() {}
 
 func (x *OpenSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[33]
+	mi := &file_meta_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2533,7 +2746,7 @@ func (x *OpenSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenSessionRequest.ProtoReflect.Descriptor instead.
 func (*OpenSessionRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{33}
+	return file_meta_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *OpenSessionRequest) GetClient() string {
@@ -2563,7 +2776,7 @@ type OpenSessionReply struct {
 
 func (x *OpenSessionReply) Reset() {
 	*x = OpenSessionReply{}
-	mi := &file_meta_proto_msgTypes[34]
+	mi := &file_meta_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2575,7 +2788,7 @@ func (x *OpenSessionReply) String() string {
 func (*OpenSessionReply) ProtoMessage() {}
 
 func (x *OpenSessionReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[34]
+	mi := &file_meta_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2588,7 +2801,7 @@ func (x *OpenSessionReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenSessionReply.ProtoReflect.Descriptor instead.
 func (*OpenSessionReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{34}
+	return file_meta_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *OpenSessionReply) GetSessionId() uint64 {
@@ -2625,7 +2838,7 @@ type BatchRequest struct {
 
 func (x *BatchRequest) Reset() {
 	*x = BatchRequest{}
-	mi := &file_meta_proto_msgTypes[35]
+	mi := &file_meta_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2637,7 +2850,7 @@ func (x *BatchRequest) String() string {
 func (*BatchRequest) ProtoMessage() {}
 
 func (x *BatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[35]
+	mi := &file_meta_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2650,7 +2863,7 @@ func (x *BatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRequest.ProtoReflect.Descriptor instead.
 func (*BatchRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{35}
+	return file_meta_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *BatchRequest) GetCalls() []*BatchCall {
@@ -2677,7 +2890,7 @@ type BatchCall struct {
 
 func (x *BatchCall) Reset() {
 	*x = BatchCall{}
-	mi := &file_meta_proto_msgTypes[36]
+	mi := &file_meta_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2689,7 +2902,7 @@ func (x *BatchCall) String() string {
 func (*BatchCall) ProtoMessage() {}
 
 func (x *BatchCall) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[36]
+	mi := &file_meta_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2702,7 +2915,7 @@ func (x *BatchCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCall.ProtoReflect.Descriptor instead.
 func (*BatchCall) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{36}
+	return file_meta_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *BatchCall) GetMethod() string {
@@ -2756,7 +2969,7 @@ type BatchReply struct {
 
 func (x *BatchReply) Reset() {
 	*x = BatchReply{}
-	mi := &file_meta_proto_msgTypes[37]
+	mi := &file_meta_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2768,7 +2981,7 @@ func (x *BatchReply) String() string {
 func (*BatchReply) ProtoMessage() {}
 
 func (x *BatchReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[37]
+	mi := &file_meta_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2781,7 +2994,7 @@ func (x *BatchReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchReply.ProtoReflect.Descriptor instead.
 func (*BatchReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{37}
+	return file_meta_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *BatchReply) GetResults() []*BatchResult {
@@ -2803,7 +3016,7 @@ type BatchResult struct {
 
 func (x *BatchResult) Reset() {
 	*x = BatchResult{}
-	mi := &file_meta_proto_msgTypes[38]
+	mi := &file_meta_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2815,7 +3028,7 @@ func (x *BatchResult) String() string {
 func (*BatchResult) ProtoMessage() {}
 
 func (x *BatchResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[38]
+	mi := &file_meta_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2828,7 +3041,7 @@ func (x *BatchResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchResult.ProtoReflect.Descriptor instead.
 func (*BatchResult) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{38}
+	return file_meta_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *BatchResult) GetReply() []byte {
@@ -2857,7 +3070,7 @@ type AllocInodesRequest struct {
 
 func (x *AllocInodesRequest) Reset() {
 	*x = AllocInodesRequest{}
-	mi := &file_meta_proto_msgTypes[39]
+	mi := &file_meta_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2869,7 +3082,7 @@ func (x *AllocInodesRequest) String() string {
 func (*AllocInodesRequest) ProtoMessage() {}
 
 func (x *AllocInodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[39]
+	mi := &file_meta_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2882,7 +3095,7 @@ func (x *AllocInodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocInodesRequest.ProtoReflect.Descriptor instead.
 func (*AllocInodesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{39}
+	return file_meta_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AllocInodesRequest) GetSessionId() uint64 {
@@ -2911,7 +3124,7 @@ type AllocInodesReply struct {
 
 func (x *AllocInodesReply) Reset() {
 	*x = AllocInodesReply{}
-	mi := &file_meta_proto_msgTypes[40]
+	mi := &file_meta_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2923,7 +3136,7 @@ func (x *AllocInodesReply) String() string {
 func (*AllocInodesReply) ProtoMessage() {}
 
 func (x *AllocInodesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[40]
+	mi := &file_meta_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2936,7 +3149,7 @@ func (x *AllocInodesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocInodesReply.ProtoReflect.Descriptor instead.
 func (*AllocInodesReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{40}
+	return file_meta_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AllocInodesReply) GetFirst() uint64 {
@@ -2962,7 +3175,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_meta_proto_msgTypes[41]
+	mi := &file_meta_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2974,7 +3187,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[41]
+	mi := &file_meta_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2987,7 +3200,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{41}
+	return file_meta_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *KeepAliveRequest) GetSessionId() uint64 {
@@ -3006,7 +3219,7 @@ type CloseSessionRequest struct {
 
 func (x *CloseSessionRequest) Reset() {
 	*x = CloseSessionRequest{}
-	mi := &file_meta_proto_msgTypes[42]
+	mi := &file_meta_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3018,7 +3231,7 @@ func (x *CloseSessionRequest) String() string {
 func (*CloseSessionRequest) ProtoMessage() {}
 
 func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[42]
+	mi := &file_meta_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3031,7 +3244,7 @@ func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
 func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{42}
+	return file_meta_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CloseSessionRequest) GetSessionId() uint64 {
@@ -3055,7 +3268,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_meta_proto_msgTypes[43]
+	mi := &file_meta_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3067,7 +3280,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[43]
+	mi := &file_meta_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3080,7 +3293,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{43}
+	return file_meta_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *OpenRequest) GetCaller() *Caller {
@@ -3126,7 +3339,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_meta_proto_msgTypes[44]
+	mi := &file_meta_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3138,7 +3351,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[44]
+	mi := &file_meta_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3151,7 +3364,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{44}
+	return file_meta_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ReleaseRequest) GetIno() uint64 {
@@ -3186,7 +3399,7 @@ type SetLayoutRequest struct {
 
 func (x *SetLayoutRequest) Reset() {
 	*x = SetLayoutRequest{}
-	mi := &file_meta_proto_msgTypes[45]
+	mi := &file_meta_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3198,7 +3411,7 @@ func (x *SetLayoutRequest) String() string {
 func (*SetLayoutRequest) ProtoMessage() {}
 
 func (x *SetLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[45]
+	mi := &file_meta_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3211,7 +3424,7 @@ func (x *SetLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetLayoutRequest.ProtoReflect.Descriptor instead.
 func (*SetLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{45}
+	return file_meta_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *SetLayoutRequest) GetCaller() *Caller {
@@ -3244,7 +3457,7 @@ type GetLayoutRequest struct {
 
 func (x *GetLayoutRequest) Reset() {
 	*x = GetLayoutRequest{}
-	mi := &file_meta_proto_msgTypes[46]
+	mi := &file_meta_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3256,7 +3469,7 @@ func (x *GetLayoutRequest) String() string {
 func (*GetLayoutRequest) ProtoMessage() {}
 
 func (x *GetLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[46]
+	mi := &file_meta_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3269,7 +3482,7 @@ func (x *GetLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLayoutRequest.ProtoReflect.Descriptor instead.
 func (*GetLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{46}
+	return file_meta_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GetLayoutRequest) GetIno() uint64 {
@@ -3288,7 +3501,7 @@ type LayoutReply struct {
 
 func (x *LayoutReply) Reset() {
 	*x = LayoutReply{}
-	mi := &file_meta_proto_msgTypes[47]
+	mi := &file_meta_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3300,7 +3513,7 @@ func (x *LayoutReply) String() string {
 func (*LayoutReply) ProtoMessage() {}
 
 func (x *LayoutReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[47]
+	mi := &file_meta_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3313,7 +3526,7 @@ func (x *LayoutReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayoutReply.ProtoReflect.Descriptor instead.
 func (*LayoutReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{47}
+	return file_meta_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *LayoutReply) GetLayout() *Layout {
@@ -3343,7 +3556,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_meta_proto_msgTypes[48]
+	mi := &file_meta_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3355,7 +3568,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[48]
+	mi := &file_meta_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3368,7 +3581,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{48}
+	return file_meta_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Shard) GetChunkId() uint64 {
@@ -3435,7 +3648,7 @@ type GrantWriteRequest struct {
 
 func (x *GrantWriteRequest) Reset() {
 	*x = GrantWriteRequest{}
-	mi := &file_meta_proto_msgTypes[49]
+	mi := &file_meta_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3447,7 +3660,7 @@ func (x *GrantWriteRequest) String() string {
 func (*GrantWriteRequest) ProtoMessage() {}
 
 func (x *GrantWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[49]
+	mi := &file_meta_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3460,7 +3673,7 @@ func (x *GrantWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantWriteRequest.ProtoReflect.Descriptor instead.
 func (*GrantWriteRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{49}
+	return file_meta_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *GrantWriteRequest) GetIno() uint64 {
@@ -3510,7 +3723,7 @@ type StripeGrant struct {
 
 func (x *StripeGrant) Reset() {
 	*x = StripeGrant{}
-	mi := &file_meta_proto_msgTypes[50]
+	mi := &file_meta_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3522,7 +3735,7 @@ func (x *StripeGrant) String() string {
 func (*StripeGrant) ProtoMessage() {}
 
 func (x *StripeGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[50]
+	mi := &file_meta_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3535,7 +3748,7 @@ func (x *StripeGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeGrant.ProtoReflect.Descriptor instead.
 func (*StripeGrant) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{50}
+	return file_meta_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *StripeGrant) GetStripe() uint64 {
@@ -3589,7 +3802,7 @@ type GrantWriteReply struct {
 
 func (x *GrantWriteReply) Reset() {
 	*x = GrantWriteReply{}
-	mi := &file_meta_proto_msgTypes[51]
+	mi := &file_meta_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3601,7 +3814,7 @@ func (x *GrantWriteReply) String() string {
 func (*GrantWriteReply) ProtoMessage() {}
 
 func (x *GrantWriteReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[51]
+	mi := &file_meta_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3614,7 +3827,7 @@ func (x *GrantWriteReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantWriteReply.ProtoReflect.Descriptor instead.
 func (*GrantWriteReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{51}
+	return file_meta_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *GrantWriteReply) GetGrants() []*StripeGrant {
@@ -3646,7 +3859,7 @@ type StripeCommit struct {
 
 func (x *StripeCommit) Reset() {
 	*x = StripeCommit{}
-	mi := &file_meta_proto_msgTypes[52]
+	mi := &file_meta_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3658,7 +3871,7 @@ func (x *StripeCommit) String() string {
 func (*StripeCommit) ProtoMessage() {}
 
 func (x *StripeCommit) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[52]
+	mi := &file_meta_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3671,7 +3884,7 @@ func (x *StripeCommit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeCommit.ProtoReflect.Descriptor instead.
 func (*StripeCommit) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{52}
+	return file_meta_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *StripeCommit) GetStripe() uint64 {
@@ -3747,7 +3960,7 @@ type ReplaceShardsRequest struct {
 
 func (x *ReplaceShardsRequest) Reset() {
 	*x = ReplaceShardsRequest{}
-	mi := &file_meta_proto_msgTypes[53]
+	mi := &file_meta_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3759,7 +3972,7 @@ func (x *ReplaceShardsRequest) String() string {
 func (*ReplaceShardsRequest) ProtoMessage() {}
 
 func (x *ReplaceShardsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[53]
+	mi := &file_meta_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3772,7 +3985,7 @@ func (x *ReplaceShardsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceShardsRequest.ProtoReflect.Descriptor instead.
 func (*ReplaceShardsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{53}
+	return file_meta_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ReplaceShardsRequest) GetIno() uint64 {
@@ -3820,7 +4033,7 @@ type ReplaceShardsReply struct {
 
 func (x *ReplaceShardsReply) Reset() {
 	*x = ReplaceShardsReply{}
-	mi := &file_meta_proto_msgTypes[54]
+	mi := &file_meta_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3832,7 +4045,7 @@ func (x *ReplaceShardsReply) String() string {
 func (*ReplaceShardsReply) ProtoMessage() {}
 
 func (x *ReplaceShardsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[54]
+	mi := &file_meta_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3845,7 +4058,7 @@ func (x *ReplaceShardsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceShardsReply.ProtoReflect.Descriptor instead.
 func (*ReplaceShardsReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{54}
+	return file_meta_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ReplaceShardsReply) GetShards() []*Shard {
@@ -3871,7 +4084,7 @@ type CommitStripesRequest struct {
 
 func (x *CommitStripesRequest) Reset() {
 	*x = CommitStripesRequest{}
-	mi := &file_meta_proto_msgTypes[55]
+	mi := &file_meta_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3883,7 +4096,7 @@ func (x *CommitStripesRequest) String() string {
 func (*CommitStripesRequest) ProtoMessage() {}
 
 func (x *CommitStripesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[55]
+	mi := &file_meta_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3896,7 +4109,7 @@ func (x *CommitStripesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitStripesRequest.ProtoReflect.Descriptor instead.
 func (*CommitStripesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{55}
+	return file_meta_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *CommitStripesRequest) GetIno() uint64 {
@@ -3943,7 +4156,7 @@ type CommitStripesReply struct {
 
 func (x *CommitStripesReply) Reset() {
 	*x = CommitStripesReply{}
-	mi := &file_meta_proto_msgTypes[56]
+	mi := &file_meta_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3955,7 +4168,7 @@ func (x *CommitStripesReply) String() string {
 func (*CommitStripesReply) ProtoMessage() {}
 
 func (x *CommitStripesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[56]
+	mi := &file_meta_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3968,7 +4181,7 @@ func (x *CommitStripesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitStripesReply.ProtoReflect.Descriptor instead.
 func (*CommitStripesReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{56}
+	return file_meta_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *CommitStripesReply) GetAttr() *Attr {
@@ -4003,7 +4216,7 @@ type GetStripesRequest struct {
 
 func (x *GetStripesRequest) Reset() {
 	*x = GetStripesRequest{}
-	mi := &file_meta_proto_msgTypes[57]
+	mi := &file_meta_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4015,7 +4228,7 @@ func (x *GetStripesRequest) String() string {
 func (*GetStripesRequest) ProtoMessage() {}
 
 func (x *GetStripesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[57]
+	mi := &file_meta_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4028,7 +4241,7 @@ func (x *GetStripesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStripesRequest.ProtoReflect.Descriptor instead.
 func (*GetStripesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{57}
+	return file_meta_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *GetStripesRequest) GetIno() uint64 {
@@ -4070,7 +4283,7 @@ type StripeInfo struct {
 
 func (x *StripeInfo) Reset() {
 	*x = StripeInfo{}
-	mi := &file_meta_proto_msgTypes[58]
+	mi := &file_meta_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4082,7 +4295,7 @@ func (x *StripeInfo) String() string {
 func (*StripeInfo) ProtoMessage() {}
 
 func (x *StripeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[58]
+	mi := &file_meta_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4095,7 +4308,7 @@ func (x *StripeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeInfo.ProtoReflect.Descriptor instead.
 func (*StripeInfo) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{58}
+	return file_meta_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *StripeInfo) GetStripe() uint64 {
@@ -4151,7 +4364,7 @@ type GetStripesReply struct {
 
 func (x *GetStripesReply) Reset() {
 	*x = GetStripesReply{}
-	mi := &file_meta_proto_msgTypes[59]
+	mi := &file_meta_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4163,7 +4376,7 @@ func (x *GetStripesReply) String() string {
 func (*GetStripesReply) ProtoMessage() {}
 
 func (x *GetStripesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[59]
+	mi := &file_meta_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4176,7 +4389,7 @@ func (x *GetStripesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStripesReply.ProtoReflect.Descriptor instead.
 func (*GetStripesReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{59}
+	return file_meta_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *GetStripesReply) GetStripes() []*StripeInfo {
@@ -4214,7 +4427,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_meta_proto_msgTypes[60]
+	mi := &file_meta_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4226,7 +4439,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[60]
+	mi := &file_meta_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4239,7 +4452,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{60}
+	return file_meta_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *RegisterRequest) GetId() string {
@@ -4294,7 +4507,7 @@ type RegisterReply struct {
 
 func (x *RegisterReply) Reset() {
 	*x = RegisterReply{}
-	mi := &file_meta_proto_msgTypes[61]
+	mi := &file_meta_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4306,7 +4519,7 @@ func (x *RegisterReply) String() string {
 func (*RegisterReply) ProtoMessage() {}
 
 func (x *RegisterReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[61]
+	mi := &file_meta_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4319,7 +4532,7 @@ func (x *RegisterReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterReply.ProtoReflect.Descriptor instead.
 func (*RegisterReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{61}
+	return file_meta_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *RegisterReply) GetHeartbeatIntervalMs() int64 {
@@ -4347,7 +4560,7 @@ type ChunkRef struct {
 
 func (x *ChunkRef) Reset() {
 	*x = ChunkRef{}
-	mi := &file_meta_proto_msgTypes[62]
+	mi := &file_meta_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4359,7 +4572,7 @@ func (x *ChunkRef) String() string {
 func (*ChunkRef) ProtoMessage() {}
 
 func (x *ChunkRef) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[62]
+	mi := &file_meta_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4372,7 +4585,7 @@ func (x *ChunkRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkRef.ProtoReflect.Descriptor instead.
 func (*ChunkRef) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{62}
+	return file_meta_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ChunkRef) GetChunkId() uint64 {
@@ -4403,7 +4616,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_meta_proto_msgTypes[63]
+	mi := &file_meta_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4415,7 +4628,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[63]
+	mi := &file_meta_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4428,7 +4641,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{63}
+	return file_meta_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *HeartbeatRequest) GetId() string {
@@ -4483,7 +4696,7 @@ type HeartbeatReply struct {
 
 func (x *HeartbeatReply) Reset() {
 	*x = HeartbeatReply{}
-	mi := &file_meta_proto_msgTypes[64]
+	mi := &file_meta_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4495,7 +4708,7 @@ func (x *HeartbeatReply) String() string {
 func (*HeartbeatReply) ProtoMessage() {}
 
 func (x *HeartbeatReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[64]
+	mi := &file_meta_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4508,7 +4721,7 @@ func (x *HeartbeatReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatReply.ProtoReflect.Descriptor instead.
 func (*HeartbeatReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{64}
+	return file_meta_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *HeartbeatReply) GetDelete() []*ChunkRef {
@@ -4533,7 +4746,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_meta_proto_msgTypes[65]
+	mi := &file_meta_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4545,7 +4758,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[65]
+	mi := &file_meta_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4558,7 +4771,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{65}
+	return file_meta_proto_rawDescGZIP(), []int{68}
 }
 
 type ChunkserverStatus struct {
@@ -4583,7 +4796,7 @@ type ChunkserverStatus struct {
 
 func (x *ChunkserverStatus) Reset() {
 	*x = ChunkserverStatus{}
-	mi := &file_meta_proto_msgTypes[66]
+	mi := &file_meta_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4595,7 +4808,7 @@ func (x *ChunkserverStatus) String() string {
 func (*ChunkserverStatus) ProtoMessage() {}
 
 func (x *ChunkserverStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[66]
+	mi := &file_meta_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4608,7 +4821,7 @@ func (x *ChunkserverStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkserverStatus.ProtoReflect.Descriptor instead.
 func (*ChunkserverStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{66}
+	return file_meta_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ChunkserverStatus) GetId() string {
@@ -4727,7 +4940,7 @@ type StatusReply struct {
 
 func (x *StatusReply) Reset() {
 	*x = StatusReply{}
-	mi := &file_meta_proto_msgTypes[67]
+	mi := &file_meta_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4739,7 +4952,7 @@ func (x *StatusReply) String() string {
 func (*StatusReply) ProtoMessage() {}
 
 func (x *StatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[67]
+	mi := &file_meta_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4752,7 +4965,7 @@ func (x *StatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReply.ProtoReflect.Descriptor instead.
 func (*StatusReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{67}
+	return file_meta_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *StatusReply) GetClusterId() string {
@@ -4843,7 +5056,7 @@ type InodeRecord struct {
 
 func (x *InodeRecord) Reset() {
 	*x = InodeRecord{}
-	mi := &file_meta_proto_msgTypes[68]
+	mi := &file_meta_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4855,7 +5068,7 @@ func (x *InodeRecord) String() string {
 func (*InodeRecord) ProtoMessage() {}
 
 func (x *InodeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[68]
+	mi := &file_meta_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4868,7 +5081,7 @@ func (x *InodeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InodeRecord.ProtoReflect.Descriptor instead.
 func (*InodeRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{68}
+	return file_meta_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *InodeRecord) GetAttr() *Attr {
@@ -4925,7 +5138,7 @@ type DentryRecord struct {
 
 func (x *DentryRecord) Reset() {
 	*x = DentryRecord{}
-	mi := &file_meta_proto_msgTypes[69]
+	mi := &file_meta_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4937,7 +5150,7 @@ func (x *DentryRecord) String() string {
 func (*DentryRecord) ProtoMessage() {}
 
 func (x *DentryRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[69]
+	mi := &file_meta_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4950,7 +5163,7 @@ func (x *DentryRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DentryRecord.ProtoReflect.Descriptor instead.
 func (*DentryRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{69}
+	return file_meta_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *DentryRecord) GetIno() uint64 {
@@ -4986,7 +5199,7 @@ type CookieRecord struct {
 
 func (x *CookieRecord) Reset() {
 	*x = CookieRecord{}
-	mi := &file_meta_proto_msgTypes[70]
+	mi := &file_meta_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4998,7 +5211,7 @@ func (x *CookieRecord) String() string {
 func (*CookieRecord) ProtoMessage() {}
 
 func (x *CookieRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[70]
+	mi := &file_meta_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5011,7 +5224,7 @@ func (x *CookieRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CookieRecord.ProtoReflect.Descriptor instead.
 func (*CookieRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{70}
+	return file_meta_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *CookieRecord) GetName() string {
@@ -5050,7 +5263,7 @@ type StripeRecord struct {
 
 func (x *StripeRecord) Reset() {
 	*x = StripeRecord{}
-	mi := &file_meta_proto_msgTypes[71]
+	mi := &file_meta_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5062,7 +5275,7 @@ func (x *StripeRecord) String() string {
 func (*StripeRecord) ProtoMessage() {}
 
 func (x *StripeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[71]
+	mi := &file_meta_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5075,7 +5288,7 @@ func (x *StripeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeRecord.ProtoReflect.Descriptor instead.
 func (*StripeRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{71}
+	return file_meta_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *StripeRecord) GetVersion() uint64 {
@@ -5132,7 +5345,7 @@ type GrantRecord struct {
 
 func (x *GrantRecord) Reset() {
 	*x = GrantRecord{}
-	mi := &file_meta_proto_msgTypes[72]
+	mi := &file_meta_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5144,7 +5357,7 @@ func (x *GrantRecord) String() string {
 func (*GrantRecord) ProtoMessage() {}
 
 func (x *GrantRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[72]
+	mi := &file_meta_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5157,7 +5370,7 @@ func (x *GrantRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRecord.ProtoReflect.Descriptor instead.
 func (*GrantRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{72}
+	return file_meta_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *GrantRecord) GetShards() []*Shard {
@@ -5198,7 +5411,7 @@ type ChunkserverRecord struct {
 
 func (x *ChunkserverRecord) Reset() {
 	*x = ChunkserverRecord{}
-	mi := &file_meta_proto_msgTypes[73]
+	mi := &file_meta_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5210,7 +5423,7 @@ func (x *ChunkserverRecord) String() string {
 func (*ChunkserverRecord) ProtoMessage() {}
 
 func (x *ChunkserverRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[73]
+	mi := &file_meta_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5223,7 +5436,7 @@ func (x *ChunkserverRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkserverRecord.ProtoReflect.Descriptor instead.
 func (*ChunkserverRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{73}
+	return file_meta_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ChunkserverRecord) GetId() string {
@@ -5300,7 +5513,7 @@ type SessionRecord struct {
 
 func (x *SessionRecord) Reset() {
 	*x = SessionRecord{}
-	mi := &file_meta_proto_msgTypes[74]
+	mi := &file_meta_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5312,7 +5525,7 @@ func (x *SessionRecord) String() string {
 func (*SessionRecord) ProtoMessage() {}
 
 func (x *SessionRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[74]
+	mi := &file_meta_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5325,7 +5538,7 @@ func (x *SessionRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRecord.ProtoReflect.Descriptor instead.
 func (*SessionRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{74}
+	return file_meta_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *SessionRecord) GetClient() string {
@@ -5374,7 +5587,7 @@ type InoRange struct {
 
 func (x *InoRange) Reset() {
 	*x = InoRange{}
-	mi := &file_meta_proto_msgTypes[75]
+	mi := &file_meta_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5386,7 +5599,7 @@ func (x *InoRange) String() string {
 func (*InoRange) ProtoMessage() {}
 
 func (x *InoRange) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[75]
+	mi := &file_meta_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5399,7 +5612,7 @@ func (x *InoRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InoRange.ProtoReflect.Descriptor instead.
 func (*InoRange) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{75}
+	return file_meta_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *InoRange) GetFirst() uint64 {
@@ -5428,7 +5641,7 @@ type ClusterRecord struct {
 
 func (x *ClusterRecord) Reset() {
 	*x = ClusterRecord{}
-	mi := &file_meta_proto_msgTypes[76]
+	mi := &file_meta_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5440,7 +5653,7 @@ func (x *ClusterRecord) String() string {
 func (*ClusterRecord) ProtoMessage() {}
 
 func (x *ClusterRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[76]
+	mi := &file_meta_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5453,7 +5666,7 @@ func (x *ClusterRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterRecord.ProtoReflect.Descriptor instead.
 func (*ClusterRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{76}
+	return file_meta_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ClusterRecord) GetClusterId() string {
@@ -5500,7 +5713,7 @@ type RepairTask struct {
 
 func (x *RepairTask) Reset() {
 	*x = RepairTask{}
-	mi := &file_meta_proto_msgTypes[77]
+	mi := &file_meta_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5512,7 +5725,7 @@ func (x *RepairTask) String() string {
 func (*RepairTask) ProtoMessage() {}
 
 func (x *RepairTask) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[77]
+	mi := &file_meta_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5525,7 +5738,7 @@ func (x *RepairTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairTask.ProtoReflect.Descriptor instead.
 func (*RepairTask) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{77}
+	return file_meta_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *RepairTask) GetTaskId() uint64 {
@@ -5617,7 +5830,7 @@ type RepairResult struct {
 
 func (x *RepairResult) Reset() {
 	*x = RepairResult{}
-	mi := &file_meta_proto_msgTypes[78]
+	mi := &file_meta_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5629,7 +5842,7 @@ func (x *RepairResult) String() string {
 func (*RepairResult) ProtoMessage() {}
 
 func (x *RepairResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[78]
+	mi := &file_meta_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5642,7 +5855,7 @@ func (x *RepairResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairResult.ProtoReflect.Descriptor instead.
 func (*RepairResult) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{78}
+	return file_meta_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *RepairResult) GetTaskId() uint64 {
@@ -5708,7 +5921,7 @@ type RepairPollRequest struct {
 
 func (x *RepairPollRequest) Reset() {
 	*x = RepairPollRequest{}
-	mi := &file_meta_proto_msgTypes[79]
+	mi := &file_meta_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5720,7 +5933,7 @@ func (x *RepairPollRequest) String() string {
 func (*RepairPollRequest) ProtoMessage() {}
 
 func (x *RepairPollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[79]
+	mi := &file_meta_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5733,7 +5946,7 @@ func (x *RepairPollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPollRequest.ProtoReflect.Descriptor instead.
 func (*RepairPollRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{79}
+	return file_meta_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *RepairPollRequest) GetId() string {
@@ -5774,7 +5987,7 @@ type RepairPollReply struct {
 
 func (x *RepairPollReply) Reset() {
 	*x = RepairPollReply{}
-	mi := &file_meta_proto_msgTypes[80]
+	mi := &file_meta_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5786,7 +5999,7 @@ func (x *RepairPollReply) String() string {
 func (*RepairPollReply) ProtoMessage() {}
 
 func (x *RepairPollReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[80]
+	mi := &file_meta_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5799,7 +6012,7 @@ func (x *RepairPollReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPollReply.ProtoReflect.Descriptor instead.
 func (*RepairPollReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{80}
+	return file_meta_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *RepairPollReply) GetTasks() []*RepairTask {
@@ -5828,7 +6041,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_meta_proto_msgTypes[81]
+	mi := &file_meta_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5840,7 +6053,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[81]
+	mi := &file_meta_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5853,7 +6066,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{81}
+	return file_meta_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *DrainRequest) GetId() string {
@@ -5880,7 +6093,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_meta_proto_msgTypes[82]
+	mi := &file_meta_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5892,7 +6105,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[82]
+	mi := &file_meta_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5905,7 +6118,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{82}
+	return file_meta_proto_rawDescGZIP(), []int{85}
 }
 
 type RebalanceReply struct {
@@ -5917,7 +6130,7 @@ type RebalanceReply struct {
 
 func (x *RebalanceReply) Reset() {
 	*x = RebalanceReply{}
-	mi := &file_meta_proto_msgTypes[83]
+	mi := &file_meta_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5929,7 +6142,7 @@ func (x *RebalanceReply) String() string {
 func (*RebalanceReply) ProtoMessage() {}
 
 func (x *RebalanceReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[83]
+	mi := &file_meta_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5942,7 +6155,7 @@ func (x *RebalanceReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceReply.ProtoReflect.Descriptor instead.
 func (*RebalanceReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{83}
+	return file_meta_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *RebalanceReply) GetMovesPlanned() uint64 {
@@ -5974,7 +6187,7 @@ type RepairStatus struct {
 
 func (x *RepairStatus) Reset() {
 	*x = RepairStatus{}
-	mi := &file_meta_proto_msgTypes[84]
+	mi := &file_meta_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5986,7 +6199,7 @@ func (x *RepairStatus) String() string {
 func (*RepairStatus) ProtoMessage() {}
 
 func (x *RepairStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[84]
+	mi := &file_meta_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5999,7 +6212,7 @@ func (x *RepairStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairStatus.ProtoReflect.Descriptor instead.
 func (*RepairStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{84}
+	return file_meta_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *RepairStatus) GetHealthyStripes() uint64 {
@@ -6107,7 +6320,7 @@ type RequestRecord struct {
 
 func (x *RequestRecord) Reset() {
 	*x = RequestRecord{}
-	mi := &file_meta_proto_msgTypes[85]
+	mi := &file_meta_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6119,7 +6332,7 @@ func (x *RequestRecord) String() string {
 func (*RequestRecord) ProtoMessage() {}
 
 func (x *RequestRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[85]
+	mi := &file_meta_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6132,7 +6345,7 @@ func (x *RequestRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRecord.ProtoReflect.Descriptor instead.
 func (*RequestRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{85}
+	return file_meta_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *RequestRecord) GetCommittedNs() int64 {
@@ -6165,7 +6378,7 @@ type DumpRecord struct {
 
 func (x *DumpRecord) Reset() {
 	*x = DumpRecord{}
-	mi := &file_meta_proto_msgTypes[86]
+	mi := &file_meta_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6177,7 +6390,7 @@ func (x *DumpRecord) String() string {
 func (*DumpRecord) ProtoMessage() {}
 
 func (x *DumpRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[86]
+	mi := &file_meta_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6190,7 +6403,7 @@ func (x *DumpRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpRecord.ProtoReflect.Descriptor instead.
 func (*DumpRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{86}
+	return file_meta_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *DumpRecord) GetHeader() *DumpHeader {
@@ -6235,7 +6448,7 @@ type DumpTrailer struct {
 
 func (x *DumpTrailer) Reset() {
 	*x = DumpTrailer{}
-	mi := &file_meta_proto_msgTypes[87]
+	mi := &file_meta_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6247,7 +6460,7 @@ func (x *DumpTrailer) String() string {
 func (*DumpTrailer) ProtoMessage() {}
 
 func (x *DumpTrailer) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[87]
+	mi := &file_meta_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6260,7 +6473,7 @@ func (x *DumpTrailer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpTrailer.ProtoReflect.Descriptor instead.
 func (*DumpTrailer) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{87}
+	return file_meta_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *DumpTrailer) GetRecords() uint64 {
@@ -6290,7 +6503,7 @@ type DumpHeader struct {
 
 func (x *DumpHeader) Reset() {
 	*x = DumpHeader{}
-	mi := &file_meta_proto_msgTypes[88]
+	mi := &file_meta_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6302,7 +6515,7 @@ func (x *DumpHeader) String() string {
 func (*DumpHeader) ProtoMessage() {}
 
 func (x *DumpHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[88]
+	mi := &file_meta_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6315,7 +6528,7 @@ func (x *DumpHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpHeader.ProtoReflect.Descriptor instead.
 func (*DumpHeader) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{88}
+	return file_meta_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *DumpHeader) GetFormatVersion() uint32 {
@@ -6363,7 +6576,7 @@ type FileLock struct {
 
 func (x *FileLock) Reset() {
 	*x = FileLock{}
-	mi := &file_meta_proto_msgTypes[89]
+	mi := &file_meta_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6375,7 +6588,7 @@ func (x *FileLock) String() string {
 func (*FileLock) ProtoMessage() {}
 
 func (x *FileLock) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[89]
+	mi := &file_meta_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6388,7 +6601,7 @@ func (x *FileLock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileLock.ProtoReflect.Descriptor instead.
 func (*FileLock) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{89}
+	return file_meta_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *FileLock) GetSession() uint64 {
@@ -6450,7 +6663,7 @@ type LockRecord struct {
 
 func (x *LockRecord) Reset() {
 	*x = LockRecord{}
-	mi := &file_meta_proto_msgTypes[90]
+	mi := &file_meta_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6462,7 +6675,7 @@ func (x *LockRecord) String() string {
 func (*LockRecord) ProtoMessage() {}
 
 func (x *LockRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[90]
+	mi := &file_meta_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6475,7 +6688,7 @@ func (x *LockRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecord.ProtoReflect.Descriptor instead.
 func (*LockRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{90}
+	return file_meta_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *LockRecord) GetLocks() []*FileLock {
@@ -6506,7 +6719,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_meta_proto_msgTypes[91]
+	mi := &file_meta_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6518,7 +6731,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[91]
+	mi := &file_meta_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6531,7 +6744,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{91}
+	return file_meta_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *LockRequest) GetIno() uint64 {
@@ -6572,7 +6785,7 @@ type LockReply struct {
 
 func (x *LockReply) Reset() {
 	*x = LockReply{}
-	mi := &file_meta_proto_msgTypes[92]
+	mi := &file_meta_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6584,7 +6797,7 @@ func (x *LockReply) String() string {
 func (*LockReply) ProtoMessage() {}
 
 func (x *LockReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[92]
+	mi := &file_meta_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6597,7 +6810,7 @@ func (x *LockReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockReply.ProtoReflect.Descriptor instead.
 func (*LockReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{92}
+	return file_meta_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *LockReply) GetGranted() bool {
@@ -6652,12 +6865,13 @@ const file_meta_proto_rawDesc = "" +
 	"\fstored_known\x18\x0e \x01(\bR\vstoredKnown\"L\n" +
 	"\tErrorInfo\x12\x14\n" +
 	"\x05errno\x18\x01 \x01(\rR\x05errno\x12)\n" +
-	"\x10conflict_stripes\x18\x02 \x03(\x04R\x0fconflictStripes\"\x85\x01\n" +
+	"\x10conflict_stripes\x18\x02 \x03(\x04R\x0fconflictStripes\"\x9b\x01\n" +
 	"\rLookupRequest\x12.\n" +
 	"\x06caller\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.CallerR\x06caller\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x18\n" +
-	"\areserve\x18\x04 \x01(\bR\areserve\"\x8a\x02\n" +
+	"\areserve\x18\x04 \x01(\bR\areserve\x12\x14\n" +
+	"\x05lease\x18\x05 \x01(\bR\x05lease\"\xba\x02\n" +
 	"\n" +
 	"EntryReply\x12(\n" +
 	"\x04attr\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x04attr\x12\x16\n" +
@@ -6668,11 +6882,25 @@ const file_meta_proto_rawDesc = "" +
 	"\n" +
 	"new_layout\x18\x06 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\tnewLayout\x12\x1f\n" +
 	"\vreserved_ms\x18\a \x01(\rR\n" +
-	"reservedMs\"8\n" +
+	"reservedMs\x12.\n" +
+	"\x05lease\x18\b \x01(\v2\x18.rdmafs.meta.v1.DirLeaseR\x05lease\"F\n" +
+	"\bDirLease\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x14\n" +
+	"\x05names\x18\x03 \x03(\tR\x05names\"_\n" +
+	"\x0eRecallsRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x18\n" +
+	"\arelease\x18\x03 \x03(\x04R\arelease\"<\n" +
+	"\fRecallsReply\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x16\n" +
+	"\x06recall\x18\x02 \x03(\x04R\x06recall\"8\n" +
 	"\bDirReply\x12,\n" +
-	"\x06parent\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x06parent\"\"\n" +
+	"\x06parent\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x06parent\"G\n" +
 	"\x0eGetAttrRequest\x12\x10\n" +
-	"\x03ino\x18\x01 \x01(\x04R\x03ino\"5\n" +
+	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12#\n" +
+	"\rlease_session\x18\x02 \x01(\x04R\fleaseSession\"5\n" +
 	"\tAttrReply\x12(\n" +
 	"\x04attr\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x04attr\"\x87\x04\n" +
 	"\x0eSetAttrRequest\x12.\n" +
@@ -7152,7 +7380,7 @@ const file_meta_proto_rawDesc = "" +
 	"\tLOCK_READ\x10\x00\x12\x0e\n" +
 	"\n" +
 	"LOCK_WRITE\x10\x01\x12\x0f\n" +
-	"\vLOCK_UNLOCK\x10\x022\x9b\x16\n" +
+	"\vLOCK_UNLOCK\x10\x022\xe4\x16\n" +
 	"\x04Meta\x12C\n" +
 	"\x06Lookup\x12\x1d.rdmafs.meta.v1.LookupRequest\x1a\x1a.rdmafs.meta.v1.EntryReply\x12D\n" +
 	"\aGetAttr\x12\x1e.rdmafs.meta.v1.GetAttrRequest\x1a\x19.rdmafs.meta.v1.AttrReply\x12D\n" +
@@ -7176,7 +7404,8 @@ const file_meta_proto_rawDesc = "" +
 	"\vOpenSession\x12\".rdmafs.meta.v1.OpenSessionRequest\x1a .rdmafs.meta.v1.OpenSessionReply\x12S\n" +
 	"\vAllocInodes\x12\".rdmafs.meta.v1.AllocInodesRequest\x1a .rdmafs.meta.v1.AllocInodesReply\x12A\n" +
 	"\x05Batch\x12\x1c.rdmafs.meta.v1.BatchRequest\x1a\x1a.rdmafs.meta.v1.BatchReply\x12D\n" +
-	"\tKeepAlive\x12 .rdmafs.meta.v1.KeepAliveRequest\x1a\x15.rdmafs.meta.v1.Empty\x12J\n" +
+	"\tKeepAlive\x12 .rdmafs.meta.v1.KeepAliveRequest\x1a\x15.rdmafs.meta.v1.Empty\x12G\n" +
+	"\aRecalls\x12\x1e.rdmafs.meta.v1.RecallsRequest\x1a\x1c.rdmafs.meta.v1.RecallsReply\x12J\n" +
 	"\fCloseSession\x12#.rdmafs.meta.v1.CloseSessionRequest\x1a\x15.rdmafs.meta.v1.Empty\x12>\n" +
 	"\x04Open\x12\x1b.rdmafs.meta.v1.OpenRequest\x1a\x19.rdmafs.meta.v1.AttrReply\x12@\n" +
 	"\aRelease\x12\x1e.rdmafs.meta.v1.ReleaseRequest\x1a\x15.rdmafs.meta.v1.Empty\x12>\n" +
@@ -7210,7 +7439,7 @@ func file_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 93)
+var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 96)
 var file_meta_proto_goTypes = []any{
 	(RenameFlag)(0),              // 0: rdmafs.meta.v1.RenameFlag
 	(XattrFlag)(0),               // 1: rdmafs.meta.v1.XattrFlag
@@ -7221,93 +7450,96 @@ var file_meta_proto_goTypes = []any{
 	(*ErrorInfo)(nil),            // 6: rdmafs.meta.v1.ErrorInfo
 	(*LookupRequest)(nil),        // 7: rdmafs.meta.v1.LookupRequest
 	(*EntryReply)(nil),           // 8: rdmafs.meta.v1.EntryReply
-	(*DirReply)(nil),             // 9: rdmafs.meta.v1.DirReply
-	(*GetAttrRequest)(nil),       // 10: rdmafs.meta.v1.GetAttrRequest
-	(*AttrReply)(nil),            // 11: rdmafs.meta.v1.AttrReply
-	(*SetAttrRequest)(nil),       // 12: rdmafs.meta.v1.SetAttrRequest
-	(*CreateRequest)(nil),        // 13: rdmafs.meta.v1.CreateRequest
-	(*MknodRequest)(nil),         // 14: rdmafs.meta.v1.MknodRequest
-	(*MkdirRequest)(nil),         // 15: rdmafs.meta.v1.MkdirRequest
-	(*SymlinkRequest)(nil),       // 16: rdmafs.meta.v1.SymlinkRequest
-	(*ReadlinkRequest)(nil),      // 17: rdmafs.meta.v1.ReadlinkRequest
-	(*ReadlinkReply)(nil),        // 18: rdmafs.meta.v1.ReadlinkReply
-	(*LinkRequest)(nil),          // 19: rdmafs.meta.v1.LinkRequest
-	(*UnlinkRequest)(nil),        // 20: rdmafs.meta.v1.UnlinkRequest
-	(*RmdirRequest)(nil),         // 21: rdmafs.meta.v1.RmdirRequest
-	(*Empty)(nil),                // 22: rdmafs.meta.v1.Empty
-	(*SyncRequest)(nil),          // 23: rdmafs.meta.v1.SyncRequest
-	(*RenameRequest)(nil),        // 24: rdmafs.meta.v1.RenameRequest
-	(*ReadDirRequest)(nil),       // 25: rdmafs.meta.v1.ReadDirRequest
-	(*DirEntry)(nil),             // 26: rdmafs.meta.v1.DirEntry
-	(*ReadDirReply)(nil),         // 27: rdmafs.meta.v1.ReadDirReply
-	(*GetXattrRequest)(nil),      // 28: rdmafs.meta.v1.GetXattrRequest
-	(*GetXattrReply)(nil),        // 29: rdmafs.meta.v1.GetXattrReply
-	(*SetXattrRequest)(nil),      // 30: rdmafs.meta.v1.SetXattrRequest
-	(*ListXattrRequest)(nil),     // 31: rdmafs.meta.v1.ListXattrRequest
-	(*ListXattrReply)(nil),       // 32: rdmafs.meta.v1.ListXattrReply
-	(*RemoveXattrRequest)(nil),   // 33: rdmafs.meta.v1.RemoveXattrRequest
-	(*StatFSRequest)(nil),        // 34: rdmafs.meta.v1.StatFSRequest
-	(*StatFSReply)(nil),          // 35: rdmafs.meta.v1.StatFSReply
-	(*OpenSessionRequest)(nil),   // 36: rdmafs.meta.v1.OpenSessionRequest
-	(*OpenSessionReply)(nil),     // 37: rdmafs.meta.v1.OpenSessionReply
-	(*BatchRequest)(nil),         // 38: rdmafs.meta.v1.BatchRequest
-	(*BatchCall)(nil),            // 39: rdmafs.meta.v1.BatchCall
-	(*BatchReply)(nil),           // 40: rdmafs.meta.v1.BatchReply
-	(*BatchResult)(nil),          // 41: rdmafs.meta.v1.BatchResult
-	(*AllocInodesRequest)(nil),   // 42: rdmafs.meta.v1.AllocInodesRequest
-	(*AllocInodesReply)(nil),     // 43: rdmafs.meta.v1.AllocInodesReply
-	(*KeepAliveRequest)(nil),     // 44: rdmafs.meta.v1.KeepAliveRequest
-	(*CloseSessionRequest)(nil),  // 45: rdmafs.meta.v1.CloseSessionRequest
-	(*OpenRequest)(nil),          // 46: rdmafs.meta.v1.OpenRequest
-	(*ReleaseRequest)(nil),       // 47: rdmafs.meta.v1.ReleaseRequest
-	(*SetLayoutRequest)(nil),     // 48: rdmafs.meta.v1.SetLayoutRequest
-	(*GetLayoutRequest)(nil),     // 49: rdmafs.meta.v1.GetLayoutRequest
-	(*LayoutReply)(nil),          // 50: rdmafs.meta.v1.LayoutReply
-	(*Shard)(nil),                // 51: rdmafs.meta.v1.Shard
-	(*GrantWriteRequest)(nil),    // 52: rdmafs.meta.v1.GrantWriteRequest
-	(*StripeGrant)(nil),          // 53: rdmafs.meta.v1.StripeGrant
-	(*GrantWriteReply)(nil),      // 54: rdmafs.meta.v1.GrantWriteReply
-	(*StripeCommit)(nil),         // 55: rdmafs.meta.v1.StripeCommit
-	(*ReplaceShardsRequest)(nil), // 56: rdmafs.meta.v1.ReplaceShardsRequest
-	(*ReplaceShardsReply)(nil),   // 57: rdmafs.meta.v1.ReplaceShardsReply
-	(*CommitStripesRequest)(nil), // 58: rdmafs.meta.v1.CommitStripesRequest
-	(*CommitStripesReply)(nil),   // 59: rdmafs.meta.v1.CommitStripesReply
-	(*GetStripesRequest)(nil),    // 60: rdmafs.meta.v1.GetStripesRequest
-	(*StripeInfo)(nil),           // 61: rdmafs.meta.v1.StripeInfo
-	(*GetStripesReply)(nil),      // 62: rdmafs.meta.v1.GetStripesReply
-	(*RegisterRequest)(nil),      // 63: rdmafs.meta.v1.RegisterRequest
-	(*RegisterReply)(nil),        // 64: rdmafs.meta.v1.RegisterReply
-	(*ChunkRef)(nil),             // 65: rdmafs.meta.v1.ChunkRef
-	(*HeartbeatRequest)(nil),     // 66: rdmafs.meta.v1.HeartbeatRequest
-	(*HeartbeatReply)(nil),       // 67: rdmafs.meta.v1.HeartbeatReply
-	(*StatusRequest)(nil),        // 68: rdmafs.meta.v1.StatusRequest
-	(*ChunkserverStatus)(nil),    // 69: rdmafs.meta.v1.ChunkserverStatus
-	(*StatusReply)(nil),          // 70: rdmafs.meta.v1.StatusReply
-	(*InodeRecord)(nil),          // 71: rdmafs.meta.v1.InodeRecord
-	(*DentryRecord)(nil),         // 72: rdmafs.meta.v1.DentryRecord
-	(*CookieRecord)(nil),         // 73: rdmafs.meta.v1.CookieRecord
-	(*StripeRecord)(nil),         // 74: rdmafs.meta.v1.StripeRecord
-	(*GrantRecord)(nil),          // 75: rdmafs.meta.v1.GrantRecord
-	(*ChunkserverRecord)(nil),    // 76: rdmafs.meta.v1.ChunkserverRecord
-	(*SessionRecord)(nil),        // 77: rdmafs.meta.v1.SessionRecord
-	(*InoRange)(nil),             // 78: rdmafs.meta.v1.InoRange
-	(*ClusterRecord)(nil),        // 79: rdmafs.meta.v1.ClusterRecord
-	(*RepairTask)(nil),           // 80: rdmafs.meta.v1.RepairTask
-	(*RepairResult)(nil),         // 81: rdmafs.meta.v1.RepairResult
-	(*RepairPollRequest)(nil),    // 82: rdmafs.meta.v1.RepairPollRequest
-	(*RepairPollReply)(nil),      // 83: rdmafs.meta.v1.RepairPollReply
-	(*DrainRequest)(nil),         // 84: rdmafs.meta.v1.DrainRequest
-	(*RebalanceRequest)(nil),     // 85: rdmafs.meta.v1.RebalanceRequest
-	(*RebalanceReply)(nil),       // 86: rdmafs.meta.v1.RebalanceReply
-	(*RepairStatus)(nil),         // 87: rdmafs.meta.v1.RepairStatus
-	(*RequestRecord)(nil),        // 88: rdmafs.meta.v1.RequestRecord
-	(*DumpRecord)(nil),           // 89: rdmafs.meta.v1.DumpRecord
-	(*DumpTrailer)(nil),          // 90: rdmafs.meta.v1.DumpTrailer
-	(*DumpHeader)(nil),           // 91: rdmafs.meta.v1.DumpHeader
-	(*FileLock)(nil),             // 92: rdmafs.meta.v1.FileLock
-	(*LockRecord)(nil),           // 93: rdmafs.meta.v1.LockRecord
-	(*LockRequest)(nil),          // 94: rdmafs.meta.v1.LockRequest
-	(*LockReply)(nil),            // 95: rdmafs.meta.v1.LockReply
+	(*DirLease)(nil),             // 9: rdmafs.meta.v1.DirLease
+	(*RecallsRequest)(nil),       // 10: rdmafs.meta.v1.RecallsRequest
+	(*RecallsReply)(nil),         // 11: rdmafs.meta.v1.RecallsReply
+	(*DirReply)(nil),             // 12: rdmafs.meta.v1.DirReply
+	(*GetAttrRequest)(nil),       // 13: rdmafs.meta.v1.GetAttrRequest
+	(*AttrReply)(nil),            // 14: rdmafs.meta.v1.AttrReply
+	(*SetAttrRequest)(nil),       // 15: rdmafs.meta.v1.SetAttrRequest
+	(*CreateRequest)(nil),        // 16: rdmafs.meta.v1.CreateRequest
+	(*MknodRequest)(nil),         // 17: rdmafs.meta.v1.MknodRequest
+	(*MkdirRequest)(nil),         // 18: rdmafs.meta.v1.MkdirRequest
+	(*SymlinkRequest)(nil),       // 19: rdmafs.meta.v1.SymlinkRequest
+	(*ReadlinkRequest)(nil),      // 20: rdmafs.meta.v1.ReadlinkRequest
+	(*ReadlinkReply)(nil),        // 21: rdmafs.meta.v1.ReadlinkReply
+	(*LinkRequest)(nil),          // 22: rdmafs.meta.v1.LinkRequest
+	(*UnlinkRequest)(nil),        // 23: rdmafs.meta.v1.UnlinkRequest
+	(*RmdirRequest)(nil),         // 24: rdmafs.meta.v1.RmdirRequest
+	(*Empty)(nil),                // 25: rdmafs.meta.v1.Empty
+	(*SyncRequest)(nil),          // 26: rdmafs.meta.v1.SyncRequest
+	(*RenameRequest)(nil),        // 27: rdmafs.meta.v1.RenameRequest
+	(*ReadDirRequest)(nil),       // 28: rdmafs.meta.v1.ReadDirRequest
+	(*DirEntry)(nil),             // 29: rdmafs.meta.v1.DirEntry
+	(*ReadDirReply)(nil),         // 30: rdmafs.meta.v1.ReadDirReply
+	(*GetXattrRequest)(nil),      // 31: rdmafs.meta.v1.GetXattrRequest
+	(*GetXattrReply)(nil),        // 32: rdmafs.meta.v1.GetXattrReply
+	(*SetXattrRequest)(nil),      // 33: rdmafs.meta.v1.SetXattrRequest
+	(*ListXattrRequest)(nil),     // 34: rdmafs.meta.v1.ListXattrRequest
+	(*ListXattrReply)(nil),       // 35: rdmafs.meta.v1.ListXattrReply
+	(*RemoveXattrRequest)(nil),   // 36: rdmafs.meta.v1.RemoveXattrRequest
+	(*StatFSRequest)(nil),        // 37: rdmafs.meta.v1.StatFSRequest
+	(*StatFSReply)(nil),          // 38: rdmafs.meta.v1.StatFSReply
+	(*OpenSessionRequest)(nil),   // 39: rdmafs.meta.v1.OpenSessionRequest
+	(*OpenSessionReply)(nil),     // 40: rdmafs.meta.v1.OpenSessionReply
+	(*BatchRequest)(nil),         // 41: rdmafs.meta.v1.BatchRequest
+	(*BatchCall)(nil),            // 42: rdmafs.meta.v1.BatchCall
+	(*BatchReply)(nil),           // 43: rdmafs.meta.v1.BatchReply
+	(*BatchResult)(nil),          // 44: rdmafs.meta.v1.BatchResult
+	(*AllocInodesRequest)(nil),   // 45: rdmafs.meta.v1.AllocInodesRequest
+	(*AllocInodesReply)(nil),     // 46: rdmafs.meta.v1.AllocInodesReply
+	(*KeepAliveRequest)(nil),     // 47: rdmafs.meta.v1.KeepAliveRequest
+	(*CloseSessionRequest)(nil),  // 48: rdmafs.meta.v1.CloseSessionRequest
+	(*OpenRequest)(nil),          // 49: rdmafs.meta.v1.OpenRequest
+	(*ReleaseRequest)(nil),       // 50: rdmafs.meta.v1.ReleaseRequest
+	(*SetLayoutRequest)(nil),     // 51: rdmafs.meta.v1.SetLayoutRequest
+	(*GetLayoutRequest)(nil),     // 52: rdmafs.meta.v1.GetLayoutRequest
+	(*LayoutReply)(nil),          // 53: rdmafs.meta.v1.LayoutReply
+	(*Shard)(nil),                // 54: rdmafs.meta.v1.Shard
+	(*GrantWriteRequest)(nil),    // 55: rdmafs.meta.v1.GrantWriteRequest
+	(*StripeGrant)(nil),          // 56: rdmafs.meta.v1.StripeGrant
+	(*GrantWriteReply)(nil),      // 57: rdmafs.meta.v1.GrantWriteReply
+	(*StripeCommit)(nil),         // 58: rdmafs.meta.v1.StripeCommit
+	(*ReplaceShardsRequest)(nil), // 59: rdmafs.meta.v1.ReplaceShardsRequest
+	(*ReplaceShardsReply)(nil),   // 60: rdmafs.meta.v1.ReplaceShardsReply
+	(*CommitStripesRequest)(nil), // 61: rdmafs.meta.v1.CommitStripesRequest
+	(*CommitStripesReply)(nil),   // 62: rdmafs.meta.v1.CommitStripesReply
+	(*GetStripesRequest)(nil),    // 63: rdmafs.meta.v1.GetStripesRequest
+	(*StripeInfo)(nil),           // 64: rdmafs.meta.v1.StripeInfo
+	(*GetStripesReply)(nil),      // 65: rdmafs.meta.v1.GetStripesReply
+	(*RegisterRequest)(nil),      // 66: rdmafs.meta.v1.RegisterRequest
+	(*RegisterReply)(nil),        // 67: rdmafs.meta.v1.RegisterReply
+	(*ChunkRef)(nil),             // 68: rdmafs.meta.v1.ChunkRef
+	(*HeartbeatRequest)(nil),     // 69: rdmafs.meta.v1.HeartbeatRequest
+	(*HeartbeatReply)(nil),       // 70: rdmafs.meta.v1.HeartbeatReply
+	(*StatusRequest)(nil),        // 71: rdmafs.meta.v1.StatusRequest
+	(*ChunkserverStatus)(nil),    // 72: rdmafs.meta.v1.ChunkserverStatus
+	(*StatusReply)(nil),          // 73: rdmafs.meta.v1.StatusReply
+	(*InodeRecord)(nil),          // 74: rdmafs.meta.v1.InodeRecord
+	(*DentryRecord)(nil),         // 75: rdmafs.meta.v1.DentryRecord
+	(*CookieRecord)(nil),         // 76: rdmafs.meta.v1.CookieRecord
+	(*StripeRecord)(nil),         // 77: rdmafs.meta.v1.StripeRecord
+	(*GrantRecord)(nil),          // 78: rdmafs.meta.v1.GrantRecord
+	(*ChunkserverRecord)(nil),    // 79: rdmafs.meta.v1.ChunkserverRecord
+	(*SessionRecord)(nil),        // 80: rdmafs.meta.v1.SessionRecord
+	(*InoRange)(nil),             // 81: rdmafs.meta.v1.InoRange
+	(*ClusterRecord)(nil),        // 82: rdmafs.meta.v1.ClusterRecord
+	(*RepairTask)(nil),           // 83: rdmafs.meta.v1.RepairTask
+	(*RepairResult)(nil),         // 84: rdmafs.meta.v1.RepairResult
+	(*RepairPollRequest)(nil),    // 85: rdmafs.meta.v1.RepairPollRequest
+	(*RepairPollReply)(nil),      // 86: rdmafs.meta.v1.RepairPollReply
+	(*DrainRequest)(nil),         // 87: rdmafs.meta.v1.DrainRequest
+	(*RebalanceRequest)(nil),     // 88: rdmafs.meta.v1.RebalanceRequest
+	(*RebalanceReply)(nil),       // 89: rdmafs.meta.v1.RebalanceReply
+	(*RepairStatus)(nil),         // 90: rdmafs.meta.v1.RepairStatus
+	(*RequestRecord)(nil),        // 91: rdmafs.meta.v1.RequestRecord
+	(*DumpRecord)(nil),           // 92: rdmafs.meta.v1.DumpRecord
+	(*DumpTrailer)(nil),          // 93: rdmafs.meta.v1.DumpTrailer
+	(*DumpHeader)(nil),           // 94: rdmafs.meta.v1.DumpHeader
+	(*FileLock)(nil),             // 95: rdmafs.meta.v1.FileLock
+	(*LockRecord)(nil),           // 96: rdmafs.meta.v1.LockRecord
+	(*LockRequest)(nil),          // 97: rdmafs.meta.v1.LockRequest
+	(*LockReply)(nil),            // 98: rdmafs.meta.v1.LockReply
 }
 var file_meta_proto_depIdxs = []int32{
 	4,   // 0: rdmafs.meta.v1.Attr.layout:type_name -> rdmafs.meta.v1.Layout
@@ -7315,148 +7547,151 @@ var file_meta_proto_depIdxs = []int32{
 	5,   // 2: rdmafs.meta.v1.EntryReply.attr:type_name -> rdmafs.meta.v1.Attr
 	5,   // 3: rdmafs.meta.v1.EntryReply.parent:type_name -> rdmafs.meta.v1.Attr
 	4,   // 4: rdmafs.meta.v1.EntryReply.new_layout:type_name -> rdmafs.meta.v1.Layout
-	5,   // 5: rdmafs.meta.v1.DirReply.parent:type_name -> rdmafs.meta.v1.Attr
-	5,   // 6: rdmafs.meta.v1.AttrReply.attr:type_name -> rdmafs.meta.v1.Attr
-	3,   // 7: rdmafs.meta.v1.SetAttrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 8: rdmafs.meta.v1.CreateRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 9: rdmafs.meta.v1.MknodRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 10: rdmafs.meta.v1.MkdirRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 11: rdmafs.meta.v1.SymlinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 12: rdmafs.meta.v1.LinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 13: rdmafs.meta.v1.UnlinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 14: rdmafs.meta.v1.RmdirRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 15: rdmafs.meta.v1.RenameRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 16: rdmafs.meta.v1.ReadDirRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	5,   // 17: rdmafs.meta.v1.DirEntry.attr:type_name -> rdmafs.meta.v1.Attr
-	26,  // 18: rdmafs.meta.v1.ReadDirReply.entries:type_name -> rdmafs.meta.v1.DirEntry
-	3,   // 19: rdmafs.meta.v1.GetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 20: rdmafs.meta.v1.SetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 21: rdmafs.meta.v1.ListXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 22: rdmafs.meta.v1.RemoveXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	39,  // 23: rdmafs.meta.v1.BatchRequest.calls:type_name -> rdmafs.meta.v1.BatchCall
-	41,  // 24: rdmafs.meta.v1.BatchReply.results:type_name -> rdmafs.meta.v1.BatchResult
-	3,   // 25: rdmafs.meta.v1.OpenRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 26: rdmafs.meta.v1.SetLayoutRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 27: rdmafs.meta.v1.SetLayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 28: rdmafs.meta.v1.LayoutReply.layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 29: rdmafs.meta.v1.StripeGrant.layout:type_name -> rdmafs.meta.v1.Layout
-	51,  // 30: rdmafs.meta.v1.StripeGrant.shards:type_name -> rdmafs.meta.v1.Shard
-	53,  // 31: rdmafs.meta.v1.GrantWriteReply.grants:type_name -> rdmafs.meta.v1.StripeGrant
-	51,  // 32: rdmafs.meta.v1.StripeCommit.shards:type_name -> rdmafs.meta.v1.Shard
-	51,  // 33: rdmafs.meta.v1.ReplaceShardsReply.shards:type_name -> rdmafs.meta.v1.Shard
-	55,  // 34: rdmafs.meta.v1.CommitStripesRequest.stripes:type_name -> rdmafs.meta.v1.StripeCommit
-	5,   // 35: rdmafs.meta.v1.CommitStripesReply.attr:type_name -> rdmafs.meta.v1.Attr
-	4,   // 36: rdmafs.meta.v1.StripeInfo.layout:type_name -> rdmafs.meta.v1.Layout
-	51,  // 37: rdmafs.meta.v1.StripeInfo.shards:type_name -> rdmafs.meta.v1.Shard
-	61,  // 38: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
-	4,   // 39: rdmafs.meta.v1.GetStripesReply.layout:type_name -> rdmafs.meta.v1.Layout
-	65,  // 40: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
-	65,  // 41: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
-	4,   // 42: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
-	69,  // 43: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
-	87,  // 44: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
-	5,   // 45: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
-	4,   // 46: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 47: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	51,  // 48: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	51,  // 49: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	4,   // 50: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	78,  // 51: rdmafs.meta.v1.SessionRecord.ino_ranges:type_name -> rdmafs.meta.v1.InoRange
-	4,   // 52: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 53: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
-	51,  // 54: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
-	81,  // 55: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
-	65,  // 56: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
-	80,  // 57: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
-	91,  // 58: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
-	90,  // 59: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
-	2,   // 60: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
-	92,  // 61: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
-	92,  // 62: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
-	92,  // 63: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
-	7,   // 64: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
-	10,  // 65: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
-	12,  // 66: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
-	13,  // 67: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
-	14,  // 68: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
-	15,  // 69: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
-	16,  // 70: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
-	17,  // 71: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
-	19,  // 72: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
-	20,  // 73: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
-	21,  // 74: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
-	24,  // 75: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
-	25,  // 76: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
-	28,  // 77: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
-	30,  // 78: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
-	31,  // 79: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
-	33,  // 80: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
-	34,  // 81: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
-	23,  // 82: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
-	36,  // 83: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
-	42,  // 84: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
-	38,  // 85: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
-	44,  // 86: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
-	45,  // 87: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
-	46,  // 88: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
-	47,  // 89: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
-	94,  // 90: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
-	48,  // 91: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
-	49,  // 92: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
-	52,  // 93: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
-	58,  // 94: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
-	56,  // 95: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
-	60,  // 96: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
-	63,  // 97: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
-	66,  // 98: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
-	68,  // 99: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
-	82,  // 100: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
-	84,  // 101: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
-	85,  // 102: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
-	8,   // 103: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
-	11,  // 104: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	11,  // 105: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	8,   // 106: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
-	8,   // 107: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
-	8,   // 108: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
-	8,   // 109: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
-	18,  // 110: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
-	8,   // 111: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
-	9,   // 112: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
-	9,   // 113: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
-	22,  // 114: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
-	27,  // 115: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
-	29,  // 116: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
-	22,  // 117: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
-	32,  // 118: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
-	22,  // 119: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
-	35,  // 120: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
-	22,  // 121: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
-	37,  // 122: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
-	43,  // 123: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
-	40,  // 124: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
-	22,  // 125: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
-	22,  // 126: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
-	11,  // 127: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
-	22,  // 128: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
-	95,  // 129: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
-	22,  // 130: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
-	50,  // 131: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
-	54,  // 132: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
-	59,  // 133: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
-	57,  // 134: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
-	62,  // 135: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
-	64,  // 136: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
-	67,  // 137: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
-	70,  // 138: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
-	83,  // 139: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
-	22,  // 140: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
-	86,  // 141: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
-	103, // [103:142] is the sub-list for method output_type
-	64,  // [64:103] is the sub-list for method input_type
-	64,  // [64:64] is the sub-list for extension type_name
-	64,  // [64:64] is the sub-list for extension extendee
-	0,   // [0:64] is the sub-list for field type_name
+	9,   // 5: rdmafs.meta.v1.EntryReply.lease:type_name -> rdmafs.meta.v1.DirLease
+	5,   // 6: rdmafs.meta.v1.DirReply.parent:type_name -> rdmafs.meta.v1.Attr
+	5,   // 7: rdmafs.meta.v1.AttrReply.attr:type_name -> rdmafs.meta.v1.Attr
+	3,   // 8: rdmafs.meta.v1.SetAttrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,   // 9: rdmafs.meta.v1.CreateRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,   // 10: rdmafs.meta.v1.MknodRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,   // 11: rdmafs.meta.v1.MkdirRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,   // 12: rdmafs.meta.v1.SymlinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,   // 13: rdmafs.meta.v1.LinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,   // 14: rdmafs.meta.v1.UnlinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,   // 15: rdmafs.meta.v1.RmdirRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,   // 16: rdmafs.meta.v1.RenameRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,   // 17: rdmafs.meta.v1.ReadDirRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 18: rdmafs.meta.v1.DirEntry.attr:type_name -> rdmafs.meta.v1.Attr
+	29,  // 19: rdmafs.meta.v1.ReadDirReply.entries:type_name -> rdmafs.meta.v1.DirEntry
+	3,   // 20: rdmafs.meta.v1.GetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,   // 21: rdmafs.meta.v1.SetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,   // 22: rdmafs.meta.v1.ListXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,   // 23: rdmafs.meta.v1.RemoveXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	42,  // 24: rdmafs.meta.v1.BatchRequest.calls:type_name -> rdmafs.meta.v1.BatchCall
+	44,  // 25: rdmafs.meta.v1.BatchReply.results:type_name -> rdmafs.meta.v1.BatchResult
+	3,   // 26: rdmafs.meta.v1.OpenRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,   // 27: rdmafs.meta.v1.SetLayoutRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 28: rdmafs.meta.v1.SetLayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
+	4,   // 29: rdmafs.meta.v1.LayoutReply.layout:type_name -> rdmafs.meta.v1.Layout
+	4,   // 30: rdmafs.meta.v1.StripeGrant.layout:type_name -> rdmafs.meta.v1.Layout
+	54,  // 31: rdmafs.meta.v1.StripeGrant.shards:type_name -> rdmafs.meta.v1.Shard
+	56,  // 32: rdmafs.meta.v1.GrantWriteReply.grants:type_name -> rdmafs.meta.v1.StripeGrant
+	54,  // 33: rdmafs.meta.v1.StripeCommit.shards:type_name -> rdmafs.meta.v1.Shard
+	54,  // 34: rdmafs.meta.v1.ReplaceShardsReply.shards:type_name -> rdmafs.meta.v1.Shard
+	58,  // 35: rdmafs.meta.v1.CommitStripesRequest.stripes:type_name -> rdmafs.meta.v1.StripeCommit
+	5,   // 36: rdmafs.meta.v1.CommitStripesReply.attr:type_name -> rdmafs.meta.v1.Attr
+	4,   // 37: rdmafs.meta.v1.StripeInfo.layout:type_name -> rdmafs.meta.v1.Layout
+	54,  // 38: rdmafs.meta.v1.StripeInfo.shards:type_name -> rdmafs.meta.v1.Shard
+	64,  // 39: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
+	4,   // 40: rdmafs.meta.v1.GetStripesReply.layout:type_name -> rdmafs.meta.v1.Layout
+	68,  // 41: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
+	68,  // 42: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
+	4,   // 43: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
+	72,  // 44: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
+	90,  // 45: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
+	5,   // 46: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
+	4,   // 47: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
+	4,   // 48: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	54,  // 49: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	54,  // 50: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	4,   // 51: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	81,  // 52: rdmafs.meta.v1.SessionRecord.ino_ranges:type_name -> rdmafs.meta.v1.InoRange
+	4,   // 53: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
+	4,   // 54: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
+	54,  // 55: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
+	84,  // 56: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
+	68,  // 57: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
+	83,  // 58: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
+	94,  // 59: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
+	93,  // 60: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
+	2,   // 61: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
+	95,  // 62: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
+	95,  // 63: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
+	95,  // 64: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
+	7,   // 65: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
+	13,  // 66: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
+	15,  // 67: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
+	16,  // 68: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
+	17,  // 69: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
+	18,  // 70: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
+	19,  // 71: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
+	20,  // 72: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
+	22,  // 73: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
+	23,  // 74: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
+	24,  // 75: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
+	27,  // 76: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
+	28,  // 77: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
+	31,  // 78: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
+	33,  // 79: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
+	34,  // 80: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
+	36,  // 81: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
+	37,  // 82: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
+	26,  // 83: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
+	39,  // 84: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
+	45,  // 85: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
+	41,  // 86: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
+	47,  // 87: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
+	10,  // 88: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
+	48,  // 89: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
+	49,  // 90: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
+	50,  // 91: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
+	97,  // 92: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
+	51,  // 93: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
+	52,  // 94: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
+	55,  // 95: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
+	61,  // 96: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
+	59,  // 97: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
+	63,  // 98: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
+	66,  // 99: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
+	69,  // 100: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
+	71,  // 101: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
+	85,  // 102: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
+	87,  // 103: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
+	88,  // 104: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
+	8,   // 105: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
+	14,  // 106: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	14,  // 107: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	8,   // 108: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
+	8,   // 109: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
+	8,   // 110: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
+	8,   // 111: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
+	21,  // 112: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
+	8,   // 113: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
+	12,  // 114: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
+	12,  // 115: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
+	25,  // 116: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
+	30,  // 117: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
+	32,  // 118: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
+	25,  // 119: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
+	35,  // 120: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
+	25,  // 121: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
+	38,  // 122: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
+	25,  // 123: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
+	40,  // 124: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
+	46,  // 125: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
+	43,  // 126: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
+	25,  // 127: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
+	11,  // 128: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
+	25,  // 129: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
+	14,  // 130: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
+	25,  // 131: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
+	98,  // 132: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
+	25,  // 133: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
+	53,  // 134: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
+	57,  // 135: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
+	62,  // 136: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
+	60,  // 137: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
+	65,  // 138: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
+	67,  // 139: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
+	70,  // 140: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
+	73,  // 141: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
+	86,  // 142: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
+	25,  // 143: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
+	89,  // 144: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
+	105, // [105:145] is the sub-list for method output_type
+	65,  // [65:105] is the sub-list for method input_type
+	65,  // [65:65] is the sub-list for extension type_name
+	65,  // [65:65] is the sub-list for extension extendee
+	0,   // [0:65] is the sub-list for field type_name
 }
 
 func init() { file_meta_proto_init() }
@@ -7470,7 +7705,7 @@ func file_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_proto_rawDesc), len(file_meta_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   93,
+			NumMessages:   96,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

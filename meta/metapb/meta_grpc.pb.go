@@ -46,6 +46,7 @@ const (
 	Meta_AllocInodes_FullMethodName   = "/rdmafs.meta.v1.Meta/AllocInodes"
 	Meta_Batch_FullMethodName         = "/rdmafs.meta.v1.Meta/Batch"
 	Meta_KeepAlive_FullMethodName     = "/rdmafs.meta.v1.Meta/KeepAlive"
+	Meta_Recalls_FullMethodName       = "/rdmafs.meta.v1.Meta/Recalls"
 	Meta_CloseSession_FullMethodName  = "/rdmafs.meta.v1.Meta/CloseSession"
 	Meta_Open_FullMethodName          = "/rdmafs.meta.v1.Meta/Open"
 	Meta_Release_FullMethodName       = "/rdmafs.meta.v1.Meta/Release"
@@ -97,6 +98,7 @@ type MetaClient interface {
 	AllocInodes(ctx context.Context, in *AllocInodesRequest, opts ...grpc.CallOption) (*AllocInodesReply, error)
 	Batch(ctx context.Context, in *BatchRequest, opts ...grpc.CallOption) (*BatchReply, error)
 	KeepAlive(ctx context.Context, in *KeepAliveRequest, opts ...grpc.CallOption) (*Empty, error)
+	Recalls(ctx context.Context, in *RecallsRequest, opts ...grpc.CallOption) (*RecallsReply, error)
 	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*Empty, error)
 	Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*AttrReply, error)
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*Empty, error)
@@ -356,6 +358,16 @@ func (c *metaClient) KeepAlive(ctx context.Context, in *KeepAliveRequest, opts .
 	return out, nil
 }
 
+func (c *metaClient) Recalls(ctx context.Context, in *RecallsRequest, opts ...grpc.CallOption) (*RecallsReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RecallsReply)
+	err := c.cc.Invoke(ctx, Meta_Recalls_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *metaClient) CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*Empty, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Empty)
@@ -549,6 +561,7 @@ type MetaServer interface {
 	AllocInodes(context.Context, *AllocInodesRequest) (*AllocInodesReply, error)
 	Batch(context.Context, *BatchRequest) (*BatchReply, error)
 	KeepAlive(context.Context, *KeepAliveRequest) (*Empty, error)
+	Recalls(context.Context, *RecallsRequest) (*RecallsReply, error)
 	CloseSession(context.Context, *CloseSessionRequest) (*Empty, error)
 	Open(context.Context, *OpenRequest) (*AttrReply, error)
 	Release(context.Context, *ReleaseRequest) (*Empty, error)
@@ -646,6 +659,9 @@ func (UnimplementedMetaServer) Batch(context.Context, *BatchRequest) (*BatchRepl
 }
 func (UnimplementedMetaServer) KeepAlive(context.Context, *KeepAliveRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method KeepAlive not implemented")
+}
+func (UnimplementedMetaServer) Recalls(context.Context, *RecallsRequest) (*RecallsReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Recalls not implemented")
 }
 func (UnimplementedMetaServer) CloseSession(context.Context, *CloseSessionRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method CloseSession not implemented")
@@ -1130,6 +1146,24 @@ func _Meta_KeepAlive_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Meta_Recalls_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RecallsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).Recalls(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_Recalls_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).Recalls(ctx, req.(*RecallsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Meta_CloseSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CloseSessionRequest)
 	if err := dec(in); err != nil {
@@ -1516,6 +1550,10 @@ var Meta_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "KeepAlive",
 			Handler:    _Meta_KeepAlive_Handler,
+		},
+		{
+			MethodName: "Recalls",
+			Handler:    _Meta_Recalls_Handler,
 		},
 		{
 			MethodName: "CloseSession",

@@ -31,7 +31,7 @@ type batchService struct {
 func newBatchService(svc *core.Service, m *metrics) *batchService {
 	b := &batchService{Service: svc, m: m, handlers: map[string]grpc.MethodHandler{}}
 	for _, md := range metapb.Meta_ServiceDesc.Methods {
-		if md.MethodName != "Batch" {
+		if md.MethodName != "Batch" && md.MethodName != "Recalls" { // no long poll holds a batch back
 			b.handlers[md.MethodName] = md.Handler
 		}
 	}

@@ -1,0 +1,323 @@
+package fs
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// Directory leases (meta/core/lease.go). A lookup of a missing name asks
+// meta for the directory's lease too; a grant lists every name in it. While
+// the mount holds the lease no other session reads or changes the
+// directory's entries without recalling it first, so the mount answers a
+// lookup of a name not in the list with ENOENT and a create of one at once
+// (sent behind, as an early create), without asking meta. Every change this
+// mount makes in the directory keeps the list up to date. A close of a file
+// created under the lease does not wait for its create: another mount can
+// reach the file only through the directory, which recalls the lease, and
+// the recall sends every call queued behind before the lease goes back.
+//
+// A goroutine keeps a Recalls call at meta: it returns the recalls, and at
+// least every half second an empty answer. A lease is used only while such
+// an answer arrived within leaseFresh and of the epoch of the grant: meta
+// takes back the leases of a holder silent for longer (LeaseSilence, 1.5s),
+// and a restarted meta has another epoch.
+
+// leaseFresh is how long after the last Recalls answer the mount still uses
+// its leases.
+const leaseFresh = time.Second
+
+// maxLeasedDirs bounds the directories the mount holds leases on.
+const maxLeasedDirs = 256
+
+// leaseBackoff is how long after a refusal or a recall the mount does not
+// ask for a directory's lease again.
+const leaseBackoff = time.Second
+
+// dirLease is a directory lease this mount holds (under its Node's mu).
+type dirLease struct {
+	id, epoch uint64
+	names     map[string]struct{}
+	parent    *metapb.Attr   // the directory's attributes at the grant
+	layout    *metapb.Layout // a new file's layout
+}
+
+// leaseTable is the mount's side of the leases.
+type leaseTable struct {
+	mu       sync.Mutex
+	epoch    uint64    // of the last Recalls answer
+	heard    time.Time // when it arrived
+	byID     map[uint64]*Node
+	recalled map[uint64]bool // recalls of leases whose grant had not arrived
+	release  []uint64        // ids to give back with the next Recalls call
+	stop     context.CancelFunc
+	done     chan struct{}
+}
+
+// startLeases starts the Recalls loop.
+func (fsys *FS) startLeases() {
+	t := &fsys.leases
+	t.byID = map[uint64]*Node{}
+	t.recalled = map[uint64]bool{}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.stop, t.done = cancel, make(chan struct{})
+	go fsys.recallLoop(ctx)
+}
+
+// Close stops the mount's use of directory leases (at unmount; the end of
+// the session gives them back at meta).
+func (fsys *FS) Close() {
+	t := &fsys.leases
+	if t.stop == nil {
+		return
+	}
+	t.stop()
+	<-t.done
+	t.mu.Lock()
+	nodes := t.byID
+	t.byID = map[uint64]*Node{}
+	t.mu.Unlock()
+	for _, n := range nodes {
+		n.mu.Lock()
+		n.lease = nil
+		n.mu.Unlock()
+	}
+}
+
+// live reports whether leases of epoch may be used now (caller holds t.mu).
+func (t *leaseTable) liveLocked(epoch uint64, now time.Time) bool {
+	return epoch == t.epoch && now.Sub(t.heard) < leaseFresh
+}
+
+func (fsys *FS) leaseLive(epoch uint64) bool {
+	t := &fsys.leases
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.liveLocked(epoch, time.Now())
+}
+
+// recallLoop keeps a Recalls call at meta and hands back recalled leases.
+func (fsys *FS) recallLoop(ctx context.Context) {
+	t := &fsys.leases
+	defer close(t.done)
+	early := fsys.opts.Early
+	for ctx.Err() == nil {
+		t.mu.Lock()
+		epoch, release := t.epoch, t.release
+		t.release = nil
+		t.mu.Unlock()
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		newEpoch, recall, err := early.Recalls(cctx, epoch, release)
+		cancel()
+		if err != nil {
+			t.mu.Lock()
+			t.heard = time.Time{} // unheard: no lease is used until meta answers again
+			t.release = append(release, t.release...)
+			t.mu.Unlock()
+			sleepCtx(ctx, 100*time.Millisecond)
+			continue
+		}
+		now := time.Now()
+		var dropped []*Node
+		t.mu.Lock()
+		if newEpoch != t.epoch {
+			// Another run of meta: every lease held is void.
+			for _, n := range t.byID {
+				dropped = append(dropped, n)
+			}
+			t.byID = map[uint64]*Node{}
+			t.recalled = map[uint64]bool{}
+			t.release = nil
+			t.epoch = newEpoch
+		}
+		t.heard = now
+		for _, id := range recall {
+			if n := t.byID[id]; n != nil {
+				delete(t.byID, id)
+				dropped = append(dropped, n)
+			} else if len(t.recalled) < maxLeasedDirs*4 {
+				t.recalled[id] = true // its grant is on its way: not to be used
+			}
+		}
+		t.mu.Unlock()
+		for _, n := range dropped {
+			n.forgetLease(now)
+		}
+		if len(recall) == 0 {
+			continue
+		}
+		// What the mount answered in those directories goes to meta
+		// before the leases do.
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := early.WaitBehind(wctx); err != nil {
+			fsys.log.Warn("calls behind not sent before a recalled lease went back", "err", err)
+		}
+		cancel()
+		t.mu.Lock()
+		t.release = append(t.release, recall...)
+		t.mu.Unlock()
+	}
+}
+
+// sleepCtx waits d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) {
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+	case <-ctx.Done():
+	}
+}
+
+// forgetLease drops the node's lease (recalled, or void) and starts the
+// backoff before it asks again.
+func (n *Node) forgetLease(now time.Time) {
+	n.mu.Lock()
+	n.lease = nil
+	n.leaseAskAfter = now.Add(leaseBackoff)
+	n.mu.Unlock()
+}
+
+// wantLease reports whether a lookup in the directory should ask for its
+// lease.
+func (n *Node) wantLease() bool {
+	if n.fsys.leases.byID == nil {
+		return false
+	}
+	now := time.Now()
+	n.mu.Lock()
+	ask := n.lease == nil && !now.Before(n.leaseAskAfter)
+	n.mu.Unlock()
+	if !ask {
+		return false
+	}
+	t := &n.fsys.leases
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.liveLocked(t.epoch, now) && len(t.byID) < maxLeasedDirs
+}
+
+// installLease keeps a lease meta granted; one recalled before its grant
+// arrived, or of another epoch, is given back instead.
+func (n *Node) installLease(g *metapb.DirLease, r *metapb.EntryReply) {
+	t := &n.fsys.leases
+	now := time.Now()
+	t.mu.Lock()
+	if t.recalled[g.Id] || !t.liveLocked(g.Epoch, now) || t.byID[g.Id] != nil {
+		delete(t.recalled, g.Id)
+		if g.Epoch == t.epoch {
+			t.release = append(t.release, g.Id)
+		}
+		t.mu.Unlock()
+		return
+	}
+	t.byID[g.Id] = n
+	t.mu.Unlock()
+	names := make(map[string]struct{}, len(g.Names))
+	for _, name := range g.Names {
+		names[name] = struct{}{}
+	}
+	n.mu.Lock()
+	old := n.lease
+	n.lease = &dirLease{id: g.Id, epoch: g.Epoch, names: names, parent: r.Parent, layout: r.NewLayout}
+	n.lastAttr = r.Parent
+	n.mu.Unlock()
+	if old != nil {
+		n.fsys.giveBack(old.id)
+	}
+}
+
+// giveBack returns lease id to meta with the next Recalls call.
+func (fsys *FS) giveBack(id uint64) {
+	t := &fsys.leases
+	t.mu.Lock()
+	delete(t.byID, id)
+	t.release = append(t.release, id)
+	t.mu.Unlock()
+}
+
+// dropLease gives the directory's lease back at once: its attributes or
+// layout are changing (new files derive theirs from them), or a change
+// answered under it failed and its list of names may be wrong.
+func (n *Node) dropLease() {
+	n.mu.Lock()
+	l := n.lease
+	n.lease = nil
+	n.mu.Unlock()
+	if l != nil {
+		n.fsys.giveBack(l.id)
+	}
+}
+
+// leaseLocked returns the directory's lease if it may be used now (caller
+// holds n.mu).
+func (n *Node) leaseLocked() *dirLease {
+	if n.lease == nil || !n.fsys.leaseLive(n.lease.epoch) {
+		return nil
+	}
+	return n.lease
+}
+
+// leaseSaysMissing reports whether the lease answers a lookup of name: it
+// is not in the directory.
+func (n *Node) leaseSaysMissing(name string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	l := n.leaseLocked()
+	if l == nil {
+		return false
+	}
+	_, ok := l.names[name]
+	return !ok
+}
+
+// leaseID returns the id of the directory's lease, or 0.
+func (n *Node) leaseID() uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.lease == nil {
+		return 0
+	}
+	return n.lease.id
+}
+
+// leaseNote records in the lease of id (if still held) that name was added
+// to the directory or removed from it by a call that returned.
+func (n *Node) leaseNote(id uint64, name string, added bool) {
+	if id == 0 {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.lease == nil || n.lease.id != id {
+		return
+	}
+	if added {
+		n.lease.names[name] = struct{}{}
+	} else {
+		delete(n.lease.names, name)
+	}
+}
+
+// heldBy reports whether the lease of id is still held and usable: a file
+// created under it needs no wait at close.
+func (n *Node) heldBy(id uint64) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	l := n.leaseLocked()
+	return l != nil && l.id == id
+}
+
+// createdUnderLease reports whether the file was created under a directory
+// lease the mount still holds: its create needs no wait at close.
+func (n *Node) createdUnderLease() bool {
+	if n == nil {
+		return false
+	}
+	n.mu.Lock()
+	dir, id := n.createdIn, n.createdLease
+	n.mu.Unlock()
+	return dir != nil && dir.heldBy(id)
+}

@@ -1,0 +1,269 @@
+package core
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"syscall"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rdmafs/rdmafs/meta/keys"
+	"github.com/rdmafs/rdmafs/meta/kv"
+	"github.com/rdmafs/rdmafs/meta/metaerr"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// Directory leases let one session answer lookups of missing names and
+// creates in a directory by itself, as CephFS's directory capabilities do.
+// A Lookup with lease of a missing name grants the session the directory's
+// lease with the list of its names, unless another session holds it, holds
+// or is creating a name in it, or it was recalled within LeaseBackoff (two
+// sessions sharing a directory would hand the lease back and forth). While
+// the lease is held, every call of another session that reads the
+// directory's entries or attributes or changes them first recalls it: the
+// holder hears of the recall through its Recalls call, stops answering for
+// the directory, sends every call it answered early, and gives the lease
+// back; then the call goes on. A holder that does not give it back within
+// LeaseRecallTimeout, or has not called Recalls for LeaseSilence (a dead
+// mount), loses it without being asked. Leases live in this server's memory:
+// its epoch, in every grant and Recalls reply, tells the holders of another
+// run's leases that they hold nothing.
+
+// MaxLeaseNames is the most entries a directory may have to be leased: the
+// grant lists them all.
+const MaxLeaseNames = 4096
+
+// maxLeases bounds the leases held at once.
+const maxLeases = 1 << 16
+
+// dirLease is a directory held by a session; done is closed when it ends.
+type dirLease struct {
+	id, dir, session uint64
+	recalledAt       time.Time // zero until recalled
+	done             chan struct{}
+}
+
+// leaseHolder is what meta keeps of a session that calls Recalls.
+type leaseHolder struct {
+	recall   []uint64      // lease ids to recall, not yet delivered
+	wake     chan struct{} // a recall is waiting (cap 1)
+	polling  int           // Recalls calls waiting
+	lastPoll time.Time     // when the last one returned
+}
+
+// leases is the table of directory leases; it shares reservations' mutex,
+// since a grant and a reservation of a name in the same directory exclude
+// each other.
+type leases struct {
+	epoch     uint64
+	next      uint64
+	byDir     map[uint64]*dirLease
+	byID      map[uint64]*dirLease
+	holders   map[uint64]*leaseHolder
+	contended map[uint64]time.Time // directory → when its lease was last recalled
+}
+
+func (l *leases) init() {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	l.epoch = binary.LittleEndian.Uint64(b[:]) | 1
+	l.byDir = map[uint64]*dirLease{}
+	l.byID = map[uint64]*dirLease{}
+	l.holders = map[uint64]*leaseHolder{}
+	l.contended = map[uint64]time.Time{}
+}
+
+// dropLeaseLocked ends a lease (caller holds reservations.mu).
+func (r *reservations) dropLeaseLocked(l *dirLease) {
+	delete(r.leases.byDir, l.dir)
+	delete(r.leases.byID, l.id)
+	r.nLeases.Add(-1)
+	close(l.done)
+}
+
+// otherLeaseLocked returns the lease of dir if a session other than session
+// holds it.
+func (r *reservations) otherLeaseLocked(session, dir uint64) *dirLease {
+	if l := r.leases.byDir[dir]; l != nil && l.session != session {
+		return l
+	}
+	return nil
+}
+
+// recallLocked asks l's holder for it back (once) and returns how long the
+// caller may wait for it; 0 means the lease was taken back at once (its
+// holder is gone, or did not answer in time).
+func (s *Service) recallLocked(l *dirLease, now time.Time) time.Duration {
+	r := &s.reserved
+	h := r.leases.holders[l.session]
+	if l.recalledAt.IsZero() {
+		l.recalledAt = now
+		r.leases.contended[l.dir] = now
+		if h != nil {
+			h.recall = append(h.recall, l.id)
+			select {
+			case h.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+	if h == nil || (h.polling == 0 && now.Sub(h.lastPoll) > s.cfg.LeaseSilence) {
+		r.dropLeaseLocked(l)
+		return 0
+	}
+	left := l.recalledAt.Add(s.cfg.LeaseRecallTimeout).Sub(now)
+	if left <= 0 {
+		s.log.Warn("a directory lease was not given back in time: taken back", "dir", l.dir, "session", l.session)
+		r.dropLeaseLocked(l)
+		return 0
+	}
+	// Wake up now and then to notice a holder that went silent.
+	return min(left, s.cfg.LeaseSilence/4)
+}
+
+// awaitLease returns once no session other than session holds dir's lease,
+// recalling it if one does.
+func (s *Service) awaitLease(ctx context.Context, session, dir uint64) error {
+	r := &s.reserved
+	if r.nLeases.Load() == 0 {
+		return nil
+	}
+	for {
+		r.mu.Lock()
+		l := r.otherLeaseLocked(session, dir)
+		if l == nil {
+			r.mu.Unlock()
+			return nil
+		}
+		wait := s.recallLocked(l, s.now())
+		r.mu.Unlock()
+		if err := waitFor(ctx, l.done, wait); err != nil {
+			return err
+		}
+	}
+}
+
+// grantLease gives session dir's lease, if it may have it; nil if not. The
+// caller lists the directory's names after the grant, so that any change
+// by another session after the listing recalls the lease first.
+func (s *Service) grantLease(session, dir uint64) *dirLease {
+	r := &s.reserved
+	now := s.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h := r.leases.holders[session]
+	if h == nil || (h.polling == 0 && now.Sub(h.lastPoll) > s.cfg.LeaseSilence/2) {
+		return nil // the session does not listen for recalls
+	}
+	if l := r.leases.byDir[dir]; l != nil {
+		return nil // held (by session itself: it asked again, having lost track)
+	}
+	if t, ok := r.leases.contended[dir]; ok {
+		if now.Sub(t) < s.cfg.LeaseBackoff {
+			return nil
+		}
+		delete(r.leases.contended, dir)
+	}
+	if len(r.leases.byID) >= maxLeases {
+		return nil
+	}
+	if r.dirs[dir] > 0 {
+		for k, res := range r.names {
+			if k.dir == dir && res.session != session {
+				return nil // another session holds or is creating a name in it
+			}
+		}
+	}
+	r.leases.next++
+	l := &dirLease{id: r.leases.next, dir: dir, session: session, done: make(chan struct{})}
+	r.leases.byDir[dir] = l
+	r.leases.byID[l.id] = l
+	r.nLeases.Add(1)
+	return l
+}
+
+// releaseLease ends session's lease l if it is still the one granted.
+func (s *Service) releaseLease(l *dirLease) {
+	r := &s.reserved
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.leases.byID[l.id] == l {
+		r.dropLeaseLocked(l)
+	}
+}
+
+// listNames returns the names of dir's entries, or false if it has more
+// than MaxLeaseNames.
+func listNames(r kv.Reader, dir uint64) ([]string, bool, error) {
+	var names []string
+	start := keys.CookiePrefix(dir)
+	err := r.Scan(start, kv.PrefixEnd(start), MaxLeaseNames+1, func(_, v []byte) error {
+		cr := &metapb.CookieRecord{}
+		if err := proto.Unmarshal(v, cr); err != nil {
+			return err
+		}
+		names = append(names, cr.Name)
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	return names, len(names) <= MaxLeaseNames, nil
+}
+
+// Recalls implements metapb.MetaServer: it ends the leases the session gives
+// back and waits up to LeasePollWait for recalls of those it holds.
+func (s *Service) Recalls(ctx context.Context, req *metapb.RecallsRequest) (*metapb.RecallsReply, error) {
+	if err := s.checkSession(req.SessionId); err != nil {
+		return nil, err
+	}
+	r := &s.reserved
+	r.mu.Lock()
+	h := r.leases.holders[req.SessionId]
+	if h == nil {
+		h = &leaseHolder{wake: make(chan struct{}, 1)}
+		r.leases.holders[req.SessionId] = h
+	}
+	if req.Epoch == r.leases.epoch {
+		for _, id := range req.Release {
+			if l := r.leases.byID[id]; l != nil && l.session == req.SessionId {
+				r.dropLeaseLocked(l)
+			}
+		}
+	}
+	out := &metapb.RecallsReply{Epoch: r.leases.epoch}
+	if len(h.recall) == 0 {
+		h.polling++
+		r.mu.Unlock()
+		t := time.NewTimer(s.cfg.LeasePollWait)
+		select {
+		case <-h.wake:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+		r.mu.Lock()
+		h.polling--
+		h.lastPoll = s.now()
+		if ctx.Err() != nil {
+			r.mu.Unlock() // the recalls wait for the next call
+			return nil, metaerr.New(syscall.EINTR, "recalls: %v", ctx.Err())
+		}
+	}
+	out.Recall, h.recall = h.recall, nil
+	h.lastPoll = s.now()
+	r.mu.Unlock()
+	return out, nil
+}
+
+// dropSessionLeasesLocked ends the leases of a session that ended.
+func (r *reservations) dropSessionLeasesLocked(session uint64) {
+	for _, l := range r.leases.byDir {
+		if l.session == session {
+			r.dropLeaseLocked(l)
+		}
+	}
+	delete(r.leases.holders, session)
+}
