@@ -37,6 +37,9 @@ type Options struct {
 	// Wsync turns off creates and unlinks answered early (fs.Options.Early),
 	// which mounts without WrapMeta use otherwise.
 	Wsync bool
+	// Linger, when set, is how long the mounts' calls behind wait for
+	// another call to travel with (meta/client.Client.SetLinger).
+	Linger time.Duration
 	// ChunkConfig, when set, adjusts chunkserver i's configuration before it
 	// starts (to advertise another address, say).
 	ChunkConfig func(i int, cfg *chunkserver.Config)
@@ -94,6 +97,9 @@ func (c *Cluster) mount(t *testing.T, wrap func(metapb.MetaClient) metapb.MetaCl
 	t.Helper()
 	ctx := context.Background()
 	mc := c.Meta.Client(t)
+	if c.opts.Linger != 0 {
+		mc.SetLinger(c.opts.Linger)
+	}
 	var fsMeta metapb.MetaClient = mc
 	if wrap != nil {
 		fsMeta = wrap(mc)

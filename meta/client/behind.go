@@ -37,9 +37,9 @@ const BehindTimeout = 10 * time.Minute
 // makes its calls itself.
 const maxBehind = 1024
 
-// linger is how long calls queued behind wait for another call to travel
-// with before they are sent on their own.
-const linger = 1 * time.Millisecond
+// defaultLinger is how long calls queued behind wait for another call to
+// travel with before they are sent on their own (Client.SetLinger).
+const defaultLinger = 1 * time.Millisecond
 
 // pkey names what a call touches: an inode (name "") or a name in a
 // directory.
@@ -70,6 +70,7 @@ type behind struct {
 	kick     chan struct{}
 	stop     chan struct{}
 	n        atomic.Int64 // calls queued or in flight
+	linger   atomic.Int64 // time.Duration
 	noBatch  atomic.Bool  // the server has no Batch (an older one)
 	mu       sync.Mutex
 	queue    []*bgCall
@@ -80,6 +81,7 @@ type behind struct {
 func newBehind(fo *failover) *behind {
 	b := &behind{fo: fo, slots: make(chan struct{}, maxBehind), send: make(chan struct{}, 1),
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), pending: map[pkey][]*bgCall{}}
+	b.linger.Store(int64(defaultLinger))
 	go b.sender()
 	return b
 }
@@ -366,7 +368,7 @@ func (b *behind) wake() {
 	}
 }
 
-// sender sends queued calls that no other call took along within linger.
+// sender sends queued calls that no other call took along within the linger.
 func (b *behind) sender() {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
@@ -376,7 +378,7 @@ func (b *behind) sender() {
 		case <-b.stop:
 			return
 		}
-		t.Reset(linger)
+		t.Reset(time.Duration(b.linger.Load()))
 		select {
 		case <-t.C:
 		case <-b.stop:
@@ -513,6 +515,11 @@ func (s *Session) ReleaseBehind(ino uint64, done func(error)) bool {
 	b.mu.Unlock()
 	return b.goCall("Release", &metapb.ReleaseRequest{Ino: ino, SessionId: s.id}, []pkey{{ino: ino}}, done)
 }
+
+// SetLinger sets how long calls queued behind wait for another call to
+// travel with before they are sent on their own (default 1ms). Tests set it
+// long to see what sends them otherwise.
+func (c *Client) SetLinger(d time.Duration) { c.bg.linger.Store(int64(d)) }
 
 // WaitBehind waits until every call sent behind so far has returned.
 func (s *Session) WaitBehind(ctx context.Context) error { return s.c.bg.waitAll(ctx) }

@@ -171,7 +171,7 @@ func (s *Service) grantLease(session, dir uint64) *dirLease {
 	}
 	if r.dirs[dir] > 0 {
 		for k, res := range r.names {
-			if k.dir == dir && res.session != session {
+			if k.dir == dir && res.session != session && r.live(k, now) != nil {
 				return nil // another session holds or is creating a name in it
 			}
 		}
@@ -214,7 +214,8 @@ func listNames(r kv.Reader, dir uint64) ([]string, bool, error) {
 }
 
 // Recalls implements metapb.MetaServer: it ends the leases the session gives
-// back and waits up to LeasePollWait for recalls of those it holds.
+// back and waits up to LeasePollWait for recalls of those it holds (at once
+// for a caller of another epoch).
 func (s *Service) Recalls(ctx context.Context, req *metapb.RecallsRequest) (*metapb.RecallsReply, error) {
 	if err := s.checkSession(req.SessionId); err != nil {
 		return nil, err
@@ -234,7 +235,8 @@ func (s *Service) Recalls(ctx context.Context, req *metapb.RecallsRequest) (*met
 		}
 	}
 	out := &metapb.RecallsReply{Epoch: r.leases.epoch}
-	if len(h.recall) == 0 {
+	// A caller that does not know the epoch yet gets it at once.
+	if len(h.recall) == 0 && req.Epoch == r.leases.epoch {
 		h.polling++
 		r.mu.Unlock()
 		t := time.NewTimer(s.cfg.LeasePollWait)

@@ -1,0 +1,150 @@
+package core
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// recalls makes one Recalls call of session (it returns after the poll wait
+// when nothing is recalled).
+func (e *env) recalls(session, epoch uint64, release ...uint64) *metapb.RecallsReply {
+	e.t.Helper()
+	r, err := e.s.Recalls(e.ctx, &metapb.RecallsRequest{SessionId: session, Epoch: epoch, Release: release})
+	if err != nil {
+		e.t.Fatalf("recalls: %v", err)
+	}
+	return r
+}
+
+// leaseLookup looks name up in dir for session asking for the lease.
+func (e *env) leaseLookup(session, dir uint64, name string) *metapb.EntryReply {
+	e.t.Helper()
+	r, err := e.s.Lookup(e.ctx, &metapb.LookupRequest{Caller: &metapb.Caller{Session: session}, Parent: dir, Name: name, Reserve: true, Lease: true})
+	if err != nil {
+		e.t.Fatalf("lookup %q with lease: %v", name, err)
+	}
+	return r
+}
+
+// TestDirLease: a session listening for recalls gets a directory's lease
+// with its names; another session's lookup there recalls it and waits until
+// the holder has sent its create and given the lease back, then finds the
+// file. The holder's own calls do not recall it, and the directory is not
+// leased again at once.
+func TestDirLease(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		a, aFirst := e.session(16)
+		b, _ := e.session(16)
+		dir := e.mkdir(root, RootIno, "d", 0o777)
+		e.create(root, dir, "x", 0o644)
+
+		// Not listening for recalls: no lease.
+		if r := e.leaseLookup(a, dir, "y"); r.Lease != nil {
+			t.Fatalf("lease granted to a session that does not call Recalls: %v", r.Lease)
+		}
+		epoch := e.recalls(a, 0).Epoch
+		r := e.leaseLookup(a, dir, "y")
+		if r.Lease == nil || r.Lease.Epoch != epoch || !slices.Equal(r.Lease.Names, []string{"x"}) {
+			t.Fatalf("lease = %v, want epoch %d and names [x]", r.Lease, epoch)
+		}
+		id := r.Lease.Id
+
+		// The holder's own reads do not wait.
+		if _, err := e.s.GetAttr(e.ctx, &metapb.GetAttrRequest{Ino: dir, LeaseSession: a}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.s.ReadDir(e.ctx, &metapb.ReadDirRequest{Caller: &metapb.Caller{Session: a}, Ino: dir}); err != nil {
+			t.Fatal(err)
+		}
+
+		polled := make(chan *metapb.RecallsReply, 1)
+		go func() { polled <- e.recalls(a, epoch) }()
+		done := make(chan result, 1)
+		go func() {
+			r, err := e.s.Lookup(e.ctx, &metapb.LookupRequest{Caller: &metapb.Caller{Session: b}, Parent: dir, Name: "y"})
+			done <- result{r, err}
+		}()
+		if rec := <-polled; !slices.Equal(rec.Recall, []uint64{id}) {
+			t.Fatalf("recalls = %v, want [%d]", rec.Recall, id)
+		}
+		blocked(t, done, "another session's lookup")
+		// The holder sends the create it answered, then gives the lease back.
+		if _, err := e.createEarly(a, dir, "y", aFirst); err != nil {
+			t.Fatal(err)
+		}
+		blocked(t, done, "another session's lookup")
+		go e.recalls(a, epoch, id)
+		res := <-done
+		if res.err != nil || res.r.Attr.GetIno() != aFirst {
+			t.Fatalf("lookup after the recall = %v, %v; want inode %d", res.r, res.err, aFirst)
+		}
+
+		// Recalled a moment ago: not leased again yet; later it is.
+		e.recalls(a, epoch)
+		if r := e.leaseLookup(a, dir, "z"); r.Lease != nil {
+			t.Fatalf("lease granted again right after a recall: %v", r.Lease)
+		}
+		e.clock.Advance(2 * time.Second)
+		e.recalls(a, epoch)
+		if r := e.leaseLookup(a, dir, "z"); r.Lease == nil || !slices.Equal(r.Lease.Names, []string{"x", "y"}) {
+			t.Fatalf("lease = %v, want names [x y]", r.Lease)
+		}
+	})
+}
+
+// TestDirLeaseSilentHolder: a holder that stops calling Recalls (a killed
+// mount) loses its lease once silent for LeaseSilence, and the call that
+// recalled it goes on.
+func TestDirLeaseSilentHolder(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		a, _ := e.session(16)
+		b, _ := e.session(16)
+		dir := e.mkdir(root, RootIno, "d", 0o777)
+		e.recalls(a, 0)
+		if r := e.leaseLookup(a, dir, "y"); r.Lease == nil {
+			t.Fatal("no lease")
+		}
+		done := make(chan result, 1)
+		go func() {
+			r, err := e.s.Create(e.ctx, &metapb.CreateRequest{Caller: &metapb.Caller{Session: b}, Parent: dir, Name: "y", Mode: 0o644, Exclusive: true})
+			done <- result{r, err}
+		}()
+		blocked(t, done, "another session's create")
+		e.clock.Advance(2 * time.Second) // past LeaseSilence (1.5s) since the last poll
+		select {
+		case res := <-done:
+			if res.err != nil {
+				t.Fatalf("create after the holder went silent: %v", res.err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("create still waiting 10s after the holder went silent")
+		}
+	})
+}
+
+// TestDirLeaseExcludesReservations: a directory in which another session
+// holds a name is not leased, and a session's lease keeps others from
+// reserving names in it until recalled.
+func TestDirLeaseExcludesReservations(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		a, _ := e.session(16)
+		b, _ := e.session(16)
+		dir := e.mkdir(root, RootIno, "d", 0o777)
+		e.recalls(a, 0)
+		e.reserve(b, dir, "n")
+		if r := e.leaseLookup(a, dir, "m"); r.Lease != nil {
+			t.Fatalf("lease granted while another session holds a name in the directory: %v", r.Lease)
+		}
+		e.clock.Advance(time.Second) // B's hold ends
+		e.recalls(a, 0)
+		if r := e.leaseLookup(a, dir, "m"); r.Lease == nil {
+			t.Fatal("no lease once the other hold ended")
+		}
+		// A silent holder, so that B's reserving lookup ends the lease.
+		e.clock.Advance(2 * time.Second)
+		e.reserve(b, dir, "n")
+	})
+}
