@@ -141,8 +141,10 @@ func (n *Node) createEarly(ctx context.Context, name string, flags, mode uint32,
 	var layout *metapb.Layout
 	var leaseID uint64
 	n.mu.Lock()
-	if l := n.leaseLocked(); l != nil {
-		if _, exists := l.names[name]; !exists {
+	l := n.leaseLocked()
+	tooMany := l != nil && len(l.names) >= maxLeaseNames
+	if l != nil && !tooMany {
+		if _, exists := l.names[name]; !exists { // else the synchronous create opens it
 			if ino, ok := early.NextIno(); ok {
 				req.Ino = ino
 				if early.CreateBehind(req, n.fsys.lostEarly("create", n, name, ino)) {
@@ -153,6 +155,9 @@ func (n *Node) createEarly(ctx context.Context, name string, flags, mode uint32,
 		}
 	}
 	n.mu.Unlock()
+	if tooMany {
+		n.dropLease()
+	}
 	if leaseID == 0 {
 		res, ok := n.takeReserved(name)
 		if !ok {

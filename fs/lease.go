@@ -32,6 +32,10 @@ const leaseFresh = time.Second
 // maxLeasedDirs bounds the directories the mount holds leases on.
 const maxLeasedDirs = 256
 
+// maxLeaseNames bounds the names the mount keeps for one leased directory;
+// past it, it gives the lease back.
+const maxLeaseNames = 1 << 18
+
 // leaseBackoff is how long after a refusal or a recall the mount does not
 // ask for a directory's lease again.
 const leaseBackoff = time.Second
