@@ -61,14 +61,17 @@ func TestDirLease(t *testing.T) {
 		}
 
 		polled := make(chan *metapb.RecallsReply, 1)
-		go func() { polled <- e.recalls(a, epoch) }()
+		go func() {
+			r, _ := e.s.Recalls(e.ctx, &metapb.RecallsRequest{SessionId: a, Epoch: epoch})
+			polled <- r // nil on an error: the check below fails
+		}()
 		done := make(chan result, 1)
 		go func() {
 			r, err := e.s.Lookup(e.ctx, &metapb.LookupRequest{Caller: &metapb.Caller{Session: b}, Parent: dir, Name: "y"})
 			done <- result{r, err}
 		}()
-		if rec := <-polled; !slices.Equal(rec.Recall, []uint64{id}) {
-			t.Fatalf("recalls = %v, want [%d]", rec.Recall, id)
+		if rec := <-polled; rec == nil || !slices.Equal(rec.Recall, []uint64{id}) {
+			t.Fatalf("recalls = %v, want [%d]", rec, id)
 		}
 		blocked(t, done, "another session's lookup")
 		// The holder sends the create it answered, then gives the lease back.
@@ -76,8 +79,15 @@ func TestDirLease(t *testing.T) {
 			t.Fatal(err)
 		}
 		blocked(t, done, "another session's lookup")
-		go e.recalls(a, epoch, id)
+		released := make(chan error, 1)
+		go func() {
+			_, err := e.s.Recalls(e.ctx, &metapb.RecallsRequest{SessionId: a, Epoch: epoch, Release: []uint64{id}})
+			released <- err
+		}()
 		res := <-done
+		if err := <-released; err != nil {
+			t.Fatal(err)
+		}
 		if res.err != nil || res.r.Attr.GetIno() != aFirst {
 			t.Fatalf("lookup after the recall = %v, %v; want inode %d", res.r, res.err, aFirst)
 		}
