@@ -249,8 +249,13 @@ func (f *fileHandle) dropBehind(off, n int64) {
 func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	f.releaseLocks(ctx)
 	leased := f.node.createdUnderLease()
-	if leased && !f.dirty() {
-		return 0 // nothing to wait for: no data, and the create may stay behind
+	if leased {
+		// Nothing to wait for: the create and the data may stay behind
+		// until the lease is recalled (lease.go).
+		if f.dirty() {
+			f.node.flushBehind()
+		}
+		return 0
 	}
 	ctx, done := killable(ctx)
 	defer done()

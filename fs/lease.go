@@ -3,8 +3,10 @@ package fs
 import (
 	"context"
 	"sync"
+	"syscall"
 	"time"
 
+	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
@@ -18,6 +20,12 @@ import (
 // created under the lease does not wait for its create: another mount can
 // reach the file only through the directory, which recalls the lease, and
 // the recall sends every call queued behind before the lease goes back.
+//
+// Likewise a close of such a file does not wait for its data: the flush runs
+// in the background (flushBehind), and a recall of the lease waits for it
+// before it sends the calls behind. Its errors reach no application (as a
+// write-back error on a local file system no one fsyncs): they are logged
+// and counted with EarlyLost.
 //
 // A goroutine keeps a Recalls call at meta: it returns the recalls, and at
 // least every half second an empty answer. A lease is used only while such
@@ -58,11 +66,14 @@ type leaseTable struct {
 	release  []uint64        // ids to give back with the next Recalls call
 	stop     context.CancelFunc
 	done     chan struct{}
+	flushes  sync.WaitGroup // flushes behind running
+	on       bool           // set before the mount serves, never changed
 }
 
 // startLeases starts the Recalls loop.
 func (fsys *FS) startLeases() {
 	t := &fsys.leases
+	t.on = true
 	t.byID = map[uint64]*Node{}
 	t.recalled = map[uint64]bool{}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -79,6 +90,7 @@ func (fsys *FS) Close() {
 	}
 	t.stop()
 	<-t.done
+	t.flushes.Wait()
 	t.mu.Lock()
 	nodes := t.byID
 	t.byID = map[uint64]*Node{}
@@ -153,8 +165,12 @@ func (fsys *FS) recallLoop(ctx context.Context) {
 			continue
 		}
 		// What the mount answered in those directories goes to meta
-		// before the leases do.
+		// before the leases do: the data of files closed there, then the
+		// calls behind.
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		for _, n := range dropped {
+			n.settleFlushes(wctx)
+		}
 		if err := early.WaitBehind(wctx); err != nil {
 			fsys.log.Warn("calls behind not sent before a recalled lease went back", "err", err)
 		}
@@ -187,7 +203,7 @@ func (n *Node) forgetLease(now time.Time) {
 // wantLease reports whether a lookup in the directory should ask for its
 // lease.
 func (n *Node) wantLease() bool {
-	if n.fsys.leases.byID == nil {
+	if !n.fsys.leases.on {
 		return false
 	}
 	now := time.Now()
@@ -324,4 +340,76 @@ func (n *Node) createdUnderLease() bool {
 	dir, id := n.createdIn, n.createdLease
 	n.mu.Unlock()
 	return dir != nil && dir.heldBy(id)
+}
+
+// flushBehind starts the flush of a file closed under its directory's lease
+// and returns: the directory's recall waits for it.
+func (n *Node) flushBehind() {
+	dir := n.createdIn
+	d := n.fsys.opts.Data
+	dir.mu.Lock()
+	if dir.flushing == nil {
+		dir.flushing = map[uint64]struct{}{}
+	}
+	dir.flushing[n.ino] = struct{}{}
+	dir.mu.Unlock()
+	t := &n.fsys.leases
+	t.flushes.Add(1)
+	go func() {
+		defer t.flushes.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), flushBehindTimeout)
+		err := d.Flush(ctx, n.ino)
+		cancel()
+		dir.mu.Lock()
+		delete(dir.flushing, n.ino)
+		dir.mu.Unlock()
+		if err != nil && client.Errno(err) != syscall.ENOENT && client.Errno(err) != syscall.ESTALE { // not removed meanwhile
+			n.fsys.earlyLost.Add(1)
+			n.fsys.log.Error("the data of a file closed before it was written failed to write: the application was told it succeeded",
+				"ino", n.ino, "dir", dir.ino, "err", err)
+		}
+	}()
+}
+
+// flushBehindTimeout bounds a flush behind, as the data engine's own retries.
+const flushBehindTimeout = 10 * time.Minute
+
+// settleFlushes waits for the flushes behind of files closed in the
+// directory, or in the directory of the file (a rename or link that makes
+// the file reachable from elsewhere).
+func (n *Node) settleFlushes(ctx context.Context) {
+	d := n.fsys.opts.Data
+	if d == nil {
+		return
+	}
+	n.mu.Lock()
+	inos := make([]uint64, 0, len(n.flushing))
+	for ino := range n.flushing {
+		inos = append(inos, ino)
+	}
+	n.mu.Unlock()
+	for _, ino := range inos {
+		if err := d.Flush(ctx, ino); err != nil {
+			n.fsys.log.Warn("flush of a file closed under a recalled lease", "ino", ino, "err", err)
+		}
+	}
+}
+
+// settle waits for the flush behind of the file, if one runs: a rename or a
+// link makes it reachable from outside the leased directory.
+func (n *Node) settle(ctx context.Context) {
+	n.mu.Lock()
+	dir := n.createdIn
+	n.mu.Unlock()
+	if dir == nil || n.fsys.opts.Data == nil {
+		return
+	}
+	dir.mu.Lock()
+	_, flushing := dir.flushing[n.ino]
+	dir.mu.Unlock()
+	if flushing {
+		if err := n.fsys.opts.Data.Flush(ctx, n.ino); err != nil {
+			n.fsys.log.Warn("flush of a file closed under a lease, before a rename or link", "ino", n.ino, "err", err)
+		}
+	}
 }

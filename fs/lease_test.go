@@ -11,8 +11,18 @@ import (
 	"github.com/rdmafs/rdmafs/fs/fstest"
 )
 
-// TestLeaseRecallSendsChanges: one mount creates and removes files in a
-// directory it holds the lease of, answering them itself; its calls behind
+// content is what TestLeaseRecallSendsChanges writes to a file: nothing to
+// every other one (empty files), its name to the others.
+func content(name string) []byte {
+	if name[len(name)-1]%2 == 0 {
+		return nil
+	}
+	return []byte(name)
+}
+
+// TestLeaseRecallSendsChanges: one mount creates, writes and removes files
+// in a directory it holds the lease of, answering them itself (a close does
+// not wait for the file's data either); its calls behind
 // are held back (a linger of an hour), so only the recall sends them.
 // Another mount's listing of the directory recalls the lease and sees every
 // change; a file the other mount creates is then seen by the first.
@@ -26,7 +36,7 @@ func TestLeaseRecallSendsChanges(t *testing.T) {
 	var want []string
 	for i := range 50 {
 		name := fmt.Sprintf("f%02d", i)
-		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, name), content(name), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		if i%5 == 0 {
@@ -47,6 +57,11 @@ func TestLeaseRecallSendsChanges(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("the other mount lists %d names %v,\nwant %d %v", len(got), got, len(want), want)
+	}
+	for _, name := range want {
+		if data, err := os.ReadFile(filepath.Join(b, "d", name)); err != nil || string(data) != string(content(name)) {
+			t.Fatalf("%s through the other mount: %q, %v; want %q", name, data, err, content(name))
+		}
 	}
 	if err := os.WriteFile(filepath.Join(b, "d", "fromB"), []byte("b"), 0o644); err != nil {
 		t.Fatal(err)

@@ -161,6 +161,9 @@ type Node struct {
 	// directory lease, the directory and the lease (lease.go).
 	createdIn    *Node
 	createdLease uint64
+	// flushing are a directory's files closed under its lease whose data
+	// is flushing behind (lease.go).
+	flushing map[uint64]struct{}
 }
 
 // dirChange notes a change to the directory through this mount: it forgets
@@ -693,6 +696,7 @@ func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 	if !ok {
 		return nil, syscall.EXDEV
 	}
+	t.settle(ctx)
 	lease := n.leaseID()
 	r, err := n.fsys.meta.Link(ctx, &metapb.LinkRequest{Caller: n.fsys.callers.of(ctx), Ino: t.ino, NewParent: n.ino, NewName: name})
 	if err != nil {
@@ -753,6 +757,11 @@ func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	p.dirChange()
 	if err := p.waitChild(ctx, newName); err != nil { // a directory it replaces
 		return errno(err)
+	}
+	if ch := n.GetChild(name); ch != nil {
+		if c, ok := ch.Operations().(*Node); ok {
+			c.settle(ctx)
+		}
 	}
 	from, to := n.leaseID(), p.leaseID()
 	_, err := n.fsys.meta.Rename(ctx, &metapb.RenameRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, NewParent: p.ino, NewName: newName, Flags: flags})
