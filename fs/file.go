@@ -249,12 +249,9 @@ func (f *fileHandle) dropBehind(off, n int64) {
 func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	f.releaseLocks(ctx)
 	leased := f.node.createdUnderLease()
-	if leased {
+	if leased && (!f.dirty() || f.node.flushBehind()) {
 		// Nothing to wait for: the create and the data may stay behind
 		// until the lease is recalled (lease.go).
-		if f.dirty() {
-			f.node.flushBehind()
-		}
 		return 0
 	}
 	ctx, done := killable(ctx)

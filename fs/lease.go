@@ -343,16 +343,24 @@ func (n *Node) createdUnderLease() bool {
 }
 
 // flushBehind starts the flush of a file closed under its directory's lease
-// and returns: the directory's recall waits for it.
-func (n *Node) flushBehind() {
-	dir := n.createdIn
+// and reports whether it did (not if a rename or link just made the file
+// reachable from elsewhere: the caller flushes it then); the directory's
+// recall waits for it.
+func (n *Node) flushBehind() bool {
 	d := n.fsys.opts.Data
+	n.mu.Lock()
+	dir := n.createdIn
+	if dir == nil {
+		n.mu.Unlock()
+		return false
+	}
 	dir.mu.Lock()
 	if dir.flushing == nil {
-		dir.flushing = map[uint64]struct{}{}
+		dir.flushing = map[uint64]int{}
 	}
-	dir.flushing[n.ino] = struct{}{}
+	dir.flushing[n.ino]++
 	dir.mu.Unlock()
+	n.mu.Unlock()
 	t := &n.fsys.leases
 	t.flushes.Add(1)
 	go func() {
@@ -361,7 +369,9 @@ func (n *Node) flushBehind() {
 		err := d.Flush(ctx, n.ino)
 		cancel()
 		dir.mu.Lock()
-		delete(dir.flushing, n.ino)
+		if dir.flushing[n.ino]--; dir.flushing[n.ino] <= 0 {
+			delete(dir.flushing, n.ino)
+		}
 		dir.mu.Unlock()
 		if err != nil && client.Errno(err) != syscall.ENOENT && client.Errno(err) != syscall.ESTALE { // not removed meanwhile
 			n.fsys.earlyLost.Add(1)
@@ -369,6 +379,7 @@ func (n *Node) flushBehind() {
 				"ino", n.ino, "dir", dir.ino, "err", err)
 		}
 	}()
+	return true
 }
 
 // flushBehindTimeout bounds a flush behind, as the data engine's own retries.
@@ -395,11 +406,13 @@ func (n *Node) settleFlushes(ctx context.Context) {
 	}
 }
 
-// settle waits for the flush behind of the file, if one runs: a rename or a
-// link makes it reachable from outside the leased directory.
+// settle waits for the flush behind of the file, if one runs, and makes its
+// later closes wait as any file's: a rename or a link makes it reachable
+// from outside the leased directory.
 func (n *Node) settle(ctx context.Context) {
 	n.mu.Lock()
 	dir := n.createdIn
+	n.createdIn, n.createdLease = nil, 0
 	n.mu.Unlock()
 	if dir == nil || n.fsys.opts.Data == nil {
 		return

@@ -33,6 +33,23 @@ func TestLeaseRecallSendsChanges(t *testing.T) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Mkdir(filepath.Join(c.Dir, "e"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A file written under the lease and renamed out of the directory is
+	// reachable without a recall: the rename waits for its data.
+	for i := range 10 {
+		name := fmt.Sprintf("r%d", i)
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(filepath.Join(dir, name), filepath.Join(c.Dir, "e", name)); err != nil {
+			t.Fatal(err)
+		}
+		if data, err := os.ReadFile(filepath.Join(b, "e", name)); err != nil || string(data) != name {
+			t.Fatalf("%s renamed out of the leased directory, through the other mount: %q, %v", name, data, err)
+		}
+	}
 	var want []string
 	for i := range 50 {
 		name := fmt.Sprintf("f%02d", i)

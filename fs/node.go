@@ -161,9 +161,9 @@ type Node struct {
 	// directory lease, the directory and the lease (lease.go).
 	createdIn    *Node
 	createdLease uint64
-	// flushing are a directory's files closed under its lease whose data
-	// is flushing behind (lease.go).
-	flushing map[uint64]struct{}
+	// flushing counts the flushes behind of a directory's files closed
+	// under its lease, by inode (lease.go).
+	flushing map[uint64]int
 }
 
 // dirChange notes a change to the directory through this mount: it forgets
