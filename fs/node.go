@@ -441,6 +441,16 @@ func (fsys *FS) fillAttr(a *metapb.Attr, out *fuse.Attr) {
 	}
 }
 
+// uncommitted reports whether the mount holds writes of ino not yet
+// committed.
+func (fsys *FS) uncommitted(ino uint64) bool {
+	if fsys.opts.Data == nil {
+		return false
+	}
+	_, ok := fsys.opts.Data.Size(ino)
+	return ok
+}
+
 // syncMeta waits until the metadata operations this mount saw answered are
 // durable (the meta client skips the call when none was made since the
 // last).
@@ -471,6 +481,11 @@ func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	ctx, done := killable(ctx)
 	defer done()
 	lease := early && n.wantLease()
+	var known uint64 // the inode the kernel knows at name, if any
+	if ch := n.GetChild(name); ch != nil {
+		known = ch.StableAttr().Ino
+	}
+	dirty := known != 0 && n.fsys.uncommitted(known)
 	sent := time.Now()
 	r, err := n.fsys.meta.Lookup(ctx, &metapb.LookupRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name,
 		Reserve: early, Lease: lease})
@@ -491,6 +506,12 @@ func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	if r.Attr == nil {
 		return nil, syscall.EIO
 	}
+	if dirty && r.Attr.Ino == known && !n.fsys.uncommitted(known) {
+		// As in Getattr: a commit finished while the call was out.
+		if g, err := n.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: known, LeaseSession: n.fsys.opts.Session}); err == nil {
+			r.Attr = g.Attr
+		}
+	}
 	return n.entry(ctx, r.Attr, out), 0
 }
 
@@ -503,7 +524,15 @@ func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut
 	}
 	ctx, done := killable(ctx)
 	defer done()
-	r, err := n.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: n.ino, LeaseSession: n.fsys.opts.Session})
+	req := &metapb.GetAttrRequest{Ino: n.ino, LeaseSession: n.fsys.opts.Session}
+	dirty := n.fsys.uncommitted(n.ino)
+	r, err := n.fsys.meta.GetAttr(ctx, req)
+	if err == nil && dirty && !n.fsys.uncommitted(n.ino) {
+		// A commit finished while the call was out (a close's flush
+		// behind, a background flush): the reply may predate it, and the
+		// size kept by this mount is gone. Ask again.
+		r, err = n.fsys.meta.GetAttr(ctx, req)
+	}
 	if err != nil {
 		return errno(err)
 	}
