@@ -177,7 +177,7 @@ func (n *Node) createEarly(ctx context.Context, name string, flags, mode uint32,
 	inode, fh := n.newFile(ctx, a, flags, out)
 	if child, ok := inode.Operations().(*Node); ok && leaseID != 0 {
 		child.mu.Lock()
-		child.createdIn, child.createdLease = n, leaseID
+		child.createdIn, child.createdLease, child.createdInline = n, leaseID, layout.GetInlineMax()
 		child.mu.Unlock()
 	}
 	return inode, fh, true

@@ -249,9 +249,11 @@ func (f *fileHandle) dropBehind(off, n int64) {
 func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	f.releaseLocks(ctx)
 	leased := f.node.createdUnderLease()
-	if leased && (!f.dirty() || f.node.flushBehind()) {
-		// Nothing to wait for: the create and the data may stay behind
-		// until the lease is recalled (lease.go).
+	if leased && (!f.dirty() || f.inline() && f.node.flushBehind()) {
+		// Nothing to wait for: the create, and the data of a file small
+		// enough to be kept in metadata, may stay behind until the lease
+		// is recalled (lease.go). Larger files wait for their chunkservers
+		// here, so that their errors (ENOSPC) reach the application.
 		return 0
 	}
 	ctx, done := killable(ctx)
@@ -265,6 +267,16 @@ func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
 		return 0
 	}
 	return dataErrno(f.fsys.opts.Data.Flush(ctx, f.ino))
+}
+
+// inline reports whether the file's uncommitted data fits in its layout's
+// inline size (its flush commits it into metadata, with no chunkserver).
+func (f *fileHandle) inline() bool {
+	size, _ := f.fsys.opts.Data.Size(f.ino)
+	f.node.mu.Lock()
+	limit := f.node.createdInline
+	f.node.mu.Unlock()
+	return size >= 0 && uint64(size) <= limit
 }
 
 // dirty reports whether the handle may have written data not yet committed.

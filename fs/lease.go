@@ -21,11 +21,12 @@ import (
 // reach the file only through the directory, which recalls the lease, and
 // the recall sends every call queued behind before the lease goes back.
 //
-// Likewise a close of such a file does not wait for its data: the flush runs
-// in the background (flushBehind), and a recall of the lease waits for it
-// before it sends the calls behind. Its errors reach no application (as a
-// write-back error on a local file system no one fsyncs): they are logged
-// and counted with EarlyLost.
+// Likewise a close of such a file small enough to keep its data in metadata
+// does not wait for that data: the flush runs in the background
+// (flushBehind), and a recall of the lease waits for it before it sends the
+// calls behind. Its errors, which only meta's (no chunkserver is involved),
+// reach no application (as a write-back error on a local file system no one
+// fsyncs): they are logged and counted with EarlyLost.
 //
 // A goroutine keeps a Recalls call at meta: it returns the recalls, and at
 // least every half second an empty answer. A lease is used only while such

@@ -159,8 +159,9 @@ type Node struct {
 	leaseAskAfter time.Time
 	// createdIn and createdLease are, for a file created under a
 	// directory lease, the directory and the lease (lease.go).
-	createdIn    *Node
-	createdLease uint64
+	createdIn     *Node
+	createdLease  uint64
+	createdInline uint64 // its layout's inline size
 	// flushing counts the flushes behind of a directory's files closed
 	// under its lease, by inode (lease.go).
 	flushing map[uint64]int
