@@ -71,7 +71,7 @@ and now and then on a neighbour that takes the CPU for a few seconds.`,
 	fl.StringVar(&size, "size", "512M", "fio file size")
 	fl.IntVar(&runtime, "runtime", 10, "seconds of each timed job")
 	fl.IntVar(&rounds, "rounds", 2, "rounds of four runs (rdmafs, ceiling, ceiling, rdmafs)")
-	fl.StringVar(&jobs, "jobs", "bench/jobs.fio,bench/small.fio", "fio job files, comma-separated (they use DIR, SIZE, RUNTIME)")
+	fl.StringVar(&jobs, "jobs", "bench/jobs.fio,bench/small.fio,bench/small-stat.fio", "fio job files, comma-separated (they use DIR, SIZE, RUNTIME)")
 	fl.IntVar(&inserts, "sqlite-inserts", 300, "sqlite rollback-journal inserts (one transaction each) timed on rdmafs and on local disk ($TMPDIR); 0: skip")
 	fl.StringVar(&transport, "transport", "auto", "rdma transport")
 	fl.StringVar(&clusterDir, "dir", "", "cluster directory (default: a new one where --data says, removed after)")
