@@ -45,7 +45,8 @@ type Early interface {
 	WaitIno(ctx context.Context, ino uint64) error
 	// Recalls gives back the directory leases release (of epoch) and
 	// waits a moment for recalls of those held (lease.go); it returns
-	// meta's epoch and the ids of the leases recalled.
+	// meta's epoch and the ids of the leases recalled, or an error
+	// wrapping client.ErrNoLeases from a meta server that grants none.
 	Recalls(ctx context.Context, epoch uint64, release []uint64) (uint64, []uint64, error)
 }
 

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"syscall"
 	"time"
@@ -128,6 +129,10 @@ func (fsys *FS) recallLoop(ctx context.Context) {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		newEpoch, recall, err := early.Recalls(cctx, epoch, release)
 		cancel()
+		if errors.Is(err, client.ErrNoLeases) {
+			fsys.log.Info("the meta server grants no directory leases: the mount answers lookups of missing names through it")
+			return
+		}
 		if err != nil {
 			t.mu.Lock()
 			t.heard = time.Time{} // unheard: no lease is used until meta answers again

@@ -16,8 +16,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rdmafs/rdmafs/meta/auth"
@@ -273,8 +275,15 @@ func (s *Session) Recalls(ctx context.Context, epoch uint64, release []uint64) (
 	r := &metapb.RecallsReply{}
 	err := s.c.fo.Invoke(ctx, metapb.Meta_Recalls_FullMethodName,
 		&metapb.RecallsRequest{SessionId: s.id, Epoch: epoch, Release: release}, r)
+	if status.Code(err) == codes.Unimplemented {
+		return 0, nil, fmt.Errorf("client: recalls: %w", ErrNoLeases)
+	}
 	if err != nil {
 		return 0, nil, err
 	}
 	return r.Epoch, r.Recall, nil
 }
+
+// ErrNoLeases is the error of Recalls to a meta server that grants no
+// directory leases (an older one).
+var ErrNoLeases = errors.New("the meta server grants no directory leases")
