@@ -249,12 +249,14 @@ func (f *fileHandle) dropBehind(off, n int64) {
 func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	f.releaseLocks(ctx)
 	leased := f.node.createdUnderLease()
-	if leased && (!f.dirty() || f.inline() && f.node.flushBehind()) {
+	if leased {
 		// Nothing to wait for: the create, and the data of a file small
 		// enough to be kept in metadata, may stay behind until the lease
 		// is recalled (lease.go). Larger files wait for their chunkservers
 		// here, so that their errors (ENOSPC) reach the application.
-		return 0
+		if dirty, inline := f.uncommitted(); !dirty || inline && f.node.flushBehind() {
+			return 0
+		}
 	}
 	ctx, done := killable(ctx)
 	defer done()
@@ -269,23 +271,19 @@ func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	return dataErrno(f.fsys.opts.Data.Flush(ctx, f.ino))
 }
 
-// inline reports whether the file's uncommitted data fits in its layout's
-// inline size (its flush commits it into metadata, with no chunkserver).
-func (f *fileHandle) inline() bool {
-	size, _ := f.fsys.opts.Data.Size(f.ino)
+// uncommitted reports whether the handle may have written data not yet
+// committed, and whether that data fits in the layout's inline size of a
+// file created under a lease (its flush commits it into metadata, with no
+// chunkserver).
+func (f *fileHandle) uncommitted() (dirty, inline bool) {
+	if f.flags&syscall.O_ACCMODE == syscall.O_RDONLY || f.fsys.opts.Data == nil {
+		return false, false
+	}
+	size, dirty := f.fsys.opts.Data.Size(f.ino)
 	f.node.mu.Lock()
 	limit := f.node.createdInline
 	f.node.mu.Unlock()
-	return size >= 0 && uint64(size) <= limit
-}
-
-// dirty reports whether the handle may have written data not yet committed.
-func (f *fileHandle) dirty() bool {
-	if f.flags&syscall.O_ACCMODE == syscall.O_RDONLY || f.fsys.opts.Data == nil {
-		return false
-	}
-	_, dirty := f.fsys.opts.Data.Size(f.ino)
-	return dirty
+	return dirty, size >= 0 && uint64(size) <= limit
 }
 
 // Fsync implements gofs.FileFsyncer: every shard durable and the version

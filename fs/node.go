@@ -452,6 +452,21 @@ func (fsys *FS) uncommitted(ino uint64) bool {
 	return ok
 }
 
+// recheckAttr returns a, meta's attributes of a file fetched by a call sent
+// while the mount held uncommitted writes of it (dirty), or fetched again
+// if those writes' commit finished while the call was out (a close's flush
+// behind, a background flush): a may predate the commit, and the size this
+// mount kept is gone.
+func (fsys *FS) recheckAttr(ctx context.Context, a *metapb.Attr, dirty bool) *metapb.Attr {
+	if !dirty || fsys.uncommitted(a.Ino) {
+		return a
+	}
+	if r, err := fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: a.Ino, LeaseSession: fsys.opts.Session}); err == nil {
+		return r.Attr
+	}
+	return a
+}
+
 // syncMeta waits until the metadata operations this mount saw answered are
 // durable (the meta client skips the call when none was made since the
 // last).
@@ -507,11 +522,8 @@ func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	if r.Attr == nil {
 		return nil, syscall.EIO
 	}
-	if dirty && r.Attr.Ino == known && !n.fsys.uncommitted(known) {
-		// As in Getattr: a commit finished while the call was out.
-		if g, err := n.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: known, LeaseSession: n.fsys.opts.Session}); err == nil {
-			r.Attr = g.Attr
-		}
+	if r.Attr.Ino == known {
+		r.Attr = n.fsys.recheckAttr(ctx, r.Attr, dirty)
 	}
 	return n.entry(ctx, r.Attr, out), 0
 }
@@ -525,18 +537,12 @@ func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut
 	}
 	ctx, done := killable(ctx)
 	defer done()
-	req := &metapb.GetAttrRequest{Ino: n.ino, LeaseSession: n.fsys.opts.Session}
 	dirty := n.fsys.uncommitted(n.ino)
-	r, err := n.fsys.meta.GetAttr(ctx, req)
-	if err == nil && dirty && !n.fsys.uncommitted(n.ino) {
-		// A commit finished while the call was out (a close's flush
-		// behind, a background flush): the reply may predate it, and the
-		// size kept by this mount is gone. Ask again.
-		r, err = n.fsys.meta.GetAttr(ctx, req)
-	}
+	r, err := n.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: n.ino, LeaseSession: n.fsys.opts.Session})
 	if err != nil {
 		return errno(err)
 	}
+	r.Attr = n.fsys.recheckAttr(ctx, r.Attr, dirty)
 	if r.Attr.Mode&syscall.S_IFMT == syscall.S_IFDIR {
 		n.mu.Lock()
 		n.lastAttr = r.Attr

@@ -100,6 +100,13 @@ func (s *Service) recallLocked(l *dirLease, now time.Time) time.Duration {
 	h := r.leases.holders[l.session]
 	if l.recalledAt.IsZero() {
 		l.recalledAt = now
+		if len(r.leases.contended) >= maxLeases {
+			for dir, t := range r.leases.contended { // past the backoff: forgotten
+				if now.Sub(t) >= s.cfg.LeaseBackoff {
+					delete(r.leases.contended, dir)
+				}
+			}
+		}
 		r.leases.contended[l.dir] = now
 		if h != nil {
 			h.recall = append(h.recall, l.id)
