@@ -135,7 +135,6 @@ func (n *Node) createEarly(ctx context.Context, name string, flags, mode uint32,
 	now := time.Now().UnixNano()
 	req := &metapb.CreateRequest{Caller: c, Parent: n.ino, Name: name, Mode: mode & 0o7777, Exclusive: true,
 		SessionId: n.fsys.opts.Session, OpenFlags: flags, TimeNs: now}
-	gen := n.dirChange()
 	// Under the lease, the check of the name and the queuing of the create
 	// are one step for a recall: it sends the create before the lease goes.
 	var parent *metapb.Attr
@@ -151,6 +150,9 @@ func (n *Node) createEarly(ctx context.Context, name string, flags, mode uint32,
 				if early.CreateBehind(req, n.fsys.lostEarly("create", n, name, ino)) {
 					l.names[name] = struct{}{}
 					parent, layout, leaseID = l.parent, l.layout, l.id
+					before := l.attr
+					n.dirChangeLocked()
+					l.attr = changedDirAttr(before, now)
 				}
 			}
 		}
@@ -160,6 +162,7 @@ func (n *Node) createEarly(ctx context.Context, name string, flags, mode uint32,
 		n.dropLease()
 	}
 	if leaseID == 0 {
+		gen := n.dirChange()
 		res, ok := n.takeReserved(name)
 		if !ok {
 			return nil, nil, false
@@ -171,10 +174,10 @@ func (n *Node) createEarly(ctx context.Context, name string, flags, mode uint32,
 			return nil, nil, false
 		}
 		parent, layout = res.parent, res.layout
+		n.noteDirAttr(gen, changedDirAttr(parent, now))
 	}
 	a := metapb.NewAttr(c, parent, req.Ino, syscall.S_IFREG|mode&0o7777, now)
 	a.Layout = layout
-	n.noteDirAttr(gen, changedDirAttr(parent, now))
 	inode, fh := n.newFile(ctx, a, flags, out)
 	if child, ok := inode.Operations().(*Node); ok && leaseID != 0 {
 		child.mu.Lock()
@@ -200,20 +203,27 @@ func (n *Node) unlinkEarly(ctx context.Context, name string) bool {
 	if !ok {
 		return false
 	}
-	gen := n.dirChange()
 	now := time.Now().UnixNano()
 	req := &metapb.UnlinkRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Ino: child.ino, TimeNs: now}
 	n.mu.Lock()
 	parent := n.lastAttr
+	var before *metapb.Attr
+	if n.lease != nil {
+		before = n.lease.attr
+	}
+	gen := n.dirChangeLocked()
 	queued := early.UnlinkBehind(req, n.fsys.lostEarly("unlink", n, name, child.ino))
 	if queued && n.lease != nil {
 		delete(n.lease.names, name)
+		n.lease.attr = changedDirAttr(before, now)
 	}
 	n.mu.Unlock()
 	if !queued {
 		return false
 	}
-	n.noteDirAttr(gen, changedDirAttr(parent, now))
+	if before == nil { // else the lease's attributes answer
+		n.noteDirAttr(gen, changedDirAttr(parent, now))
+	}
 	return true
 }
 

@@ -56,6 +56,10 @@ type dirLease struct {
 	names     map[string]struct{}
 	parent    *metapb.Attr   // the directory's attributes at the grant
 	layout    *metapb.Layout // a new file's layout
+	// attr is the directory's attributes as the changes through this
+	// mount left them (it answers getattr); nil while a change's outcome
+	// is not known.
+	attr *metapb.Attr
 }
 
 // leaseTable is the mount's side of the leases.
@@ -247,7 +251,7 @@ func (n *Node) installLease(g *metapb.DirLease, r *metapb.EntryReply) {
 	}
 	n.mu.Lock()
 	old := n.lease
-	n.lease = &dirLease{id: g.Id, epoch: g.Epoch, names: names, parent: r.Parent, layout: r.NewLayout}
+	n.lease = &dirLease{id: g.Id, epoch: g.Epoch, names: names, parent: r.Parent, layout: r.NewLayout, attr: r.Parent}
 	n.lastAttr = r.Parent
 	n.mu.Unlock()
 	if old != nil {
@@ -284,6 +288,17 @@ func (n *Node) leaseLocked() *dirLease {
 		return nil
 	}
 	return n.lease
+}
+
+// leaseAttr returns the directory's attributes if the mount holds its lease
+// and knows them.
+func (n *Node) leaseAttr() *metapb.Attr {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if l := n.leaseLocked(); l != nil {
+		return l.attr
+	}
+	return nil
 }
 
 // leaseSaysMissing reports whether the lease answers a lookup of name: it

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -87,3 +88,82 @@ func TestLeaseRecallSendsChanges(t *testing.T) {
 		t.Fatalf("the first mount reads the other's new file: %q, %v", data, err)
 	}
 }
+
+// TestLeaseDirAttrs: under a directory's lease the mount answers the
+// directory's getattr itself, from the attributes its changes left (early
+// creates and unlinks), or from meta's after a change it cannot derive
+// (mkdir, rmdir, rename). After every change the directory's nlink is
+// right, and its mtime moves on; what the mount said last equals what meta
+// holds once the other mount's stat has recalled the lease.
+func TestLeaseDirAttrs(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{})
+	b, _ := c.Mount(t)
+	dir := filepath.Join(c.Dir, "d")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var last os.FileInfo
+	step := func(what string, subdirs int) {
+		t.Helper()
+		st, err := os.Stat(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := nlink(st); n != uint64(2+subdirs) {
+			t.Fatalf("after %s: nlink %d, want %d", what, n, 2+subdirs)
+		}
+		if last != nil && st.ModTime().Before(last.ModTime()) {
+			t.Fatalf("after %s: mtime %v went back from %v", what, st.ModTime(), last.ModTime())
+		}
+		if last != nil && st.ModTime().Equal(last.ModTime()) {
+			t.Fatalf("after %s: mtime %v did not change", what, st.ModTime())
+		}
+		last = st
+	}
+	write := func(name string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for round := range 3 {
+		write(fmt.Sprintf("a%d", round))
+		step("a create", min(round, 1))
+		write(fmt.Sprintf("b%d", round))
+		step("another create", min(round, 1))
+		if err := os.Remove(filepath.Join(dir, fmt.Sprintf("a%d", round))); err != nil {
+			t.Fatal(err)
+		}
+		step("an unlink", min(round, 1))
+		if round == 0 {
+			if err := os.Mkdir(filepath.Join(dir, "sub"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			step("a mkdir", 1)
+		}
+		if err := os.Rename(filepath.Join(dir, fmt.Sprintf("b%d", round)), filepath.Join(dir, fmt.Sprintf("c%d", round))); err != nil {
+			t.Fatal(err)
+		}
+		step("a rename", 1)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "sub2"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	step("a second mkdir", 2)
+	if err := os.Remove(filepath.Join(dir, "sub")); err != nil {
+		t.Fatal(err)
+	}
+	step("an rmdir", 1)
+	write("z")
+	step("a last create", 1)
+	other, err := os.Stat(filepath.Join(b, "d"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !other.ModTime().Equal(last.ModTime()) || nlink(other) != nlink(last) || other.Mode() != last.Mode() {
+		t.Fatalf("meta holds mtime %v nlink %d mode %v; the lease holder said mtime %v nlink %d mode %v",
+			other.ModTime(), nlink(other), other.Mode(), last.ModTime(), nlink(last), last.Mode())
+	}
+}
+
+func nlink(st os.FileInfo) uint64 { return uint64(st.Sys().(*syscall.Stat_t).Nlink) }

@@ -172,8 +172,17 @@ type Node struct {
 func (n *Node) dirChange() uint64 {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return n.dirChangeLocked()
+}
+
+// dirChangeLocked is dirChange with n.mu held. The directory's attributes
+// under its lease are unknown until the change's outcome is.
+func (n *Node) dirChangeLocked() uint64 {
 	n.dirGen++
 	n.dirAttr = nil
+	if n.lease != nil {
+		n.lease.attr = nil
+	}
 	return n.dirGen
 }
 
@@ -186,6 +195,39 @@ func (n *Node) noteDirAttr(gen uint64, a *metapb.Attr) {
 		return
 	}
 	n.dirAttr, n.dirAttrUntil, n.lastAttr = a, time.Now().Add(n.fsys.opts.AttrTimeout), a
+}
+
+// noteRepliedDirAttr is noteDirAttr for the attributes meta returned to
+// change gen: under the lease, they are also the directory's current ones.
+func (n *Node) noteRepliedDirAttr(gen uint64, a *metapb.Attr) {
+	n.noteDirAttr(gen, a)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if a != nil && a.Ino == n.ino && n.dirGen == gen && n.lease != nil {
+		n.lease.attr = a
+	}
+}
+
+// changes returns the count of changes to the directory begun through this
+// mount, for noteFetchedDirAttr.
+func (n *Node) changes() uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.dirGen
+}
+
+// noteFetchedDirAttr keeps a directory's attributes meta returned to a call
+// sent when gen changes had begun: as the base of early changes, and under
+// the lease as its current attributes, unless a change began since (the
+// reply may predate it). Calls sent behind in the directory reach meta
+// before such a call (meta/client/behind.go), so the reply shows them.
+func (n *Node) noteFetchedDirAttr(gen uint64, a *metapb.Attr) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.lastAttr = a
+	if n.lease != nil && n.dirGen == gen {
+		n.lease.attr = a
+	}
 }
 
 // cachedDirAttr returns the attributes noteDirAttr recorded, once: they
@@ -535,18 +577,22 @@ func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut
 		out.SetTimeout(n.fsys.opts.AttrTimeout)
 		return 0
 	}
+	if a := n.leaseAttr(); a != nil {
+		n.fsys.fillAttr(a, &out.Attr)
+		out.SetTimeout(n.fsys.opts.AttrTimeout)
+		return 0
+	}
 	ctx, done := killable(ctx)
 	defer done()
 	dirty := n.fsys.uncommitted(n.ino)
+	gen := n.changes()
 	r, err := n.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: n.ino, LeaseSession: n.fsys.opts.Session})
 	if err != nil {
 		return errno(err)
 	}
 	r.Attr = n.fsys.recheckAttr(ctx, r.Attr, dirty)
 	if r.Attr.Mode&syscall.S_IFMT == syscall.S_IFDIR {
-		n.mu.Lock()
-		n.lastAttr = r.Attr
-		n.mu.Unlock()
+		n.noteFetchedDirAttr(gen, r.Attr)
 	}
 	n.fsys.fillAttr(r.Attr, &out.Attr)
 	out.SetTimeout(n.fsys.opts.AttrTimeout)
@@ -636,7 +682,7 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		return nil, nil, 0, errno(err)
 	}
 	n.leaseNote(lease, name, true)
-	n.noteDirAttr(gen, r.Parent)
+	n.noteRepliedDirAttr(gen, r.Parent)
 	if r.Created {
 		ino, fh := n.newFile(ctx, r.Attr, flags, out)
 		return ino, fh, 0, 0
@@ -755,7 +801,7 @@ func (n *Node) Unlink(ctx context.Context, name string) syscall.Errno {
 		return errno(err)
 	}
 	n.leaseNote(lease, name, false)
-	n.noteDirAttr(gen, r.Parent)
+	n.noteRepliedDirAttr(gen, r.Parent)
 	return 0
 }
 

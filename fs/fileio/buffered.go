@@ -35,11 +35,6 @@ func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (in
 			f.bufBytes += grew
 			f.sparse += grew
 			e.sparseTotal.Add(int64(grew))
-			if int64(d.sparseBytes()) >= ss/4 {
-				if buf := e.pool.tryGet(bufSize(f.lay)); buf != nil {
-					e.materialize(f, d, buf)
-				}
-			}
 		} else {
 			d.zeroTo(so)
 			copy(d.buf.b[so:], p[lo-off:hi-off])
@@ -47,6 +42,14 @@ func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (in
 		}
 		d.length = max(d.length, sh)
 		d.addExtent(so, sh)
+		// A sparse stripe becomes whole once its writes fill a quarter of
+		// it, or once a small file written in order outgrows the inline
+		// size.
+		if d.buf == nil && (int64(d.sparseBytes()) >= ss/4 || (d.covers(sh) && !inlineSized(f.lay, s, sh))) {
+			if buf := e.pool.tryGet(bufSize(f.lay)); buf != nil {
+				e.materialize(f, d, buf)
+			}
+		}
 		if d.covers(ss) {
 			e.startFlush(f, []uint64{s})
 		}
@@ -109,6 +112,9 @@ func (e *Engine) dirtyStripe(ctx context.Context, f *file, s uint64, lo, hi int6
 		// stripe (its start, or the end of its committed data) or large.
 		si := f.stripes[s]
 		sparse := lo > 0 && hi-lo <= slabSize && (si == nil || lo != int64(si.Length))
+		// So is a small file's one stripe: it is committed into metadata
+		// (commitInline), and needs no registered memory.
+		sparse = sparse || inlineSized(f.lay, s, hi)
 		var buf *buffer
 		if !sparse {
 			b, err := e.getBuffer(ctx, f, bufSize(f.lay))

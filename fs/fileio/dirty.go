@@ -16,9 +16,13 @@ import (
 // A stripe whose first write is small and not where a sequential writer
 // would begin is sparse instead: buf is nil and the writes are kept as they
 // came, in slabs, so that a random writer gathers many writes in many
-// stripes within the memory of a few whole stripes. A sparse stripe gets its
-// buffer (materialize) when its writes add up to a quarter of the stripe or
-// when it is flushed; reads overlay its writes on the committed data.
+// stripes within the memory of a few whole stripes. So is the one stripe of
+// a file within its layout's inline size: it is committed into metadata
+// from its slabs (inlineData) and never needs registered memory. A sparse
+// stripe gets its buffer (materialize) when its writes add up to a quarter
+// of the stripe, when a file written in order outgrows the inline size, or
+// when it is flushed to chunkservers; reads overlay its writes on the
+// committed data.
 type dirtyStripe struct {
 	buf     *buffer
 	sparse  []sparseWrite // while buf is nil: the writes, oldest first
@@ -120,6 +124,25 @@ func (e *Engine) materialize(f *file, d *dirtyStripe, buf *buffer) {
 	}
 	e.dropSparse(f, d)
 	f.bufBytes += len(buf.b)
+}
+
+// inlineData returns the bytes of d, a stripe committed into metadata: its
+// buffer's, or (own: a new slice) its sparse writes over the committed
+// inline bytes not yet filled in, zeros elsewhere. The caller owns d.
+func (d *dirtyStripe) inlineData() (data []byte, own bool) {
+	if d.buf != nil {
+		return d.buf.b[:d.length], false
+	}
+	data = make([]byte, d.length)
+	if c := d.committed; c != nil {
+		copy(data[:min(d.fillEnd, d.length)], c.InlineData)
+	}
+	for _, w := range d.sparse {
+		if w.off < d.length {
+			copy(data[w.off:], w.b)
+		}
+	}
+	return data, true
 }
 
 // dropDirty gives back all the memory of dirty stripe d: its buffer, its

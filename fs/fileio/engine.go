@@ -205,6 +205,13 @@ func minIOTimeout(ceiling time.Duration) time.Duration {
 // isInline reports whether a committed stripe keeps its bytes in metadata.
 func isInline(si *metapb.StripeInfo) bool { return len(si.Shards) == 0 }
 
+// inlineSized reports whether stripe s, written up to stripe offset end,
+// is the one stripe of a file small enough under l to keep its data in
+// metadata.
+func inlineSized(l stripe.Layout, s uint64, end int64) bool {
+	return s == 0 && l.Inline > 0 && end <= l.Inline
+}
+
 // bufSize returns the size of a whole dirty stripe's buffer under layout l:
 // K data and M parity units.
 func bufSize(l stripe.Layout) int { return (l.K + l.M) * int(l.Unit) }

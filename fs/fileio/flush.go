@@ -92,6 +92,10 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 			ready = append(ready, s)
 			continue
 		}
+		if d.buf == nil && s == 0 && len(stripes) == 1 && e.commitsInline(f, d) {
+			ready = append(ready, s) // committed from its slabs (inlineData)
+			continue
+		}
 		err := e.fill(ctx, f, d)
 		if err != nil && !errors.Is(err, errNoBuffer) && e.rebaseIfMoved(ctx, f, s) {
 			err = e.fill(ctx, f, d) // rebase keeps d, on the newest version
@@ -119,8 +123,7 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 	lay := f.lay
 	// A file that stays within the layout's inline size commits its one
 	// stripe into metadata.
-	inline := lay.Inline > 0 && len(stripes) == 1 && stripes[0] == 0 &&
-		f.size >= 0 && f.size <= lay.Inline && batch[0].length <= lay.Inline
+	inline := len(stripes) == 1 && stripes[0] == 0 && e.commitsInline(f, batch[0])
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 		defer cancel()
@@ -188,6 +191,17 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 		}
 		f.err = err
 	}()
+}
+
+// commitsInline reports whether d, the dirty stripe 0 of f flushed alone,
+// is committed into metadata: the file stays within its layout's inline
+// size. A sparse d must also be built on nothing or on an inline stripe,
+// whose bytes are at hand (inlineData). The caller holds f.mu.
+func (e *Engine) commitsInline(f *file, d *dirtyStripe) bool {
+	if f.size < 0 || !inlineSized(f.lay, 0, f.size) || d.length > f.lay.Inline {
+		return false
+	}
+	return d.buf != nil || d.committed == nil || isInline(d.committed)
 }
 
 // Flush implements fs.Data: it flushes every dirty stripe of ino, waits for all

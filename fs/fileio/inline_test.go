@@ -14,14 +14,14 @@ import (
 // inlineLayout keeps files up to 16 KiB in metadata.
 var inlineLayout = stripe.Layout{K: 4, M: 2, Unit: 64 << 10, Inline: 16 << 10}
 
-// TestInlineSmallFiles writes many small files: each commits into metadata
-// (no chunkserver stores a version) and reads back, from this mount and from
-// another, byte for byte.
+// TestInlineSmallFiles writes many small files: each waits in slabs (no
+// registered buffer), commits into metadata (no chunkserver stores a
+// version) and reads back, from this mount and from another, byte for byte.
 func TestInlineSmallFiles(t *testing.T) {
 	c := fstest.Start(t, fstest.Options{Layout: inlineLayout})
 	other, _ := c.Mount(t)
 	sizes := []int{1, 100, 4095, 4096, 4097, 10000, 16 << 10}
-	before := c.Engine.Stats().InlineCommits.Load()
+	before, sparse := c.Engine.Stats().InlineCommits.Load(), c.Engine.Stats().SparseStripes.Load()
 	for i := 0; i < 60; i++ {
 		n := sizes[i%len(sizes)]
 		data := random(n, uint64(i))
@@ -38,6 +38,10 @@ func TestInlineSmallFiles(t *testing.T) {
 	}
 	if got := c.Engine.Stats().InlineCommits.Load() - before; got != 60 {
 		t.Errorf("%d inline commits for 60 small files, want 60", got)
+	}
+	// Their data waited in slabs, not in whole-stripe registered buffers.
+	if got := c.Engine.Stats().SparseStripes.Load() - sparse; got != 60 {
+		t.Errorf("%d of 60 small files were buffered sparse, want all", got)
 	}
 	for i, cs := range c.Chunk {
 		if v := cs.Stats().Versions; v != 0 {

@@ -180,7 +180,7 @@ func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay stripe.Layout
 // commitInline commits stripe 0 of a small file with its bytes in metadata:
 // one call, no grant, no shards.
 func (e *Engine) commitInline(ctx context.Context, ino uint64, d *dirtyStripe) ([]*metapb.StripeInfo, error) {
-	data := d.buf.b[:d.length]
+	data, own := d.inlineData()
 	r, err := e.cfg.Meta.CommitStripes(ctx, &metapb.CommitStripesRequest{Ino: ino, Size: uint64(d.length),
 		Stripes: []*metapb.StripeCommit{{Stripe: 0, ExpectedVersion: d.base, Length: uint64(d.length), Inline: true, Data: data}}})
 	if err != nil {
@@ -190,7 +190,10 @@ func (e *Engine) commitInline(ctx context.Context, ino uint64, d *dirtyStripe) (
 		return nil, fmt.Errorf("fileio: inline commit of inode %d: no version in the reply: %w", ino, syscall.EIO)
 	}
 	e.stats.InlineCommits.Add(1)
-	return []*metapb.StripeInfo{{Stripe: 0, Version: r.Versions[0], Length: uint64(d.length), InlineData: slices.Clone(data)}}, nil
+	if !own {
+		data = slices.Clone(data)
+	}
+	return []*metapb.StripeInfo{{Stripe: 0, Version: r.Versions[0], Length: uint64(d.length), InlineData: data}}, nil
 }
 
 // grant asks meta for write grants, placing no shard on the chunkservers
