@@ -57,10 +57,11 @@ func (d *pairedReads) Created(uint64, *metapb.Layout)     {}
 func (d *pairedReads) Write(context.Context, uint64, []byte, int64) (int, error) {
 	return 0, syscall.EROFS
 }
-func (d *pairedReads) Flush(context.Context, uint64) error            { return nil }
-func (d *pairedReads) Truncate(context.Context, uint64, uint64) error { return nil }
-func (d *pairedReads) Truncated(uint64)                               {}
-func (d *pairedReads) Size(uint64) (int64, bool)                      { return fileSize, true }
+func (d *pairedReads) Flush(context.Context, uint64) error                     { return nil }
+func (d *pairedReads) Truncate(context.Context, uint64, uint64) error          { return nil }
+func (d *pairedReads) Truncated(uint64)                                        {}
+func (d *pairedReads) Size(uint64) (int64, bool)                               { return fileSize, true }
+func (d *pairedReads) ObserveCommits(func(uint64), func(uint64, *metapb.Attr)) {}
 
 // iocb and ioEvent are the kernel's struct iocb and struct io_event (linux/aio_abi.h).
 type iocb struct {

@@ -183,6 +183,7 @@ func (n *Node) createEarly(ctx context.Context, name string, flags, mode uint32,
 		child.mu.Lock()
 		child.createdIn, child.createdLease, child.createdInline = n, leaseID, layout.GetInlineMax()
 		child.mu.Unlock()
+		child.own(a)
 	}
 	return inode, fh, true
 }
@@ -205,6 +206,7 @@ func (n *Node) unlinkEarly(ctx context.Context, name string) bool {
 	}
 	now := time.Now().UnixNano()
 	req := &metapb.UnlinkRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name, Ino: child.ino, TimeNs: now}
+	child.disown() // its link count drops (before n.mu: a file's lock goes first)
 	n.mu.Lock()
 	parent := n.lastAttr
 	var before *metapb.Attr

@@ -50,7 +50,9 @@ var (
 func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	ctx, done := killable(ctx)
 	defer done()
+	n.beginChange() // O_TRUNC changes the size and times
 	r, err := n.fsys.meta.Open(ctx, &metapb.OpenRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, SessionId: n.fsys.opts.Session, Flags: flags})
+	n.endChange(r.GetAttr())
 	if err != nil {
 		return nil, 0, errno(err)
 	}
@@ -357,8 +359,10 @@ func (f *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode
 		if err := d.Truncate(ctx, f.ino, end); err != nil {
 			return errno(err)
 		}
-		_, err = f.fsys.meta.SetAttr(ctx, &metapb.SetAttrRequest{Caller: f.fsys.callers.of(ctx), Ino: f.ino,
+		f.node.beginChange()
+		r, err := f.fsys.meta.SetAttr(ctx, &metapb.SetAttrRequest{Caller: f.fsys.callers.of(ctx), Ino: f.ino,
 			SetSize: true, Size: end, SessionId: f.fsys.opts.Session})
+		f.node.endChange(r.GetAttr())
 		d.Truncated(f.ino)
 		return errno(err)
 	case unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE:

@@ -431,6 +431,7 @@ func (n *Node) settleFlushes(ctx context.Context) {
 // later closes wait as any file's: a rename or a link makes it reachable
 // from outside the leased directory.
 func (n *Node) settle(ctx context.Context) {
+	n.disown()
 	n.mu.Lock()
 	dir := n.createdIn
 	n.createdIn, n.createdLease = nil, 0

@@ -167,3 +167,70 @@ func TestLeaseDirAttrs(t *testing.T) {
 }
 
 func nlink(st os.FileInfo) uint64 { return uint64(st.Sys().(*syscall.Stat_t).Nlink) }
+
+// TestOwnedFileAttrs: the mount answers stat of the files it created under
+// a lease from what its changes left (own.go). After writes, appends,
+// truncates, chmod, utimes, a hard link, an unlink of an open file and a
+// rename over one, every stat it gave equals what meta holds, as the other
+// mount sees it once its stats have recalled the lease.
+func TestOwnedFileAttrs(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{})
+	b, _ := c.Mount(t)
+	dir := filepath.Join(c.Dir, "d")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := func(name string) string { return filepath.Join(dir, name) }
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 8 {
+		must(os.WriteFile(path(fmt.Sprintf("f%d", i)), make([]byte, 1000*i), 0o644))
+	}
+	f, err := os.OpenFile(path("f1"), os.O_WRONLY|os.O_APPEND, 0)
+	must(err)
+	_, err = f.Write(make([]byte, 5000))
+	must(err)
+	must(f.Close())
+	must(os.Truncate(path("f2"), 100))
+	must(os.Chmod(path("f3"), 0o600))
+	must(os.Chtimes(path("f4"), time.Unix(1e9, 0), time.Unix(1e9, 5)))
+	must(os.Link(path("f5"), path("f5b")))
+	open6, err := os.Open(path("f6"))
+	must(err)
+	defer open6.Close()
+	must(os.Remove(path("f6")))
+	open7, err := os.Open(path("f7"))
+	must(err)
+	defer open7.Close()
+	must(os.Rename(path("f0"), path("f7")))
+	st, err := open6.Stat()
+	must(err)
+	if n := nlink(st); n != 0 {
+		t.Errorf("an unlinked open file has nlink %d, want 0", n)
+	}
+	st, err = open7.Stat()
+	must(err)
+	if n := nlink(st); n != 0 {
+		t.Errorf("an open file renamed over has nlink %d, want 0", n)
+	}
+	names := []string{"f1", "f2", "f3", "f4", "f5", "f5b", "f7"}
+	mine := map[string]*syscall.Stat_t{}
+	for _, name := range names {
+		st, err := os.Stat(path(name))
+		must(err)
+		mine[name] = st.Sys().(*syscall.Stat_t)
+	}
+	for _, name := range names {
+		st, err := os.Stat(filepath.Join(b, "d", name))
+		must(err)
+		m, o := mine[name], st.Sys().(*syscall.Stat_t)
+		if m.Ino != o.Ino || m.Size != o.Size || m.Mode != o.Mode || m.Nlink != o.Nlink || m.Uid != o.Uid || m.Gid != o.Gid ||
+			m.Mtim != o.Mtim || m.Ctim != o.Ctim || m.Blocks != o.Blocks {
+			t.Errorf("%s: the creating mount said %+v,\nmeta holds %+v", name, *m, *o)
+		}
+	}
+}

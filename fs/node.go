@@ -51,6 +51,11 @@ type Data interface {
 	// Size reports the size of ino as this mount sees it while it holds
 	// writes not yet committed (false: the metadata service's is current).
 	Size(ino uint64) (int64, bool)
+	// ObserveCommits registers the functions called before each commit of
+	// a file's written data is sent to meta (begin) and after it returned
+	// (end, with the attributes meta answered, nil if it failed). It is
+	// called once, before the file system serves.
+	ObserveCommits(begin func(ino uint64), end func(ino uint64, a *metapb.Attr))
 }
 
 // Options configure the file system.
@@ -93,6 +98,7 @@ type FS struct {
 	releases  releaser      // closed files' opens, on their way to meta
 	locks     lockTable     // the file locks this mount's processes hold
 	leases    leaseTable    // the directory leases the mount holds (lease.go)
+	owned     ownTable      // the files whose attributes the mount knows (own.go)
 
 	// Read replies, so that a read costs no allocation.
 	inPlace      sync.Pool // of *inPlaceResult
@@ -113,6 +119,9 @@ func New(opts Options) (*FS, *Node) {
 	}
 	f := &FS{opts: opts, meta: opts.Meta, callers: newCallers(opts.Session), log: opts.Logger}
 	f.releases = releaser{meta: opts.Meta, session: opts.Session, early: opts.Early, log: opts.Logger}
+	if opts.Data != nil {
+		opts.Data.ObserveCommits(f.beginCommit, f.endCommit)
+	}
 	if opts.Early != nil {
 		f.startLeases()
 	}
@@ -165,6 +174,9 @@ type Node struct {
 	// flushing counts the flushes behind of a directory's files closed
 	// under its lease, by inode (lease.go).
 	flushing map[uint64]int
+	// owned is what the mount knows of the attributes of a file it
+	// created under a lease (own.go).
+	owned ownState
 }
 
 // dirChange notes a change to the directory through this mount: it forgets
@@ -536,12 +548,21 @@ func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	if early && n.leaseSaysMissing(name) {
 		return nil, syscall.ENOENT
 	}
+	if _, a := n.ownedChild(name); a != nil {
+		return n.entry(ctx, a, out), 0
+	}
 	ctx, done := killable(ctx)
 	defer done()
 	lease := early && n.wantLease()
 	var known uint64 // the inode the kernel knows at name, if any
+	var child *Node
+	var gen uint64
+	fetch := false
 	if ch := n.GetChild(name); ch != nil {
 		known = ch.StableAttr().Ino
+		if child, _ = ch.Operations().(*Node); child != nil {
+			gen, fetch = child.fetchGen()
+		}
 	}
 	dirty := known != 0 && n.fsys.uncommitted(known)
 	sent := time.Now()
@@ -566,6 +587,9 @@ func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	}
 	if r.Attr.Ino == known {
 		r.Attr = n.fsys.recheckAttr(ctx, r.Attr, dirty)
+		if fetch {
+			child.noteFetched(gen, r.Attr)
+		}
 	}
 	return n.entry(ctx, r.Attr, out), 0
 }
@@ -577,7 +601,11 @@ func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut
 		out.SetTimeout(n.fsys.opts.AttrTimeout)
 		return 0
 	}
-	if a := n.leaseAttr(); a != nil {
+	a := n.leaseAttr()
+	if a == nil {
+		a = n.ownedAttr()
+	}
+	if a != nil {
 		n.fsys.fillAttr(a, &out.Attr)
 		out.SetTimeout(n.fsys.opts.AttrTimeout)
 		return 0
@@ -586,6 +614,7 @@ func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut
 	defer done()
 	dirty := n.fsys.uncommitted(n.ino)
 	gen := n.changes()
+	ownGen, fetch := n.fetchGen()
 	r, err := n.fsys.meta.GetAttr(ctx, &metapb.GetAttrRequest{Ino: n.ino, LeaseSession: n.fsys.opts.Session})
 	if err != nil {
 		return errno(err)
@@ -593,6 +622,8 @@ func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut
 	r.Attr = n.fsys.recheckAttr(ctx, r.Attr, dirty)
 	if r.Attr.Mode&syscall.S_IFMT == syscall.S_IFDIR {
 		n.noteFetchedDirAttr(gen, r.Attr)
+	} else if fetch {
+		n.noteFetched(ownGen, r.Attr)
 	}
 	n.fsys.fillAttr(r.Attr, &out.Attr)
 	out.SetTimeout(n.fsys.opts.AttrTimeout)
@@ -653,7 +684,9 @@ func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 			}
 		}
 	}
+	n.beginChange()
 	r, err := n.fsys.meta.SetAttr(ctx, req)
+	n.endChange(r.GetAttr())
 	if d := n.fsys.opts.Data; d != nil && req.SetSize {
 		d.Truncated(n.ino)
 	}
@@ -796,6 +829,11 @@ func (n *Node) Unlink(ctx context.Context, name string) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
 	gen, lease := n.dirChange(), n.leaseID()
+	if ch := n.GetChild(name); ch != nil {
+		if c, ok := ch.Operations().(*Node); ok {
+			c.disown() // its link count drops
+		}
+	}
 	r, err := n.fsys.meta.Unlink(ctx, &metapb.UnlinkRequest{Caller: n.fsys.callers.of(ctx), Parent: n.ino, Name: name})
 	if err != nil {
 		return errno(err)
@@ -839,6 +877,11 @@ func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	p.dirChange()
 	if err := p.waitChild(ctx, newName); err != nil { // a directory it replaces
 		return errno(err)
+	}
+	if ch := p.GetChild(newName); ch != nil {
+		if c, ok := ch.Operations().(*Node); ok {
+			c.disown() // replaced (its link count drops) or exchanged
+		}
 	}
 	if ch := n.GetChild(name); ch != nil {
 		if c, ok := ch.Operations().(*Node); ok {
@@ -935,7 +978,9 @@ func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	n.dirChange() // a change the kept attributes do not show
 	n.forgetNoCaps()
 	defer n.forgetNoCaps()
+	n.beginChange()
 	_, err := n.fsys.meta.SetXattr(ctx, &metapb.SetXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr, Value: data, Flags: flags})
+	n.endChange(nil) // its ctime changed: fetched again
 	return errno(err)
 }
 
@@ -976,7 +1021,9 @@ func (n *Node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	n.dirChange() // a change the kept attributes do not show
 	n.forgetNoCaps()
 	defer n.forgetNoCaps()
+	n.beginChange()
 	_, err := n.fsys.meta.RemoveXattr(ctx, &metapb.RemoveXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr})
+	n.endChange(nil) // its ctime changed: fetched again
 	return errno(err)
 }
 

@@ -5,10 +5,14 @@ import (
 	"testing"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
 // bytesData is a Data whose every file holds byte(offset) at each offset.
 type bytesData struct{ Data }
+
+func (bytesData) ObserveCommits(func(uint64), func(uint64, *metapb.Attr)) {}
 
 func (bytesData) Read(_ context.Context, _ uint64, p []byte, off int64) (int, error) {
 	for i := range p {

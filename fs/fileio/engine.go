@@ -102,6 +102,39 @@ type Engine struct {
 
 	slabs       sync.Pool    // of *slab, for sparse stripes
 	sparseTotal atomic.Int64 // slab bytes held by all files' sparse stripes
+
+	observer atomic.Pointer[commitObserver] // ObserveCommits
+}
+
+// commitObserver is what ObserveCommits registered.
+type commitObserver struct {
+	begin func(ino uint64)
+	end   func(ino uint64, a *metapb.Attr)
+}
+
+// ObserveCommits implements fs.Data: begin is called before each commit of
+// a file's written stripes is sent to meta, and end when it has returned,
+// with the file's attributes meta answered (nil when it failed).
+func (e *Engine) ObserveCommits(begin func(ino uint64), end func(ino uint64, a *metapb.Attr)) {
+	e.observer.Store(&commitObserver{begin: begin, end: end})
+}
+
+// commit sends req, a commit of stripes of req.Ino, to meta, between the
+// observer's begin and end.
+func (e *Engine) commit(ctx context.Context, req *metapb.CommitStripesRequest) (*metapb.CommitStripesReply, error) {
+	o := e.observer.Load()
+	if o != nil {
+		o.begin(req.Ino)
+	}
+	r, err := e.cfg.Meta.CommitStripes(ctx, req)
+	if o != nil {
+		var a *metapb.Attr
+		if err == nil {
+			a = r.GetAttr()
+		}
+		o.end(req.Ino, a)
+	}
+	return r, err
 }
 
 // Stats count what the engine did.

@@ -167,7 +167,7 @@ func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay stripe.Layout
 			degraded++
 		}
 	}
-	if _, err := e.cfg.Meta.CommitStripes(ctx, &metapb.CommitStripesRequest{Ino: ino, Stripes: commits, Size: uint64(size)}); err != nil {
+	if _, err := e.commit(ctx, &metapb.CommitStripesRequest{Ino: ino, Stripes: commits, Size: uint64(size)}); err != nil {
 		return nil, err
 	}
 	if degraded > 0 {
@@ -181,7 +181,7 @@ func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay stripe.Layout
 // one call, no grant, no shards.
 func (e *Engine) commitInline(ctx context.Context, ino uint64, d *dirtyStripe) ([]*metapb.StripeInfo, error) {
 	data, own := d.inlineData()
-	r, err := e.cfg.Meta.CommitStripes(ctx, &metapb.CommitStripesRequest{Ino: ino, Size: uint64(d.length),
+	r, err := e.commit(ctx, &metapb.CommitStripesRequest{Ino: ino, Size: uint64(d.length),
 		Stripes: []*metapb.StripeCommit{{Stripe: 0, ExpectedVersion: d.base, Length: uint64(d.length), Inline: true, Data: data}}})
 	if err != nil {
 		return nil, err

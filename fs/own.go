@@ -1,0 +1,183 @@
+package fs
+
+import (
+	"sync"
+
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// Attributes of files the mount owns. While the mount holds the lease of
+// the directory it created a file in (lease.go), and the file has no other
+// name, no other session can reach the file: every way to it passes through
+// the directory, whose lookups and listings recall the lease. So the mount
+// knows the file's attributes — as its create made them, then as meta
+// answered each change the mount made (commits of its data, setattr, open
+// with O_TRUNC) — and answers lookups and getattrs of the file itself: the
+// stat and the unlink of a file this mount just wrote cost no call to meta.
+//
+// A change in flight makes the attributes unknown until it returns; when
+// two overlap, meta may have applied them in either order, so they stay
+// unknown until a getattr or lookup sent and answered with no change in
+// flight fetches them again. A rename or a link of the file, or its unlink,
+// ends the ownership.
+
+// ownTable finds the owned files by inode, for the data engine's commits.
+type ownTable struct {
+	mu    sync.Mutex
+	nodes map[uint64]*Node
+}
+
+func (t *ownTable) add(n *Node) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.nodes == nil {
+		t.nodes = map[uint64]*Node{}
+	}
+	t.nodes[n.ino] = n
+}
+
+func (t *ownTable) remove(n *Node) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.nodes[n.ino] == n {
+		delete(t.nodes, n.ino)
+	}
+}
+
+func (t *ownTable) get(ino uint64) *Node {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.nodes[ino]
+}
+
+// ownState is a file's owned attributes (under its Node's mu).
+type ownState struct {
+	attr  *metapb.Attr // nil: not known
+	busy  int          // changes in flight
+	mixed bool         // two of them overlapped since busy was last 0
+	gen   uint64       // counts changes begun and ended
+	off   bool         // owned no more
+}
+
+// own makes the mount the owner of n, a file it just created under its
+// directory's lease with attributes a.
+func (n *Node) own(a *metapb.Attr) {
+	n.mu.Lock()
+	n.owned.attr = a
+	n.mu.Unlock()
+	n.fsys.owned.add(n)
+}
+
+// disown ends the ownership of n (renamed, linked or unlinked).
+func (n *Node) disown() {
+	n.mu.Lock()
+	n.owned.off, n.owned.attr = true, nil
+	n.mu.Unlock()
+	n.fsys.owned.remove(n)
+}
+
+// ownedAttr returns the file's attributes if the mount owns it and knows
+// them.
+func (n *Node) ownedAttr() *metapb.Attr {
+	n.mu.Lock()
+	a, dir, id := n.owned.attr, n.createdIn, n.createdLease
+	if n.owned.busy > 0 || n.owned.off {
+		a = nil
+	}
+	n.mu.Unlock()
+	if a == nil || dir == nil || !dir.heldBy(id) {
+		return nil
+	}
+	return a
+}
+
+// beginChange notes a change to an owned file's attributes sent to meta.
+func (n *Node) beginChange() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	o := &n.owned
+	o.busy++
+	o.gen++
+	o.mixed = o.mixed || o.busy > 1
+	o.attr = nil
+}
+
+// endChange notes that a change begun with beginChange returned, with the
+// attributes meta answered (nil: failed, or none in the reply).
+func (n *Node) endChange(a *metapb.Attr) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	o := &n.owned
+	o.busy--
+	o.gen++
+	if o.busy > 0 {
+		return
+	}
+	if !o.mixed && !o.off && a != nil {
+		o.attr = a
+	}
+	o.mixed = false
+}
+
+// fetchGen returns the count of changes to pass to noteFetched, and false
+// when a change is in flight (a reply may then predate it).
+func (n *Node) fetchGen() (uint64, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.owned.gen, n.owned.busy == 0
+}
+
+// noteFetched keeps a, an owned file's attributes fetched from meta by a
+// call sent when gen changes had begun and ended, if none has since.
+func (n *Node) noteFetched(gen uint64, a *metapb.Attr) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	o := &n.owned
+	if n.createdIn != nil && !o.off && o.busy == 0 && o.gen == gen && a != nil && a.Ino == n.ino {
+		o.attr = a
+	}
+}
+
+// ownedChild returns the node and attributes of name, a file the mount
+// owns in the directory and knows the attributes of.
+func (n *Node) ownedChild(name string) (*Node, *metapb.Attr) {
+	ch := n.GetChild(name)
+	if ch == nil {
+		return nil, nil
+	}
+	c, ok := ch.Operations().(*Node)
+	if !ok {
+		return nil, nil
+	}
+	c.mu.Lock()
+	in := c.createdIn
+	c.mu.Unlock()
+	if in != n {
+		return nil, nil
+	}
+	a := c.ownedAttr()
+	if a == nil {
+		return nil, nil
+	}
+	return c, a
+}
+
+// beginCommit and endCommit observe the data engine's commits
+// (Data.ObserveCommits).
+func (fsys *FS) beginCommit(ino uint64) {
+	if n := fsys.owned.get(ino); n != nil {
+		n.beginChange()
+	}
+}
+
+func (fsys *FS) endCommit(ino uint64, a *metapb.Attr) {
+	if n := fsys.owned.get(ino); n != nil {
+		n.endChange(a)
+	}
+}
+
+// OnForget implements gofs.NodeOnForgetter: the kernel no longer knows the
+// inode, and no lookup reaches this node again.
+func (n *Node) OnForget() {
+	n.fsys.owned.remove(n)
+}
