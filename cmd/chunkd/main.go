@@ -23,6 +23,7 @@ import (
 	"github.com/rdmafs/rdmafs/chunkserver/store"
 	"github.com/rdmafs/rdmafs/cmd/chunkd/metamember"
 	"github.com/rdmafs/rdmafs/internal/buildinfo"
+	"github.com/rdmafs/rdmafs/internal/gctune"
 	"github.com/rdmafs/rdmafs/internal/bytesize"
 	"github.com/rdmafs/rdmafs/internal/metricshttp"
 	"github.com/rdmafs/rdmafs/internal/sched"
@@ -32,6 +33,7 @@ import (
 )
 
 func main() {
+	gctune.Apply()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := newCommand().ExecuteContext(ctx); err != nil {

@@ -14,9 +14,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rdmafs/rdmafs/internal/buildinfo"
+	"github.com/rdmafs/rdmafs/internal/gctune"
 )
 
 func main() {
+	gctune.Apply()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := newRootCommand().ExecuteContext(ctx); err != nil {
