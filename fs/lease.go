@@ -301,6 +301,14 @@ func (n *Node) leaseAttr() *metapb.Attr {
 	return nil
 }
 
+// leased reports whether the mount holds the directory's lease and may
+// use it now.
+func (n *Node) leased() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.leaseLocked() != nil
+}
+
 // leaseSaysMissing reports whether the lease answers a lookup of name: it
 // is not in the directory.
 func (n *Node) leaseSaysMissing(name string) bool {

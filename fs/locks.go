@@ -127,17 +127,20 @@ func (f *fileHandle) setLock(ctx context.Context, owner uint64, lk *fuse.FileLoc
 		}
 		// The service bounds each wait: ask again.
 	}
-	if locking {
+	if locking && !f.node.owns() {
 		// A lock taken: what this mount cached of the file may predate the
 		// last holder's writes on another mount, as NFS clients assume
 		// too. Reread it: the engine's committed state, the kernel's pages
-		// and attributes.
+		// and attributes. (A file the mount owns no other mount has
+		// reached: its cache is current.)
 		if f.fsys.opts.Data != nil {
 			if err := f.fsys.opts.Data.Open(ctx, f.ino); err != nil {
 				return dataErrno(err)
 			}
 		}
 		f.node.NotifyContent(0, 0)
+	}
+	if locking {
 		f.revalidateSiblings()
 	}
 	if l.Flock {
@@ -167,6 +170,9 @@ func (f *fileHandle) revalidateSiblings() {
 	_, parent := f.node.Parent()
 	if parent == nil {
 		return
+	}
+	if p, ok := parent.Operations().(*Node); ok && p.leased() {
+		return // no other mount has changed its names: they would have recalled the lease
 	}
 	kids := parent.Children()
 	if len(kids) > maxSiblings {

@@ -80,15 +80,24 @@ func (n *Node) disown() {
 // them.
 func (n *Node) ownedAttr() *metapb.Attr {
 	n.mu.Lock()
-	a, dir, id := n.owned.attr, n.createdIn, n.createdLease
-	if n.owned.busy > 0 || n.owned.off {
+	a := n.owned.attr
+	if n.owned.busy > 0 {
 		a = nil
 	}
 	n.mu.Unlock()
-	if a == nil || dir == nil || !dir.heldBy(id) {
+	if a == nil || !n.owns() {
 		return nil
 	}
 	return a
+}
+
+// owns reports whether the mount owns the file: no other session has
+// reached it.
+func (n *Node) owns() bool {
+	n.mu.Lock()
+	dir, id, off := n.createdIn, n.createdLease, n.owned.off
+	n.mu.Unlock()
+	return dir != nil && !off && dir.heldBy(id)
 }
 
 // beginChange notes a change to an owned file's attributes sent to meta.

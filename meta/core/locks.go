@@ -82,7 +82,7 @@ func (s *Service) Lock(ctx context.Context, req *metapb.LockRequest) (*metapb.Lo
 	for {
 		wake := s.lockWake(req.Ino)
 		var holders []lockOwner
-		err := s.update(ctx, func(t kv.Txn) error {
+		err := s.updateLogged(ctx, func(t kv.Txn) error {
 			holders = holders[:0]
 			rec, err := getLocks(t, req.Ino)
 			if err != nil {
