@@ -51,6 +51,10 @@ type Data interface {
 	// Size reports the size of ino as this mount sees it while it holds
 	// writes not yet committed (false: the metadata service's is current).
 	Size(ino uint64) (int64, bool)
+	// Forget is called when the kernel no longer knows the regular file
+	// ino: nothing has it open. The engine may drop what it keeps of it
+	// once what was written is committed.
+	Forget(ino uint64)
 	// ObserveCommits registers the functions called before each commit of
 	// a file's written data is sent to meta (begin) and after it returned
 	// (end, with the attributes meta answered, nil if it failed). It is

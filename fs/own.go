@@ -2,6 +2,7 @@ package fs
 
 import (
 	"sync"
+	"syscall"
 
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
@@ -189,4 +190,7 @@ func (fsys *FS) endCommit(ino uint64, a *metapb.Attr) {
 // inode, and no lookup reaches this node again.
 func (n *Node) OnForget() {
 	n.fsys.owned.remove(n)
+	if d := n.fsys.opts.Data; d != nil && n.StableAttr().Mode&syscall.S_IFMT == syscall.S_IFREG {
+		d.Forget(n.ino)
+	}
 }

@@ -268,7 +268,10 @@ type file struct {
 	// A truncate in progress: until meta has answered it (Truncated), a
 	// size read from meta meanwhile may be the old one; the file's size is
 	// sizeCap.
-	capped  bool
+	// forgotten: the kernel forgot the inode; the engine drops the file
+	// once nothing of it is dirty or flushing (Forget).
+	forgotten bool
+	capped    bool
 	sizeCap int64
 
 	readahead *seqWindow           // the sequential-read policy; nil until the first read
@@ -296,10 +299,42 @@ func (e *Engine) Open(ctx context.Context, ino uint64) error {
 	defer f.mu.Unlock()
 	clear(f.stripes)
 	f.known = false
+	f.forgotten = false
 	if len(f.dirty) == 0 && len(f.flushing) == 0 {
 		f.size = -1
 	}
 	return nil
+}
+
+// Forget implements fs.Data: the kernel no longer knows ino, so nothing has
+// it open. The engine drops its state of the file now, or once what was
+// written to it is committed, so that the state of every file a mount ever
+// touched does not pile up.
+func (e *Engine) Forget(ino uint64) {
+	e.mu.Lock()
+	f := e.files[ino]
+	e.mu.Unlock()
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.forgotten = true
+	e.dropIfForgotten(f)
+}
+
+// dropIfForgotten removes f from the engine if the kernel forgot it and
+// nothing of it is dirty or flushing. The caller holds f.mu.
+func (e *Engine) dropIfForgotten(f *file) {
+	if !f.forgotten || len(f.dirty) > 0 || len(f.flushing) > 0 {
+		return
+	}
+	e.dropCacheLocked(f)
+	e.mu.Lock()
+	if e.files[f.ino] == f {
+		delete(e.files, f.ino)
+	}
+	e.mu.Unlock()
 }
 
 // Created tells the engine that ino was just created empty with layout l
@@ -311,6 +346,7 @@ func (e *Engine) Created(ino uint64, l *metapb.Layout) {
 	f := e.file(ino)
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.forgotten = false
 	if f.lay.K != 0 || len(f.dirty) > 0 || len(f.flushing) > 0 {
 		return // another process of this mount got to the file first
 	}

@@ -143,6 +143,7 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		defer f.cond.Broadcast()
+		defer e.dropIfForgotten(f)
 		failed := isWriteFailed(err)
 		for i, s := range stripes {
 			delete(f.flushing, s)

@@ -5,7 +5,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/rdmafs/rdmafs/fs/fstest"
 	"github.com/rdmafs/rdmafs/internal/stripe"
@@ -121,6 +123,49 @@ func readsBack(t *testing.T, name string, want []byte, mounts ...string) {
 		}
 		if !bytes.Equal(got, want) {
 			t.Fatalf("%s read %d bytes from %s, want %d; they differ", name, len(got), dir, len(want))
+		}
+	}
+}
+
+// TestForgottenFilesDropped: the engine keeps no state of files the kernel
+// forgot (dropped from its inode cache) once their data is committed, and
+// they read back whole when looked up again.
+func TestForgottenFilesDropped(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{Layout: inlineLayout})
+	dir := filepath.Join(c.Dir, "d")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const n = 300
+	want := map[string][]byte{}
+	for i := range n {
+		size := 100 + i*37
+		if i%100 == 0 {
+			size = 1 << 20 // past the inline size: shards
+		}
+		name := filepath.Join(dir, "f"+strconv.Itoa(i))
+		want[name] = random(size, uint64(i))
+		if err := os.WriteFile(name, want[name], 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := c.Engine.Files(); got < n {
+		t.Fatalf("the engine knows %d files after %d were written", got, n)
+	}
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0); err != nil {
+		t.Skipf("cannot make the kernel forget inodes: %v", err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for c.Engine.Files() > n/10 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the engine still knows %d of %d files the kernel forgot", c.Engine.Files(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for name, data := range want {
+		got, err := os.ReadFile(name)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("%s read back after the engine forgot it: %d bytes, %v; want %d", name, len(got), err, len(data))
 		}
 	}
 }
