@@ -272,7 +272,7 @@ type file struct {
 	// once nothing of it is dirty or flushing (Forget).
 	forgotten bool
 	capped    bool
-	sizeCap int64
+	sizeCap   int64
 
 	readahead *seqWindow           // the sequential-read policy; nil until the first read
 	cache     map[uint64]*prefetch // stripes fetched ahead of the reader
