@@ -497,7 +497,17 @@ func mountMetrics(eng *fileio.Engine) *prometheus.Registry {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_readahead_stripes_total", Help: "Stripes prefetched for sequential readers."},
 			func() float64 { return float64(eng.Stats().ReadaheadStripes.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_readahead_hits_total", Help: "Reads served from prefetched stripes."},
-			func() float64 { return float64(eng.Stats().ReadaheadHits.Load()) }))
+			func() float64 { return float64(eng.Stats().ReadaheadHits.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_merge_reads_total", Help: "Partly overwritten stripes whose committed data was read in to merge with the new bytes."},
+			func() float64 { return float64(eng.Stats().MergeReads.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_delta_writes_total", Help: "Stripes written as a parity delta (only the changed ranges and the parity's)."},
+			func() float64 { return float64(eng.Stats().DeltaWrites.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_degraded_writes_total", Help: "Stripes committed with shards missing, left to repair."},
+			func() float64 { return float64(eng.Stats().DegradedWrites.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_inline_commits_total", Help: "Small files' stripes committed into metadata instead of shards."},
+			func() float64 { return float64(eng.Stats().InlineCommits.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_sparse_stripes_total", Help: "Dirty stripes begun sparse: small writes gathered without a whole-stripe buffer."},
+			func() float64 { return float64(eng.Stats().SparseStripes.Load()) }))
 	return reg
 }
 
