@@ -58,6 +58,7 @@ func (d *pairedReads) Write(context.Context, uint64, []byte, int64) (int, error)
 	return 0, syscall.EROFS
 }
 func (d *pairedReads) Flush(context.Context, uint64) error                     { return nil }
+func (d *pairedReads) Sync(context.Context, uint64) error                      { return nil }
 func (d *pairedReads) Truncate(context.Context, uint64, uint64) error          { return nil }
 func (d *pairedReads) Truncated(uint64)                                        {}
 func (d *pairedReads) Size(uint64) (int64, bool)                               { return fileSize, true }

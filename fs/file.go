@@ -295,11 +295,11 @@ func (f *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
 	if d := f.fsys.opts.Data; d != nil {
-		if err := d.Flush(ctx, f.ino); err != nil {
+		if err := d.Sync(ctx, f.ino); err != nil {
 			return dataErrno(err)
 		}
 	}
-	return f.fsys.syncMeta(ctx)
+	return f.fsys.syncMeta(ctx) // no call if the commit covered everything
 }
 
 // Release implements gofs.FileReleaser. The kernel does not wait for it

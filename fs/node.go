@@ -43,6 +43,9 @@ type Data interface {
 	// Flush makes what was written to ino durable and committed, with the new
 	// size and mtime, as close and fsync require.
 	Flush(ctx context.Context, ino uint64) error
+	// Sync is Flush for fsync: the commits it makes are durable at meta,
+	// with everything answered before them, when it returns.
+	Sync(ctx context.Context, ino uint64) error
 	// Truncate drops buffered data of ino past size before the size changes.
 	Truncate(ctx context.Context, ino uint64, size uint64) error
 	// Truncated is called once the metadata service has answered the size

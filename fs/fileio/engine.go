@@ -271,6 +271,7 @@ type file struct {
 	// forgotten: the kernel forgot the inode; the engine drops the file
 	// once nothing of it is dirty or flushing (Forget).
 	forgotten bool
+	syncing   int // Sync calls in progress: commits started meanwhile are durable at once
 	capped    bool
 	sizeCap   int64
 

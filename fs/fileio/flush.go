@@ -124,15 +124,16 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 	// A file that stays within the layout's inline size commits its one
 	// stripe into metadata.
 	inline := len(stripes) == 1 && stripes[0] == 0 && e.commitsInline(f, batch[0])
+	durable := f.syncing > 0
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 		defer cancel()
 		var infos []*metapb.StripeInfo
 		var err error
 		if inline {
-			infos, err = e.commitInline(ctx, f.ino, batch[0])
+			infos, err = e.commitInline(ctx, f.ino, batch[0], durable)
 		} else {
-			infos, err = e.writeStripes(ctx, f.ino, lay, stripes, batch)
+			infos, err = e.writeStripes(ctx, f.ino, lay, stripes, batch, durable)
 		}
 		var df *deltaFailed
 		if err != nil && metaclient.ConflictStripes(err) == nil && !errors.As(err, &df) {
@@ -216,6 +217,18 @@ func (e *Engine) Flush(ctx context.Context, ino uint64) error {
 	f := e.file(ino)
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return e.flushLocked(ctx, f)
+}
+
+// Sync implements fs.Data: Flush, with the commits it makes durable at
+// meta, with everything answered before them, when they return (an
+// fsync's: no Sync call needed after them).
+func (e *Engine) Sync(ctx context.Context, ino uint64) error {
+	f := e.file(ino)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.syncing++
+	defer func() { f.syncing-- }()
 	return e.flushLocked(ctx, f)
 }
 

@@ -78,7 +78,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 // writeStripes encodes the stripes, writes their shards (with replacements
 // for the ones that fail) and commits them with one compare-and-set. It runs
 // without the file's lock: the buffers belong to the flush.
-func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay stripe.Layout, stripes []uint64, batch []*dirtyStripe) ([]*metapb.StripeInfo, error) {
+func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay stripe.Layout, stripes []uint64, batch []*dirtyStripe, durable bool) ([]*metapb.StripeInfo, error) {
 	enc, err := e.codecs.Get(lay.K, lay.M)
 	if err != nil {
 		return nil, err
@@ -167,7 +167,7 @@ func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay stripe.Layout
 			degraded++
 		}
 	}
-	if _, err := e.commit(ctx, &metapb.CommitStripesRequest{Ino: ino, Stripes: commits, Size: uint64(size)}); err != nil {
+	if _, err := e.commit(ctx, &metapb.CommitStripesRequest{Ino: ino, Stripes: commits, Size: uint64(size), Sync: durable}); err != nil {
 		return nil, err
 	}
 	if degraded > 0 {
@@ -179,9 +179,9 @@ func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay stripe.Layout
 
 // commitInline commits stripe 0 of a small file with its bytes in metadata:
 // one call, no grant, no shards.
-func (e *Engine) commitInline(ctx context.Context, ino uint64, d *dirtyStripe) ([]*metapb.StripeInfo, error) {
+func (e *Engine) commitInline(ctx context.Context, ino uint64, d *dirtyStripe, durable bool) ([]*metapb.StripeInfo, error) {
 	data, own := d.inlineData()
-	r, err := e.commit(ctx, &metapb.CommitStripesRequest{Ino: ino, Size: uint64(d.length),
+	r, err := e.commit(ctx, &metapb.CommitStripesRequest{Ino: ino, Size: uint64(d.length), Sync: durable,
 		Stripes: []*metapb.StripeCommit{{Stripe: 0, ExpectedVersion: d.base, Length: uint64(d.length), Inline: true, Data: data}}})
 	if err != nil {
 		return nil, err

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/meta/reqid"
 )
 
@@ -84,7 +85,34 @@ func (f *failover) Invoke(ctx context.Context, method string, args, reply any, o
 	if !readOnly(short) {
 		id = f.newID()
 	}
+	if r, ok := args.(*metapb.CommitStripesRequest); ok && r.Sync {
+		return f.syncedCommit(ctx, method, args, reply, id, opts...)
+	}
 	return f.invoke(ctx, method, args, reply, id, opts...)
+}
+
+// syncedCommit makes a commit that meta answers once it is durable with
+// everything before it (CommitStripesRequest.Sync): like a Sync, it covers
+// the mutating calls that returned before it was sent, and itself if no
+// other returned meanwhile, so that the fsync's Sync that follows costs no
+// round trip.
+func (f *failover) syncedCommit(ctx context.Context, method string, args, reply any, id reqid.ID, opts ...grpc.CallOption) error {
+	m := f.mutations.Load()
+	if err := f.invoke(ctx, method, args, reply, id, opts...); err != nil {
+		return err
+	}
+	if f.mutations.Load() == m+1 {
+		m++ // only this commit returned meanwhile
+	}
+	f.covered(m)
+	return nil
+}
+
+// covered records that a durable point covers the first m mutating calls
+// that returned.
+func (f *failover) covered(m uint64) {
+	for s := f.synced.Load(); s < m && !f.synced.CompareAndSwap(s, m); s = f.synced.Load() {
+	}
 }
 
 // newID returns a new request id of this client.
@@ -159,8 +187,7 @@ func (f *failover) sync(ctx context.Context, method string, args, reply any, opt
 	if err := f.invoke(ctx, method, args, reply, reqid.ID{}, opts...); err != nil {
 		return err
 	}
-	for s := f.synced.Load(); s < m && !f.synced.CompareAndSwap(s, m); s = f.synced.Load() {
-	}
+	f.covered(m)
 	return nil
 }
 

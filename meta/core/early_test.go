@@ -106,6 +106,30 @@ func TestEarlyReplies(t *testing.T) {
 	if _, _, s2 := st.counts(); s2 != s0+2 {
 		t.Fatalf("heartbeat: %d syncs of the store before handing out deletions, want 1", s2-s0-1)
 	}
+	// An fsync's commit (Sync set) waits for durability; another does not.
+	inline := testLayout
+	inline.Inline = 4096
+	if _, err := s.SetLayout(ctx, &metapb.SetLayoutRequest{Caller: root, Ino: 1, Layout: metapb.LayoutOf(inline)}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := s.Create(ctx, &metapb.CreateRequest{Caller: root, Parent: 1, Name: "small", Mode: 0o644})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, sync := range []bool{false, true} {
+		_, _, before := st.counts()
+		if _, err := s.CommitStripes(ctx, &metapb.CommitStripesRequest{Ino: f.Attr.Ino, Size: 1, Sync: sync,
+			Stripes: []*metapb.StripeCommit{{Stripe: 0, ExpectedVersion: uint64(i), Length: 1, Inline: true, Data: []byte("x")}}}); err != nil {
+			t.Fatal(err)
+		}
+		want := 0
+		if sync {
+			want = 1
+		}
+		if _, _, after := st.counts(); after-before != want {
+			t.Fatalf("commit with sync %v: %d syncs of the store, want %d", sync, after-before, want)
+		}
+	}
 
 	sd, std := newCountingService(t, t.TempDir(), true)
 	defer std.Close()

@@ -402,6 +402,11 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 	if err != nil {
 		return nil, err
 	}
+	if req.Sync {
+		if err := s.sync(ctx); err != nil {
+			return nil, err
+		}
+	}
 	if replayed {
 		conflicts, degraded = out.ConflictStripes, 0
 	}

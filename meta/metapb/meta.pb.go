@@ -4073,11 +4073,15 @@ func (x *ReplaceShardsReply) GetShards() []*Shard {
 // all stripes commit or none. Stripes whose expected_version no longer matches
 // are reported with codes.Aborted and ErrorInfo.conflict_stripes.
 type CommitStripesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
-	Stripes       []*StripeCommit        `protobuf:"bytes,2,rep,name=stripes,proto3" json:"stripes,omitempty"`
-	Size          uint64                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
-	MtimeNs       int64                  `protobuf:"varint,4,opt,name=mtime_ns,json=mtimeNs,proto3" json:"mtime_ns,omitempty"` // 0 means now
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Ino     uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	Stripes []*StripeCommit        `protobuf:"bytes,2,rep,name=stripes,proto3" json:"stripes,omitempty"`
+	Size    uint64                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	MtimeNs int64                  `protobuf:"varint,4,opt,name=mtime_ns,json=mtimeNs,proto3" json:"mtime_ns,omitempty"` // 0 means now
+	// sync: the reply waits until the commit, and every operation answered
+	// before it, is durable, as a Sync call after it would (an fsync's
+	// commit: one round trip instead of two).
+	Sync          bool `protobuf:"varint,5,opt,name=sync,proto3" json:"sync,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4138,6 +4142,13 @@ func (x *CommitStripesRequest) GetMtimeNs() int64 {
 		return x.MtimeNs
 	}
 	return 0
+}
+
+func (x *CommitStripesRequest) GetSync() bool {
+	if x != nil {
+		return x.Sync
+	}
+	return false
 }
 
 type CommitStripesReply struct {
@@ -7125,12 +7136,13 @@ const file_meta_proto_rawDesc = "" +
 	"\x06shards\x18\x04 \x03(\rR\x06shards\x12\x18\n" +
 	"\aexclude\x18\x05 \x03(\tR\aexclude\"C\n" +
 	"\x12ReplaceShardsReply\x12-\n" +
-	"\x06shards\x18\x01 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\"\x8f\x01\n" +
+	"\x06shards\x18\x01 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\"\xa3\x01\n" +
 	"\x14CommitStripesRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x126\n" +
 	"\astripes\x18\x02 \x03(\v2\x1c.rdmafs.meta.v1.StripeCommitR\astripes\x12\x12\n" +
 	"\x04size\x18\x03 \x01(\x04R\x04size\x12\x19\n" +
-	"\bmtime_ns\x18\x04 \x01(\x03R\amtimeNs\"\x85\x01\n" +
+	"\bmtime_ns\x18\x04 \x01(\x03R\amtimeNs\x12\x12\n" +
+	"\x04sync\x18\x05 \x01(\bR\x04sync\"\x85\x01\n" +
 	"\x12CommitStripesReply\x12(\n" +
 	"\x04attr\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x04attr\x12\x1a\n" +
 	"\bversions\x18\x02 \x03(\x04R\bversions\x12)\n" +
