@@ -170,9 +170,9 @@ func nlink(st os.FileInfo) uint64 { return uint64(st.Sys().(*syscall.Stat_t).Nli
 
 // TestOwnedFileAttrs: the mount answers stat of the files it created under
 // a lease from what its changes left (own.go). After writes, appends,
-// truncates, chmod, utimes, a hard link, an unlink of an open file and a
-// rename over one, every stat it gave equals what meta holds, as the other
-// mount sees it once its stats have recalled the lease.
+// truncates, an open with O_TRUNC, chmod, utimes, a hard link, an unlink of
+// an open file and a rename over one, every stat it gave equals what meta
+// holds, as the other mount sees it once its stats have recalled the lease.
 func TestOwnedFileAttrs(t *testing.T) {
 	c := fstest.Start(t, fstest.Options{})
 	b, _ := c.Mount(t)
@@ -196,6 +196,10 @@ func TestOwnedFileAttrs(t *testing.T) {
 	must(err)
 	must(f.Close())
 	must(os.Truncate(path("f2"), 100))
+	must(os.WriteFile(path("f8"), []byte("0123456789"), 0o644)) // reopened with O_TRUNC
+	f, err = os.OpenFile(path("f8"), os.O_WRONLY|os.O_TRUNC, 0)
+	must(err)
+	must(f.Close())
 	must(os.Chmod(path("f3"), 0o600))
 	must(os.Chtimes(path("f4"), time.Unix(1e9, 0), time.Unix(1e9, 5)))
 	must(os.Link(path("f5"), path("f5b")))
@@ -217,7 +221,7 @@ func TestOwnedFileAttrs(t *testing.T) {
 	if n := nlink(st); n != 0 {
 		t.Errorf("an open file renamed over has nlink %d, want 0", n)
 	}
-	names := []string{"f1", "f2", "f3", "f4", "f5", "f5b", "f7"}
+	names := []string{"f1", "f2", "f3", "f4", "f5", "f5b", "f7", "f8"}
 	mine := map[string]*syscall.Stat_t{}
 	for _, name := range names {
 		st, err := os.Stat(path(name))

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmafs/rdmafs/meta/auth"
-	"github.com/rdmafs/rdmafs/meta/core"
 	"github.com/rdmafs/rdmafs/meta/server"
 )
 
@@ -21,15 +19,7 @@ import (
 func TestMetricsListen(t *testing.T) {
 	ctx := context.Background()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	dir := t.TempDir()
-	sf := dir + "/secret"
-	if _, err := server.Format(ctx, dir, sf, core.StandardLayout()); err != nil {
-		t.Fatal(err)
-	}
-	secret, err := auth.ReadSecretFile(sf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, secret := formatted(t)
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

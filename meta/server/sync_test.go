@@ -8,7 +8,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/core"
 	"github.com/rdmafs/rdmafs/meta/metapb"
@@ -21,15 +20,7 @@ import (
 // change that is not, the Sync goes to meta.
 func TestSyncedCommitCoversSync(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	sf := dir + "/secret"
-	if _, err := server.Format(ctx, dir, sf, core.StandardLayout()); err != nil {
-		t.Fatal(err)
-	}
-	secret, err := auth.ReadSecretFile(sf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, secret := formatted(t)
 	reg := prometheus.NewRegistry()
 	s, err := server.Start(ctx, server.Config{DataDir: dir, Listen: "127.0.0.1:0", Secret: secret, Registry: reg,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
