@@ -74,12 +74,15 @@ type leaseTable struct {
 	done     chan struct{}
 	flushes  sync.WaitGroup // flushes behind running
 	on       bool           // set before the mount serves, never changed
+	ready    chan struct{}  // closed at the first Recalls answer (or when there will be none)
+	once     sync.Once
 }
 
 // startLeases starts the Recalls loop.
 func (fsys *FS) startLeases() {
 	t := &fsys.leases
 	t.on = true
+	t.ready = make(chan struct{})
 	t.byID = map[uint64]*Node{}
 	t.recalled = map[uint64]bool{}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -106,6 +109,19 @@ func (fsys *FS) Close() {
 		n.lease = nil
 		n.mu.Unlock()
 	}
+}
+
+// LeasesReady returns a channel closed once the mount has heard from meta
+// whether it may hold directory leases (its first Recalls answer): from
+// then on lookups of missing names ask for them. Without early changes
+// (Options.Early) it is closed at once.
+func (fsys *FS) LeasesReady() <-chan struct{} {
+	if t := &fsys.leases; t.on {
+		return t.ready
+	}
+	closed := make(chan struct{})
+	close(closed)
+	return closed
 }
 
 // live reports whether leases of epoch may be used now (caller holds t.mu).
@@ -135,6 +151,7 @@ func (fsys *FS) recallLoop(ctx context.Context) {
 		cancel()
 		if errors.Is(err, client.ErrNoLeases) {
 			fsys.log.Info("the meta server grants no directory leases: the mount answers lookups of missing names through it")
+			t.once.Do(func() { close(t.ready) })
 			return
 		}
 		if err != nil {
@@ -159,6 +176,7 @@ func (fsys *FS) recallLoop(ctx context.Context) {
 			t.epoch = newEpoch
 		}
 		t.heard = now
+		t.once.Do(func() { close(t.ready) })
 		for _, id := range recall {
 			if n := t.byID[id]; n != nil {
 				delete(t.byID, id)

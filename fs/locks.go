@@ -78,13 +78,18 @@ func (f *fileHandle) lockOf(owner uint64, lk *fuse.FileLock, flags uint32) *meta
 
 // Getlk implements gofs.FileGetlker (F_GETLK, F_OFD_GETLK).
 func (f *fileHandle) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, out *fuse.FileLock) syscall.Errno {
-	ctx, done := killable(ctx)
-	defer done()
-	r, err := f.fsys.meta.Lock(ctx, &metapb.LockRequest{Ino: f.ino, Lock: f.lockOf(owner, lk, flags), Test: true})
-	if err != nil {
-		return errno(err)
+	l := f.lockOf(owner, lk, flags)
+	c, local := f.node.testOwned(metapb.NormalLock(l))
+	if !local {
+		ctx, done := killable(ctx)
+		defer done()
+		r, err := f.fsys.meta.Lock(ctx, &metapb.LockRequest{Ino: f.ino, Lock: l, Test: true})
+		if err != nil {
+			return errno(err)
+		}
+		c = r.Conflict
 	}
-	if c := r.Conflict; c != nil {
+	if c != nil {
 		*out = fuse.FileLock{Start: c.Start, End: c.End, Typ: uint32(c.Type), Pid: c.Pid}
 	} else {
 		*out = fuse.FileLock{Typ: syscall.F_UNLCK}
@@ -117,15 +122,21 @@ func (f *fileHandle) setLock(ctx context.Context, owner uint64, lk *fuse.FileLoc
 			return dataErrno(err)
 		}
 	}
-	for {
-		r, err := f.fsys.meta.Lock(ctx, &metapb.LockRequest{Ino: f.ino, Lock: l, Wait: wait})
-		if err != nil {
-			return errno(err)
+	if local, e := f.node.lockOwned(metapb.NormalLock(l), wait); local {
+		if e != 0 {
+			return e
 		}
-		if r.Granted {
-			break
+	} else {
+		for {
+			r, err := f.fsys.meta.Lock(ctx, &metapb.LockRequest{Ino: f.ino, Lock: l, Wait: wait})
+			if err != nil {
+				return errno(err)
+			}
+			if r.Granted {
+				break
+			}
+			// The service bounds each wait: ask again.
 		}
-		// The service bounds each wait: ask again.
 	}
 	if locking && !f.node.owns() {
 		// A lock taken: what this mount cached of the file may predate the
@@ -231,10 +242,13 @@ const unlockTimeout = 30 * time.Second
 
 // unlockAll releases owner's locks of one kind on the file.
 func (f *fileHandle) unlockAll(owner uint64, flock bool) {
+	l := &metapb.FileLock{Session: f.fsys.opts.Session, Owner: owner, Flock: flock, Type: metapb.LockType_LOCK_UNLOCK, End: metapb.LockToEOF}
+	if local, _ := f.node.lockOwned(l, false); local {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), unlockTimeout)
 	defer cancel()
-	_, err := f.fsys.meta.Lock(ctx, &metapb.LockRequest{Ino: f.ino, Lock: &metapb.FileLock{Session: f.fsys.opts.Session, Owner: owner,
-		Flock: flock, Type: metapb.LockType_LOCK_UNLOCK, End: metapb.LockToEOF}})
+	_, err := f.fsys.meta.Lock(ctx, &metapb.LockRequest{Ino: f.ino, Lock: l})
 	if err != nil {
 		f.fsys.log.Warn("release of a closed file's locks failed; they go when the session ends", "ino", f.ino, "err", err)
 	}
@@ -255,4 +269,79 @@ func (r *rawFS) Flush(cancel <-chan struct{}, in *fuse.FlushIn) fuse.Status {
 		defer r.locks.flushing.Delete(cancel)
 	}
 	return r.RawFileSystem.Flush(cancel, in)
+}
+
+// Locks of owned files. While the mount owns a file (own.go) no other
+// session can reach it, so none holds or asks for a lock on it: the mount
+// decides the file's locks itself, from those its own processes hold (kept
+// in the node), and sends each change to meta behind, in order with its
+// other calls; the recall of the directory's lease sends them before any
+// other mount can look. A lock that must wait for another process's, and a
+// change the mount cannot send behind, end this for the file: its lock
+// calls go to meta from then on, after those sent behind.
+
+// lockOwned decides l (normal) on the file if the mount owns it, and sends
+// it behind; local is false when the caller must call meta itself (and
+// from then on for good).
+func (n *Node) lockOwned(l *metapb.FileLock, wait bool) (local bool, e syscall.Errno) {
+	early := n.fsys.opts.Early
+	if early == nil {
+		return false, 0
+	}
+	n.lockMu.Lock()
+	defer n.lockMu.Unlock()
+	if n.locksShared {
+		return false, 0
+	}
+	n.mu.Lock()
+	dir, id, off := n.createdIn, n.createdLease, n.owned.off
+	n.mu.Unlock()
+	if dir == nil || off {
+		n.locksShared = true
+		return false, 0
+	}
+	if l.Type != metapb.LockType_LOCK_UNLOCK && metapb.ConflictingLock(n.locks, l) != nil {
+		if !wait {
+			return true, syscall.EAGAIN
+		}
+		n.locksShared = true // meta makes it wait, after the calls sent behind
+		return false, 0
+	}
+	// The check of the lease and the queuing are one step for a recall, as
+	// for a create: the recall sends the lock before the lease goes.
+	dir.mu.Lock()
+	lease := dir.leaseLocked()
+	queued := lease != nil && lease.id == id &&
+		early.LockBehind(&metapb.LockRequest{Ino: n.ino, Lock: l}, n.fsys.lostLock(n.ino))
+	dir.mu.Unlock()
+	if !queued {
+		n.locksShared = true
+		return false, 0
+	}
+	n.locks = metapb.SetLock(n.locks, l)
+	return true, 0
+}
+
+// testOwned answers F_GETLK for l (normal) on a file whose locks the mount
+// decides itself: the lock in its way, and true; false if meta must.
+func (n *Node) testOwned(l *metapb.FileLock) (*metapb.FileLock, bool) {
+	n.lockMu.Lock()
+	defer n.lockMu.Unlock()
+	if n.locksShared || n.fsys.opts.Early == nil || !n.owns() {
+		return nil, false
+	}
+	return metapb.ConflictingLock(n.locks, l), true
+}
+
+// lostLock returns the completion of a lock change sent behind: one meta
+// refused was answered to a process already (logged and counted, as an
+// answered create meta refuses).
+func (fsys *FS) lostLock(ino uint64) func(error) {
+	return func(err error) {
+		if err == nil {
+			return
+		}
+		fsys.earlyLost.Add(1)
+		fsys.log.Error("a lock answered before meta applied it failed: the process was told it holds it", "ino", ino, "err", err)
+	}
 }

@@ -269,3 +269,68 @@ func TestOFDLocks(t *testing.T) {
 		t.Fatalf("a second open description in the same process and mount: %v, want EAGAIN", err)
 	}
 }
+
+// TestOwnedFileLocks: the locks of a file the mount made under its
+// directory's lease are decided by the mount and sent to meta behind
+// (locks.go): two descriptions on that mount still exclude each other and
+// F_OFD_GETLK shows the holder; another mount's open, which recalls the
+// lease, finds the lock held, gets it once the holder closes, and from then
+// on the first mount's locks go through meta and wait for it.
+func TestOwnedFileLocks(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{})
+	b, _ := c.Mount(t)
+	if err := os.Mkdir(filepath.Join(c.Dir, "d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(c.Dir, "d", "db"), make([]byte, 10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	open := func(dir string) *os.File {
+		t.Helper()
+		f, err := os.OpenFile(filepath.Join(dir, "d", "db"), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	lock := func(f *os.File, cmd int, typ int16) error {
+		return unix.FcntlFlock(f.Fd(), cmd, &unix.Flock_t{Type: typ, Start: 0, Len: 0})
+	}
+	f1, f2 := open(c.Dir), open(c.Dir)
+	defer f1.Close()
+	if err := lock(f1, unix.F_OFD_SETLK, unix.F_WRLCK); err != nil {
+		t.Fatal(err)
+	}
+	if err := lock(f2, unix.F_OFD_SETLK, unix.F_WRLCK); err != unix.EAGAIN {
+		t.Fatalf("a second description's lock while the first holds one: %v, want EAGAIN", err)
+	}
+	q := &unix.Flock_t{Type: unix.F_RDLCK}
+	if err := unix.FcntlFlock(f2.Fd(), unix.F_OFD_GETLK, q); err != nil || q.Type != unix.F_WRLCK {
+		t.Fatalf("F_OFD_GETLK beside a held write lock: type %d, %v; want F_WRLCK", q.Type, err)
+	}
+	if err := lock(f1, unix.F_OFD_SETLK, unix.F_UNLCK); err != nil {
+		t.Fatal(err)
+	}
+	if err := lock(f2, unix.F_OFD_SETLK, unix.F_WRLCK); err != nil {
+		t.Fatalf("a lock after the holder's unlock: %v", err)
+	}
+	g := open(b)
+	defer g.Close()
+	if err := lock(g, unix.F_OFD_SETLK, unix.F_WRLCK); err != unix.EAGAIN {
+		t.Fatalf("the other mount's lock while the first mount's process holds it: %v, want EAGAIN", err)
+	}
+	f2.Close() // its lock goes with the release the kernel sends after close
+	got := make(chan error, 1)
+	go func() { got <- lock(g, unix.F_OFD_SETLKW, unix.F_WRLCK) }()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("the other mount's lock after the holder closed: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the closed description's lock was not released in 10s")
+	}
+	if err := lock(f1, unix.F_OFD_SETLK, unix.F_WRLCK); err != unix.EAGAIN {
+		t.Fatalf("the first mount's lock while the other mount holds it: %v, want EAGAIN", err)
+	}
+}

@@ -184,6 +184,12 @@ type Node struct {
 	// owned is what the mount knows of the attributes of a file it
 	// created under a lease (own.go).
 	owned ownState
+	// lockMu serializes the lock changes of an owned file the mount
+	// decides itself; locks are its processes' locks on it, and
+	// locksShared says meta decides them (locks.go).
+	lockMu      sync.Mutex
+	locks       []*metapb.FileLock
+	locksShared bool
 }
 
 // dirChange notes a change to the directory through this mount: it forgets

@@ -123,7 +123,14 @@ func (c *Cluster) mount(t *testing.T, wrap func(metapb.MetaClient) metapb.MetaCl
 	}
 	fsys, root := fs.New(opts)
 	t.Cleanup(fsys.Close)
-	return MountRoot(t, root), eng
+	dir := MountRoot(t, root)
+	// Tests that lean on directory leases get them from the first lookup.
+	select {
+	case <-fsys.LeasesReady():
+	case <-time.After(10 * time.Second):
+		t.Fatal("fstest: the mount heard nothing from meta's Recalls in 10s")
+	}
+	return dir, eng
 }
 
 // NeedFUSE skips t unless this process can mount FUSE file systems: it runs

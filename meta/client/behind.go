@@ -471,6 +471,12 @@ func (s *Session) UnlinkBehind(req *metapb.UnlinkRequest, done func(error)) bool
 	return s.c.bg.goCall("Unlink", req, []pkey{{ino: req.Parent}, {req.Parent, req.Name}, {ino: req.Ino}}, done)
 }
 
+// LockBehind is CreateBehind for a lock or unlock that does not wait
+// (req.Wait false); done gets EAGAIN if meta found a conflicting lock.
+func (s *Session) LockBehind(req *metapb.LockRequest, done func(error)) bool {
+	return s.c.bg.goCall("Lock", req, []pkey{{ino: req.Ino}}, done)
+}
+
 // maxReleaseMore bounds the inodes one Release sent behind carries (meta's
 // limit: core.MaxReleasesPerCall).
 const maxReleaseMore = 1024

@@ -212,6 +212,11 @@ func (c *Client) StartSession(ctx context.Context, client string, ttl time.Durat
 	}
 	kctx, cancel := context.WithCancel(context.Background())
 	s := &Session{c: c, id: r.SessionId, root: r.RootIno, cancel: cancel, done: make(chan struct{})}
+	// Inode numbers at hand from the start: the first creates can be
+	// answered early too. A session that may have none (a mount token's)
+	// just goes without.
+	s.inos.fetching = true
+	s.fetchInos(ctx)
 	go s.keepalive(kctx, time.Duration(r.TtlMs)*time.Millisecond/3)
 	return s, nil
 }

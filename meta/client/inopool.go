@@ -43,14 +43,18 @@ func (s *Session) NextIno() (uint64, bool) {
 	}
 	if !p.fetching && !p.off && p.next[0] == p.next[1] && p.cur[1]-p.cur[0] < inoBatch/2 {
 		p.fetching = true
-		go s.fetchInos()
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), DefaultFailoverTimeout)
+			defer cancel()
+			s.fetchInos(ctx)
+		}()
 	}
 	return ino, ok
 }
 
-func (s *Session) fetchInos() {
-	ctx, cancel := context.WithTimeout(context.Background(), DefaultFailoverTimeout)
-	defer cancel()
+// fetchInos asks meta for the next range of inode numbers (one fetch at a
+// time: the caller set p.fetching).
+func (s *Session) fetchInos(ctx context.Context) {
 	r, err := s.c.AllocInodes(ctx, &metapb.AllocInodesRequest{SessionId: s.id, Count: inoBatch})
 	p := &s.inos
 	p.mu.Lock()

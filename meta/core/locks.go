@@ -6,8 +6,6 @@ import (
 	"syscall"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/rdmafs/rdmafs/meta/keys"
 	"github.com/rdmafs/rdmafs/meta/kv"
 	"github.com/rdmafs/rdmafs/meta/metaerr"
@@ -25,24 +23,10 @@ import (
 // lockWaitMax bounds one Lock call's wait.
 const lockWaitMax = 10 * time.Second
 
-// lockEOF is the end of a lock that runs to the end of the file.
-const lockEOF = metapb.LockToEOF
-
-// lockOwner identifies the holder of locks: an owner of a session, and the
-// kind of lock (record locks and flocks do not interact).
-type lockOwner struct {
-	session, owner uint64
-	flock          bool
-}
-
-func ownerOf(l *metapb.FileLock) lockOwner {
-	return lockOwner{l.Session, l.Owner, l.Flock}
-}
-
 // lockState is the serving meta's in-memory side of locking.
 type lockState struct {
-	wake     map[uint64]chan struct{}  // ino -> closed at the next change of its locks
-	waitsFor map[lockOwner][]lockOwner // a waiting record-lock owner -> the holders in its way
+	wake     map[uint64]chan struct{}                // ino -> closed at the next change of its locks
+	waitsFor map[metapb.LockOwner][]metapb.LockOwner // a waiting record-lock owner -> the holders in its way
 }
 
 // Lock implements metapb.MetaServer.
@@ -57,11 +41,7 @@ func (s *Service) Lock(ctx context.Context, req *metapb.LockRequest) (*metapb.Lo
 	if err := s.checkSession(l.Session); err != nil {
 		return nil, err
 	}
-	norm := cloneLock(l)
-	norm.End = min(norm.End, lockEOF)
-	if norm.Flock {
-		norm.Start, norm.End = 0, lockEOF
-	}
+	norm := metapb.NormalLock(l)
 	if req.Test {
 		var out *metapb.LockReply
 		err := s.view(ctx, func(r kv.Reader) error {
@@ -70,7 +50,7 @@ func (s *Service) Lock(ctx context.Context, req *metapb.LockRequest) (*metapb.Lo
 				return err
 			}
 			out = &metapb.LockReply{}
-			if c := conflicting(rec.Locks, norm); c != nil {
+			if c := metapb.ConflictingLock(rec.Locks, norm); c != nil {
 				out.Conflict = c
 			}
 			return nil
@@ -81,7 +61,7 @@ func (s *Service) Lock(ctx context.Context, req *metapb.LockRequest) (*metapb.Lo
 	defer deadline.Stop()
 	for {
 		wake := s.lockWake(req.Ino)
-		var holders []lockOwner
+		var holders []metapb.LockOwner
 		err := s.updateLogged(ctx, func(t kv.Txn) error {
 			holders = holders[:0]
 			rec, err := getLocks(t, req.Ino)
@@ -90,15 +70,15 @@ func (s *Service) Lock(ctx context.Context, req *metapb.LockRequest) (*metapb.Lo
 			}
 			if norm.Type != metapb.LockType_LOCK_UNLOCK {
 				for _, c := range rec.Locks {
-					if conflicts(c, norm) {
-						holders = append(holders, ownerOf(c))
+					if metapb.LockConflicts(c, norm) {
+						holders = append(holders, metapb.OwnerOf(c))
 					}
 				}
 				if len(holders) > 0 {
 					return nil
 				}
 			}
-			return putLocks(t, req.Ino, l.Session, setLock(rec.Locks, norm))
+			return putLocks(t, req.Ino, l.Session, metapb.SetLock(rec.Locks, norm))
 		})
 		if err != nil {
 			return nil, err
@@ -110,7 +90,7 @@ func (s *Service) Lock(ctx context.Context, req *metapb.LockRequest) (*metapb.Lo
 		if !req.Wait {
 			return nil, metaerr.New(syscall.EAGAIN, "inode %d: a conflicting lock is held", req.Ino)
 		}
-		me := ownerOf(norm)
+		me := metapb.OwnerOf(norm)
 		if err := s.startWaiting(me, holders); err != nil {
 			return nil, err
 		}
@@ -152,15 +132,15 @@ func (s *Service) lockChanged(ino uint64) {
 // startWaiting records that me waits for holders, or fails with EDEADLK when
 // one of them waits, directly or through others, for me (record locks only:
 // flock waits are not checked, as on Linux).
-func (s *Service) startWaiting(me lockOwner, holders []lockOwner) error {
-	if me.flock {
+func (s *Service) startWaiting(me metapb.LockOwner, holders []metapb.LockOwner) error {
+	if me.Flock {
 		return nil
 	}
 	s.lockMu.Lock()
 	defer s.lockMu.Unlock()
-	seen := map[lockOwner]bool{}
-	var reaches func(o lockOwner) bool
-	reaches = func(o lockOwner) bool {
+	seen := map[metapb.LockOwner]bool{}
+	var reaches func(o metapb.LockOwner) bool
+	reaches = func(o metapb.LockOwner) bool {
 		if o == me {
 			return true
 		}
@@ -177,85 +157,14 @@ func (s *Service) startWaiting(me lockOwner, holders []lockOwner) error {
 	return nil
 }
 
-func (s *Service) stopWaiting(me lockOwner) {
-	if me.flock {
+func (s *Service) stopWaiting(me metapb.LockOwner) {
+	if me.Flock {
 		return
 	}
 	s.lockMu.Lock()
 	delete(s.locks.waitsFor, me)
 	s.lockMu.Unlock()
 }
-
-// conflicts reports whether held, another owner's lock, is in the way of l.
-func conflicts(held, l *metapb.FileLock) bool {
-	return ownerOf(held) != ownerOf(l) && held.Flock == l.Flock &&
-		(held.Type == metapb.LockType_LOCK_WRITE || l.Type == metapb.LockType_LOCK_WRITE) &&
-		held.Start <= l.End && l.Start <= held.End
-}
-
-// conflicting returns the first of locks in the way of l, or nil.
-func conflicting(locks []*metapb.FileLock, l *metapb.FileLock) *metapb.FileLock {
-	for _, c := range locks {
-		if conflicts(c, l) {
-			return c
-		}
-	}
-	return nil
-}
-
-// setLock returns locks with l's owner's locks over l's range replaced by l
-// (removed, for an unlock): the owner's locks are split where l's range cuts
-// them, and adjacent or overlapping locks of the same type merged.
-func setLock(locks []*metapb.FileLock, l *metapb.FileLock) []*metapb.FileLock {
-	me := ownerOf(l)
-	var out, mine []*metapb.FileLock
-	for _, c := range locks {
-		if ownerOf(c) != me {
-			out = append(out, c)
-			continue
-		}
-		if c.End < l.Start || c.Start > l.End {
-			mine = append(mine, c)
-			continue
-		}
-		if c.Start < l.Start {
-			left := cloneLock(c)
-			left.End = l.Start - 1
-			mine = append(mine, left)
-		}
-		if c.End > l.End {
-			right := cloneLock(c)
-			right.Start = l.End + 1
-			mine = append(mine, right)
-		}
-	}
-	if l.Type != metapb.LockType_LOCK_UNLOCK {
-		mine = append(mine, cloneLock(l))
-	}
-	slices.SortFunc(mine, func(a, b *metapb.FileLock) int {
-		switch {
-		case a.Start < b.Start:
-			return -1
-		case a.Start > b.Start:
-			return 1
-		}
-		return 0
-	})
-	var merged []*metapb.FileLock
-	for _, c := range mine {
-		if n := len(merged); n > 0 {
-			last := merged[n-1]
-			if last.Type == c.Type && last.End != lockEOF && last.End+1 >= c.Start {
-				last.End = max(last.End, c.End)
-				continue
-			}
-		}
-		merged = append(merged, c)
-	}
-	return append(out, merged...)
-}
-
-func cloneLock(l *metapb.FileLock) *metapb.FileLock { return proto.Clone(l).(*metapb.FileLock) }
 
 func getLocks(r kv.Reader, ino uint64) (*metapb.LockRecord, error) {
 	rec := &metapb.LockRecord{}

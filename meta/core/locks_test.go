@@ -66,8 +66,8 @@ func TestLocks(t *testing.T) {
 		// A waiter is woken by the release.
 		got := make(chan error, 1)
 		go func() { got <- set(lk(sb, 2, W, 0, 10), true) }()
-		waitUntil(t, func() bool { return e.s.waiting(lockOwner{sb, 2, false}) })
-		must(lk(sa, 1, U, 0, lockEOF))
+		waitUntil(t, func() bool { return e.s.waiting(metapb.LockOwner{Session: sb, Owner: 2}) })
+		must(lk(sa, 1, U, 0, metapb.LockToEOF))
 		if err := <-got; err != nil {
 			t.Fatalf("waiter: %v", err)
 		}
@@ -76,7 +76,7 @@ func TestLocks(t *testing.T) {
 		// 1 (via 20); owner 1 then waiting for [0,0] closes the cycle.
 		must(lk(sa, 1, W, 300, 300))
 		go func() { got <- set(lk(sb, 2, W, 300, 300), true) }()
-		waitUntil(t, func() bool { return e.s.waiting(lockOwner{sb, 2, false}) })
+		waitUntil(t, func() bool { return e.s.waiting(metapb.LockOwner{Session: sb, Owner: 2}) })
 		wantErrno(t, set(lk(sa, 1, W, 0, 0), true), syscall.EDEADLK)
 
 		// The end of session a releases its locks: the waiter gets in.
@@ -104,7 +104,7 @@ func waitUntil(t *testing.T, cond func() bool) {
 }
 
 // waiting reports whether record-lock owner o waits for a lock.
-func (s *Service) waiting(o lockOwner) bool {
+func (s *Service) waiting(o metapb.LockOwner) bool {
 	s.lockMu.Lock()
 	defer s.lockMu.Unlock()
 	_, ok := s.locks.waitsFor[o]

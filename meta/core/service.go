@@ -264,7 +264,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	s := &Service{store: cfg.Store, log: cfg.Logger, now: cfg.Now, cfg: cfg,
 		sessions: map[uint64]time.Time{}, sessTTL: map[uint64]time.Duration{}, repKick: make(chan struct{}, 1),
-		locks: lockState{wake: map[uint64]chan struct{}{}, waitsFor: map[lockOwner][]lockOwner{}}}
+		locks: lockState{wake: map[uint64]chan struct{}{}, waitsFor: map[metapb.LockOwner][]metapb.LockOwner{}}}
 	s.members.init()
 	s.rep.init()
 	start := s.now()
