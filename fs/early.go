@@ -31,12 +31,13 @@ type Early interface {
 	// NextIno returns an inode number of the session's own, or false when
 	// none is at hand.
 	NextIno() (uint64, bool)
-	// CreateBehind, UnlinkBehind and LockBehind send req in the
-	// background and call done with the outcome; false means they did not
-	// (too many in flight).
+	// CreateBehind, UnlinkBehind, LockBehind and SetAttrBehind send req
+	// in the background and call done with the outcome; false means they
+	// did not (too many in flight).
 	CreateBehind(req *metapb.CreateRequest, done func(error)) bool
 	UnlinkBehind(req *metapb.UnlinkRequest, done func(error)) bool
 	LockBehind(req *metapb.LockRequest, done func(error)) bool
+	SetAttrBehind(req *metapb.SetAttrRequest, done func(error)) bool
 	// ReleaseBehind sends the release of the session's open of ino behind
 	// (nothing if ino's create has not been sent yet: it then opens
 	// nothing); false as CreateBehind.

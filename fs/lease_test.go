@@ -170,9 +170,10 @@ func nlink(st os.FileInfo) uint64 { return uint64(st.Sys().(*syscall.Stat_t).Nli
 
 // TestOwnedFileAttrs: the mount answers stat of the files it created under
 // a lease from what its changes left (own.go). After writes, appends,
-// truncates, an open with O_TRUNC, chmod, utimes, a hard link, an unlink of
-// an open file and a rename over one, every stat it gave equals what meta
-// holds, as the other mount sees it once its stats have recalled the lease.
+// truncates, an open with O_TRUNC, chmod, a chown to the same owner (sent
+// behind), utimes, a hard link, an unlink of an open file and a rename over
+// one, every stat it gave equals what meta holds, as the other mount sees
+// it once its stats have recalled the lease.
 func TestOwnedFileAttrs(t *testing.T) {
 	c := fstest.Start(t, fstest.Options{})
 	b, _ := c.Mount(t)
@@ -201,6 +202,15 @@ func TestOwnedFileAttrs(t *testing.T) {
 	must(err)
 	must(f.Close())
 	must(os.Chmod(path("f3"), 0o600))
+	must(os.WriteFile(path("f9"), []byte("9"), 0o644)) // chowned to whom it belongs: its ctime moves
+	before, err := os.Stat(path("f9"))
+	must(err)
+	must(os.Chown(path("f9"), os.Getuid(), os.Getgid()))
+	after, err := os.Stat(path("f9"))
+	must(err)
+	if bc, ac := before.Sys().(*syscall.Stat_t).Ctim, after.Sys().(*syscall.Stat_t).Ctim; ac == bc {
+		t.Errorf("a chown left the ctime at %v", ac)
+	}
 	must(os.Chtimes(path("f4"), time.Unix(1e9, 0), time.Unix(1e9, 5)))
 	must(os.Link(path("f5"), path("f5b")))
 	open6, err := os.Open(path("f6"))
@@ -221,7 +231,7 @@ func TestOwnedFileAttrs(t *testing.T) {
 	if n := nlink(st); n != 0 {
 		t.Errorf("an open file renamed over has nlink %d, want 0", n)
 	}
-	names := []string{"f1", "f2", "f3", "f4", "f5", "f5b", "f7", "f8"}
+	names := []string{"f1", "f2", "f3", "f4", "f5", "f5b", "f7", "f8", "f9"}
 	mine := map[string]*syscall.Stat_t{}
 	for _, name := range names {
 		st, err := os.Stat(path(name))

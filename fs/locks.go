@@ -312,7 +312,7 @@ func (n *Node) lockOwned(l *metapb.FileLock, wait bool) (local bool, e syscall.E
 	dir.mu.Lock()
 	lease := dir.leaseLocked()
 	queued := lease != nil && lease.id == id &&
-		early.LockBehind(&metapb.LockRequest{Ino: n.ino, Lock: l}, n.fsys.lostLock(n.ino))
+		early.LockBehind(&metapb.LockRequest{Ino: n.ino, Lock: l}, n.fsys.lostChange("lock", n))
 	dir.mu.Unlock()
 	if !queued {
 		n.locksShared = true
@@ -331,17 +331,4 @@ func (n *Node) testOwned(l *metapb.FileLock) (*metapb.FileLock, bool) {
 		return nil, false
 	}
 	return metapb.ConflictingLock(n.locks, l), true
-}
-
-// lostLock returns the completion of a lock change sent behind: one meta
-// refused was answered to a process already (logged and counted, as an
-// answered create meta refuses).
-func (fsys *FS) lostLock(ino uint64) func(error) {
-	return func(err error) {
-		if err == nil {
-			return
-		}
-		fsys.earlyLost.Add(1)
-		fsys.log.Error("a lock answered before meta applied it failed: the process was told it holds it", "ino", ino, "err", err)
-	}
 }

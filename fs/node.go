@@ -645,6 +645,11 @@ func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut
 
 // Setattr implements gofs.NodeSetattrer.
 func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if a := n.chownOwned(ctx, in); a != nil {
+		n.fsys.fillAttr(a, &out.Attr)
+		out.SetTimeout(n.fsys.opts.AttrTimeout)
+		return 0
+	}
 	ctx, done := killable(ctx)
 	defer done()
 	n.dirChange() // a change the kept attributes do not show

@@ -1,8 +1,13 @@
 package fs
 
 import (
+	"context"
 	"sync"
 	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
@@ -192,5 +197,69 @@ func (n *Node) OnForget() {
 	n.fsys.owned.remove(n)
 	if d := n.fsys.opts.Data; d != nil && n.StableAttr().Mode&syscall.S_IFMT == syscall.S_IFREG {
 		d.Forget(n.ino)
+	}
+}
+
+// chownOwned answers a chown of an owned file to the owner and group it
+// has (sqlite, run as root, gives its journal the database's owner every
+// transaction) and sends it behind; nil if the caller must call meta. Such
+// a chown changes only the ctime: the mount sets it, and meta sets the
+// same. It is answered so only for root or the file's owner, on a file
+// with no set-user-ID or set-group-ID bit (a chown clears those).
+func (n *Node) chownOwned(ctx context.Context, in *fuse.SetAttrIn) *metapb.Attr {
+	early := n.fsys.opts.Early
+	const allowed = fuse.FATTR_UID | fuse.FATTR_GID | fuse.FATTR_CTIME | fuse.FATTR_FH | fuse.FATTR_LOCKOWNER
+	if early == nil || in.Valid&(fuse.FATTR_UID|fuse.FATTR_GID) == 0 || in.Valid&^allowed != 0 {
+		return nil
+	}
+	c := n.fsys.callers.of(ctx)
+	n.mu.Lock()
+	a, dir, id := n.owned.attr, n.createdIn, n.createdLease
+	ok := a != nil && dir != nil && !n.owned.off && n.owned.busy == 0 &&
+		(c.Uid == 0 || c.Uid == a.Uid) && a.Mode&(syscall.S_ISUID|syscall.S_ISGID) == 0
+	if u, set := in.GetUID(); set && ok {
+		ok = u == a.Uid
+	}
+	if g, set := in.GetGID(); set && ok {
+		ok = g == a.Gid
+	}
+	n.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	now := time.Now().UnixNano()
+	req := &metapb.SetAttrRequest{Caller: c, Ino: n.ino, SetUid: true, Uid: a.Uid, SetGid: true, Gid: a.Gid, SetCtime: true, CtimeNs: now}
+	// As a create's: the check of the lease and the queuing are one step
+	// for a recall.
+	dir.mu.Lock()
+	lease := dir.leaseLocked()
+	queued := lease != nil && lease.id == id && early.SetAttrBehind(req, n.fsys.lostChange("chown", n))
+	dir.mu.Unlock()
+	if !queued {
+		return nil
+	}
+	after := proto.CloneOf(a)
+	after.CtimeNs = now
+	n.mu.Lock()
+	if n.owned.attr == a {
+		n.owned.attr = after
+	} else {
+		n.owned.attr = nil // changed meanwhile: asked again
+	}
+	n.mu.Unlock()
+	return after
+}
+
+// lostChange returns the completion of a change of n's attributes sent
+// behind: one meta refused was answered already (logged and counted), and
+// n's attributes are not known any more.
+func (fsys *FS) lostChange(op string, n *Node) func(error) {
+	return func(err error) {
+		if err == nil {
+			return
+		}
+		n.disown()
+		fsys.earlyLost.Add(1)
+		fsys.log.Error("a "+op+" answered before meta applied it failed: the application was told it succeeded", "ino", n.ino, "err", err)
 	}
 }

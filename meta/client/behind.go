@@ -477,6 +477,11 @@ func (s *Session) LockBehind(req *metapb.LockRequest, done func(error)) bool {
 	return s.c.bg.goCall("Lock", req, []pkey{{ino: req.Ino}}, done)
 }
 
+// SetAttrBehind is CreateBehind for a change of req.Ino's attributes.
+func (s *Session) SetAttrBehind(req *metapb.SetAttrRequest, done func(error)) bool {
+	return s.c.bg.goCall("SetAttr", req, []pkey{{ino: req.Ino}}, done)
+}
+
 // maxReleaseMore bounds the inodes one Release sent behind carries (meta's
 // limit: core.MaxReleasesPerCall).
 const maxReleaseMore = 1024
