@@ -204,6 +204,7 @@ func (b *behind) sendWith(ctx context.Context, method string, args, reply any, o
 		return b.fo.Invoke(ctx, method, args, reply, opts...)
 	}
 	self := &bgCall{method: short, args: m, id: id}
+	before := b.fo.mutations.Load()
 	results, err := b.sendBatch(ctx, append(calls, self))
 	if err != nil {
 		// The calls behind go again, with the next batch.
@@ -219,6 +220,10 @@ func (b *behind) sendWith(ctx context.Context, method string, args, reply any, o
 	<-b.send
 	if err := resultErr(results[len(calls)]); err != nil {
 		return err
+	}
+	if isSyncedCommit(args) {
+		// Meta made the batch durable after its last call: as a Sync.
+		b.fo.coverSince(before)
 	}
 	return proto.Unmarshal(results[len(calls)].Reply, reply.(proto.Message))
 }

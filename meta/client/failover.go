@@ -85,7 +85,7 @@ func (f *failover) Invoke(ctx context.Context, method string, args, reply any, o
 	if !readOnly(short) {
 		id = f.newID()
 	}
-	if r, ok := args.(*metapb.CommitStripesRequest); ok && r.Sync {
+	if isSyncedCommit(args) {
 		return f.syncedCommit(ctx, method, args, reply, id, opts...)
 	}
 	return f.invoke(ctx, method, args, reply, id, opts...)
@@ -101,11 +101,18 @@ func (f *failover) syncedCommit(ctx context.Context, method string, args, reply 
 	if err := f.invoke(ctx, method, args, reply, id, opts...); err != nil {
 		return err
 	}
+	f.coverSince(m)
+	return nil
+}
+
+// coverSince records that a call that returned durable (a synced commit, or
+// a batch ending with one) covers the m mutating calls that had returned
+// when it was sent, and itself if no other returned meanwhile.
+func (f *failover) coverSince(m uint64) {
 	if f.mutations.Load() == m+1 {
-		m++ // only this commit returned meanwhile
+		m++ // only this call returned meanwhile
 	}
 	f.covered(m)
-	return nil
 }
 
 // covered records that a durable point covers the first m mutating calls
@@ -113,6 +120,12 @@ func (f *failover) syncedCommit(ctx context.Context, method string, args, reply 
 func (f *failover) covered(m uint64) {
 	for s := f.synced.Load(); s < m && !f.synced.CompareAndSwap(s, m); s = f.synced.Load() {
 	}
+}
+
+// isSyncedCommit reports whether args is a commit meta answers once durable.
+func isSyncedCommit(args any) bool {
+	r, ok := args.(*metapb.CommitStripesRequest)
+	return ok && r.Sync
 }
 
 // newID returns a new request id of this client.

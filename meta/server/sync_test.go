@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -81,5 +82,40 @@ func TestSyncedCommitCoversSync(t *testing.T) {
 	}
 	if n := syncs(); n != 1 {
 		t.Fatalf("a Sync after an unsynced commit: %v calls at meta, want 1", n)
+	}
+
+	// A synced commit that travels in a batch behind a create sent behind
+	// (held back by a long linger) covers the batch.
+	c.SetLinger(time.Hour)
+	sess, err := c.StartSession(ctx, "sync test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close(ctx)
+	caller := &metapb.Caller{Session: sess.ID()}
+	if r, err := c.Lookup(ctx, &metapb.LookupRequest{Caller: caller, Parent: core.RootIno, Name: "g", Reserve: true}); err != nil || !r.Reserved {
+		t.Fatalf("lookup with reserve: %v, %v", r, err)
+	}
+	ino, ok := sess.NextIno()
+	if !ok {
+		t.Fatal("a new session has no inode numbers at hand")
+	}
+	created := make(chan error, 1)
+	if !sess.CreateBehind(&metapb.CreateRequest{Caller: caller, Parent: core.RootIno, Name: "g", Mode: 0o644, Exclusive: true,
+		Ino: ino, TimeNs: time.Now().UnixNano()}, func(err error) { created <- err }) {
+		t.Fatal("CreateBehind queued nothing")
+	}
+	if _, err := c.CommitStripes(ctx, &metapb.CommitStripesRequest{Ino: ino, Size: 1, Sync: true,
+		Stripes: []*metapb.StripeCommit{{Stripe: 0, Length: 1, Inline: true, Data: []byte("g")}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-created; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Sync(ctx, &metapb.SyncRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if n := syncs(); n != 1 {
+		t.Fatalf("a Sync after a batch ending with a synced commit: %v calls at meta in all, want still 1", n)
 	}
 }
