@@ -383,10 +383,18 @@ func (n *Node) createdUnderLease() bool {
 	if n == nil {
 		return false
 	}
-	n.mu.Lock()
-	dir, id := n.createdIn, n.createdLease
-	n.mu.Unlock()
+	dir, id, _ := n.ownerLease()
 	return dir != nil && dir.heldBy(id)
+}
+
+// sendUnderLease calls send, which queues a call behind, if the lease of id
+// is held and usable: one step for a recall, which sends the call before
+// the lease goes. It reports whether send queued it.
+func (n *Node) sendUnderLease(id uint64, send func() bool) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	l := n.leaseLocked()
+	return l != nil && l.id == id && send()
 }
 
 // flushBehind starts the flush of a file closed under its directory's lease

@@ -293,10 +293,8 @@ func (n *Node) lockOwned(l *metapb.FileLock, wait bool) (local bool, e syscall.E
 	if n.locksShared {
 		return false, 0
 	}
-	n.mu.Lock()
-	dir, id, off := n.createdIn, n.createdLease, n.owned.off
-	n.mu.Unlock()
-	if dir == nil || off {
+	dir, id, owned := n.ownerLease()
+	if !owned {
 		n.locksShared = true
 		return false, 0
 	}
@@ -307,14 +305,9 @@ func (n *Node) lockOwned(l *metapb.FileLock, wait bool) (local bool, e syscall.E
 		n.locksShared = true // meta makes it wait, after the calls sent behind
 		return false, 0
 	}
-	// The check of the lease and the queuing are one step for a recall, as
-	// for a create: the recall sends the lock before the lease goes.
-	dir.mu.Lock()
-	lease := dir.leaseLocked()
-	queued := lease != nil && lease.id == id &&
-		early.LockBehind(&metapb.LockRequest{Ino: n.ino, Lock: l}, n.fsys.lostChange("lock", n))
-	dir.mu.Unlock()
-	if !queued {
+	if !dir.sendUnderLease(id, func() bool {
+		return early.LockBehind(&metapb.LockRequest{Ino: n.ino, Lock: l}, n.fsys.lostChange("lock", n))
+	}) {
 		n.locksShared = true
 		return false, 0
 	}

@@ -226,9 +226,17 @@ func (n *Node) noteDirAttr(gen uint64, a *metapb.Attr) {
 // change gen: under the lease, they are also the directory's current ones.
 func (n *Node) noteRepliedDirAttr(gen uint64, a *metapb.Attr) {
 	n.noteDirAttr(gen, a)
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if a != nil && a.Ino == n.ino && n.dirGen == gen && n.lease != nil {
+	if a != nil && a.Ino == n.ino {
+		n.mu.Lock()
+		n.leaseAttrLocked(gen, a)
+		n.mu.Unlock()
+	}
+}
+
+// leaseAttrLocked keeps a as the directory's current attributes under its
+// lease, unless a change began since change gen (caller holds n.mu).
+func (n *Node) leaseAttrLocked(gen uint64, a *metapb.Attr) {
+	if n.lease != nil && n.dirGen == gen {
 		n.lease.attr = a
 	}
 }
@@ -250,9 +258,7 @@ func (n *Node) noteFetchedDirAttr(gen uint64, a *metapb.Attr) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.lastAttr = a
-	if n.lease != nil && n.dirGen == gen {
-		n.lease.attr = a
-	}
+	n.leaseAttrLocked(gen, a)
 }
 
 // cachedDirAttr returns the attributes noteDirAttr recorded, once: they

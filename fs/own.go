@@ -100,10 +100,17 @@ func (n *Node) ownedAttr() *metapb.Attr {
 // owns reports whether the mount owns the file: no other session has
 // reached it.
 func (n *Node) owns() bool {
+	dir, id, owned := n.ownerLease()
+	return owned && dir.heldBy(id)
+}
+
+// ownerLease returns the directory and the lease the file was created
+// under, if it was, and whether the mount still owns it as far as the file
+// knows (the lease may be gone: see owns).
+func (n *Node) ownerLease() (dir *Node, id uint64, owned bool) {
 	n.mu.Lock()
-	dir, id, off := n.createdIn, n.createdLease, n.owned.off
-	n.mu.Unlock()
-	return dir != nil && !off && dir.heldBy(id)
+	defer n.mu.Unlock()
+	return n.createdIn, n.createdLease, n.createdIn != nil && !n.owned.off
 }
 
 // beginChange notes a change to an owned file's attributes sent to meta.
@@ -212,11 +219,14 @@ func (n *Node) chownOwned(ctx context.Context, in *fuse.SetAttrIn) *metapb.Attr 
 	if early == nil || in.Valid&(fuse.FATTR_UID|fuse.FATTR_GID) == 0 || in.Valid&^allowed != 0 {
 		return nil
 	}
+	dir, id, owned := n.ownerLease()
+	if !owned {
+		return nil
+	}
 	c := n.fsys.callers.of(ctx)
 	n.mu.Lock()
-	a, dir, id := n.owned.attr, n.createdIn, n.createdLease
-	ok := a != nil && dir != nil && !n.owned.off && n.owned.busy == 0 &&
-		(c.Uid == 0 || c.Uid == a.Uid) && a.Mode&(syscall.S_ISUID|syscall.S_ISGID) == 0
+	a := n.owned.attr
+	ok := a != nil && n.owned.busy == 0 && (c.Uid == 0 || c.Uid == a.Uid) && a.Mode&(syscall.S_ISUID|syscall.S_ISGID) == 0
 	if u, set := in.GetUID(); set && ok {
 		ok = u == a.Uid
 	}
@@ -229,13 +239,7 @@ func (n *Node) chownOwned(ctx context.Context, in *fuse.SetAttrIn) *metapb.Attr 
 	}
 	now := time.Now().UnixNano()
 	req := &metapb.SetAttrRequest{Caller: c, Ino: n.ino, SetUid: true, Uid: a.Uid, SetGid: true, Gid: a.Gid, SetCtime: true, CtimeNs: now}
-	// As a create's: the check of the lease and the queuing are one step
-	// for a recall.
-	dir.mu.Lock()
-	lease := dir.leaseLocked()
-	queued := lease != nil && lease.id == id && early.SetAttrBehind(req, n.fsys.lostChange("chown", n))
-	dir.mu.Unlock()
-	if !queued {
+	if !dir.sendUnderLease(id, func() bool { return early.SetAttrBehind(req, n.fsys.lostChange("chown", n)) }) {
 		return nil
 	}
 	after := proto.CloneOf(a)
