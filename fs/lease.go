@@ -146,6 +146,15 @@ func (fsys *FS) recallLoop(ctx context.Context) {
 		epoch, release := t.epoch, t.release
 		t.release = nil
 		t.mu.Unlock()
+		if len(release) > 0 {
+			// What was answered under the leases goes to meta before they
+			// do (meta fences a lease's files until then: lease.go there).
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			if err := early.WaitBehind(wctx); err != nil {
+				fsys.log.Warn("calls behind not sent before leases went back", "err", err)
+			}
+			cancel()
+		}
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		newEpoch, recall, err := early.Recalls(cctx, epoch, release)
 		cancel()
@@ -193,14 +202,11 @@ func (fsys *FS) recallLoop(ctx context.Context) {
 			continue
 		}
 		// What the mount answered in those directories goes to meta
-		// before the leases do: the data of files closed there, then the
-		// calls behind.
+		// before the leases do: the data of files closed there here, the
+		// calls behind before the next Recalls call gives them back.
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		for _, n := range dropped {
 			n.settleFlushes(wctx)
-		}
-		if err := early.WaitBehind(wctx); err != nil {
-			fsys.log.Warn("calls behind not sent before a recalled lease went back", "err", err)
 		}
 		cancel()
 		t.mu.Lock()

@@ -30,6 +30,13 @@ import (
 // mount), loses it without being asked. Leases live in this server's memory:
 // its epoch, in every grant and Recalls reply, tells the holders of another
 // run's leases that they hold nothing.
+//
+// A holder decides the locks of the files it created under its lease by
+// itself and sends them behind (fs/locks.go). A lease taken back without
+// being given back leaves a fence: until its holder gives it back (which it
+// does once its calls behind are sent) or its session ends, locks of other
+// sessions on the files created under it wait, as they would for the locks
+// the holder may have granted and not sent yet.
 
 // MaxLeaseNames is the most entries a directory may have to be leased: the
 // grant lists them all.
@@ -43,6 +50,14 @@ type dirLease struct {
 	id, dir, session uint64
 	recalledAt       time.Time // zero until recalled
 	done             chan struct{}
+	created          []uint64 // files the holder created under it
+}
+
+// fence is what a lease taken back from its holder leaves: the files the
+// holder created under it, whose locks other sessions wait for.
+type fence struct {
+	session, dir uint64
+	inos         []uint64
 }
 
 // leaseHolder is what meta keeps of a session that calls Recalls.
@@ -63,6 +78,8 @@ type leases struct {
 	byID      map[uint64]*dirLease
 	holders   map[uint64]*leaseHolder
 	contended map[uint64]time.Time // directory → when its lease was last recalled
+	fences    map[uint64]*fence    // lease id → what it left
+	fenced    map[uint64]uint64    // file → the lease id of its fence
 }
 
 func (l *leases) init() {
@@ -73,6 +90,8 @@ func (l *leases) init() {
 	l.byID = map[uint64]*dirLease{}
 	l.holders = map[uint64]*leaseHolder{}
 	l.contended = map[uint64]time.Time{}
+	l.fences = map[uint64]*fence{}
+	l.fenced = map[uint64]uint64{}
 }
 
 // dropLeaseLocked ends a lease (caller holds reservations.mu).
@@ -81,6 +100,66 @@ func (r *reservations) dropLeaseLocked(l *dirLease) {
 	delete(r.leases.byID, l.id)
 	r.nLeases.Add(-1)
 	close(l.done)
+}
+
+// takeBackLocked ends a lease its holder did not give back, fencing the
+// files it created under it.
+func (r *reservations) takeBackLocked(l *dirLease) {
+	r.dropLeaseLocked(l)
+	if len(l.created) == 0 {
+		return
+	}
+	r.leases.fences[l.id] = &fence{session: l.session, dir: l.dir, inos: l.created}
+	for _, ino := range l.created {
+		r.leases.fenced[ino] = l.id
+	}
+}
+
+// liftFenceLocked removes fence id and returns its files, whose lock
+// waiters the caller wakes.
+func (r *reservations) liftFenceLocked(id uint64) []uint64 {
+	f := r.leases.fences[id]
+	if f == nil {
+		return nil
+	}
+	delete(r.leases.fences, id)
+	for _, ino := range f.inos {
+		if r.leases.fenced[ino] == id {
+			delete(r.leases.fenced, ino)
+		}
+	}
+	return f.inos
+}
+
+// noteCreated records that session created ino in dir: under its lease, or
+// under one taken back from it whose fence still stands.
+func (r *reservations) noteCreated(session, dir, ino uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if l := r.leases.byDir[dir]; l != nil && l.session == session {
+		l.created = append(l.created, ino)
+		return
+	}
+	for id, f := range r.leases.fences {
+		if f.session == session && f.dir == dir {
+			f.inos = append(f.inos, ino)
+			r.leases.fenced[ino] = id
+			return
+		}
+	}
+}
+
+// fencedBy returns the session whose fence keeps session's locks of ino
+// waiting, or 0.
+func (r *reservations) fencedBy(session, ino uint64) uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if id, ok := r.leases.fenced[ino]; ok {
+		if f := r.leases.fences[id]; f.session != session {
+			return f.session
+		}
+	}
+	return 0
 }
 
 // otherLeaseLocked returns the lease of dir if a session other than session
@@ -117,13 +196,13 @@ func (s *Service) recallLocked(l *dirLease, now time.Time) time.Duration {
 		}
 	}
 	if h == nil || (h.polling == 0 && now.Sub(h.lastPoll) > s.cfg.LeaseSilence) {
-		r.dropLeaseLocked(l)
+		r.takeBackLocked(l)
 		return 0
 	}
 	left := l.recalledAt.Add(s.cfg.LeaseRecallTimeout).Sub(now)
 	if left <= 0 {
 		s.log.Warn("a directory lease was not given back in time: taken back", "dir", l.dir, "session", l.session)
-		r.dropLeaseLocked(l)
+		r.takeBackLocked(l)
 		return 0
 	}
 	// Wake up now and then to notice a holder that went silent.
@@ -234,12 +313,22 @@ func (s *Service) Recalls(ctx context.Context, req *metapb.RecallsRequest) (*met
 		h = &leaseHolder{wake: make(chan struct{}, 1)}
 		r.leases.holders[req.SessionId] = h
 	}
+	var unfenced []uint64
 	if req.Epoch == r.leases.epoch {
 		for _, id := range req.Release {
 			if l := r.leases.byID[id]; l != nil && l.session == req.SessionId {
 				r.dropLeaseLocked(l)
+			} else if f := r.leases.fences[id]; f != nil && f.session == req.SessionId {
+				unfenced = append(unfenced, r.liftFenceLocked(id)...)
 			}
 		}
+	}
+	if len(unfenced) > 0 {
+		r.mu.Unlock()
+		for _, ino := range unfenced {
+			s.lockChanged(ino)
+		}
+		r.mu.Lock()
 	}
 	out := &metapb.RecallsReply{Epoch: r.leases.epoch}
 	// A caller that does not know the epoch yet gets it at once.
@@ -267,12 +356,20 @@ func (s *Service) Recalls(ctx context.Context, req *metapb.RecallsRequest) (*met
 	return out, nil
 }
 
-// dropSessionLeasesLocked ends the leases of a session that ended.
-func (r *reservations) dropSessionLeasesLocked(session uint64) {
+// dropSessionLeasesLocked ends the leases and fences of a session that
+// ended and returns the files whose fences it lifted.
+func (r *reservations) dropSessionLeasesLocked(session uint64) []uint64 {
 	for _, l := range r.leases.byDir {
 		if l.session == session {
 			r.dropLeaseLocked(l)
 		}
 	}
 	delete(r.leases.holders, session)
+	var unfenced []uint64
+	for id, f := range r.leases.fences {
+		if f.session == session {
+			unfenced = append(unfenced, r.liftFenceLocked(id)...)
+		}
+	}
+	return unfenced
 }

@@ -1,7 +1,9 @@
 package core
 
 import (
+	"errors"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -156,5 +158,102 @@ func TestDirLeaseExcludesReservations(t *testing.T) {
 		// A silent holder, so that B's reserving lookup ends the lease.
 		e.clock.Advance(2 * time.Second)
 		e.reserve(b, dir, "n")
+	})
+}
+
+// TestLeaseFence: the files a holder created under a lease taken back from
+// it (it went silent) stay locked for other sessions — the holder may have
+// granted locks of them it has not sent — until it gives the lease back
+// after sending its calls, or its session ends. A lease given back leaves
+// no fence.
+func TestLeaseFence(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		a, aFirst := e.session(16)
+		b, _ := e.session(16)
+		const W, U = metapb.LockType_LOCK_WRITE, metapb.LockType_LOCK_UNLOCK
+		lock := func(s, ino uint64, typ metapb.LockType, wait bool) error {
+			r, err := e.s.Lock(e.ctx, &metapb.LockRequest{Ino: ino, Lock: &metapb.FileLock{Session: s, Owner: s, Flock: true, Type: typ}, Wait: wait})
+			if err == nil && !r.Granted {
+				return errors.New("not granted")
+			}
+			return err
+		}
+		// leased creates a file of a under a lease of dir, then has b's
+		// lookup take the lease back from a silent a.
+		leased := func(dir uint64, name string, ino uint64) uint64 {
+			t.Helper()
+			e.recalls(a, 0)
+			r := e.leaseLookup(a, dir, name)
+			if r.Lease == nil {
+				t.Fatal("no lease")
+			}
+			if _, err := e.createEarly(a, dir, name, ino); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan result, 1)
+			go func() {
+				r, err := e.s.Lookup(e.ctx, &metapb.LookupRequest{Caller: &metapb.Caller{Session: b}, Parent: dir, Name: name})
+				done <- result{r, err}
+			}()
+			blocked(t, done, "another session's lookup")
+			e.clock.Advance(2 * time.Second) // past LeaseSilence
+			if res := <-done; res.err != nil {
+				t.Fatalf("lookup after the holder went silent: %v", res.err)
+			}
+			return r.Lease.Id
+		}
+
+		dir := e.mkdir(root, RootIno, "d", 0o777)
+		id := leased(dir, "f", aFirst)
+		f := aFirst
+		wantErrno(t, lock(b, f, W, false), syscall.EAGAIN)
+		if r, err := e.s.Lock(e.ctx, &metapb.LockRequest{Ino: f, Lock: &metapb.FileLock{Session: b, Owner: b, Type: W, End: 10}, Test: true}); err != nil || r.Conflict == nil || r.Conflict.Session != a {
+			t.Fatalf("F_GETLK behind a fence = %v, %v; want a conflict of session %d", r, err, a)
+		}
+		waiter := make(chan error, 1)
+		go func() { waiter <- lock(b, f, W, true) }()
+		blocked(t, waiter, "a lock behind a fence")
+		// The holder sends the lock it granted, then gives the lease back:
+		// the waiter now waits for that lock, until it is unlocked.
+		if err := lock(a, f, W, false); err != nil {
+			t.Fatalf("the holder's own lock: %v", err)
+		}
+		e.recalls(a, e.recalls(a, 0).Epoch, id)
+		blocked(t, waiter, "a lock behind the holder's")
+		if err := lock(a, f, U, false); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-waiter; err != nil {
+			t.Fatalf("lock after the fence was lifted and the holder unlocked: %v", err)
+		}
+
+		// The end of the holder's session lifts its fence.
+		dir2 := e.mkdir(root, RootIno, "d2", 0o777)
+		leased(dir2, "g", aFirst+1)
+		g := aFirst + 1
+		go func() { waiter <- lock(b, g, W, true) }()
+		blocked(t, waiter, "a lock behind a fence")
+		if err := e.s.endSession(e.ctx, a, "test"); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-waiter; err != nil {
+			t.Fatalf("lock after the holder's session ended: %v", err)
+		}
+
+		// A lease given back leaves no fence.
+		c, cFirst := e.session(16)
+		dir3 := e.mkdir(root, RootIno, "d3", 0o777)
+		epoch := e.recalls(c, 0).Epoch
+		r := e.leaseLookup(c, dir3, "h")
+		if r.Lease == nil {
+			t.Fatal("no lease")
+		}
+		if _, err := e.createEarly(c, dir3, "h", cFirst); err != nil {
+			t.Fatal(err)
+		}
+		e.recalls(c, epoch, r.Lease.Id)
+		if err := lock(b, cFirst, W, false); err != nil {
+			t.Fatalf("lock of a file created under a lease given back: %v", err)
+		}
 	})
 }

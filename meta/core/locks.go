@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"math"
 	"slices"
 	"syscall"
 	"time"
@@ -43,6 +44,9 @@ func (s *Service) Lock(ctx context.Context, req *metapb.LockRequest) (*metapb.Lo
 	}
 	norm := metapb.NormalLock(l)
 	if req.Test {
+		if other := s.reserved.fencedBy(l.Session, req.Ino); other != 0 && norm.Type != metapb.LockType_LOCK_UNLOCK {
+			return &metapb.LockReply{Conflict: fencedLock(other)}, nil
+		}
 		var out *metapb.LockReply
 		err := s.view(ctx, func(r kv.Reader) error {
 			rec, err := getLocks(r, req.Ino)
@@ -61,6 +65,19 @@ func (s *Service) Lock(ctx context.Context, req *metapb.LockRequest) (*metapb.Lo
 	defer deadline.Stop()
 	for {
 		wake := s.lockWake(req.Ino)
+		if other := s.reserved.fencedBy(l.Session, req.Ino); other != 0 && norm.Type != metapb.LockType_LOCK_UNLOCK {
+			if !req.Wait {
+				return nil, metaerr.New(syscall.EAGAIN, "inode %d: session %d may hold a lock it has not sent", req.Ino, other)
+			}
+			select {
+			case <-wake:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-deadline.C:
+				return &metapb.LockReply{}, nil
+			}
+		}
 		var holders []metapb.LockOwner
 		err := s.updateLogged(ctx, func(t kv.Txn) error {
 			holders = holders[:0]
@@ -105,6 +122,12 @@ func (s *Service) Lock(ctx context.Context, req *metapb.LockRequest) (*metapb.Lo
 			return &metapb.LockReply{}, nil
 		}
 	}
+}
+
+// fencedLock is what F_GETLK reports of a file behind session's fence (see
+// lease.go): a write lock of the whole file held by that session.
+func fencedLock(session uint64) *metapb.FileLock {
+	return &metapb.FileLock{Session: session, Type: metapb.LockType_LOCK_WRITE, End: math.MaxUint64}
 }
 
 // lockWake returns the channel closed at the next change of ino's locks.

@@ -252,6 +252,9 @@ func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, n
 	}
 	if created {
 		s.inodes.Add(1)
+		if n.ino != 0 {
+			s.reserved.noteCreated(c.Session, parent, out.Attr.Ino)
+		}
 	}
 	return out, nil
 }

@@ -122,16 +122,18 @@ func (r *reservations) sweepLocked(now time.Time) {
 	}
 }
 
-// dropSession ends every reservation and lease of session.
-func (r *reservations) dropSession(session uint64) {
+// dropSession ends every reservation, lease and fence of session and
+// returns the files whose fences it lifted.
+func (r *reservations) dropSession(session uint64) []uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.dropSessionLeasesLocked(session)
+	unfenced := r.dropSessionLeasesLocked(session)
 	for k, res := range r.names {
 		if res.session == session {
 			r.dropLocked(k, res)
 		}
 	}
+	return unfenced
 }
 
 // acquireName waits until no other session holds (dir, name) (and, unless

@@ -153,14 +153,14 @@ func (s *Service) endSession(ctx context.Context, id uint64, why string) error {
 		return fmt.Errorf("end session %d: %w", id, err)
 	}
 	s.inodes.Add(-purged)
-	for _, ino := range locked {
-		s.lockChanged(ino)
-	}
 	s.sessMu.Lock()
 	delete(s.sessions, id)
 	delete(s.sessTTL, id)
 	s.sessMu.Unlock()
-	s.reserved.dropSession(id)
+	locked = append(locked, s.reserved.dropSession(id)...)
+	for _, ino := range locked {
+		s.lockChanged(ino)
+	}
 	s.log.Info("session ended", "session", id, "why", why, "purged_inodes", purged)
 	return nil
 }
