@@ -38,7 +38,7 @@ type cache struct {
 	store   *store.Store
 	metrics *Metrics
 	// onCorrupt, when set, is told of a version that failed its checksum.
-	onCorrupt func(chunk.Key)
+	onCorrupt func(chunk.Key) bool
 
 	mu       sync.Mutex
 	m        map[chunk.Key]*resident

@@ -2,6 +2,7 @@ package chunkserver
 
 import (
 	"context"
+	"time"
 
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 )
@@ -17,9 +18,20 @@ type Membership interface {
 	Register(ctx context.Context, info Info) error
 	// Heartbeat reports the chunkserver's state, including the versions deleted
 	// since the last successful heartbeat, and returns the versions metadata no
-	// longer references (garbage) for chunkd to delete. It returns an error
-	// wrapping ErrNotRegistered when the service does not know the chunkserver.
-	Heartbeat(ctx context.Context, stats Stats) (garbage []chunk.Key, err error)
+	// longer references (garbage) for chunkd to delete and the scrub schedule.
+	// It returns an error wrapping ErrNotRegistered when the service does not
+	// know the chunkserver.
+	Heartbeat(ctx context.Context, stats Stats) (HeartbeatReply, error)
+}
+
+// HeartbeatReply is what the metadata service answers a heartbeat.
+type HeartbeatReply struct {
+	// Garbage lists versions no stripe references: chunkd deletes them.
+	Garbage []chunk.Key
+	// ScrubInterval spreads a scrub pass over this long (0: no scrubbing);
+	// ScrubRequested asks for a pass now unless one started after it.
+	ScrubInterval  time.Duration
+	ScrubRequested time.Time
 }
 
 // Info describes a chunkserver to the metadata service.
@@ -51,4 +63,6 @@ type Stats struct {
 	// Deleted lists the garbage versions deleted (or found absent) since the
 	// last successful heartbeat.
 	Deleted []chunk.Key
+	// Scrub is the scrubbing's progress.
+	Scrub ScrubProgress
 }

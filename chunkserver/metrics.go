@@ -27,6 +27,10 @@ type Metrics struct {
 	RepairBytes     prometheus.Counter     // bytes of shards rebuilt and stored
 	RepairReadBytes prometheus.Counter     // bytes read from other chunkservers for repair
 	RepairSeconds   prometheus.Histogram   // time to rebuild one shard
+	// Scrub: stored versions read back and checked.
+	ScrubBytes    prometheus.Counter // bytes verified
+	ScrubErrors   prometheus.Counter // versions found corrupt or missing
+	ScrubLastPass prometheus.Gauge   // when the last full pass finished (unix seconds)
 }
 
 // NewMetrics creates the metrics and registers them with reg (which may be nil).
@@ -52,11 +56,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		RepairBytes:     prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "repair_rebuilt_bytes_total", Help: "Bytes of shards rebuilt (or moved) and stored durably."}),
 		RepairReadBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "repair_read_bytes_total", Help: "Bytes read with RDMA_READ from other chunkservers for repair."}),
 		RepairSeconds:   prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "repair_seconds", Help: "Time to rebuild and store one shard.", Buckets: prometheus.ExponentialBuckets(1e-3, 2, 14)}),
+		ScrubBytes:      prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "scrub_verified_bytes_total", Help: "Bytes of stored chunk versions read back from disk and checked by scrubbing."}),
+		ScrubErrors:     prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "scrub_corrupt_total", Help: "Stored chunk versions scrubbing found corrupt or missing."}),
+		ScrubLastPass:   prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "scrub_last_pass_timestamp_seconds", Help: "When the last full scrub pass finished (unix time)."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.BytesRead, m.BytesWritten, m.LeaseBytes, m.Ops, m.Latency, m.Leases, m.Staging,
 			m.StagingBytes, m.ResidentBytes, m.Connections, m.Errors, m.Evictions, m.Revocations, m.StoredBytes, m.StoredVersion,
-			m.Repairs, m.RepairBytes, m.RepairReadBytes, m.RepairSeconds)
+			m.Repairs, m.RepairBytes, m.RepairReadBytes, m.RepairSeconds, m.ScrubBytes, m.ScrubErrors, m.ScrubLastPass)
 	}
 	return m
 }

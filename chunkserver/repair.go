@@ -437,8 +437,9 @@ func (l *rateLimiter) wait(ctx context.Context, n int) error {
 }
 
 // noteCorrupt records a stored version that failed its checksum; the repair
-// worker reports it until garbage collection deletes it.
-func (s *Server) noteCorrupt(key chunk.Key) {
+// worker reports it until garbage collection deletes it. It returns whether
+// the version was not known corrupt before.
+func (s *Server) noteCorrupt(key chunk.Key) bool {
 	s.mu.Lock()
 	_, known := s.corrupt[key]
 	s.corrupt[key] = struct{}{}
@@ -447,6 +448,7 @@ func (s *Server) noteCorrupt(key chunk.Key) {
 		s.metrics.Errors.WithLabelValues("corrupt").Inc()
 		s.log.Error("chunkd: stored chunk version is corrupt: reporting it for repair", "chunk", key)
 	}
+	return !known
 }
 
 // maxCorruptPerPoll is how many corrupt versions one repair poll reports: the

@@ -76,6 +76,9 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// Repair configures the repair worker (off without a Planner).
 	Repair RepairConfig
+	// ScrubRate bounds the bytes per second scrubbing reads back from disk
+	// (0: unlimited); the metadata service sets when it runs.
+	ScrubRate int64
 	// Logger receives the server's logs (default slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the server's metrics (nil: not exported).
@@ -163,6 +166,7 @@ type Server struct {
 	// the repair planner until they are deleted.
 	corrupt map[chunk.Key]struct{}
 	rep     *repairer // nil: repair off
+	scrub   *scrubber
 	closed  bool
 	wg      sync.WaitGroup // connections and background loops
 
@@ -209,6 +213,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.pool = pool
 	s.cache = newCache(pool, cfg.Store, s.metrics)
 	s.cache.onCorrupt = s.noteCorrupt
+	s.scrub = newScrubber(s, cfg.ScrubRate)
 	if cfg.Repair.Planner != nil {
 		if s.rep, err = newRepairer(s, cfg.Repair); err != nil {
 			pool.Close()
@@ -254,8 +259,9 @@ func (s *Server) Serve(ctx context.Context) error {
 		s.ln.Close()
 	}()
 	if s.cfg.Membership != nil {
-		s.wg.Add(1)
+		s.wg.Add(2)
 		go s.membershipLoop(ctx)
+		go s.scrub.loop(ctx)
 	}
 	if s.rep != nil {
 		s.wg.Add(1)
@@ -482,7 +488,8 @@ func (s *Server) membershipLoop(ctx context.Context) {
 			st.Load = float64(ops-lastOps) / now.Sub(lastBeat).Seconds()
 			lastOps, lastBeat = ops, now
 			st.Deleted = deleted
-			garbage, err := m.Heartbeat(ctx, st)
+			st.Scrub = s.scrub.report()
+			reply, err := m.Heartbeat(ctx, st)
 			switch {
 			case errors.Is(err, ErrNotRegistered):
 				registered = false
@@ -491,8 +498,9 @@ func (s *Server) membershipLoop(ctx context.Context) {
 			case err != nil:
 				s.log.Warn("chunkd: heartbeat", "err", err)
 			default:
+				s.scrub.schedule(reply.ScrubInterval, reply.ScrubRequested)
 				deleted = nil
-				for _, k := range garbage {
+				for _, k := range reply.Garbage {
 					err := s.deleteVersion(k)
 					if err == nil || errors.Is(err, store.ErrNotFound) {
 						deleted = append(deleted, k)

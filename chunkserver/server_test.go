@@ -696,18 +696,18 @@ func (m *fakeMembership) Register(ctx context.Context, info chunkserver.Info) er
 	return nil
 }
 
-func (m *fakeMembership) Heartbeat(ctx context.Context, st chunkserver.Stats) ([]chunk.Key, error) {
+func (m *fakeMembership) Heartbeat(ctx context.Context, st chunkserver.Stats) (chunkserver.HeartbeatReply, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.beats++
 	if m.beats == 2 {
-		return nil, fmt.Errorf("meta forgot us: %w", chunkserver.ErrNotRegistered)
+		return chunkserver.HeartbeatReply{}, fmt.Errorf("meta forgot us: %w", chunkserver.ErrNotRegistered)
 	}
 	m.reported = append(m.reported, st.Deleted...)
 	if !m.ready || len(m.reported) > 0 {
-		return nil, nil
+		return chunkserver.HeartbeatReply{}, nil
 	}
-	return m.garbage, nil
+	return chunkserver.HeartbeatReply{Garbage: m.garbage}, nil
 }
 
 // TestReadPathAllocations: a read through a cached lease is a pure one-sided

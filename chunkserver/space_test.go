@@ -191,7 +191,7 @@ func (m *spaceMembership) Register(ctx context.Context, info chunkserver.Info) e
 	return nil
 }
 
-func (m *spaceMembership) Heartbeat(ctx context.Context, st chunkserver.Stats) ([]chunk.Key, error) {
+func (m *spaceMembership) Heartbeat(ctx context.Context, st chunkserver.Stats) (chunkserver.HeartbeatReply, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.last = &st
@@ -204,7 +204,7 @@ func (m *spaceMembership) Heartbeat(ctx context.Context, st chunkserver.Stats) (
 		out = append(out, k)
 	}
 	m.notifyLocked()
-	return out, nil
+	return chunkserver.HeartbeatReply{Garbage: out}, nil
 }
 
 func (m *spaceMembership) addGarbage(keys ...chunk.Key) {

@@ -941,6 +941,9 @@ const LayoutXattr = "rdmafs.layout"
 func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
 	ctx, done := killable(ctx)
 	defer done()
+	if size, e, ok := n.infoXattr(ctx, attr, dest); ok {
+		return size, e
+	}
 	if attr == LayoutXattr {
 		r, err := n.fsys.meta.GetLayout(ctx, &metapb.GetLayoutRequest{Ino: n.ino})
 		if err != nil {

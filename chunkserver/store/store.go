@@ -1130,6 +1130,24 @@ func (s *Store) ReadInto(key chunk.Key, dst []byte) (chunk.Info, error) {
 	return info, err
 }
 
+// Verify reads version key from the disk, not the page cache (its cached
+// pages are dropped first), into dst, which must hold its length, and
+// checks it as ReadInto does: damaged data, or a file gone from under the
+// store, fails with ErrCorrupt; a version deleted meanwhile with
+// ErrNotFound. Scrubbing calls it.
+func (s *Store) Verify(key chunk.Key, dst []byte) (chunk.Info, error) {
+	s.mu.Lock()
+	sl, ok := s.slotOf[key]
+	s.mu.Unlock()
+	if ok {
+		if f, err := os.Open(s.slotPath(sl.n)); err == nil {
+			_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED) // advice: a failure only means cached reads
+			f.Close()
+		}
+	}
+	return s.ReadInto(key, dst)
+}
+
 func (s *Store) readInto(key chunk.Key, dst []byte) (chunk.Info, error) {
 	s.mu.Lock()
 	info, ok := s.chunks[key.Chunk][key.Version]
@@ -1145,7 +1163,9 @@ func (s *Store) readInto(key chunk.Key, dst []byte) (chunk.Info, error) {
 	f, err := os.Open(s.slotPath(sl.n))
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return chunk.Info{}, fmt.Errorf("read %v: %w", key, ErrNotFound)
+			// The version is indexed but its file is gone: lost, unless
+			// deleted meanwhile (ReadInto tells).
+			return chunk.Info{}, fmt.Errorf("read %v: %w: its file is missing", key, ErrCorrupt)
 		}
 		return chunk.Info{}, fmt.Errorf("read %v: %w", key, err)
 	}

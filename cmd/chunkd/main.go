@@ -46,7 +46,7 @@ type flags struct {
 	data, listen, advertise, meta, mem, transport, zone, metrics string
 	secretFile, readyFile, logLevel, maxLength, capacity         string
 	reserve                                                      string
-	repairBW, repairMem                                          string
+	repairBW, repairMem, scrubRate                               string
 	credits, repairParallel                                      int
 	leaseTTL, stagingTTL, heartbeat                              time.Duration
 	schedBatch                                                   bool
@@ -67,7 +67,7 @@ func newCommand() *cobra.Command {
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.data, "data", "", "data directory (required)")
-	fl.StringVar(&f.listen, "listen", "127.0.0.1:7400", "address to serve the chunk protocol on")
+	fl.StringVar(&f.listen, "listen", "127.0.0.1:7500", "address to serve the chunk protocol on (meta's default is 7400)")
 	fl.StringVar(&f.advertise, "advertise", "", "address registered with the metadata service (default: the listen address)")
 	fl.StringVar(&f.meta, "meta", "", "metadata service address, or several comma-separated (meta servers on one etcd; empty: standalone)")
 	fl.StringVar(&f.mem, "mem", "", "registered memory for resident chunks and staging, e.g. 512MiB (default min(RAM/8, 4GiB))")
@@ -88,6 +88,7 @@ func newCommand() *cobra.Command {
 	fl.DurationVar(&f.stagingTTL, "staging-ttl", 60*time.Second, "time a prepared write may wait for its commit")
 	fl.DurationVar(&f.heartbeat, "heartbeat", 5*time.Second, "heartbeat interval to the metadata service")
 	fl.StringVar(&f.repairBW, "repair-bw", "128MiB", "bytes per second repair may read from other chunkservers (0: unlimited)")
+	fl.StringVar(&f.scrubRate, "scrub-rate", "64MiB", "bytes per second scrubbing may read back from disk (0: unlimited); meta's --scrub-interval sets how often")
 	fl.IntVar(&f.repairParallel, "repair-parallel", 2, "repair tasks run at once")
 	fl.StringVar(&f.repairMem, "repair-mem", "32MiB", "registered memory for repair reads (a 4+2 task with 1 MiB units needs 5 MiB)")
 	fl.BoolVar(&f.schedBatch, "sched-batch", true, "run under SCHED_BATCH (no wake-up preemption: fewer context switches per request)")
@@ -124,6 +125,10 @@ func run(ctx context.Context, f *flags) error {
 	capacity, err := bytesize.Parse(f.capacity)
 	if err != nil {
 		return fmt.Errorf("--capacity: %w", err)
+	}
+	scrubRate, err := bytesize.Parse(f.scrubRate)
+	if err != nil {
+		return fmt.Errorf("--scrub-rate: %w", err)
 	}
 	repairBW, err := bytesize.Parse(f.repairBW)
 	if err != nil {
@@ -189,7 +194,7 @@ func run(ctx context.Context, f *flags) error {
 		Device: dev, Store: st, Addr: f.listen, AdvertiseAddr: f.advertise,
 		MemBytes: int(memBytes), Secret: secret, Credits: f.credits,
 		LeaseTTL: f.leaseTTL, StagingTTL: f.stagingTTL, HeartbeatInterval: f.heartbeat,
-		Zone: f.zone, Logger: log, Registerer: reg, Membership: member, Repair: repair,
+		Zone: f.zone, Logger: log, Registerer: reg, Membership: member, Repair: repair, ScrubRate: scrubRate,
 	})
 	if err != nil {
 		return err

@@ -20,6 +20,8 @@ func newAdminCommand() *cobra.Command {
 func adminSubcommands() []*cobra.Command {
 	return []*cobra.Command{
 		newAdminRepairCommand(),
+		newAdminCheckCommand(),
+		newAdminScrubCommand(),
 		newAdminDrainCommand(),
 		newAdminRebalanceCommand(),
 		newAdminDumpCommand(),

@@ -17,14 +17,13 @@ func newAdminDrainCommand() *cobra.Command {
 	var wf waitFlags
 	var undo bool
 	cmd := &cobra.Command{
-		Use:   "drain META-ADDR CHUNKSERVER-ID",
+		Use:   "drain [META-ADDR] CHUNKSERVER-ID",
 		Short: "Move every shard off a chunkserver (for decommissioning)",
 		Long: "Mark a chunkserver retiring: it receives no new chunks, every shard it holds is moved to\n" +
 			"other chunkservers by the repair machinery, and it stays readable until then. With --wait,\n" +
 			"wait until it holds no shard and no chunk. --undo makes it a normal member again.",
-		Args: cobra.ExactArgs(2),
 		RunE: mf.run(func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
-			id := args[1]
+			id := args[0]
 			if _, err := c.Drain(ctx, &metapb.DrainRequest{Id: id, Undo: undo}); err != nil {
 				return fmt.Errorf("drain %s: %w", id, err)
 			}
@@ -52,7 +51,7 @@ func newAdminDrainCommand() *cobra.Command {
 			return nil
 		}),
 	}
-	mf.register(cmd, 0)
+	mf.register(cmd, 0, 1)
 	wf.register(cmd, "wait until the chunkserver holds nothing")
 	cmd.Flags().BoolVar(&undo, "undo", false, "stop draining: make the chunkserver a normal member again")
 	return cmd
@@ -64,9 +63,8 @@ func newAdminRebalanceCommand() *cobra.Command {
 	var mf metaFlags
 	var wf waitFlags
 	cmd := &cobra.Command{
-		Use:   "rebalance META-ADDR",
+		Use:   "rebalance [META-ADDR]",
 		Short: "Move shards from the fullest chunkservers to the emptiest",
-		Args:  cobra.ExactArgs(1),
 		RunE: mf.run(func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			r, err := c.Rebalance(ctx, &metapb.RebalanceRequest{})
 			if err != nil {
@@ -80,7 +78,7 @@ func newAdminRebalanceCommand() *cobra.Command {
 			return waitRepair(ctx, w, c, true, wf.every, nil)
 		}),
 	}
-	mf.register(cmd, 0)
+	mf.register(cmd, 0, 0)
 	wf.register(cmd, "wait until the moves are done")
 	return cmd
 }

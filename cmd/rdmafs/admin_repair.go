@@ -37,18 +37,17 @@ func newAdminRepairCommand() *cobra.Command {
 	var mf metaFlags
 	var wf waitFlags
 	cmd := &cobra.Command{
-		Use:   "repair META-ADDR",
+		Use:   "repair [META-ADDR]",
 		Short: "Show repair progress; with --wait, wait until every stripe has full redundancy",
 		Long: "Show stripes by health (healthy, degraded, lost), the repair queue and its throughput.\n" +
 			"With --wait, show a progress bar until every stripe is healthy and nothing is queued\n" +
 			"(exit status 0), or fail at once if stripes are lost: fewer than k of their shards\n" +
 			"are readable, so only bringing their chunkservers back can save them.",
-		Args: cobra.ExactArgs(1),
 		RunE: mf.run(func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			return waitRepair(ctx, cmd.OutOrStdout(), c, wf.wait, wf.every, nil)
 		}),
 	}
-	mf.register(cmd, 0)
+	mf.register(cmd, 0, 0)
 	wf.register(cmd, "wait until every stripe is healthy, showing progress")
 	return cmd
 }

@@ -18,7 +18,7 @@ func newMetaCommand() *cobra.Command {
 	var (
 		dataDir, kvURL, listen, secretFile, metricsListen, logLevel string
 		hbTimeout, sessionTTL, grantTTL, electionTTL                time.Duration
-		repairGrace, repairTaskTimeout                              time.Duration
+		repairGrace, repairTaskTimeout, scrubInterval               time.Duration
 		durableReplies                                              bool
 		tlsFiles                                                    auth.TLSFiles
 	)
@@ -61,7 +61,7 @@ func newMetaCommand() *cobra.Command {
 			ctx := cmd.Context()
 			srv, err := server.Start(ctx, server.Config{DataDir: dataDir, KV: kvURL, ElectionTTL: electionTTL, Listen: listen, Secret: secret, TLS: tlsCfg,
 				MetricsListen: metricsListen, HeartbeatTimeout: hbTimeout, SessionTTL: sessionTTL,
-				GrantTTL: grantTTL, Logger: logger, RepairGrace: repairGrace, RepairTaskTimeout: repairTaskTimeout,
+				GrantTTL: grantTTL, Logger: logger, RepairGrace: repairGrace, RepairTaskTimeout: repairTaskTimeout, ScrubInterval: scrubInterval,
 				DurableReplies: durableReplies})
 			if err != nil {
 				return err
@@ -85,6 +85,7 @@ func newMetaCommand() *cobra.Command {
 	f.DurationVar(&sessionTTL, "session-ttl", 30*time.Second, "default client session lifetime without keepalive")
 	f.DurationVar(&grantTTL, "grant-ttl", 10*time.Minute, "collect the chunks of write grants not committed within this time")
 	f.DurationVar(&repairGrace, "repair-grace", 10*time.Minute, "rebuild the shards of a chunkserver elsewhere once it has been down this long")
+	f.DurationVar(&scrubInterval, "scrub-interval", 7*24*time.Hour, "each chunkserver reads back and checks every chunk it stores once per this period, spread evenly (capped by chunkd --scrub-rate)")
 	f.DurationVar(&repairTaskTimeout, "repair-task-timeout", 2*time.Minute, "give a repair task to another chunkserver if its target has not finished it within this time")
 	f.BoolVar(&durableReplies, "durable-replies", false, "answer each operation only once it is durable on disk (default: once it is in the log, which survives a crash of this process; a client's fsync or fsyncdir waits for the disk)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,7 +17,8 @@ import (
 // TestMetaFlags runs the commands that call a meta server through
 // metaFlags against an in-process one: a missing --secret-file is refused,
 // an unreadable one names the server, and status and admin repair (with
-// and without --wait) answer.
+// and without --wait) answer; $RDMAFS_META and $RDMAFS_SECRET_FILE stand
+// in for the address and --secret-file, and status --json prints JSON.
 func TestMetaFlags(t *testing.T) {
 	m := metatest.Start(t, metatest.Options{})
 	run := func(cmd *cobra.Command, args ...string) (string, error) {
@@ -27,6 +29,8 @@ func TestMetaFlags(t *testing.T) {
 		err := cmd.ExecuteContext(context.Background())
 		return out.String(), err
 	}
+	t.Setenv(metaEnv, "")
+	t.Setenv(secretEnv, "")
 	if _, err := run(newStatusCommand(), m.Addr); err == nil || !strings.Contains(err.Error(), "secret-file") {
 		t.Fatalf("status without --secret-file: %v, want it required", err)
 	}
@@ -45,6 +49,24 @@ func TestMetaFlags(t *testing.T) {
 	out, err = run(newAdminRepairCommand(), m.Addr, "--secret-file", m.SecretFile, "--timeout", "10s", "--wait", "--interval", "10ms")
 	if err != nil || !strings.Contains(out, "full redundancy") {
 		t.Fatalf("admin repair --wait: %v\n%s", err, out)
+	}
+	if _, err := run(newStatusCommand(), "--secret-file", m.SecretFile); err == nil || !strings.Contains(err.Error(), metaEnv) {
+		t.Fatalf("status without an address: %v, want an error naming $%s", err, metaEnv)
+	}
+
+	t.Setenv(metaEnv, m.Addr)
+	t.Setenv(secretEnv, m.SecretFile)
+	out, err = run(newStatusCommand(), "--json")
+	var st struct {
+		ClusterID    string `json:"clusterId"`
+		Chunkservers []any  `json:"chunkservers"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &st) != nil || st.ClusterID == "" || st.Chunkservers == nil {
+		t.Fatalf("status --json from the environment: %v\n%s", err, out)
+	}
+	// drain's one argument is the chunkserver: the server names it unknown.
+	if _, err := run(newAdminDrainCommand(), "no-such-server"); err == nil || !strings.Contains(err.Error(), "no-such-server") {
+		t.Fatalf("admin drain ID from the environment: %v, want the server's refusal of no-such-server", err)
 	}
 }
 

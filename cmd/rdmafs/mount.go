@@ -85,19 +85,28 @@ type mountConfig struct {
 func newMountCommand() *cobra.Command {
 	f := &mountFlags{}
 	c := &cobra.Command{
-		Use:   "mount META MOUNTPOINT",
+		Use:   "mount [META] MOUNTPOINT",
 		Short: "Mount an rdmafs file system (FUSE)",
 		Long: `Mounts the file system whose metadata service is at META (host:port, or
 several comma-separated meta servers sharing one etcd: calls fail over among them) on
-MOUNTPOINT. File data moves between this host's registered buffers and the
+MOUNTPOINT (META defaults to $RDMAFS_META). File data moves between this host's registered buffers and the
 chunkservers with one-sided RDMA over the chosen transport. Runs in the
 foreground until unmounted or sent SIGTERM/SIGINT, which flushes dirty data and
 unmounts; --background returns once the file system is mounted.`,
-		Args: cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error { return runMount(cmd, f, args[0], args[1]) },
+		Args: cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 2 {
+				return runMount(cmd, f, args[0], args[1])
+			}
+			meta := os.Getenv(metaEnv)
+			if meta == "" {
+				return fmt.Errorf("mount: no meta server: give its address (META MOUNTPOINT) or set $%s", metaEnv)
+			}
+			return runMount(cmd, f, meta, args[0])
+		},
 	}
 	fl := c.Flags()
-	fl.StringVar(&f.secretFile, "secret-file", os.Getenv("RDMAFS_SECRET_FILE"), "file holding the cluster secret (default $RDMAFS_SECRET_FILE)")
+	fl.StringVar(&f.secretFile, "secret-file", os.Getenv(secretEnv), "file holding the cluster secret (default $"+secretEnv+")")
 	fl.StringVar(&f.tokenFile, "token-file", "", "mount with this mount token instead of the cluster secret (made by rdmafs admin token create): restricted to the token's subdirectory, read-only or root-squashed as it says")
 	f.tls.Register(fl, false)
 	fl.StringVar(&f.transport, "transport", "auto", "rdma transport to the chunkservers: auto, tcp, shm or verbs")
@@ -521,7 +530,7 @@ func mountInBackground(cmd *cobra.Command, f *mountFlags) error {
 	logFile := f.logFile
 	args := os.Args[1:]
 	if logFile == "" {
-		mp := cmd.Flags().Arg(1)
+		mp := cmd.Flags().Arg(cmd.Flags().NArg() - 1)
 		dir, err := logDir()
 		if err != nil {
 			return fmt.Errorf("mount --background: %w", err)

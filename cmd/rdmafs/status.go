@@ -3,33 +3,45 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
-// newStatusCommand is `rdmafs status META`: a readable cluster overview.
+// newStatusCommand is `rdmafs status [META]`: a readable cluster overview,
+// or with --json the whole StatusReply.
 func newStatusCommand() *cobra.Command {
 	var mf metaFlags
+	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "status META-ADDR",
+		Use:   "status [META-ADDR]",
 		Short: "Show chunkservers, file and stripe counts and degraded stripes",
-		Args:  cobra.ExactArgs(1),
 		RunE: mf.run(func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			st, err := c.Status(ctx, &metapb.StatusRequest{})
 			if err != nil {
-				return fmt.Errorf("status of %s: %w", args[0], err)
+				return fmt.Errorf("status of %s: %w", mf.addr, err)
+			}
+			if asJSON {
+				b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(st)
+				if err != nil {
+					return fmt.Errorf("status: %w", err)
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), string(b))
+				return nil
 			}
 			printStatus(cmd, st)
 			return nil
 		}),
 	}
-	mf.register(cmd, 10*time.Second)
+	mf.register(cmd, 10*time.Second, 0)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON (the fields of metapb.StatusReply)")
 	return cmd
 }
 
@@ -40,6 +52,7 @@ func printStatus(cmd *cobra.Command, st *metapb.StatusReply) {
 	fmt.Fprintf(w, "files %d  directories %d  stripes %d  degraded stripes %d  sessions %d  pending chunk deletes %d\n\n",
 		st.Files, st.Directories, st.Stripes, st.DegradedStripes, st.Sessions, st.PendingDeletes)
 	printRepair(w, st)
+	printScrub(w, st.GetScrub())
 	fmt.Fprintf(w, "chunkservers: %d registered, %d up\n", len(st.Chunkservers), st.ChunkserversUp())
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATE\tZONE\tADDRESS\tTRANSPORTS\tCAPACITY\tUSED\tFREE\tCHUNKS\tSHARDS\tLOAD\tGC\tLAST HEARTBEAT")
@@ -77,4 +90,17 @@ func humanBytes(b uint64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f%ciB", float64(b)/float64(div), "KMGTPE"[exp])
+}
+
+// printScrub prints the chunkservers' scrubbing in one line.
+func printScrub(w io.Writer, sc *metapb.ScrubStatus) {
+	if sc == nil {
+		return
+	}
+	last := "not yet on every chunkserver"
+	if sc.LastFullPassNs != 0 {
+		last = time.Since(time.Unix(0, sc.LastFullPassNs)).Round(time.Second).String() + " ago"
+	}
+	fmt.Fprintf(w, "scrub: a pass every %v; last full pass %s; %s verified, %d corrupt or missing found, %d rebuilt\n\n",
+		time.Duration(sc.IntervalNs), last, humanBytes(sc.BytesTotal), sc.ErrorsTotal, sc.RepairedTotal)
 }

@@ -299,7 +299,7 @@ func (c *Cluster) StartChunkd(ctx context.Context, i int, mem string) (Proc, err
 		h := c.net.Chunkd(i)
 		prefix = h.Prefix
 		if addr == "" {
-			addr = h.IP + ":7400" // a namespace of its own: the port is free
+			addr = h.IP + ":7500" // a namespace of its own: the port is free
 		}
 	}
 	if addr == "" {

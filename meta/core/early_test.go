@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -88,11 +89,13 @@ func TestEarlyReplies(t *testing.T) {
 	if d1 != d0 || l1 != l0+2 {
 		t.Fatalf("create and mkdir: %d durable and %d logged transactions, want 0 and 2", d1-d0, l1-l0)
 	}
-	if _, err := s.Register(ctx, &metapb.RegisterRequest{Id: "cs1", Address: "127.0.0.1:1", Capacity: 1 << 30}); err != nil {
-		t.Fatal(err)
+	for i := 1; i <= testLayout.K+testLayout.M; i++ {
+		if _, err := s.Register(ctx, &metapb.RegisterRequest{Id: fmt.Sprintf("cs%d", i), Address: fmt.Sprintf("127.0.0.1:%d", i), Capacity: 1 << 30}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if d2, _, _ := st.counts(); d2 != d1+1 {
-		t.Fatalf("register: %d durable transactions, want 1", d2-d1)
+	if d2, _, _ := st.counts(); d2 != d1+testLayout.K+testLayout.M {
+		t.Fatalf("register: %d durable transactions, want one each", d2-d1)
 	}
 	if _, err := s.Sync(ctx, &metapb.SyncRequest{}); err != nil {
 		t.Fatal(err)

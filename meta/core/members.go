@@ -132,6 +132,19 @@ func (m *members) withAddresses(shards []*metapb.Shard) []*metapb.Shard {
 	return out
 }
 
+// placeableCount returns how many chunkservers new shards may go to now.
+func (m *members) placeableCount() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, mb := range m.byID {
+		if mb.placeable() {
+			n++
+		}
+	}
+	return n
+}
+
 // canKeep reports whether a new version of shards can be written in place:
 // every shard is placed on a chunkserver that is up, not retiring, not
 // excluded and has at least minFree bytes free.
@@ -216,6 +229,10 @@ func (s *Service) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 		mb.lastHB, mb.up = now, true
 		mb.free, mb.used, mb.load, mb.chunks = req.Free, req.Used, req.Load, req.ChunkCount
 	}
+	out := &metapb.HeartbeatReply{}
+	if ok {
+		s.noteScrubLocked(req.Id, req.Scrub, out)
+	}
 	s.members.mu.Unlock()
 	if !ok {
 		return &metapb.HeartbeatReply{Reregister: true}, nil
@@ -241,7 +258,6 @@ func (s *Service) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 	if err := s.sync(ctx); err != nil {
 		return nil, err
 	}
-	out := &metapb.HeartbeatReply{}
 	prefix := keys.GCPrefix(req.Id)
 	err := s.view(ctx, func(r kv.Reader) error {
 		out.Delete = out.Delete[:0]
@@ -294,6 +310,7 @@ func (s *Service) Status(ctx context.Context, req *metapb.StatusRequest) (*metap
 			Transports: mb.rec.Transports, Zone: mb.rec.Zone, Up: mb.up, Capacity: mb.rec.Capacity, Used: mb.used,
 			Free: mb.free, Load: mb.load, ChunkCount: mb.chunks, LastHeartbeatNs: last, Retiring: mb.retiring()})
 	}
+	out.Scrub = s.scrubStatusLocked(out.Chunkservers)
 	s.members.mu.Unlock()
 	sort.Slice(out.Chunkservers, func(i, j int) bool { return out.Chunkservers[i].Id < out.Chunkservers[j].Id })
 	pending := map[string]uint64{}
@@ -377,5 +394,6 @@ func (s *Service) Status(ctx context.Context, req *metapb.StatusRequest) (*metap
 	rs := s.RepairStats()
 	rs.Health = health // exact as of now, not as of the last scan
 	out.Repair = rs.pb()
+	out.Scrub.RepairedTotal = rs.CorruptRepaired
 	return out, nil
 }

@@ -220,15 +220,8 @@ func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, n
 		case syscall.S_IFLNK:
 			a.Size = uint64(len(n.symlink))
 		}
-		cookie := p.NextCookie
-		if cookie < FirstCookie {
-			cookie = FirstCookie
-		}
-		p.NextCookie = cookie + 1
-		if err := putMsg(t, keys.Dentry(parent, name), &metapb.DentryRecord{Ino: ino, Type: fileType(a.Mode), Cookie: cookie}); err != nil {
-			return err
-		}
-		if err := putMsg(t, keys.Cookie(parent, cookie), &metapb.CookieRecord{Name: name, Ino: ino, Type: fileType(a.Mode)}); err != nil {
+		cookie, err := addEntry(t, p, name, ino, fileType(a.Mode))
+		if err != nil {
 			return err
 		}
 		p.Attr.MtimeNs, p.Attr.CtimeNs = now, now
@@ -347,13 +340,8 @@ func (s *Service) Link(ctx context.Context, req *metapb.LinkRequest) (*metapb.En
 		} else if ok {
 			return metaerr.New(syscall.EEXIST, "%q exists in directory %d", req.NewName, req.NewParent)
 		}
-		cookie := max(p.NextCookie, FirstCookie)
-		p.NextCookie = cookie + 1
-		typ := fileType(src.Attr.Mode)
-		if err := putMsg(t, keys.Dentry(req.NewParent, req.NewName), &metapb.DentryRecord{Ino: req.Ino, Type: typ, Cookie: cookie}); err != nil {
-			return err
-		}
-		if err := putMsg(t, keys.Cookie(req.NewParent, cookie), &metapb.CookieRecord{Name: req.NewName, Ino: req.Ino, Type: typ}); err != nil {
+		cookie, err := addEntry(t, p, req.NewName, req.Ino, fileType(src.Attr.Mode))
+		if err != nil {
 			return err
 		}
 		src.Attr.Nlink++
@@ -369,6 +357,22 @@ func (s *Service) Link(ctx context.Context, req *metapb.LinkRequest) (*metapb.En
 		return nil
 	})
 	return out, err
+}
+
+// addEntry adds the entry name → ino of type typ to directory p, with its
+// readdir index record under p's next cookie, which it returns; the caller
+// stores p.
+func addEntry(t kv.Txn, p *metapb.InodeRecord, name string, ino uint64, typ uint32) (uint64, error) {
+	dir := p.Attr.Ino
+	cookie := max(p.NextCookie, FirstCookie)
+	p.NextCookie = cookie + 1
+	if err := putMsg(t, keys.Dentry(dir, name), &metapb.DentryRecord{Ino: ino, Type: typ, Cookie: cookie}); err != nil {
+		return 0, err
+	}
+	if err := putMsg(t, keys.Cookie(dir, cookie), &metapb.CookieRecord{Name: name, Ino: ino, Type: typ}); err != nil {
+		return 0, err
+	}
+	return cookie, nil
 }
 
 // removeEntry deletes a dentry and its readdir index record.

@@ -243,12 +243,7 @@ func (r *renameTx) moveEntry(t kv.Txn, s *Service) (purged int64, err error) {
 			return 0, err
 		}
 	}
-	cookie := max(r.dp.NextCookie, FirstCookie)
-	r.dp.NextCookie = cookie + 1
-	if err := putMsg(t, keys.Dentry(req.NewParent, req.NewName), &metapb.DentryRecord{Ino: r.src.Attr.Ino, Type: r.sd.Type, Cookie: cookie}); err != nil {
-		return 0, err
-	}
-	if err := putMsg(t, keys.Cookie(req.NewParent, cookie), &metapb.CookieRecord{Name: req.NewName, Ino: r.src.Attr.Ino, Type: r.sd.Type}); err != nil {
+	if _, err := addEntry(t, r.dp, req.NewName, r.src.Attr.Ino, r.sd.Type); err != nil {
 		return 0, err
 	}
 	if r.crossDir() {

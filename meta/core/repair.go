@@ -96,6 +96,7 @@ type repairState struct {
 	lastScan time.Time
 
 	done, failed, stale, bytes uint64
+	corruptRepaired            uint64 // shards reported corrupt, rebuilt
 	recent                     []rateSample
 }
 
@@ -653,7 +654,10 @@ func (s *Service) finishRepair(ctx context.Context, from string, res *metapb.Rep
 	s.rep.bytes += res.Bytes
 	now := s.now()
 	s.rep.recent = append(s.rep.recent, rateSample{now, res.Bytes})
-	delete(s.rep.bad, badKey{t.oldServer, t.oldChunk, t.version})
+	if _, bad := s.rep.bad[badKey{t.oldServer, t.oldChunk, t.version}]; bad {
+		s.rep.corruptRepaired++
+		delete(s.rep.bad, badKey{t.oldServer, t.oldChunk, t.version})
+	}
 	if t.rebalance {
 		if s.rep.budget[t.oldServer] <= 1 {
 			delete(s.rep.budget, t.oldServer)
@@ -769,6 +773,7 @@ type RepairStats struct {
 	Queued, MovesQueued uint64
 	InFlight            uint64
 	Done, Failed, Stale uint64
+	CorruptRepaired     uint64 // of Done, shards reported corrupt
 	BytesRebuilt        uint64
 	BytesPerSecond      float64
 	LastScan            time.Time
@@ -782,7 +787,7 @@ func (s *Service) RepairStats() RepairStats {
 	s.repMu.Lock()
 	defer s.repMu.Unlock()
 	r := &s.rep
-	out := RepairStats{Health: r.health, InFlight: uint64(len(r.inflight)), Done: r.done, Failed: r.failed,
+	out := RepairStats{Health: r.health, InFlight: uint64(len(r.inflight)), Done: r.done, Failed: r.failed, CorruptRepaired: r.corruptRepaired,
 		Stale: r.stale, BytesRebuilt: r.bytes, LastScan: r.lastScan, Grace: s.cfg.RepairGrace,
 		ShardsOn: make(map[string]uint64, len(r.shardsOn))}
 	for id, n := range r.shardsOn {

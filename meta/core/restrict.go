@@ -33,7 +33,7 @@ const (
 var tokenRules = map[string]tokenRule{
 	"Lookup": tokenRead, "GetAttr": tokenRead, "Readlink": tokenRead, "ReadDir": tokenRead,
 	"GetXattr": tokenRead, "ListXattr": tokenRead, "Open": tokenRead, "Release": tokenRead,
-	"Lock": tokenRead, "GetLayout": tokenRead, "GetStripes": tokenData,
+	"Lock": tokenRead, "GetLayout": tokenRead, "Info": tokenRead, "GetStripes": tokenData,
 	"SetAttr": tokenWrite, "Create": tokenWrite, "Mknod": tokenWrite, "Mkdir": tokenWrite,
 	"Symlink": tokenWrite, "Link": tokenWrite, "Unlink": tokenWrite, "Rmdir": tokenWrite,
 	"Rename": tokenWrite, "SetXattr": tokenWrite, "RemoveXattr": tokenWrite,

@@ -70,6 +70,10 @@ type Config struct {
 	// RepairGrace is how long a chunkserver may be down before the shards it
 	// holds are rebuilt elsewhere (default 10m).
 	RepairGrace time.Duration
+	// ScrubInterval is how long a chunkserver spreads one pass of reading
+	// back and checking every chunk it stores over (default a week; see
+	// scrub.go).
+	ScrubInterval time.Duration
 	// RepairInterval is the time between scans of the stripe table for
 	// repair work (default a quarter of RepairGrace, between 200ms and 30s).
 	RepairInterval time.Duration
@@ -131,6 +135,7 @@ type Service struct {
 	inodes atomic.Int64 // number of inodes, for statfs
 
 	members members
+	scrub   scrubState // under members.mu
 
 	repMu   sync.Mutex // after members.mu
 	rep     repairState
@@ -228,6 +233,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	if cfg.GrantTTL <= 0 {
 		cfg.GrantTTL = 10 * time.Minute
+	}
+	if cfg.ScrubInterval <= 0 {
+		cfg.ScrubInterval = 7 * 24 * time.Hour
 	}
 	if cfg.RepairGrace <= 0 {
 		cfg.RepairGrace = 10 * time.Minute

@@ -3,10 +3,14 @@ package core
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 
+	"github.com/rdmafs/rdmafs/meta/keys"
+	"github.com/rdmafs/rdmafs/meta/kv"
 	"github.com/rdmafs/rdmafs/meta/metaerr"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
@@ -124,10 +128,11 @@ func TestRandomOperationsKeepInvariants(t *testing.T) {
 			}
 		}
 		check := func(when string) {
-			problems, err := e.s.Check(e.ctx)
+			r, err := e.s.Check(e.ctx, &metapb.CheckRequest{})
 			if err != nil {
 				t.Fatal(err)
 			}
+			problems := r.Problems
 			if len(problems) > 0 {
 				t.Fatalf("%s: %d invariant violations, first: %v", when, len(problems), problems[:min(5, len(problems))])
 			}
@@ -142,13 +147,108 @@ func TestRandomOperationsKeepInvariants(t *testing.T) {
 	})
 }
 
+// TestCheckRepairs damages the store behind the service's back in each way
+// Check's repair fixes — a link count too high, a file no entry names, an
+// entry of a missing inode, an unopened inode without links, a stripe of a
+// missing inode, a wrong stored byte count — and checks that Check reports
+// each, that its repair fixes each (the unnamed file lands in /lost+found)
+// and that the tree is consistent afterwards.
+func TestCheckRepairs(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		check := func(repair bool) *metapb.CheckReply {
+			t.Helper()
+			r, err := e.s.Check(e.ctx, &metapb.CheckRequest{Repair: repair})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		if r := check(false); len(r.Problems) != 0 {
+			t.Fatalf("fresh tree: %v", r.Problems)
+		}
+		f := e.create(root, RootIno, "f", 0o644)
+		if _, err := e.s.Link(e.ctx, &metapb.LinkRequest{Ino: f, NewParent: RootIno, NewName: "g"}); err != nil {
+			t.Fatal(err)
+		}
+		unnamed := e.create(root, RootIno, "unnamed", 0o644)
+		dangling := e.create(root, RootIno, "dangling", 0o644)
+		unlinked := e.create(root, RootIno, "unlinked", 0o644)
+		sized := e.create(root, RootIno, "sized", 0o644)
+		const stray = 1 << 40
+		if err := e.store.Update(e.ctx, func(tx kvTxn) error {
+			for _, name := range []string{"g", "unnamed", "unlinked"} {
+				if err := removeEntryRaw(tx, RootIno, name); err != nil {
+					return err
+				}
+			}
+			if err := tx.Delete(keys.Inode(dangling)); err != nil {
+				return err
+			}
+			rec, err := getInode(tx, unlinked)
+			if err != nil {
+				return err
+			}
+			rec.Attr.Nlink = 0
+			if err := putInode(tx, rec); err != nil {
+				return err
+			}
+			if rec, err = getInode(tx, sized); err != nil {
+				return err
+			}
+			rec.Attr.Stored, rec.Attr.StoredKnown = 12345, true
+			if err := putInode(tx, rec); err != nil {
+				return err
+			}
+			return putMsg(tx, keys.Stripe(stray, 0), &metapb.StripeRecord{Version: 3, Length: 10, Layout: metapb.LayoutOf(e.s.def),
+				Shards: []*metapb.Shard{{ChunkId: 77, ServerId: "cs-gone"}}})
+		}); err != nil {
+			t.Fatal(err)
+		}
+		r := check(false)
+		if len(r.Problems) < 6 || len(r.Repaired) != 0 {
+			t.Fatalf("damaged tree: %d problems %v, repaired %v; want at least 6 and no repairs without --repair", len(r.Problems), r.Problems, r.Repaired)
+		}
+		r = check(true)
+		for _, want := range []string{fmt.Sprintf("inode %d: nlink 2 set to 1", f), fmt.Sprintf("inode %d: linked as /lost+found/#%d", unnamed, unnamed),
+			fmt.Sprintf("entry \"dangling\" in %d: removed", RootIno), fmt.Sprintf("inode %d: deleted", unlinked),
+			fmt.Sprintf("stripe 0 of missing inode %d: deleted", stray), fmt.Sprintf("inode %d: stored bytes 12345 set to 0", sized)} {
+			if !slices.ContainsFunc(r.Repaired, func(s string) bool { return strings.HasPrefix(s, want) }) {
+				t.Errorf("repairs %q: none starts with %q", r.Repaired, want)
+			}
+		}
+		if r := check(false); len(r.Problems) != 0 {
+			t.Fatalf("after the repair: %v", r.Problems)
+		}
+		lf, err := e.s.Lookup(e.ctx, &metapb.LookupRequest{Caller: root, Parent: RootIno, Name: "lost+found"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := e.s.Lookup(e.ctx, &metapb.LookupRequest{Caller: root, Parent: lf.Attr.Ino, Name: fmt.Sprintf("#%d", unnamed)}); err != nil || got.Attr.Ino != unnamed || got.Attr.Nlink != 1 {
+			t.Fatalf("lost+found entry of inode %d: %v %v", unnamed, got, err)
+		}
+		if _, err := e.s.GetAttr(e.ctx, &metapb.GetAttrRequest{Ino: unlinked}); metaerr.Errno(err) != syscall.ENOENT {
+			t.Fatalf("unlinked inode after repair: %v, want ENOENT", err)
+		}
+		var gc int
+		if err := e.store.View(e.ctx, func(r kv.Reader) error {
+			_, ok, err := r.Get(keys.GC("cs-gone", 77, 3))
+			if ok {
+				gc++
+			}
+			return err
+		}); err != nil || gc != 1 {
+			t.Fatalf("the stray stripe's chunk is not queued for collection (%v)", err)
+		}
+	})
+}
+
 // TestCheckFindsDamage makes sure Check is not blind: it must report a
 // broken link count.
 func TestCheckFindsDamage(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, e *env) {
 		f := e.create(root, RootIno, "f", 0o644)
-		if problems, err := e.s.Check(e.ctx); err != nil || len(problems) != 0 {
-			t.Fatalf("fresh tree: %v %v", problems, err)
+		if r, err := e.s.Check(e.ctx, &metapb.CheckRequest{}); err != nil || len(r.Problems) != 0 {
+			t.Fatalf("fresh tree: %v %v", r, err)
 		}
 		if _, err := e.s.Link(e.ctx, &metapb.LinkRequest{Ino: f, NewParent: RootIno, NewName: "g"}); err != nil {
 			t.Fatal(err)
@@ -157,8 +257,8 @@ func TestCheckFindsDamage(t *testing.T) {
 		if err := e.store.Update(e.ctx, func(tx kvTxn) error { return removeEntryRaw(tx, RootIno, "g") }); err != nil {
 			t.Fatal(err)
 		}
-		problems, err := e.s.Check(e.ctx)
-		if err != nil || len(problems) == 0 {
+		r, err := e.s.Check(e.ctx, &metapb.CheckRequest{})
+		if err != nil || len(r.Problems) == 0 {
 			t.Fatalf("damaged tree passes Check: %v", err)
 		}
 	})

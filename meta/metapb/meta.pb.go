@@ -4621,6 +4621,7 @@ type HeartbeatRequest struct {
 	Load          float64                `protobuf:"fixed64,4,opt,name=load,proto3" json:"load,omitempty"`
 	ChunkCount    uint64                 `protobuf:"varint,5,opt,name=chunk_count,json=chunkCount,proto3" json:"chunk_count,omitempty"`
 	Deleted       []*ChunkRef            `protobuf:"bytes,6,rep,name=deleted,proto3" json:"deleted,omitempty"` // chunks from earlier replies now deleted
+	Scrub         *ScrubReport           `protobuf:"bytes,7,opt,name=scrub,proto3" json:"scrub,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4697,17 +4698,121 @@ func (x *HeartbeatRequest) GetDeleted() []*ChunkRef {
 	return nil
 }
 
+func (x *HeartbeatRequest) GetScrub() *ScrubReport {
+	if x != nil {
+		return x.Scrub
+	}
+	return nil
+}
+
+// ScrubReport is a chunkserver's scrubbing: it reads every stored chunk
+// version back from disk and checks its CRC32C, one pass spread over the
+// scrub interval, or at once (capped by its --scrub-rate) after a request.
+type ScrubReport struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	RequestedNs    int64                  `protobuf:"varint,1,opt,name=requested_ns,json=requestedNs,proto3" json:"requested_ns,omitempty"`              // the latest request a finished pass started after (0: none)
+	PassStartedNs  int64                  `protobuf:"varint,2,opt,name=pass_started_ns,json=passStartedNs,proto3" json:"pass_started_ns,omitempty"`      // the pass in progress (0: none)
+	PassBytes      uint64                 `protobuf:"varint,3,opt,name=pass_bytes,json=passBytes,proto3" json:"pass_bytes,omitempty"`                    // verified in the pass in progress
+	PassTotal      uint64                 `protobuf:"varint,4,opt,name=pass_total,json=passTotal,proto3" json:"pass_total,omitempty"`                    // to verify in it
+	LastPassDoneNs int64                  `protobuf:"varint,5,opt,name=last_pass_done_ns,json=lastPassDoneNs,proto3" json:"last_pass_done_ns,omitempty"` // when the last full pass finished (0: none yet)
+	BytesTotal     uint64                 `protobuf:"varint,6,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`                 // verified since chunkd started
+	ErrorsTotal    uint64                 `protobuf:"varint,7,opt,name=errors_total,json=errorsTotal,proto3" json:"errors_total,omitempty"`              // versions found corrupt or missing since chunkd started
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ScrubReport) Reset() {
+	*x = ScrubReport{}
+	mi := &file_meta_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScrubReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScrubReport) ProtoMessage() {}
+
+func (x *ScrubReport) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScrubReport.ProtoReflect.Descriptor instead.
+func (*ScrubReport) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *ScrubReport) GetRequestedNs() int64 {
+	if x != nil {
+		return x.RequestedNs
+	}
+	return 0
+}
+
+func (x *ScrubReport) GetPassStartedNs() int64 {
+	if x != nil {
+		return x.PassStartedNs
+	}
+	return 0
+}
+
+func (x *ScrubReport) GetPassBytes() uint64 {
+	if x != nil {
+		return x.PassBytes
+	}
+	return 0
+}
+
+func (x *ScrubReport) GetPassTotal() uint64 {
+	if x != nil {
+		return x.PassTotal
+	}
+	return 0
+}
+
+func (x *ScrubReport) GetLastPassDoneNs() int64 {
+	if x != nil {
+		return x.LastPassDoneNs
+	}
+	return 0
+}
+
+func (x *ScrubReport) GetBytesTotal() uint64 {
+	if x != nil {
+		return x.BytesTotal
+	}
+	return 0
+}
+
+func (x *ScrubReport) GetErrorsTotal() uint64 {
+	if x != nil {
+		return x.ErrorsTotal
+	}
+	return 0
+}
+
 type HeartbeatReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Delete        []*ChunkRef            `protobuf:"bytes,1,rep,name=delete,proto3" json:"delete,omitempty"`          // chunks this chunkserver should delete
-	Reregister    bool                   `protobuf:"varint,2,opt,name=reregister,proto3" json:"reregister,omitempty"` // the server does not know this id: register again
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Delete           []*ChunkRef            `protobuf:"bytes,1,rep,name=delete,proto3" json:"delete,omitempty"`                                                // chunks this chunkserver should delete
+	Reregister       bool                   `protobuf:"varint,2,opt,name=reregister,proto3" json:"reregister,omitempty"`                                       // the server does not know this id: register again
+	ScrubIntervalNs  int64                  `protobuf:"varint,3,opt,name=scrub_interval_ns,json=scrubIntervalNs,proto3" json:"scrub_interval_ns,omitempty"`    // spread a scrub pass over this long (0: do not scrub)
+	ScrubRequestedNs int64                  `protobuf:"varint,4,opt,name=scrub_requested_ns,json=scrubRequestedNs,proto3" json:"scrub_requested_ns,omitempty"` // scrub at once, if no pass started after this (0: no request)
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *HeartbeatReply) Reset() {
 	*x = HeartbeatReply{}
-	mi := &file_meta_proto_msgTypes[67]
+	mi := &file_meta_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4719,7 +4824,7 @@ func (x *HeartbeatReply) String() string {
 func (*HeartbeatReply) ProtoMessage() {}
 
 func (x *HeartbeatReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[67]
+	mi := &file_meta_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4732,7 +4837,7 @@ func (x *HeartbeatReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatReply.ProtoReflect.Descriptor instead.
 func (*HeartbeatReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{67}
+	return file_meta_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *HeartbeatReply) GetDelete() []*ChunkRef {
@@ -4749,6 +4854,618 @@ func (x *HeartbeatReply) GetReregister() bool {
 	return false
 }
 
+func (x *HeartbeatReply) GetScrubIntervalNs() int64 {
+	if x != nil {
+		return x.ScrubIntervalNs
+	}
+	return 0
+}
+
+func (x *HeartbeatReply) GetScrubRequestedNs() int64 {
+	if x != nil {
+		return x.ScrubRequestedNs
+	}
+	return 0
+}
+
+type ScrubRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScrubRequest) Reset() {
+	*x = ScrubRequest{}
+	mi := &file_meta_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScrubRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScrubRequest) ProtoMessage() {}
+
+func (x *ScrubRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScrubRequest.ProtoReflect.Descriptor instead.
+func (*ScrubRequest) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{69}
+}
+
+type ScrubReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestedNs   int64                  `protobuf:"varint,1,opt,name=requested_ns,json=requestedNs,proto3" json:"requested_ns,omitempty"` // the request's time: a pass that started after it covers it
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScrubReply) Reset() {
+	*x = ScrubReply{}
+	mi := &file_meta_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScrubReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScrubReply) ProtoMessage() {}
+
+func (x *ScrubReply) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScrubReply.ProtoReflect.Descriptor instead.
+func (*ScrubReply) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *ScrubReply) GetRequestedNs() int64 {
+	if x != nil {
+		return x.RequestedNs
+	}
+	return 0
+}
+
+// InfoRequest asks where a file's data is (its stripes and their shards),
+// or a directory's layout and the totals of the tree below it.
+type InfoRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	First         uint64                 `protobuf:"varint,2,opt,name=first,proto3" json:"first,omitempty"`   // files: the first stripe to list
+	Count         uint64                 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`   // files: how many at most (0 or past MaxStripesPerCall: that many)
+	Totals        bool                   `protobuf:"varint,4,opt,name=totals,proto3" json:"totals,omitempty"` // directories: walk the tree below for totals
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InfoRequest) Reset() {
+	*x = InfoRequest{}
+	mi := &file_meta_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InfoRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InfoRequest) ProtoMessage() {}
+
+func (x *InfoRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
+func (*InfoRequest) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *InfoRequest) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
+func (x *InfoRequest) GetFirst() uint64 {
+	if x != nil {
+		return x.First
+	}
+	return 0
+}
+
+func (x *InfoRequest) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *InfoRequest) GetTotals() bool {
+	if x != nil {
+		return x.Totals
+	}
+	return false
+}
+
+// ShardInfo is one shard of a stripe and the chunkserver holding it.
+type ShardInfo struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ChunkId  uint64                 `protobuf:"varint,1,opt,name=chunk_id,json=chunkId,proto3" json:"chunk_id,omitempty"`
+	ServerId string                 `protobuf:"bytes,2,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	Address  string                 `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"` // empty if the chunkserver is unknown
+	Zone     string                 `protobuf:"bytes,4,opt,name=zone,proto3" json:"zone,omitempty"`
+	// state: "ok"; "down" (its chunkserver is, within the repair grace);
+	// "lost" (to be rebuilt: down past the grace, unknown, or found bad);
+	// "retiring" (readable, to be moved off a drained chunkserver).
+	State         string `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardInfo) Reset() {
+	*x = ShardInfo{}
+	mi := &file_meta_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardInfo) ProtoMessage() {}
+
+func (x *ShardInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardInfo.ProtoReflect.Descriptor instead.
+func (*ShardInfo) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *ShardInfo) GetChunkId() uint64 {
+	if x != nil {
+		return x.ChunkId
+	}
+	return 0
+}
+
+func (x *ShardInfo) GetServerId() string {
+	if x != nil {
+		return x.ServerId
+	}
+	return ""
+}
+
+func (x *ShardInfo) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *ShardInfo) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
+func (x *ShardInfo) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+// StripeDetail is a committed stripe with the state of each shard.
+type StripeDetail struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stripe        uint64                 `protobuf:"varint,1,opt,name=stripe,proto3" json:"stripe,omitempty"`
+	Version       uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	Length        uint64                 `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	Layout        *Layout                `protobuf:"bytes,4,opt,name=layout,proto3" json:"layout,omitempty"`
+	Inline        bool                   `protobuf:"varint,5,opt,name=inline,proto3" json:"inline,omitempty"` // its bytes are in metadata, it has no shards
+	Shards        []*ShardInfo           `protobuf:"bytes,6,rep,name=shards,proto3" json:"shards,omitempty"`
+	Health        string                 `protobuf:"bytes,7,opt,name=health,proto3" json:"health,omitempty"` // "healthy", "degraded" or "lost"
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StripeDetail) Reset() {
+	*x = StripeDetail{}
+	mi := &file_meta_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StripeDetail) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StripeDetail) ProtoMessage() {}
+
+func (x *StripeDetail) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StripeDetail.ProtoReflect.Descriptor instead.
+func (*StripeDetail) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *StripeDetail) GetStripe() uint64 {
+	if x != nil {
+		return x.Stripe
+	}
+	return 0
+}
+
+func (x *StripeDetail) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *StripeDetail) GetLength() uint64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+func (x *StripeDetail) GetLayout() *Layout {
+	if x != nil {
+		return x.Layout
+	}
+	return nil
+}
+
+func (x *StripeDetail) GetInline() bool {
+	if x != nil {
+		return x.Inline
+	}
+	return false
+}
+
+func (x *StripeDetail) GetShards() []*ShardInfo {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+func (x *StripeDetail) GetHealth() string {
+	if x != nil {
+		return x.Health
+	}
+	return ""
+}
+
+// TreeTotals sums a directory tree.
+type TreeTotals struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Files         uint64                 `protobuf:"varint,1,opt,name=files,proto3" json:"files,omitempty"`             // regular files
+	Directories   uint64                 `protobuf:"varint,2,opt,name=directories,proto3" json:"directories,omitempty"` // including the directory itself
+	Others        uint64                 `protobuf:"varint,3,opt,name=others,proto3" json:"others,omitempty"`           // symlinks, devices, fifos, sockets
+	Bytes         uint64                 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`             // sum of the regular files' sizes
+	Stripes       uint64                 `protobuf:"varint,5,opt,name=stripes,proto3" json:"stripes,omitempty"`         // committed stripes
+	Degraded      uint64                 `protobuf:"varint,6,opt,name=degraded,proto3" json:"degraded,omitempty"`       // of them, missing a shard
+	Lost          uint64                 `protobuf:"varint,7,opt,name=lost,proto3" json:"lost,omitempty"`               // of them, with fewer than k readable shards
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TreeTotals) Reset() {
+	*x = TreeTotals{}
+	mi := &file_meta_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TreeTotals) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TreeTotals) ProtoMessage() {}
+
+func (x *TreeTotals) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TreeTotals.ProtoReflect.Descriptor instead.
+func (*TreeTotals) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *TreeTotals) GetFiles() uint64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *TreeTotals) GetDirectories() uint64 {
+	if x != nil {
+		return x.Directories
+	}
+	return 0
+}
+
+func (x *TreeTotals) GetOthers() uint64 {
+	if x != nil {
+		return x.Others
+	}
+	return 0
+}
+
+func (x *TreeTotals) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *TreeTotals) GetStripes() uint64 {
+	if x != nil {
+		return x.Stripes
+	}
+	return 0
+}
+
+func (x *TreeTotals) GetDegraded() uint64 {
+	if x != nil {
+		return x.Degraded
+	}
+	return 0
+}
+
+func (x *TreeTotals) GetLost() uint64 {
+	if x != nil {
+		return x.Lost
+	}
+	return 0
+}
+
+type InfoReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Attr  *Attr                  `protobuf:"bytes,1,opt,name=attr,proto3" json:"attr,omitempty"`
+	// layout: a file's, or the one new files below a directory get.
+	Layout        *Layout         `protobuf:"bytes,2,opt,name=layout,proto3" json:"layout,omitempty"`
+	Stripes       []*StripeDetail `protobuf:"bytes,3,rep,name=stripes,proto3" json:"stripes,omitempty"`
+	Next          uint64          `protobuf:"varint,4,opt,name=next,proto3" json:"next,omitempty"`    // files: the stripe to ask for next; 0 once listed to the end
+	Totals        *TreeTotals     `protobuf:"bytes,5,opt,name=totals,proto3" json:"totals,omitempty"` // directories, when asked for
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InfoReply) Reset() {
+	*x = InfoReply{}
+	mi := &file_meta_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InfoReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InfoReply) ProtoMessage() {}
+
+func (x *InfoReply) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InfoReply.ProtoReflect.Descriptor instead.
+func (*InfoReply) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *InfoReply) GetAttr() *Attr {
+	if x != nil {
+		return x.Attr
+	}
+	return nil
+}
+
+func (x *InfoReply) GetLayout() *Layout {
+	if x != nil {
+		return x.Layout
+	}
+	return nil
+}
+
+func (x *InfoReply) GetStripes() []*StripeDetail {
+	if x != nil {
+		return x.Stripes
+	}
+	return nil
+}
+
+func (x *InfoReply) GetNext() uint64 {
+	if x != nil {
+		return x.Next
+	}
+	return 0
+}
+
+func (x *InfoReply) GetTotals() *TreeTotals {
+	if x != nil {
+		return x.Totals
+	}
+	return nil
+}
+
+// CheckRequest runs the metadata consistency check (rdmafs admin check).
+type CheckRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Repair        bool                   `protobuf:"varint,1,opt,name=repair,proto3" json:"repair,omitempty"` // apply the safe fixes of what it finds
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckRequest) Reset() {
+	*x = CheckRequest{}
+	mi := &file_meta_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckRequest) ProtoMessage() {}
+
+func (x *CheckRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
+func (*CheckRequest) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *CheckRequest) GetRepair() bool {
+	if x != nil {
+		return x.Repair
+	}
+	return false
+}
+
+type CheckReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Problems      []string               `protobuf:"bytes,1,rep,name=problems,proto3" json:"problems,omitempty"`    // every violation found (at most 1000)
+	Repaired      []string               `protobuf:"bytes,2,rep,name=repaired,proto3" json:"repaired,omitempty"`    // with repair: what was fixed
+	Truncated     bool                   `protobuf:"varint,3,opt,name=truncated,proto3" json:"truncated,omitempty"` // more problems than listed
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckReply) Reset() {
+	*x = CheckReply{}
+	mi := &file_meta_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckReply) ProtoMessage() {}
+
+func (x *CheckReply) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckReply.ProtoReflect.Descriptor instead.
+func (*CheckReply) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *CheckReply) GetProblems() []string {
+	if x != nil {
+		return x.Problems
+	}
+	return nil
+}
+
+func (x *CheckReply) GetRepaired() []string {
+	if x != nil {
+		return x.Repaired
+	}
+	return nil
+}
+
+func (x *CheckReply) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -4757,7 +5474,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_meta_proto_msgTypes[68]
+	mi := &file_meta_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4769,7 +5486,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[68]
+	mi := &file_meta_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4782,7 +5499,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{68}
+	return file_meta_proto_rawDescGZIP(), []int{78}
 }
 
 type ChunkserverStatus struct {
@@ -4801,13 +5518,14 @@ type ChunkserverStatus struct {
 	PendingDeletes  uint64                 `protobuf:"varint,12,opt,name=pending_deletes,json=pendingDeletes,proto3" json:"pending_deletes,omitempty"`
 	Retiring        bool                   `protobuf:"varint,100,opt,name=retiring,proto3" json:"retiring,omitempty"` // repair: being drained
 	Shards          uint64                 `protobuf:"varint,101,opt,name=shards,proto3" json:"shards,omitempty"`     // repair: stripe shards placed on it (as of the last scan)
+	Scrub           *ScrubReport           `protobuf:"bytes,102,opt,name=scrub,proto3" json:"scrub,omitempty"`        // as of its last heartbeat
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ChunkserverStatus) Reset() {
 	*x = ChunkserverStatus{}
-	mi := &file_meta_proto_msgTypes[69]
+	mi := &file_meta_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4819,7 +5537,7 @@ func (x *ChunkserverStatus) String() string {
 func (*ChunkserverStatus) ProtoMessage() {}
 
 func (x *ChunkserverStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[69]
+	mi := &file_meta_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4832,7 +5550,7 @@ func (x *ChunkserverStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkserverStatus.ProtoReflect.Descriptor instead.
 func (*ChunkserverStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{69}
+	return file_meta_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ChunkserverStatus) GetId() string {
@@ -4933,6 +5651,13 @@ func (x *ChunkserverStatus) GetShards() uint64 {
 	return 0
 }
 
+func (x *ChunkserverStatus) GetScrub() *ScrubReport {
+	if x != nil {
+		return x.Scrub
+	}
+	return nil
+}
+
 type StatusReply struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ClusterId       string                 `protobuf:"bytes,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
@@ -4945,13 +5670,14 @@ type StatusReply struct {
 	Sessions        uint64                 `protobuf:"varint,8,opt,name=sessions,proto3" json:"sessions,omitempty"`
 	PendingDeletes  uint64                 `protobuf:"varint,9,opt,name=pending_deletes,json=pendingDeletes,proto3" json:"pending_deletes,omitempty"`
 	Repair          *RepairStatus          `protobuf:"bytes,100,opt,name=repair,proto3" json:"repair,omitempty"` // repair: stripe health and repair progress
+	Scrub           *ScrubStatus           `protobuf:"bytes,101,opt,name=scrub,proto3" json:"scrub,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
 
 func (x *StatusReply) Reset() {
 	*x = StatusReply{}
-	mi := &file_meta_proto_msgTypes[70]
+	mi := &file_meta_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4963,7 +5689,7 @@ func (x *StatusReply) String() string {
 func (*StatusReply) ProtoMessage() {}
 
 func (x *StatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[70]
+	mi := &file_meta_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4976,7 +5702,7 @@ func (x *StatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReply.ProtoReflect.Descriptor instead.
 func (*StatusReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{70}
+	return file_meta_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *StatusReply) GetClusterId() string {
@@ -5049,6 +5775,98 @@ func (x *StatusReply) GetRepair() *RepairStatus {
 	return nil
 }
 
+func (x *StatusReply) GetScrub() *ScrubStatus {
+	if x != nil {
+		return x.Scrub
+	}
+	return nil
+}
+
+// ScrubStatus sums the chunkservers' scrubbing.
+type ScrubStatus struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	IntervalNs     int64                  `protobuf:"varint,1,opt,name=interval_ns,json=intervalNs,proto3" json:"interval_ns,omitempty"`
+	RequestedNs    int64                  `protobuf:"varint,2,opt,name=requested_ns,json=requestedNs,proto3" json:"requested_ns,omitempty"`              // the last `admin scrub` request (0: none since meta started)
+	LastFullPassNs int64                  `protobuf:"varint,3,opt,name=last_full_pass_ns,json=lastFullPassNs,proto3" json:"last_full_pass_ns,omitempty"` // the oldest last pass of the up chunkservers (0: one has none yet)
+	BytesTotal     uint64                 `protobuf:"varint,4,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`                 // verified, summed over the chunkservers' reports
+	ErrorsTotal    uint64                 `protobuf:"varint,5,opt,name=errors_total,json=errorsTotal,proto3" json:"errors_total,omitempty"`              // corrupt or missing versions found
+	RepairedTotal  uint64                 `protobuf:"varint,6,opt,name=repaired_total,json=repairedTotal,proto3" json:"repaired_total,omitempty"`        // shards found corrupt and rebuilt since meta started
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ScrubStatus) Reset() {
+	*x = ScrubStatus{}
+	mi := &file_meta_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScrubStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScrubStatus) ProtoMessage() {}
+
+func (x *ScrubStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScrubStatus.ProtoReflect.Descriptor instead.
+func (*ScrubStatus) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *ScrubStatus) GetIntervalNs() int64 {
+	if x != nil {
+		return x.IntervalNs
+	}
+	return 0
+}
+
+func (x *ScrubStatus) GetRequestedNs() int64 {
+	if x != nil {
+		return x.RequestedNs
+	}
+	return 0
+}
+
+func (x *ScrubStatus) GetLastFullPassNs() int64 {
+	if x != nil {
+		return x.LastFullPassNs
+	}
+	return 0
+}
+
+func (x *ScrubStatus) GetBytesTotal() uint64 {
+	if x != nil {
+		return x.BytesTotal
+	}
+	return 0
+}
+
+func (x *ScrubStatus) GetErrorsTotal() uint64 {
+	if x != nil {
+		return x.ErrorsTotal
+	}
+	return 0
+}
+
+func (x *ScrubStatus) GetRepairedTotal() uint64 {
+	if x != nil {
+		return x.RepairedTotal
+	}
+	return 0
+}
+
 // InodeRecord is the stored form of an inode.
 type InodeRecord struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -5067,7 +5885,7 @@ type InodeRecord struct {
 
 func (x *InodeRecord) Reset() {
 	*x = InodeRecord{}
-	mi := &file_meta_proto_msgTypes[71]
+	mi := &file_meta_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5079,7 +5897,7 @@ func (x *InodeRecord) String() string {
 func (*InodeRecord) ProtoMessage() {}
 
 func (x *InodeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[71]
+	mi := &file_meta_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5092,7 +5910,7 @@ func (x *InodeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InodeRecord.ProtoReflect.Descriptor instead.
 func (*InodeRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{71}
+	return file_meta_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *InodeRecord) GetAttr() *Attr {
@@ -5149,7 +5967,7 @@ type DentryRecord struct {
 
 func (x *DentryRecord) Reset() {
 	*x = DentryRecord{}
-	mi := &file_meta_proto_msgTypes[72]
+	mi := &file_meta_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5161,7 +5979,7 @@ func (x *DentryRecord) String() string {
 func (*DentryRecord) ProtoMessage() {}
 
 func (x *DentryRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[72]
+	mi := &file_meta_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5174,7 +5992,7 @@ func (x *DentryRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DentryRecord.ProtoReflect.Descriptor instead.
 func (*DentryRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{72}
+	return file_meta_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *DentryRecord) GetIno() uint64 {
@@ -5210,7 +6028,7 @@ type CookieRecord struct {
 
 func (x *CookieRecord) Reset() {
 	*x = CookieRecord{}
-	mi := &file_meta_proto_msgTypes[73]
+	mi := &file_meta_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5222,7 +6040,7 @@ func (x *CookieRecord) String() string {
 func (*CookieRecord) ProtoMessage() {}
 
 func (x *CookieRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[73]
+	mi := &file_meta_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5235,7 +6053,7 @@ func (x *CookieRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CookieRecord.ProtoReflect.Descriptor instead.
 func (*CookieRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{73}
+	return file_meta_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *CookieRecord) GetName() string {
@@ -5274,7 +6092,7 @@ type StripeRecord struct {
 
 func (x *StripeRecord) Reset() {
 	*x = StripeRecord{}
-	mi := &file_meta_proto_msgTypes[74]
+	mi := &file_meta_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5286,7 +6104,7 @@ func (x *StripeRecord) String() string {
 func (*StripeRecord) ProtoMessage() {}
 
 func (x *StripeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[74]
+	mi := &file_meta_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5299,7 +6117,7 @@ func (x *StripeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeRecord.ProtoReflect.Descriptor instead.
 func (*StripeRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{74}
+	return file_meta_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *StripeRecord) GetVersion() uint64 {
@@ -5356,7 +6174,7 @@ type GrantRecord struct {
 
 func (x *GrantRecord) Reset() {
 	*x = GrantRecord{}
-	mi := &file_meta_proto_msgTypes[75]
+	mi := &file_meta_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5368,7 +6186,7 @@ func (x *GrantRecord) String() string {
 func (*GrantRecord) ProtoMessage() {}
 
 func (x *GrantRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[75]
+	mi := &file_meta_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5381,7 +6199,7 @@ func (x *GrantRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRecord.ProtoReflect.Descriptor instead.
 func (*GrantRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{75}
+	return file_meta_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *GrantRecord) GetShards() []*Shard {
@@ -5422,7 +6240,7 @@ type ChunkserverRecord struct {
 
 func (x *ChunkserverRecord) Reset() {
 	*x = ChunkserverRecord{}
-	mi := &file_meta_proto_msgTypes[76]
+	mi := &file_meta_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5434,7 +6252,7 @@ func (x *ChunkserverRecord) String() string {
 func (*ChunkserverRecord) ProtoMessage() {}
 
 func (x *ChunkserverRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[76]
+	mi := &file_meta_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5447,7 +6265,7 @@ func (x *ChunkserverRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkserverRecord.ProtoReflect.Descriptor instead.
 func (*ChunkserverRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{76}
+	return file_meta_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ChunkserverRecord) GetId() string {
@@ -5524,7 +6342,7 @@ type SessionRecord struct {
 
 func (x *SessionRecord) Reset() {
 	*x = SessionRecord{}
-	mi := &file_meta_proto_msgTypes[77]
+	mi := &file_meta_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5536,7 +6354,7 @@ func (x *SessionRecord) String() string {
 func (*SessionRecord) ProtoMessage() {}
 
 func (x *SessionRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[77]
+	mi := &file_meta_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5549,7 +6367,7 @@ func (x *SessionRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRecord.ProtoReflect.Descriptor instead.
 func (*SessionRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{77}
+	return file_meta_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *SessionRecord) GetClient() string {
@@ -5598,7 +6416,7 @@ type InoRange struct {
 
 func (x *InoRange) Reset() {
 	*x = InoRange{}
-	mi := &file_meta_proto_msgTypes[78]
+	mi := &file_meta_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5610,7 +6428,7 @@ func (x *InoRange) String() string {
 func (*InoRange) ProtoMessage() {}
 
 func (x *InoRange) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[78]
+	mi := &file_meta_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5623,7 +6441,7 @@ func (x *InoRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InoRange.ProtoReflect.Descriptor instead.
 func (*InoRange) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{78}
+	return file_meta_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *InoRange) GetFirst() uint64 {
@@ -5652,7 +6470,7 @@ type ClusterRecord struct {
 
 func (x *ClusterRecord) Reset() {
 	*x = ClusterRecord{}
-	mi := &file_meta_proto_msgTypes[79]
+	mi := &file_meta_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5664,7 +6482,7 @@ func (x *ClusterRecord) String() string {
 func (*ClusterRecord) ProtoMessage() {}
 
 func (x *ClusterRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[79]
+	mi := &file_meta_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5677,7 +6495,7 @@ func (x *ClusterRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterRecord.ProtoReflect.Descriptor instead.
 func (*ClusterRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{79}
+	return file_meta_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ClusterRecord) GetClusterId() string {
@@ -5724,7 +6542,7 @@ type RepairTask struct {
 
 func (x *RepairTask) Reset() {
 	*x = RepairTask{}
-	mi := &file_meta_proto_msgTypes[80]
+	mi := &file_meta_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5736,7 +6554,7 @@ func (x *RepairTask) String() string {
 func (*RepairTask) ProtoMessage() {}
 
 func (x *RepairTask) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[80]
+	mi := &file_meta_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5749,7 +6567,7 @@ func (x *RepairTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairTask.ProtoReflect.Descriptor instead.
 func (*RepairTask) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{80}
+	return file_meta_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RepairTask) GetTaskId() uint64 {
@@ -5841,7 +6659,7 @@ type RepairResult struct {
 
 func (x *RepairResult) Reset() {
 	*x = RepairResult{}
-	mi := &file_meta_proto_msgTypes[81]
+	mi := &file_meta_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5853,7 +6671,7 @@ func (x *RepairResult) String() string {
 func (*RepairResult) ProtoMessage() {}
 
 func (x *RepairResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[81]
+	mi := &file_meta_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5866,7 +6684,7 @@ func (x *RepairResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairResult.ProtoReflect.Descriptor instead.
 func (*RepairResult) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{81}
+	return file_meta_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RepairResult) GetTaskId() uint64 {
@@ -5932,7 +6750,7 @@ type RepairPollRequest struct {
 
 func (x *RepairPollRequest) Reset() {
 	*x = RepairPollRequest{}
-	mi := &file_meta_proto_msgTypes[82]
+	mi := &file_meta_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5944,7 +6762,7 @@ func (x *RepairPollRequest) String() string {
 func (*RepairPollRequest) ProtoMessage() {}
 
 func (x *RepairPollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[82]
+	mi := &file_meta_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5957,7 +6775,7 @@ func (x *RepairPollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPollRequest.ProtoReflect.Descriptor instead.
 func (*RepairPollRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{82}
+	return file_meta_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *RepairPollRequest) GetId() string {
@@ -5998,7 +6816,7 @@ type RepairPollReply struct {
 
 func (x *RepairPollReply) Reset() {
 	*x = RepairPollReply{}
-	mi := &file_meta_proto_msgTypes[83]
+	mi := &file_meta_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6010,7 +6828,7 @@ func (x *RepairPollReply) String() string {
 func (*RepairPollReply) ProtoMessage() {}
 
 func (x *RepairPollReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[83]
+	mi := &file_meta_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6023,7 +6841,7 @@ func (x *RepairPollReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPollReply.ProtoReflect.Descriptor instead.
 func (*RepairPollReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{83}
+	return file_meta_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *RepairPollReply) GetTasks() []*RepairTask {
@@ -6052,7 +6870,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_meta_proto_msgTypes[84]
+	mi := &file_meta_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6064,7 +6882,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[84]
+	mi := &file_meta_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6077,7 +6895,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{84}
+	return file_meta_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *DrainRequest) GetId() string {
@@ -6104,7 +6922,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_meta_proto_msgTypes[85]
+	mi := &file_meta_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6116,7 +6934,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[85]
+	mi := &file_meta_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6129,7 +6947,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{85}
+	return file_meta_proto_rawDescGZIP(), []int{96}
 }
 
 type RebalanceReply struct {
@@ -6141,7 +6959,7 @@ type RebalanceReply struct {
 
 func (x *RebalanceReply) Reset() {
 	*x = RebalanceReply{}
-	mi := &file_meta_proto_msgTypes[86]
+	mi := &file_meta_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6153,7 +6971,7 @@ func (x *RebalanceReply) String() string {
 func (*RebalanceReply) ProtoMessage() {}
 
 func (x *RebalanceReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[86]
+	mi := &file_meta_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6166,7 +6984,7 @@ func (x *RebalanceReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceReply.ProtoReflect.Descriptor instead.
 func (*RebalanceReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{86}
+	return file_meta_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *RebalanceReply) GetMovesPlanned() uint64 {
@@ -6198,7 +7016,7 @@ type RepairStatus struct {
 
 func (x *RepairStatus) Reset() {
 	*x = RepairStatus{}
-	mi := &file_meta_proto_msgTypes[87]
+	mi := &file_meta_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6210,7 +7028,7 @@ func (x *RepairStatus) String() string {
 func (*RepairStatus) ProtoMessage() {}
 
 func (x *RepairStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[87]
+	mi := &file_meta_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6223,7 +7041,7 @@ func (x *RepairStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairStatus.ProtoReflect.Descriptor instead.
 func (*RepairStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{87}
+	return file_meta_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *RepairStatus) GetHealthyStripes() uint64 {
@@ -6331,7 +7149,7 @@ type RequestRecord struct {
 
 func (x *RequestRecord) Reset() {
 	*x = RequestRecord{}
-	mi := &file_meta_proto_msgTypes[88]
+	mi := &file_meta_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6343,7 +7161,7 @@ func (x *RequestRecord) String() string {
 func (*RequestRecord) ProtoMessage() {}
 
 func (x *RequestRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[88]
+	mi := &file_meta_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6356,7 +7174,7 @@ func (x *RequestRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRecord.ProtoReflect.Descriptor instead.
 func (*RequestRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{88}
+	return file_meta_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *RequestRecord) GetCommittedNs() int64 {
@@ -6389,7 +7207,7 @@ type DumpRecord struct {
 
 func (x *DumpRecord) Reset() {
 	*x = DumpRecord{}
-	mi := &file_meta_proto_msgTypes[89]
+	mi := &file_meta_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6401,7 +7219,7 @@ func (x *DumpRecord) String() string {
 func (*DumpRecord) ProtoMessage() {}
 
 func (x *DumpRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[89]
+	mi := &file_meta_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6414,7 +7232,7 @@ func (x *DumpRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpRecord.ProtoReflect.Descriptor instead.
 func (*DumpRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{89}
+	return file_meta_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *DumpRecord) GetHeader() *DumpHeader {
@@ -6459,7 +7277,7 @@ type DumpTrailer struct {
 
 func (x *DumpTrailer) Reset() {
 	*x = DumpTrailer{}
-	mi := &file_meta_proto_msgTypes[90]
+	mi := &file_meta_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6471,7 +7289,7 @@ func (x *DumpTrailer) String() string {
 func (*DumpTrailer) ProtoMessage() {}
 
 func (x *DumpTrailer) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[90]
+	mi := &file_meta_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6484,7 +7302,7 @@ func (x *DumpTrailer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpTrailer.ProtoReflect.Descriptor instead.
 func (*DumpTrailer) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{90}
+	return file_meta_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *DumpTrailer) GetRecords() uint64 {
@@ -6514,7 +7332,7 @@ type DumpHeader struct {
 
 func (x *DumpHeader) Reset() {
 	*x = DumpHeader{}
-	mi := &file_meta_proto_msgTypes[91]
+	mi := &file_meta_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6526,7 +7344,7 @@ func (x *DumpHeader) String() string {
 func (*DumpHeader) ProtoMessage() {}
 
 func (x *DumpHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[91]
+	mi := &file_meta_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6539,7 +7357,7 @@ func (x *DumpHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpHeader.ProtoReflect.Descriptor instead.
 func (*DumpHeader) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{91}
+	return file_meta_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *DumpHeader) GetFormatVersion() uint32 {
@@ -6587,7 +7405,7 @@ type FileLock struct {
 
 func (x *FileLock) Reset() {
 	*x = FileLock{}
-	mi := &file_meta_proto_msgTypes[92]
+	mi := &file_meta_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6599,7 +7417,7 @@ func (x *FileLock) String() string {
 func (*FileLock) ProtoMessage() {}
 
 func (x *FileLock) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[92]
+	mi := &file_meta_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6612,7 +7430,7 @@ func (x *FileLock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileLock.ProtoReflect.Descriptor instead.
 func (*FileLock) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{92}
+	return file_meta_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *FileLock) GetSession() uint64 {
@@ -6674,7 +7492,7 @@ type LockRecord struct {
 
 func (x *LockRecord) Reset() {
 	*x = LockRecord{}
-	mi := &file_meta_proto_msgTypes[93]
+	mi := &file_meta_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6686,7 +7504,7 @@ func (x *LockRecord) String() string {
 func (*LockRecord) ProtoMessage() {}
 
 func (x *LockRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[93]
+	mi := &file_meta_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6699,7 +7517,7 @@ func (x *LockRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecord.ProtoReflect.Descriptor instead.
 func (*LockRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{93}
+	return file_meta_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *LockRecord) GetLocks() []*FileLock {
@@ -6730,7 +7548,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_meta_proto_msgTypes[94]
+	mi := &file_meta_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6742,7 +7560,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[94]
+	mi := &file_meta_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6755,7 +7573,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{94}
+	return file_meta_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *LockRequest) GetIno() uint64 {
@@ -6796,7 +7614,7 @@ type LockReply struct {
 
 func (x *LockReply) Reset() {
 	*x = LockReply{}
-	mi := &file_meta_proto_msgTypes[95]
+	mi := &file_meta_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6808,7 +7626,7 @@ func (x *LockReply) String() string {
 func (*LockReply) ProtoMessage() {}
 
 func (x *LockReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[95]
+	mi := &file_meta_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6821,7 +7639,7 @@ func (x *LockReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockReply.ProtoReflect.Descriptor instead.
 func (*LockReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{95}
+	return file_meta_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *LockReply) GetGranted() bool {
@@ -7179,7 +7997,7 @@ const file_meta_proto_rawDesc = "" +
 	"cluster_id\x18\x02 \x01(\tR\tclusterId\"?\n" +
 	"\bChunkRef\x12\x19\n" +
 	"\bchunk_id\x18\x01 \x01(\x04R\achunkId\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\x04R\aversion\"\xb3\x01\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\"\xe6\x01\n" +
 	"\x10HeartbeatRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04free\x18\x02 \x01(\x04R\x04free\x12\x12\n" +
@@ -7187,13 +8005,72 @@ const file_meta_proto_rawDesc = "" +
 	"\x04load\x18\x04 \x01(\x01R\x04load\x12\x1f\n" +
 	"\vchunk_count\x18\x05 \x01(\x04R\n" +
 	"chunkCount\x122\n" +
-	"\adeleted\x18\x06 \x03(\v2\x18.rdmafs.meta.v1.ChunkRefR\adeleted\"b\n" +
+	"\adeleted\x18\x06 \x03(\v2\x18.rdmafs.meta.v1.ChunkRefR\adeleted\x121\n" +
+	"\x05scrub\x18\a \x01(\v2\x1b.rdmafs.meta.v1.ScrubReportR\x05scrub\"\x85\x02\n" +
+	"\vScrubReport\x12!\n" +
+	"\frequested_ns\x18\x01 \x01(\x03R\vrequestedNs\x12&\n" +
+	"\x0fpass_started_ns\x18\x02 \x01(\x03R\rpassStartedNs\x12\x1d\n" +
+	"\n" +
+	"pass_bytes\x18\x03 \x01(\x04R\tpassBytes\x12\x1d\n" +
+	"\n" +
+	"pass_total\x18\x04 \x01(\x04R\tpassTotal\x12)\n" +
+	"\x11last_pass_done_ns\x18\x05 \x01(\x03R\x0elastPassDoneNs\x12\x1f\n" +
+	"\vbytes_total\x18\x06 \x01(\x04R\n" +
+	"bytesTotal\x12!\n" +
+	"\ferrors_total\x18\a \x01(\x04R\verrorsTotal\"\xbc\x01\n" +
 	"\x0eHeartbeatReply\x120\n" +
 	"\x06delete\x18\x01 \x03(\v2\x18.rdmafs.meta.v1.ChunkRefR\x06delete\x12\x1e\n" +
 	"\n" +
 	"reregister\x18\x02 \x01(\bR\n" +
-	"reregister\"\x0f\n" +
-	"\rStatusRequest\"\x83\x03\n" +
+	"reregister\x12*\n" +
+	"\x11scrub_interval_ns\x18\x03 \x01(\x03R\x0fscrubIntervalNs\x12,\n" +
+	"\x12scrub_requested_ns\x18\x04 \x01(\x03R\x10scrubRequestedNs\"\x0e\n" +
+	"\fScrubRequest\"/\n" +
+	"\n" +
+	"ScrubReply\x12!\n" +
+	"\frequested_ns\x18\x01 \x01(\x03R\vrequestedNs\"c\n" +
+	"\vInfoRequest\x12\x10\n" +
+	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
+	"\x05first\x18\x02 \x01(\x04R\x05first\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\x04R\x05count\x12\x16\n" +
+	"\x06totals\x18\x04 \x01(\bR\x06totals\"\x87\x01\n" +
+	"\tShardInfo\x12\x19\n" +
+	"\bchunk_id\x18\x01 \x01(\x04R\achunkId\x12\x1b\n" +
+	"\tserver_id\x18\x02 \x01(\tR\bserverId\x12\x18\n" +
+	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x12\n" +
+	"\x04zone\x18\x04 \x01(\tR\x04zone\x12\x14\n" +
+	"\x05state\x18\x05 \x01(\tR\x05state\"\xeb\x01\n" +
+	"\fStripeDetail\x12\x16\n" +
+	"\x06stripe\x18\x01 \x01(\x04R\x06stripe\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x16\n" +
+	"\x06length\x18\x03 \x01(\x04R\x06length\x12.\n" +
+	"\x06layout\x18\x04 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\x12\x16\n" +
+	"\x06inline\x18\x05 \x01(\bR\x06inline\x121\n" +
+	"\x06shards\x18\x06 \x03(\v2\x19.rdmafs.meta.v1.ShardInfoR\x06shards\x12\x16\n" +
+	"\x06health\x18\a \x01(\tR\x06health\"\xbc\x01\n" +
+	"\n" +
+	"TreeTotals\x12\x14\n" +
+	"\x05files\x18\x01 \x01(\x04R\x05files\x12 \n" +
+	"\vdirectories\x18\x02 \x01(\x04R\vdirectories\x12\x16\n" +
+	"\x06others\x18\x03 \x01(\x04R\x06others\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\x12\x18\n" +
+	"\astripes\x18\x05 \x01(\x04R\astripes\x12\x1a\n" +
+	"\bdegraded\x18\x06 \x01(\x04R\bdegraded\x12\x12\n" +
+	"\x04lost\x18\a \x01(\x04R\x04lost\"\xe5\x01\n" +
+	"\tInfoReply\x12(\n" +
+	"\x04attr\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x04attr\x12.\n" +
+	"\x06layout\x18\x02 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\x126\n" +
+	"\astripes\x18\x03 \x03(\v2\x1c.rdmafs.meta.v1.StripeDetailR\astripes\x12\x12\n" +
+	"\x04next\x18\x04 \x01(\x04R\x04next\x122\n" +
+	"\x06totals\x18\x05 \x01(\v2\x1a.rdmafs.meta.v1.TreeTotalsR\x06totals\"&\n" +
+	"\fCheckRequest\x12\x16\n" +
+	"\x06repair\x18\x01 \x01(\bR\x06repair\"b\n" +
+	"\n" +
+	"CheckReply\x12\x1a\n" +
+	"\bproblems\x18\x01 \x03(\tR\bproblems\x12\x1a\n" +
+	"\brepaired\x18\x02 \x03(\tR\brepaired\x12\x1c\n" +
+	"\ttruncated\x18\x03 \x01(\bR\ttruncated\"\x0f\n" +
+	"\rStatusRequest\"\xb6\x03\n" +
 	"\x11ChunkserverStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1e\n" +
@@ -7212,7 +8089,8 @@ const file_meta_proto_rawDesc = "" +
 	"\x11last_heartbeat_ns\x18\v \x01(\x03R\x0flastHeartbeatNs\x12'\n" +
 	"\x0fpending_deletes\x18\f \x01(\x04R\x0ependingDeletes\x12\x1a\n" +
 	"\bretiring\x18d \x01(\bR\bretiring\x12\x16\n" +
-	"\x06shards\x18e \x01(\x04R\x06shards\"\xaa\x03\n" +
+	"\x06shards\x18e \x01(\x04R\x06shards\x121\n" +
+	"\x05scrub\x18f \x01(\v2\x1b.rdmafs.meta.v1.ScrubReportR\x05scrub\"\xdd\x03\n" +
 	"\vStatusReply\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12=\n" +
@@ -7224,7 +8102,17 @@ const file_meta_proto_rawDesc = "" +
 	"\x10degraded_stripes\x18\a \x01(\x04R\x0fdegradedStripes\x12\x1a\n" +
 	"\bsessions\x18\b \x01(\x04R\bsessions\x12'\n" +
 	"\x0fpending_deletes\x18\t \x01(\x04R\x0ependingDeletes\x124\n" +
-	"\x06repair\x18d \x01(\v2\x1c.rdmafs.meta.v1.RepairStatusR\x06repair\"\xde\x01\n" +
+	"\x06repair\x18d \x01(\v2\x1c.rdmafs.meta.v1.RepairStatusR\x06repair\x121\n" +
+	"\x05scrub\x18e \x01(\v2\x1b.rdmafs.meta.v1.ScrubStatusR\x05scrub\"\xe7\x01\n" +
+	"\vScrubStatus\x12\x1f\n" +
+	"\vinterval_ns\x18\x01 \x01(\x03R\n" +
+	"intervalNs\x12!\n" +
+	"\frequested_ns\x18\x02 \x01(\x03R\vrequestedNs\x12)\n" +
+	"\x11last_full_pass_ns\x18\x03 \x01(\x03R\x0elastFullPassNs\x12\x1f\n" +
+	"\vbytes_total\x18\x04 \x01(\x04R\n" +
+	"bytesTotal\x12!\n" +
+	"\ferrors_total\x18\x05 \x01(\x04R\verrorsTotal\x12%\n" +
+	"\x0erepaired_total\x18\x06 \x01(\x04R\rrepairedTotal\"\xde\x01\n" +
 	"\vInodeRecord\x12(\n" +
 	"\x04attr\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x04attr\x12\x18\n" +
 	"\asymlink\x18\x02 \x01(\tR\asymlink\x12\x16\n" +
@@ -7392,7 +8280,7 @@ const file_meta_proto_rawDesc = "" +
 	"\tLOCK_READ\x10\x00\x12\x0e\n" +
 	"\n" +
 	"LOCK_WRITE\x10\x01\x12\x0f\n" +
-	"\vLOCK_UNLOCK\x10\x022\xe4\x16\n" +
+	"\vLOCK_UNLOCK\x10\x022\xaa\x18\n" +
 	"\x04Meta\x12C\n" +
 	"\x06Lookup\x12\x1d.rdmafs.meta.v1.LookupRequest\x1a\x1a.rdmafs.meta.v1.EntryReply\x12D\n" +
 	"\aGetAttr\x12\x1e.rdmafs.meta.v1.GetAttrRequest\x1a\x19.rdmafs.meta.v1.AttrReply\x12D\n" +
@@ -7429,13 +8317,16 @@ const file_meta_proto_rawDesc = "" +
 	"\rCommitStripes\x12$.rdmafs.meta.v1.CommitStripesRequest\x1a\".rdmafs.meta.v1.CommitStripesReply\x12Y\n" +
 	"\rReplaceShards\x12$.rdmafs.meta.v1.ReplaceShardsRequest\x1a\".rdmafs.meta.v1.ReplaceShardsReply\x12P\n" +
 	"\n" +
-	"GetStripes\x12!.rdmafs.meta.v1.GetStripesRequest\x1a\x1f.rdmafs.meta.v1.GetStripesReply\x12J\n" +
+	"GetStripes\x12!.rdmafs.meta.v1.GetStripesRequest\x1a\x1f.rdmafs.meta.v1.GetStripesReply\x12>\n" +
+	"\x04Info\x12\x1b.rdmafs.meta.v1.InfoRequest\x1a\x19.rdmafs.meta.v1.InfoReply\x12A\n" +
+	"\x05Check\x12\x1c.rdmafs.meta.v1.CheckRequest\x1a\x1a.rdmafs.meta.v1.CheckReply\x12J\n" +
 	"\bRegister\x12\x1f.rdmafs.meta.v1.RegisterRequest\x1a\x1d.rdmafs.meta.v1.RegisterReply\x12M\n" +
 	"\tHeartbeat\x12 .rdmafs.meta.v1.HeartbeatRequest\x1a\x1e.rdmafs.meta.v1.HeartbeatReply\x12D\n" +
 	"\x06Status\x12\x1d.rdmafs.meta.v1.StatusRequest\x1a\x1b.rdmafs.meta.v1.StatusReply\x12P\n" +
 	"\n" +
 	"RepairPoll\x12!.rdmafs.meta.v1.RepairPollRequest\x1a\x1f.rdmafs.meta.v1.RepairPollReply\x12<\n" +
-	"\x05Drain\x12\x1c.rdmafs.meta.v1.DrainRequest\x1a\x15.rdmafs.meta.v1.Empty\x12M\n" +
+	"\x05Drain\x12\x1c.rdmafs.meta.v1.DrainRequest\x1a\x15.rdmafs.meta.v1.Empty\x12A\n" +
+	"\x05Scrub\x12\x1c.rdmafs.meta.v1.ScrubRequest\x1a\x1a.rdmafs.meta.v1.ScrubReply\x12M\n" +
 	"\tRebalance\x12 .rdmafs.meta.v1.RebalanceRequest\x1a\x1e.rdmafs.meta.v1.RebalanceReplyB&Z$github.com/rdmafs/rdmafs/meta/metapbb\x06proto3"
 
 var (
@@ -7451,7 +8342,7 @@ func file_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 96)
+var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 107)
 var file_meta_proto_goTypes = []any{
 	(RenameFlag)(0),              // 0: rdmafs.meta.v1.RenameFlag
 	(XattrFlag)(0),               // 1: rdmafs.meta.v1.XattrFlag
@@ -7523,35 +8414,46 @@ var file_meta_proto_goTypes = []any{
 	(*RegisterReply)(nil),        // 67: rdmafs.meta.v1.RegisterReply
 	(*ChunkRef)(nil),             // 68: rdmafs.meta.v1.ChunkRef
 	(*HeartbeatRequest)(nil),     // 69: rdmafs.meta.v1.HeartbeatRequest
-	(*HeartbeatReply)(nil),       // 70: rdmafs.meta.v1.HeartbeatReply
-	(*StatusRequest)(nil),        // 71: rdmafs.meta.v1.StatusRequest
-	(*ChunkserverStatus)(nil),    // 72: rdmafs.meta.v1.ChunkserverStatus
-	(*StatusReply)(nil),          // 73: rdmafs.meta.v1.StatusReply
-	(*InodeRecord)(nil),          // 74: rdmafs.meta.v1.InodeRecord
-	(*DentryRecord)(nil),         // 75: rdmafs.meta.v1.DentryRecord
-	(*CookieRecord)(nil),         // 76: rdmafs.meta.v1.CookieRecord
-	(*StripeRecord)(nil),         // 77: rdmafs.meta.v1.StripeRecord
-	(*GrantRecord)(nil),          // 78: rdmafs.meta.v1.GrantRecord
-	(*ChunkserverRecord)(nil),    // 79: rdmafs.meta.v1.ChunkserverRecord
-	(*SessionRecord)(nil),        // 80: rdmafs.meta.v1.SessionRecord
-	(*InoRange)(nil),             // 81: rdmafs.meta.v1.InoRange
-	(*ClusterRecord)(nil),        // 82: rdmafs.meta.v1.ClusterRecord
-	(*RepairTask)(nil),           // 83: rdmafs.meta.v1.RepairTask
-	(*RepairResult)(nil),         // 84: rdmafs.meta.v1.RepairResult
-	(*RepairPollRequest)(nil),    // 85: rdmafs.meta.v1.RepairPollRequest
-	(*RepairPollReply)(nil),      // 86: rdmafs.meta.v1.RepairPollReply
-	(*DrainRequest)(nil),         // 87: rdmafs.meta.v1.DrainRequest
-	(*RebalanceRequest)(nil),     // 88: rdmafs.meta.v1.RebalanceRequest
-	(*RebalanceReply)(nil),       // 89: rdmafs.meta.v1.RebalanceReply
-	(*RepairStatus)(nil),         // 90: rdmafs.meta.v1.RepairStatus
-	(*RequestRecord)(nil),        // 91: rdmafs.meta.v1.RequestRecord
-	(*DumpRecord)(nil),           // 92: rdmafs.meta.v1.DumpRecord
-	(*DumpTrailer)(nil),          // 93: rdmafs.meta.v1.DumpTrailer
-	(*DumpHeader)(nil),           // 94: rdmafs.meta.v1.DumpHeader
-	(*FileLock)(nil),             // 95: rdmafs.meta.v1.FileLock
-	(*LockRecord)(nil),           // 96: rdmafs.meta.v1.LockRecord
-	(*LockRequest)(nil),          // 97: rdmafs.meta.v1.LockRequest
-	(*LockReply)(nil),            // 98: rdmafs.meta.v1.LockReply
+	(*ScrubReport)(nil),          // 70: rdmafs.meta.v1.ScrubReport
+	(*HeartbeatReply)(nil),       // 71: rdmafs.meta.v1.HeartbeatReply
+	(*ScrubRequest)(nil),         // 72: rdmafs.meta.v1.ScrubRequest
+	(*ScrubReply)(nil),           // 73: rdmafs.meta.v1.ScrubReply
+	(*InfoRequest)(nil),          // 74: rdmafs.meta.v1.InfoRequest
+	(*ShardInfo)(nil),            // 75: rdmafs.meta.v1.ShardInfo
+	(*StripeDetail)(nil),         // 76: rdmafs.meta.v1.StripeDetail
+	(*TreeTotals)(nil),           // 77: rdmafs.meta.v1.TreeTotals
+	(*InfoReply)(nil),            // 78: rdmafs.meta.v1.InfoReply
+	(*CheckRequest)(nil),         // 79: rdmafs.meta.v1.CheckRequest
+	(*CheckReply)(nil),           // 80: rdmafs.meta.v1.CheckReply
+	(*StatusRequest)(nil),        // 81: rdmafs.meta.v1.StatusRequest
+	(*ChunkserverStatus)(nil),    // 82: rdmafs.meta.v1.ChunkserverStatus
+	(*StatusReply)(nil),          // 83: rdmafs.meta.v1.StatusReply
+	(*ScrubStatus)(nil),          // 84: rdmafs.meta.v1.ScrubStatus
+	(*InodeRecord)(nil),          // 85: rdmafs.meta.v1.InodeRecord
+	(*DentryRecord)(nil),         // 86: rdmafs.meta.v1.DentryRecord
+	(*CookieRecord)(nil),         // 87: rdmafs.meta.v1.CookieRecord
+	(*StripeRecord)(nil),         // 88: rdmafs.meta.v1.StripeRecord
+	(*GrantRecord)(nil),          // 89: rdmafs.meta.v1.GrantRecord
+	(*ChunkserverRecord)(nil),    // 90: rdmafs.meta.v1.ChunkserverRecord
+	(*SessionRecord)(nil),        // 91: rdmafs.meta.v1.SessionRecord
+	(*InoRange)(nil),             // 92: rdmafs.meta.v1.InoRange
+	(*ClusterRecord)(nil),        // 93: rdmafs.meta.v1.ClusterRecord
+	(*RepairTask)(nil),           // 94: rdmafs.meta.v1.RepairTask
+	(*RepairResult)(nil),         // 95: rdmafs.meta.v1.RepairResult
+	(*RepairPollRequest)(nil),    // 96: rdmafs.meta.v1.RepairPollRequest
+	(*RepairPollReply)(nil),      // 97: rdmafs.meta.v1.RepairPollReply
+	(*DrainRequest)(nil),         // 98: rdmafs.meta.v1.DrainRequest
+	(*RebalanceRequest)(nil),     // 99: rdmafs.meta.v1.RebalanceRequest
+	(*RebalanceReply)(nil),       // 100: rdmafs.meta.v1.RebalanceReply
+	(*RepairStatus)(nil),         // 101: rdmafs.meta.v1.RepairStatus
+	(*RequestRecord)(nil),        // 102: rdmafs.meta.v1.RequestRecord
+	(*DumpRecord)(nil),           // 103: rdmafs.meta.v1.DumpRecord
+	(*DumpTrailer)(nil),          // 104: rdmafs.meta.v1.DumpTrailer
+	(*DumpHeader)(nil),           // 105: rdmafs.meta.v1.DumpHeader
+	(*FileLock)(nil),             // 106: rdmafs.meta.v1.FileLock
+	(*LockRecord)(nil),           // 107: rdmafs.meta.v1.LockRecord
+	(*LockRequest)(nil),          // 108: rdmafs.meta.v1.LockRequest
+	(*LockReply)(nil),            // 109: rdmafs.meta.v1.LockReply
 }
 var file_meta_proto_depIdxs = []int32{
 	4,   // 0: rdmafs.meta.v1.Attr.layout:type_name -> rdmafs.meta.v1.Layout
@@ -7596,114 +8498,129 @@ var file_meta_proto_depIdxs = []int32{
 	64,  // 39: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
 	4,   // 40: rdmafs.meta.v1.GetStripesReply.layout:type_name -> rdmafs.meta.v1.Layout
 	68,  // 41: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
-	68,  // 42: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
-	4,   // 43: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
-	72,  // 44: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
-	90,  // 45: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
-	5,   // 46: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
-	4,   // 47: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 48: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	54,  // 49: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	54,  // 50: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	4,   // 51: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	81,  // 52: rdmafs.meta.v1.SessionRecord.ino_ranges:type_name -> rdmafs.meta.v1.InoRange
-	4,   // 53: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 54: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
-	54,  // 55: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
-	84,  // 56: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
-	68,  // 57: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
-	83,  // 58: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
-	94,  // 59: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
-	93,  // 60: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
-	2,   // 61: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
-	95,  // 62: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
-	95,  // 63: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
-	95,  // 64: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
-	7,   // 65: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
-	13,  // 66: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
-	15,  // 67: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
-	16,  // 68: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
-	17,  // 69: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
-	18,  // 70: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
-	19,  // 71: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
-	20,  // 72: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
-	22,  // 73: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
-	23,  // 74: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
-	24,  // 75: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
-	27,  // 76: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
-	28,  // 77: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
-	31,  // 78: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
-	33,  // 79: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
-	34,  // 80: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
-	36,  // 81: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
-	37,  // 82: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
-	26,  // 83: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
-	39,  // 84: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
-	45,  // 85: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
-	41,  // 86: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
-	47,  // 87: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
-	10,  // 88: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
-	48,  // 89: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
-	49,  // 90: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
-	50,  // 91: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
-	97,  // 92: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
-	51,  // 93: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
-	52,  // 94: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
-	55,  // 95: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
-	61,  // 96: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
-	59,  // 97: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
-	63,  // 98: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
-	66,  // 99: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
-	69,  // 100: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
-	71,  // 101: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
-	85,  // 102: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
-	87,  // 103: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
-	88,  // 104: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
-	8,   // 105: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
-	14,  // 106: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	14,  // 107: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	8,   // 108: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
-	8,   // 109: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
-	8,   // 110: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
-	8,   // 111: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
-	21,  // 112: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
-	8,   // 113: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
-	12,  // 114: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
-	12,  // 115: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
-	25,  // 116: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
-	30,  // 117: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
-	32,  // 118: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
-	25,  // 119: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
-	35,  // 120: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
-	25,  // 121: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
-	38,  // 122: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
-	25,  // 123: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
-	40,  // 124: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
-	46,  // 125: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
-	43,  // 126: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
-	25,  // 127: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
-	11,  // 128: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
-	25,  // 129: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
-	14,  // 130: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
-	25,  // 131: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
-	98,  // 132: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
-	25,  // 133: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
-	53,  // 134: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
-	57,  // 135: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
-	62,  // 136: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
-	60,  // 137: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
-	65,  // 138: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
-	67,  // 139: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
-	70,  // 140: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
-	73,  // 141: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
-	86,  // 142: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
-	25,  // 143: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
-	89,  // 144: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
-	105, // [105:145] is the sub-list for method output_type
-	65,  // [65:105] is the sub-list for method input_type
-	65,  // [65:65] is the sub-list for extension type_name
-	65,  // [65:65] is the sub-list for extension extendee
-	0,   // [0:65] is the sub-list for field type_name
+	70,  // 42: rdmafs.meta.v1.HeartbeatRequest.scrub:type_name -> rdmafs.meta.v1.ScrubReport
+	68,  // 43: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
+	4,   // 44: rdmafs.meta.v1.StripeDetail.layout:type_name -> rdmafs.meta.v1.Layout
+	75,  // 45: rdmafs.meta.v1.StripeDetail.shards:type_name -> rdmafs.meta.v1.ShardInfo
+	5,   // 46: rdmafs.meta.v1.InfoReply.attr:type_name -> rdmafs.meta.v1.Attr
+	4,   // 47: rdmafs.meta.v1.InfoReply.layout:type_name -> rdmafs.meta.v1.Layout
+	76,  // 48: rdmafs.meta.v1.InfoReply.stripes:type_name -> rdmafs.meta.v1.StripeDetail
+	77,  // 49: rdmafs.meta.v1.InfoReply.totals:type_name -> rdmafs.meta.v1.TreeTotals
+	70,  // 50: rdmafs.meta.v1.ChunkserverStatus.scrub:type_name -> rdmafs.meta.v1.ScrubReport
+	4,   // 51: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
+	82,  // 52: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
+	101, // 53: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
+	84,  // 54: rdmafs.meta.v1.StatusReply.scrub:type_name -> rdmafs.meta.v1.ScrubStatus
+	5,   // 55: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
+	4,   // 56: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
+	4,   // 57: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	54,  // 58: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	54,  // 59: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	4,   // 60: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	92,  // 61: rdmafs.meta.v1.SessionRecord.ino_ranges:type_name -> rdmafs.meta.v1.InoRange
+	4,   // 62: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
+	4,   // 63: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
+	54,  // 64: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
+	95,  // 65: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
+	68,  // 66: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
+	94,  // 67: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
+	105, // 68: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
+	104, // 69: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
+	2,   // 70: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
+	106, // 71: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
+	106, // 72: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
+	106, // 73: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
+	7,   // 74: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
+	13,  // 75: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
+	15,  // 76: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
+	16,  // 77: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
+	17,  // 78: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
+	18,  // 79: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
+	19,  // 80: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
+	20,  // 81: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
+	22,  // 82: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
+	23,  // 83: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
+	24,  // 84: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
+	27,  // 85: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
+	28,  // 86: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
+	31,  // 87: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
+	33,  // 88: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
+	34,  // 89: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
+	36,  // 90: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
+	37,  // 91: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
+	26,  // 92: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
+	39,  // 93: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
+	45,  // 94: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
+	41,  // 95: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
+	47,  // 96: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
+	10,  // 97: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
+	48,  // 98: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
+	49,  // 99: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
+	50,  // 100: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
+	108, // 101: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
+	51,  // 102: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
+	52,  // 103: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
+	55,  // 104: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
+	61,  // 105: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
+	59,  // 106: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
+	63,  // 107: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
+	74,  // 108: rdmafs.meta.v1.Meta.Info:input_type -> rdmafs.meta.v1.InfoRequest
+	79,  // 109: rdmafs.meta.v1.Meta.Check:input_type -> rdmafs.meta.v1.CheckRequest
+	66,  // 110: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
+	69,  // 111: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
+	81,  // 112: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
+	96,  // 113: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
+	98,  // 114: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
+	72,  // 115: rdmafs.meta.v1.Meta.Scrub:input_type -> rdmafs.meta.v1.ScrubRequest
+	99,  // 116: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
+	8,   // 117: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
+	14,  // 118: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	14,  // 119: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	8,   // 120: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
+	8,   // 121: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
+	8,   // 122: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
+	8,   // 123: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
+	21,  // 124: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
+	8,   // 125: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
+	12,  // 126: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
+	12,  // 127: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
+	25,  // 128: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
+	30,  // 129: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
+	32,  // 130: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
+	25,  // 131: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
+	35,  // 132: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
+	25,  // 133: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
+	38,  // 134: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
+	25,  // 135: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
+	40,  // 136: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
+	46,  // 137: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
+	43,  // 138: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
+	25,  // 139: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
+	11,  // 140: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
+	25,  // 141: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
+	14,  // 142: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
+	25,  // 143: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
+	109, // 144: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
+	25,  // 145: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
+	53,  // 146: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
+	57,  // 147: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
+	62,  // 148: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
+	60,  // 149: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
+	65,  // 150: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
+	78,  // 151: rdmafs.meta.v1.Meta.Info:output_type -> rdmafs.meta.v1.InfoReply
+	80,  // 152: rdmafs.meta.v1.Meta.Check:output_type -> rdmafs.meta.v1.CheckReply
+	67,  // 153: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
+	71,  // 154: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
+	83,  // 155: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
+	97,  // 156: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
+	25,  // 157: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
+	73,  // 158: rdmafs.meta.v1.Meta.Scrub:output_type -> rdmafs.meta.v1.ScrubReply
+	100, // 159: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
+	117, // [117:160] is the sub-list for method output_type
+	74,  // [74:117] is the sub-list for method input_type
+	74,  // [74:74] is the sub-list for extension type_name
+	74,  // [74:74] is the sub-list for extension extendee
+	0,   // [0:74] is the sub-list for field type_name
 }
 
 func init() { file_meta_proto_init() }
@@ -7717,7 +8634,7 @@ func file_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_proto_rawDesc), len(file_meta_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   96,
+			NumMessages:   107,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -57,11 +57,14 @@ const (
 	Meta_CommitStripes_FullMethodName = "/rdmafs.meta.v1.Meta/CommitStripes"
 	Meta_ReplaceShards_FullMethodName = "/rdmafs.meta.v1.Meta/ReplaceShards"
 	Meta_GetStripes_FullMethodName    = "/rdmafs.meta.v1.Meta/GetStripes"
+	Meta_Info_FullMethodName          = "/rdmafs.meta.v1.Meta/Info"
+	Meta_Check_FullMethodName         = "/rdmafs.meta.v1.Meta/Check"
 	Meta_Register_FullMethodName      = "/rdmafs.meta.v1.Meta/Register"
 	Meta_Heartbeat_FullMethodName     = "/rdmafs.meta.v1.Meta/Heartbeat"
 	Meta_Status_FullMethodName        = "/rdmafs.meta.v1.Meta/Status"
 	Meta_RepairPoll_FullMethodName    = "/rdmafs.meta.v1.Meta/RepairPoll"
 	Meta_Drain_FullMethodName         = "/rdmafs.meta.v1.Meta/Drain"
+	Meta_Scrub_FullMethodName         = "/rdmafs.meta.v1.Meta/Scrub"
 	Meta_Rebalance_FullMethodName     = "/rdmafs.meta.v1.Meta/Rebalance"
 )
 
@@ -111,12 +114,20 @@ type MetaClient interface {
 	CommitStripes(ctx context.Context, in *CommitStripesRequest, opts ...grpc.CallOption) (*CommitStripesReply, error)
 	ReplaceShards(ctx context.Context, in *ReplaceShardsRequest, opts ...grpc.CallOption) (*ReplaceShardsReply, error)
 	GetStripes(ctx context.Context, in *GetStripesRequest, opts ...grpc.CallOption) (*GetStripesReply, error)
+	// Info: where a file's data is, or a directory's layout and totals
+	// (rdmafs info).
+	Info(ctx context.Context, in *InfoRequest, opts ...grpc.CallOption) (*InfoReply, error)
+	// Check: the metadata consistency check, and with repair its safe fixes
+	// (rdmafs admin check).
+	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckReply, error)
 	Register(ctx context.Context, in *RegisterRequest, opts ...grpc.CallOption) (*RegisterReply, error)
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatReply, error)
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusReply, error)
 	// ---- repair ----
 	RepairPoll(ctx context.Context, in *RepairPollRequest, opts ...grpc.CallOption) (*RepairPollReply, error)
 	Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (*Empty, error)
+	// Scrub asks every chunkserver for a scrub pass now (rdmafs admin scrub).
+	Scrub(ctx context.Context, in *ScrubRequest, opts ...grpc.CallOption) (*ScrubReply, error)
 	Rebalance(ctx context.Context, in *RebalanceRequest, opts ...grpc.CallOption) (*RebalanceReply, error)
 }
 
@@ -468,6 +479,26 @@ func (c *metaClient) GetStripes(ctx context.Context, in *GetStripesRequest, opts
 	return out, nil
 }
 
+func (c *metaClient) Info(ctx context.Context, in *InfoRequest, opts ...grpc.CallOption) (*InfoReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InfoReply)
+	err := c.cc.Invoke(ctx, Meta_Info_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *metaClient) Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckReply)
+	err := c.cc.Invoke(ctx, Meta_Check_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *metaClient) Register(ctx context.Context, in *RegisterRequest, opts ...grpc.CallOption) (*RegisterReply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RegisterReply)
@@ -512,6 +543,16 @@ func (c *metaClient) Drain(ctx context.Context, in *DrainRequest, opts ...grpc.C
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Empty)
 	err := c.cc.Invoke(ctx, Meta_Drain_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *metaClient) Scrub(ctx context.Context, in *ScrubRequest, opts ...grpc.CallOption) (*ScrubReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ScrubReply)
+	err := c.cc.Invoke(ctx, Meta_Scrub_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -574,12 +615,20 @@ type MetaServer interface {
 	CommitStripes(context.Context, *CommitStripesRequest) (*CommitStripesReply, error)
 	ReplaceShards(context.Context, *ReplaceShardsRequest) (*ReplaceShardsReply, error)
 	GetStripes(context.Context, *GetStripesRequest) (*GetStripesReply, error)
+	// Info: where a file's data is, or a directory's layout and totals
+	// (rdmafs info).
+	Info(context.Context, *InfoRequest) (*InfoReply, error)
+	// Check: the metadata consistency check, and with repair its safe fixes
+	// (rdmafs admin check).
+	Check(context.Context, *CheckRequest) (*CheckReply, error)
 	Register(context.Context, *RegisterRequest) (*RegisterReply, error)
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatReply, error)
 	Status(context.Context, *StatusRequest) (*StatusReply, error)
 	// ---- repair ----
 	RepairPoll(context.Context, *RepairPollRequest) (*RepairPollReply, error)
 	Drain(context.Context, *DrainRequest) (*Empty, error)
+	// Scrub asks every chunkserver for a scrub pass now (rdmafs admin scrub).
+	Scrub(context.Context, *ScrubRequest) (*ScrubReply, error)
 	Rebalance(context.Context, *RebalanceRequest) (*RebalanceReply, error)
 	mustEmbedUnimplementedMetaServer()
 }
@@ -693,6 +742,12 @@ func (UnimplementedMetaServer) ReplaceShards(context.Context, *ReplaceShardsRequ
 func (UnimplementedMetaServer) GetStripes(context.Context, *GetStripesRequest) (*GetStripesReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetStripes not implemented")
 }
+func (UnimplementedMetaServer) Info(context.Context, *InfoRequest) (*InfoReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Info not implemented")
+}
+func (UnimplementedMetaServer) Check(context.Context, *CheckRequest) (*CheckReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Check not implemented")
+}
 func (UnimplementedMetaServer) Register(context.Context, *RegisterRequest) (*RegisterReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Register not implemented")
 }
@@ -707,6 +762,9 @@ func (UnimplementedMetaServer) RepairPoll(context.Context, *RepairPollRequest) (
 }
 func (UnimplementedMetaServer) Drain(context.Context, *DrainRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method Drain not implemented")
+}
+func (UnimplementedMetaServer) Scrub(context.Context, *ScrubRequest) (*ScrubReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Scrub not implemented")
 }
 func (UnimplementedMetaServer) Rebalance(context.Context, *RebalanceRequest) (*RebalanceReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Rebalance not implemented")
@@ -1344,6 +1402,42 @@ func _Meta_GetStripes_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Meta_Info_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InfoRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).Info(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_Info_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).Info(ctx, req.(*InfoRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Meta_Check_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).Check(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_Check_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).Check(ctx, req.(*CheckRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Meta_Register_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RegisterRequest)
 	if err := dec(in); err != nil {
@@ -1430,6 +1524,24 @@ func _Meta_Drain_Handler(srv interface{}, ctx context.Context, dec func(interfac
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(MetaServer).Drain(ctx, req.(*DrainRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Meta_Scrub_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ScrubRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).Scrub(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_Scrub_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).Scrub(ctx, req.(*ScrubRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1596,6 +1708,14 @@ var Meta_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Meta_GetStripes_Handler,
 		},
 		{
+			MethodName: "Info",
+			Handler:    _Meta_Info_Handler,
+		},
+		{
+			MethodName: "Check",
+			Handler:    _Meta_Check_Handler,
+		},
+		{
 			MethodName: "Register",
 			Handler:    _Meta_Register_Handler,
 		},
@@ -1614,6 +1734,10 @@ var Meta_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Drain",
 			Handler:    _Meta_Drain_Handler,
+		},
+		{
+			MethodName: "Scrub",
+			Handler:    _Meta_Scrub_Handler,
 		},
 		{
 			MethodName: "Rebalance",

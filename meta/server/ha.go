@@ -156,7 +156,8 @@ func (h *ha) term(ctx context.Context, standby *grpc.Server) (*grpc.Server, erro
 	}
 	h.store.SetFence(el.Key(), el.Rev())
 	svc, err := core.New(ctx, core.Config{Store: h.store, Logger: log, HeartbeatTimeout: h.cfg.HeartbeatTimeout,
-		SessionTTL: h.cfg.SessionTTL, GrantTTL: h.cfg.GrantTTL, OnRetry: h.m.retries.Inc, Takeover: true})
+		SessionTTL: h.cfg.SessionTTL, GrantTTL: h.cfg.GrantTTL, OnRetry: h.m.retries.Inc, Takeover: true,
+		RepairGrace: h.cfg.RepairGrace, RepairTaskTimeout: h.cfg.RepairTaskTimeout, ScrubInterval: h.cfg.ScrubInterval})
 	if err != nil {
 		return standby, fmt.Errorf("server: load state as new leader: %w", err)
 	}

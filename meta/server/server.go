@@ -113,9 +113,11 @@ type Config struct {
 	HeartbeatTimeout time.Duration
 	SessionTTL       time.Duration
 	GrantTTL         time.Duration
-	// RepairGrace and RepairTaskTimeout are passed to core.Config.
+	// RepairGrace, RepairTaskTimeout and ScrubInterval are passed to
+	// core.Config.
 	RepairGrace       time.Duration
 	RepairTaskTimeout time.Duration
+	ScrubInterval     time.Duration
 	// DurableReplies is passed to core.Config (bbolt only: etcd answers
 	// once a transaction is durable in any case).
 	DurableReplies bool
@@ -168,7 +170,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	// that fail to reach it, and by the heartbeat sweep.
 	svc, err := core.New(ctx, core.Config{Store: store, Logger: cfg.Logger, HeartbeatTimeout: cfg.HeartbeatTimeout,
 		SessionTTL: cfg.SessionTTL, GrantTTL: cfg.GrantTTL, OnRetry: m.retries.Inc,
-		RepairGrace: cfg.RepairGrace, RepairTaskTimeout: cfg.RepairTaskTimeout, Takeover: true,
+		RepairGrace: cfg.RepairGrace, RepairTaskTimeout: cfg.RepairTaskTimeout, ScrubInterval: cfg.ScrubInterval, Takeover: true,
 		DurableReplies: cfg.DurableReplies})
 	if err != nil {
 		store.Close()

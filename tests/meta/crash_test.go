@@ -109,10 +109,11 @@ func checkOffline(t *testing.T, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	problems, err := svc.Check(context.Background())
+	r, err := svc.Check(context.Background(), &metapb.CheckRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	problems := r.Problems
 	if len(problems) > 0 {
 		t.Fatalf("store inconsistent after kill -9: %v", problems)
 	}

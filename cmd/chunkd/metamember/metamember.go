@@ -17,6 +17,7 @@ package metamember
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/rdmafs/rdmafs/chunkserver"
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
@@ -48,26 +49,41 @@ func (m *Member) Register(ctx context.Context, info chunkserver.Info) error {
 }
 
 // Heartbeat implements chunkserver.Membership.
-func (m *Member) Heartbeat(ctx context.Context, st chunkserver.Stats) ([]chunk.Key, error) {
+func (m *Member) Heartbeat(ctx context.Context, st chunkserver.Stats) (chunkserver.HeartbeatReply, error) {
 	deleted := make([]*metapb.ChunkRef, len(st.Deleted))
 	for i, k := range st.Deleted {
 		deleted[i] = &metapb.ChunkRef{ChunkId: k.Chunk, Version: k.Version}
 	}
+	sc := st.Scrub
 	r, err := m.meta.Heartbeat(ctx, &metapb.HeartbeatRequest{
 		Id: st.ID, Free: uint64(max(st.Free, 0)), Used: uint64(max(st.Used, 0)),
 		ChunkCount: uint64(max(st.Versions, 0)), Load: st.Load, Deleted: deleted,
+		Scrub: &metapb.ScrubReport{RequestedNs: unixNano(sc.Requested), PassStartedNs: unixNano(sc.PassStarted),
+			PassBytes: uint64(max(sc.PassBytes, 0)), PassTotal: uint64(max(sc.PassTotal, 0)), LastPassDoneNs: unixNano(sc.LastPassDone),
+			BytesTotal: uint64(max(sc.BytesTotal, 0)), ErrorsTotal: uint64(max(sc.ErrorsTotal, 0))},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("heartbeat of chunkserver %s: %w", st.ID, err)
+		return chunkserver.HeartbeatReply{}, fmt.Errorf("heartbeat of chunkserver %s: %w", st.ID, err)
 	}
 	if r.Reregister {
-		return nil, chunkserver.ErrNotRegistered
+		return chunkserver.HeartbeatReply{}, chunkserver.ErrNotRegistered
 	}
-	keys := make([]chunk.Key, len(r.Delete))
+	out := chunkserver.HeartbeatReply{Garbage: make([]chunk.Key, len(r.Delete)), ScrubInterval: time.Duration(max(r.ScrubIntervalNs, 0))}
 	for i, ref := range r.Delete {
-		keys[i] = chunk.Key{Chunk: ref.ChunkId, Version: ref.Version}
+		out.Garbage[i] = chunk.Key{Chunk: ref.ChunkId, Version: ref.Version}
 	}
-	return keys, nil
+	if r.ScrubRequestedNs > 0 {
+		out.ScrubRequested = time.Unix(0, r.ScrubRequestedNs)
+	}
+	return out, nil
+}
+
+// unixNano is t in nanoseconds since the epoch, 0 for the zero time.
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
 }
 
 var _ chunkserver.RepairPlanner = (*Member)(nil)

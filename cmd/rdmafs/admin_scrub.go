@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rdmafs/rdmafs/meta/client"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+)
+
+// newAdminScrubCommand is `rdmafs admin scrub [META] [--wait]`: a scrub pass
+// on every chunkserver now.
+func newAdminScrubCommand() *cobra.Command {
+	var mf metaFlags
+	var wf waitFlags
+	cmd := &cobra.Command{
+		Use:   "scrub [META-ADDR] [--wait]",
+		Short: "Have every chunkserver read back and check all its chunks now",
+		Long: "Every chunkserver starts a scrub pass at once: it reads each chunk version it stores back\n" +
+			"from disk, checks its CRC32C, and reports the damaged or missing ones, which repair rebuilds\n" +
+			"from the other shards. The pass reads as fast as chunkd --scrub-rate allows. With --wait,\n" +
+			"show a progress bar until every chunkserver that is up has finished, then wait until what\n" +
+			"it found is repaired. Without a request, each chunkserver scrubs once per meta's\n" +
+			"--scrub-interval, spread evenly.",
+		RunE: mf.run(func(ctx context.Context, c *client.Client, cmd *cobra.Command, _ []string) error {
+			w := cmd.OutOrStdout()
+			before, err := c.Status(ctx, &metapb.StatusRequest{})
+			if err != nil {
+				return fmt.Errorf("status: %w", err)
+			}
+			r, err := c.Scrub(ctx, &metapb.ScrubRequest{})
+			if err != nil {
+				return fmt.Errorf("scrub: %w", err)
+			}
+			if !wf.wait {
+				fmt.Fprintln(w, "scrub requested: every chunkserver starts a pass at its next heartbeat (rdmafs status shows the progress)")
+				return nil
+			}
+			return waitScrub(ctx, w, c, r.RequestedNs, before.GetScrub(), wf.every)
+		}),
+	}
+	mf.register(cmd, 0, 0)
+	wf.register(cmd, "wait until every chunkserver has finished its pass and what it found is repaired, showing progress")
+	return cmd
+}
+
+// waitScrub shows the progress of the passes that cover request until every
+// up chunkserver has finished one, then waits for repair.
+func waitScrub(ctx context.Context, w io.Writer, c *client.Client, request int64, before *metapb.ScrubStatus, every time.Duration) error {
+	start := time.Now()
+	for {
+		st, err := c.Status(ctx, &metapb.StatusRequest{})
+		if err != nil {
+			return fmt.Errorf("status: %w", err)
+		}
+		var done, total uint64
+		up, finished := 0, 0
+		for _, cs := range st.Chunkservers {
+			if !cs.Up {
+				continue
+			}
+			up++
+			sr := cs.GetScrub()
+			switch {
+			case sr.GetRequestedNs() >= request:
+				finished++
+				done += sr.GetPassTotal()
+				total += sr.GetPassTotal()
+			case sr.GetPassStartedNs() >= request:
+				done += sr.GetPassBytes()
+				total += sr.GetPassTotal()
+			default:
+				total += sr.GetPassTotal() // its last pass's size, until the new one starts
+			}
+		}
+		frac := 1.0
+		if total > 0 {
+			frac = float64(done) / float64(total)
+		}
+		if finished < up && frac >= 1 {
+			frac = 0.99
+		}
+		const width = 40
+		bar := strings.Repeat("#", int(frac*width)) + strings.Repeat(".", width-int(frac*width))
+		elapsed := time.Since(start)
+		fmt.Fprintf(w, "\r[%s] %3.0f%%  %s of %s  %d of %d chunkservers done  %s/s ", bar, frac*100,
+			humanBytes(done), humanBytes(total), finished, up, humanBytes(uint64(float64(done)/max(elapsed.Seconds(), 0.001))))
+		if up > 0 && finished == up {
+			found := st.GetScrub().GetErrorsTotal() - min(before.GetErrorsTotal(), st.GetScrub().GetErrorsTotal())
+			fmt.Fprintf(w, "\nscrubbed %s on %d chunkservers in %v: %d corrupt or missing chunk versions found\n",
+				humanBytes(done), up, elapsed.Round(100*time.Millisecond), found)
+			if found == 0 {
+				return nil
+			}
+			fmt.Fprintln(w, "repairing them:")
+			return waitRepair(ctx, w, c, true, every, func(st *metapb.StatusReply) bool {
+				r := st.GetRepair()
+				repaired := st.GetScrub().GetRepairedTotal() - min(before.GetRepairedTotal(), st.GetScrub().GetRepairedTotal())
+				return repaired >= found && r.GetDegradedStripes() == 0 && r.GetQueued() == 0 && r.GetInFlight() == 0
+			})
+		}
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(w)
+			return fmt.Errorf("scrub not finished: %w", ctx.Err())
+		case <-time.After(every):
+		}
+	}
+}
