@@ -144,7 +144,7 @@ func (sc *scrubber) pass(ctx context.Context) error {
 	interval := sc.interval
 	sc.progress.PassStarted, sc.progress.PassBytes, sc.progress.PassTotal = start, 0, total
 	sc.mu.Unlock()
-	sc.s.log.Info("chunkd: scrub pass started", "versions", len(versions), "bytes", total, "at_once", urgent, "over", interval)
+	sc.s.log.Debug("chunkd: scrub pass started", "versions", len(versions), "bytes", total, "at_once", urgent, "over", interval)
 	buf := make([]byte, longest)
 	var done, bad int64
 	for _, info := range versions {
@@ -181,7 +181,11 @@ func (sc *scrubber) pass(ctx context.Context) error {
 	}
 	sc.mu.Unlock()
 	sc.s.metrics.ScrubLastPass.Set(float64(end.Unix()))
-	sc.s.log.Info("chunkd: scrub pass done", "versions", len(versions), "bytes", done, "corrupt", bad, "took", end.Sub(start).Round(time.Millisecond))
+	log := sc.s.log.Debug
+	if len(versions) > 0 {
+		log = sc.s.log.Info
+	}
+	log("chunkd: scrub pass done", "versions", len(versions), "bytes", done, "corrupt", bad, "took", end.Sub(start).Round(time.Millisecond))
 	return nil
 }
 

@@ -172,6 +172,7 @@ type spaceMembership struct {
 	last    *chunkserver.Stats
 	garbage map[chunk.Key]bool
 	deleted map[chunk.Key]bool
+	scrub   time.Duration // the scrub interval heartbeat replies give
 }
 
 func newSpaceMembership() *spaceMembership {
@@ -204,7 +205,7 @@ func (m *spaceMembership) Heartbeat(ctx context.Context, st chunkserver.Stats) (
 		out = append(out, k)
 	}
 	m.notifyLocked()
-	return chunkserver.HeartbeatReply{Garbage: out}, nil
+	return chunkserver.HeartbeatReply{Garbage: out, ScrubInterval: m.scrub}, nil
 }
 
 func (m *spaceMembership) addGarbage(keys ...chunk.Key) {

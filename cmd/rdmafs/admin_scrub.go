@@ -78,12 +78,12 @@ func waitScrub(ctx context.Context, w io.Writer, c *client.Client, request int64
 				total += sr.GetPassTotal() // its last pass's size, until the new one starts
 			}
 		}
-		frac := 1.0
-		if total > 0 {
-			frac = float64(done) / float64(total)
-		}
-		if finished < up && frac >= 1 {
-			frac = 0.99
+		frac := 0.0
+		switch {
+		case up > 0 && finished == up:
+			frac = 1
+		case total > 0:
+			frac = min(float64(done)/float64(total), 0.99)
 		}
 		const width = 40
 		bar := strings.Repeat("#", int(frac*width)) + strings.Repeat(".", width-int(frac*width))

@@ -370,15 +370,20 @@ func (s *Service) RepairPoll(ctx context.Context, req *metapb.RepairPollRequest)
 	}
 	if len(req.Corrupt) > 0 {
 		now := s.now()
+		fresh := false
 		s.repMu.Lock()
 		for _, c := range req.Corrupt {
 			bk := badKey{req.Id, c.ChunkId, c.Version}
 			if _, known := s.rep.bad[bk]; !known {
+				fresh = true
 				s.log.Warn("chunkserver reports a corrupt chunk version", "id", req.Id, "chunk", c.ChunkId, "version", c.Version)
 			}
 			s.rep.bad[bk] = now
 		}
 		s.repMu.Unlock()
+		if fresh {
+			s.kickRepair() // rebuilt now, not at the next scan
+		}
 	}
 	for _, res := range req.Results {
 		if err := s.finishRepair(ctx, req.Id, res); err != nil {

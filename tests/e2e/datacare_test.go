@@ -1,7 +1,11 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
+	"io"
+	"strconv"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -12,6 +16,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rdmafs/rdmafs/chunkserver/store"
 	"github.com/rdmafs/rdmafs/meta/keys"
 	"github.com/rdmafs/rdmafs/meta/kv"
 	"github.com/rdmafs/rdmafs/meta/kv/bolt"
@@ -35,6 +40,7 @@ type infoJSON []struct {
 			Stripe string `json:"stripe"`
 			Health string `json:"health"`
 			Shards []struct {
+				ChunkID  string `json:"chunkId"`
 				ServerID string `json:"serverId"`
 				Address  string `json:"address"`
 				State    string `json:"state"`
@@ -269,4 +275,161 @@ func TestCheckOnLiveCluster(t *testing.T) {
 	if err := unix.Stat(filepath.Join(c.MountPoint, "linked"), &stat); err != nil || stat.Nlink != 1 {
 		t.Fatalf("the file whose link count was raised: nlink %d, %v; want 1", stat.Nlink, err)
 	}
+}
+
+// damage flips bytes in, or deletes, the file of a chunk version on a
+// chunkserver's disk.
+func damage(t *testing.T, chunkDir, chunkID string, remove bool) {
+	t.Helper()
+	id, err := strconv.ParseUint(chunkID, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths, _ := filepath.Glob(filepath.Join(chunkDir, "chunks", "*", "*"))
+	for _, p := range paths {
+		f, err := os.OpenFile(p, os.O_RDWR, 0)
+		if err != nil {
+			continue
+		}
+		var hdr [24]byte
+		_, err = f.ReadAt(hdr[:], 0)
+		if err != nil || binary.LittleEndian.Uint64(hdr[8:]) != id { // the header's chunk id
+			f.Close()
+			continue
+		}
+		if remove {
+			f.Close()
+			if err := os.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		b := make([]byte, 16)
+		if _, err := f.ReadAt(b, store.DataOffset+100); err != nil {
+			t.Fatal(err)
+		}
+		for i := range b {
+			b[i] ^= 0xff
+		}
+		if _, err := f.WriteAt(b, store.DataOffset+100); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		return
+	}
+	t.Fatalf("no file of chunk %s under %s", chunkID, chunkDir)
+}
+
+// TestScrub damages three shards on disk (bytes flipped in two, one file
+// deleted) and runs `rdmafs admin scrub --wait`: it finds exactly those
+// three, repair rebuilds exactly those (new chunks for them, every other
+// shard unchanged), and the file reads back whole. Then it flips bytes in
+// one more shard of a chunkserver restarted (so nothing is cached): a read
+// returns correct data at once, and the shard is rebuilt without a scrub.
+func TestScrub(t *testing.T) {
+	needRoot(t)
+	c := up(t)
+	f := filepath.Join(c.MountPoint, "f")
+	data := pattern(9<<20+123, 9)
+	fh, err := os.Create(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fh.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := fh.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	fh.Close()
+	shards := func() infoJSON {
+		t.Helper()
+		out, err := rdmafsOn(t, c, "info", "--json", f)
+		if err != nil {
+			t.Fatalf("rdmafs info: %v\n%s", err, out)
+		}
+		var got infoJSON
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	dirOf := func(addr string) (int, string) {
+		for i, ch := range c.Chunk {
+			if ch.Addr == addr {
+				return i, ch.Data
+			}
+		}
+		t.Fatalf("no chunkserver at %s", addr)
+		return 0, ""
+	}
+	readBack := func(what string) {
+		t.Helper()
+		h, err := os.Open(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		if err := unix.Fadvise(int(h.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(h)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("%s: read back %d bytes, %v, equal %v", what, len(got), err, bytes.Equal(got, data))
+		}
+	}
+	before := shards()[0].Info.Stripes
+	type pos struct{ stripe, shard int }
+	damaged := map[pos]bool{{0, 0}: false, {1, 4}: false, {2, 2}: true} // true: file deleted
+	for p, remove := range damaged {
+		sh := before[p.stripe].Shards[p.shard]
+		_, dir := dirOf(sh.Address)
+		damage(t, dir, sh.ChunkID, remove)
+	}
+	out, err := rdmafsOn(t, c, "admin", "scrub", c.MetaAddr, "--wait", "--interval", "100ms", "--timeout", "2m")
+	if err != nil || !strings.Contains(out, "3 corrupt or missing chunk versions found") || !strings.Contains(out, "full redundancy") {
+		t.Fatalf("admin scrub --wait: %v\n%s", err, out)
+	}
+	var summary []string
+	for _, l := range strings.Split(out, "\n") {
+		summary = append(summary, l[strings.LastIndex(l, "\r")+1:])
+	}
+	t.Logf("rdmafs admin scrub --wait (the progress bars' last states):\n%s", strings.Join(summary, "\n"))
+	after := shards()[0].Info.Stripes
+	for si, st := range after {
+		for i, sh := range st.Shards {
+			changed := sh.ChunkID != before[si].Shards[i].ChunkID
+			if _, want := damaged[pos{si, i}]; changed != want {
+				t.Errorf("stripe %d shard %d: chunk %s → %s; damaged: %v", si, i, before[si].Shards[i].ChunkID, sh.ChunkID, want)
+			}
+			if sh.State != "ok" {
+				t.Errorf("stripe %d shard %d: %s after the repair", si, i, sh.State)
+			}
+		}
+	}
+	readBack("after scrub and repair")
+	if out, err := rdmafsOn(t, c, "status", c.MetaAddr); err != nil || !strings.Contains(out, "3 corrupt or missing found, 3 rebuilt") {
+		t.Fatalf("status after the scrub: %v\n%s", err, out)
+	}
+
+	// A read meets a damaged shard before any scrub: right data, and the
+	// shard is rebuilt.
+	sh := after[1].Shards[1]
+	i, dir := dirOf(sh.Address)
+	if err := c.KillChunkd(i); err != nil { // restarted: nothing of it resident
+		t.Fatal(err)
+	}
+	if err := c.RestartChunkd(context.Background(), i); err != nil {
+		t.Fatal(err)
+	}
+	damage(t, dir, sh.ChunkID, false)
+	readBack("with a damaged shard")
+	deadline := time.Now().Add(time.Minute)
+	for shards()[0].Info.Stripes[1].Shards[1].ChunkID == sh.ChunkID {
+		if time.Now().After(deadline) {
+			t.Fatal("the shard a read found damaged was not rebuilt within a minute")
+		}
+		time.Sleep(200 * time.Millisecond) // repair polls: nothing to wait on
+	}
+	readBack("after the read-found damage was repaired")
 }
