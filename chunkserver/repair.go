@@ -1,6 +1,7 @@
 package chunkserver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +36,9 @@ type RepairTask struct {
 	// Length 0 (a task from a meta server before short stripes): every
 	// shard has the length of the first one read.
 	Length, Unit int64
+	// Verify asks for no shard to be built: every shard is read and the
+	// parity checked against the data (Shard and Key unused).
+	Verify bool
 }
 
 // ShardSource is where one shard of the stripe lives.
@@ -51,6 +55,9 @@ type RepairResult struct {
 	Err      error     // nil: the shard is stored durably
 	Bytes    int
 	Duration time.Duration
+	// BadShards are, for a Verify task, the shards that disagree with the
+	// rest of the stripe.
+	BadShards []int
 }
 
 // RepairConfig configures chunkd's repair worker.
@@ -171,6 +178,9 @@ func (r *repairer) loop(ctx context.Context) {
 
 // run builds one shard and stores it durably.
 func (r *repairer) run(ctx context.Context, t RepairTask) RepairResult {
+	if t.Verify {
+		return r.runVerify(ctx, t)
+	}
 	start := time.Now()
 	n, err := r.build(ctx, t)
 	d := time.Since(start)
@@ -472,4 +482,113 @@ func (s *Server) corruptKeys() []chunk.Key {
 		out = append(out, k)
 	}
 	return out
+}
+
+// runVerify reads every shard of a stripe and checks its parity.
+func (r *repairer) runVerify(ctx context.Context, t RepairTask) RepairResult {
+	start := time.Now()
+	bad, n, err := r.verify(ctx, t)
+	res := RepairResult{ID: t.ID, Key: t.Key, Err: err, Bytes: n, Duration: time.Since(start), BadShards: bad}
+	switch {
+	case err != nil:
+		r.s.metrics.Repairs.WithLabelValues("verify_failed").Inc()
+		r.s.log.Warn("chunkd: stripe verification failed", "task", t.ID, "err", err)
+	case len(bad) > 0:
+		r.s.metrics.Repairs.WithLabelValues("verify_mismatch").Inc()
+		r.s.log.Error("chunkd: a stripe's shards disagree", "task", t.ID, "bad_shards", bad)
+	default:
+		r.s.metrics.Repairs.WithLabelValues("verified").Inc()
+	}
+	return res
+}
+
+// verify reads all k+m shards, checks the parity against the data and, if
+// they disagree, finds the shard that does: rebuilt from the others, it
+// makes the stripe consistent. Disagreement no single shard explains (two
+// shards wrong, or any with one parity shard, where every shard rebuilt
+// from the rest fits) is an error. It returns the bad shards and the bytes
+// read.
+func (r *repairer) verify(ctx context.Context, t RepairTask) ([]int, int, error) {
+	n := t.K + t.M
+	if t.K < 1 || t.M < 1 || len(t.Sources) != n || t.Length <= 0 || t.Unit <= 0 {
+		return nil, 0, fmt.Errorf("verify task %d: bad shape: k=%d m=%d, %d sources, length %d unit %d", t.ID, t.K, t.M, len(t.Sources), t.Length, t.Unit)
+	}
+	length := int(stripe.CodedLen(t.Length, t.Unit))
+	buf, ok := r.mem.Alloc((n + 1) * length)
+	if !ok {
+		return nil, 0, fmt.Errorf("verify task %d: %d bytes: %w", t.ID, (n+1)*length, errRepairMemory)
+	}
+	defer r.mem.Free(buf)
+	b := r.mem.Bytes(buf)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, src := range t.Sources {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if src.Addr == "" {
+				errs[i] = errors.New("no address")
+				return
+			}
+			errs[i] = r.readInto(ctx, src, buf, i*length, length)
+		}()
+	}
+	wg.Wait()
+	shards := make([][]byte, n)
+	for i := range shards {
+		if errs[i] != nil {
+			return nil, 0, fmt.Errorf("verify task %d: shard %d at %s: %w", t.ID, i, t.Sources[i].Addr, errs[i])
+		}
+		shards[i] = b[i*length : (i+1)*length : (i+1)*length]
+	}
+	read := n * length
+	if t.K == 1 {
+		return verifyCopies(t, shards, read)
+	}
+	enc, err := r.codecs.Get(t.K, t.M)
+	if err != nil {
+		return nil, read, err
+	}
+	if ok, err := enc.Verify(shards); err != nil || ok {
+		return nil, read, err
+	}
+	scratch := b[n*length : (n+1)*length : (n+1)*length]
+	trial := make([][]byte, n)
+	required := make([]bool, n)
+	var bad []int
+	for i := range shards {
+		copy(trial, shards)
+		trial[i] = scratch[:0]
+		clear(required)
+		required[i] = true
+		if err := enc.ReconstructSome(trial, required); err != nil {
+			return nil, read, fmt.Errorf("verify task %d: rebuild shard %d: %w", t.ID, i, err)
+		}
+		if ok, err := enc.Verify(trial); err == nil && ok {
+			bad = append(bad, i)
+		}
+	}
+	if len(bad) != 1 {
+		return nil, read, fmt.Errorf("verify task %d: the shards of the stripe disagree and no single shard explains it (%d candidates)", t.ID, len(bad))
+	}
+	return bad, read, nil
+}
+
+// verifyCopies is verify for replication (k = 1): every shard is a copy;
+// those that differ from a strict majority of equal copies are bad.
+func verifyCopies(t RepairTask, shards [][]byte, read int) ([]int, int, error) {
+	for i := range shards {
+		var same, bad []int
+		for j := range shards {
+			if bytes.Equal(shards[i], shards[j]) {
+				same = append(same, j)
+			} else {
+				bad = append(bad, j)
+			}
+		}
+		if 2*len(same) > len(shards) {
+			return bad, read, nil // nil when all agree
+		}
+	}
+	return nil, read, fmt.Errorf("verify task %d: the %d copies disagree and no majority says which are right", t.ID, len(shards))
 }

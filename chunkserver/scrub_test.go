@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -81,4 +82,27 @@ func flipOnDisk(t *testing.T, dir string, key chunk.Key) {
 		return
 	}
 	t.Fatalf("no slot file of %v under %s", key, dir)
+}
+
+// TestVerifyCopies: with replication, the copies that differ from a strict
+// majority are bad; without a majority nothing is named.
+func TestVerifyCopies(t *testing.T) {
+	a, b := []byte("aaaa"), []byte("abab")
+	for _, tc := range []struct {
+		shards [][]byte
+		bad    []int
+		fails  bool
+	}{
+		{shards: [][]byte{a, a, a}},
+		{shards: [][]byte{a, b, a}, bad: []int{1}},
+		{shards: [][]byte{b, a, a}, bad: []int{0}},
+		{shards: [][]byte{a, b}, fails: true},
+		{shards: [][]byte{a, b, []byte("cccc")}, fails: true},
+		{shards: [][]byte{a, a, b, b}, fails: true},
+	} {
+		bad, err := chunkserver.VerifyCopies(tc.shards)
+		if (err != nil) != tc.fails || !slices.Equal(bad, tc.bad) {
+			t.Errorf("%q: bad %v, err %v; want %v, failure %v", tc.shards, bad, err, tc.bad, tc.fails)
+		}
+	}
 }

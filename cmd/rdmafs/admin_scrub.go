@@ -78,9 +78,11 @@ func waitScrub(ctx context.Context, w io.Writer, c *client.Client, request int64
 				total += sr.GetPassTotal() // its last pass's size, until the new one starts
 			}
 		}
+		sc := st.GetScrub()
+		verified := sc.GetVerifyCoveredNs() >= request
 		frac := 0.0
 		switch {
-		case up > 0 && finished == up:
+		case up > 0 && finished == up && verified:
 			frac = 1
 		case total > 0:
 			frac = min(float64(done)/float64(total), 0.99)
@@ -88,12 +90,16 @@ func waitScrub(ctx context.Context, w io.Writer, c *client.Client, request int64
 		const width = 40
 		bar := strings.Repeat("#", int(frac*width)) + strings.Repeat(".", width-int(frac*width))
 		elapsed := time.Since(start)
-		fmt.Fprintf(w, "\r[%s] %3.0f%%  %s of %s  %d of %d chunkservers done  %s/s ", bar, frac*100,
-			humanBytes(done), humanBytes(total), finished, up, humanBytes(uint64(float64(done)/max(elapsed.Seconds(), 0.001))))
-		if up > 0 && finished == up {
-			found := st.GetScrub().GetErrorsTotal() - min(before.GetErrorsTotal(), st.GetScrub().GetErrorsTotal())
-			fmt.Fprintf(w, "\nscrubbed %s on %d chunkservers in %v: %d corrupt or missing chunk versions found\n",
-				humanBytes(done), up, elapsed.Round(100*time.Millisecond), found)
+		fmt.Fprintf(w, "\r[%s] %3.0f%%  %s of %s  %d of %d chunkservers done  %d stripes left to verify  %s/s ", bar, frac*100,
+			humanBytes(done), humanBytes(total), finished, up, sc.GetStripesToVerify(), humanBytes(uint64(float64(done)/max(elapsed.Seconds(), 0.001))))
+		if up > 0 && finished == up && verified {
+			corrupt := sc.GetErrorsTotal() - min(before.GetErrorsTotal(), sc.GetErrorsTotal())
+			mismatched := sc.GetParityMismatches() - min(before.GetParityMismatches(), sc.GetParityMismatches())
+			found := corrupt + mismatched
+			fmt.Fprintf(w, "\nscrubbed %s on %d chunkservers in %v: %d corrupt or missing chunk versions found; "+
+				"%d stripes' parity verified, %d with a shard that disagrees\n",
+				humanBytes(done), up, elapsed.Round(100*time.Millisecond), corrupt,
+				sc.GetStripesVerified()-min(before.GetStripesVerified(), sc.GetStripesVerified()), mismatched)
 			if found == 0 {
 				return nil
 			}

@@ -101,6 +101,7 @@ func printScrub(w io.Writer, sc *metapb.ScrubStatus) {
 	if sc.LastFullPassNs != 0 {
 		last = time.Since(time.Unix(0, sc.LastFullPassNs)).Round(time.Second).String() + " ago"
 	}
-	fmt.Fprintf(w, "scrub: a pass every %v; last full pass %s; %s verified, %d corrupt or missing found, %d rebuilt\n\n",
-		time.Duration(sc.IntervalNs), last, humanBytes(sc.BytesTotal), sc.ErrorsTotal, sc.RepairedTotal)
+	fmt.Fprintf(w, "scrub: a pass every %v; last full pass %s; %s verified, %d corrupt or missing found, "+
+		"%d stripes' parity verified, %d mismatched, %d rebuilt\n\n",
+		time.Duration(sc.IntervalNs), last, humanBytes(sc.BytesTotal), sc.ErrorsTotal, sc.StripesVerified, sc.ParityMismatches, sc.RepairedTotal)
 }

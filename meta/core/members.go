@@ -395,5 +395,6 @@ func (s *Service) Status(ctx context.Context, req *metapb.StatusRequest) (*metap
 	rs.Health = health // exact as of now, not as of the last scan
 	out.Repair = rs.pb()
 	out.Scrub.RepairedTotal = rs.CorruptRepaired
+	s.verifyStatus(out.Scrub)
 	return out, nil
 }

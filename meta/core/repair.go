@@ -73,6 +73,10 @@ type repairTask struct {
 	newChunk  uint64
 	deadline  time.Time
 	rebalance bool // counts against the source's rebalance budget
+	// verify: a parity check (scrub.go), building nothing; shards are the
+	// stripe's as the task was assigned.
+	verify bool
+	shards []*metapb.Shard
 }
 
 // Health counts stripes by redundancy.
@@ -98,6 +102,8 @@ type repairState struct {
 	done, failed, stale, bytes uint64
 	corruptRepaired            uint64 // shards reported corrupt, rebuilt
 	recent                     []rateSample
+
+	verify verifyState // parity checks (scrub.go)
 }
 
 type rateSample struct {
@@ -297,6 +303,7 @@ func (s *Service) planRepairs(ctx context.Context) error {
 			clear(r.budget) // done, or nothing more can move
 		}
 	}
+	s.planVerifiesLocked(stripes, now)
 	r.health = h
 	r.shardsOn = shardsOn
 	r.lastScan = now
@@ -323,9 +330,14 @@ func (s *Service) expireRepairTasks(ctx context.Context) error {
 	var expired []*repairTask
 	for id, t := range s.rep.inflight {
 		if now.After(t.deadline) {
-			expired = append(expired, t)
 			delete(s.rep.inflight, id)
 			s.unbusyLocked(t)
+			if t.verify {
+				s.log.Warn("stripe verification timed out", "task", t.id, "ino", t.key.ino, "stripe", t.key.stripe, "worker", t.target)
+				s.verifyDoneLocked()
+				continue // it built nothing
+			}
+			expired = append(expired, t)
 			s.rep.failed++
 		}
 	}
@@ -396,6 +408,13 @@ func (s *Service) RepairPoll(ctx context.Context, req *metapb.RepairPollRequest)
 		return out, nil
 	}
 	tasks := s.assignRepairs(req.Id, want)
+	verifies := s.assignVerifies(req.Id, want-len(tasks))
+	defer func() {
+		for _, pt := range verifies {
+			pt.msg.Sources = s.members.withAddresses(pt.msg.Sources)
+			out.Tasks = append(out.Tasks, pt.msg)
+		}
+	}()
 	if len(tasks) == 0 {
 		return out, nil
 	}
@@ -617,6 +636,9 @@ func (s *Service) finishRepair(ctx context.Context, from string, res *metapb.Rep
 		s.unbusyLocked(t)
 	}
 	s.repMu.Unlock()
+	if ok && t.verify {
+		return s.finishVerify(ctx, t, res)
+	}
 	if !ok {
 		// Timed out and already collected, or from before a restart: what it
 		// built is referenced by no stripe.

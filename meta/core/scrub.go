@@ -2,7 +2,12 @@ package core
 
 import (
 	"context"
+	"math"
+	"sort"
+	"time"
 
+	"github.com/rdmafs/rdmafs/meta/keys"
+	"github.com/rdmafs/rdmafs/meta/kv"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
@@ -27,7 +32,8 @@ func (s *Service) Scrub(ctx context.Context, req *metapb.ScrubRequest) (*metapb.
 	s.members.mu.Lock()
 	defer s.members.mu.Unlock()
 	s.scrub.requested = max(now, s.scrub.requested+1)
-	s.log.Info("scrub requested: every chunkserver verifies its chunks now")
+	s.log.Info("scrub requested: every chunkserver verifies its chunks now, and the stripes' parity")
+	defer s.kickRepair() // the verifications are planned at the next scan
 	return &metapb.ScrubReply{RequestedNs: s.scrub.requested}, nil
 }
 
@@ -73,4 +79,177 @@ func (s *Service) scrubStatusLocked(cs []*metapb.ChunkserverStatus) *metapb.Scru
 		st.LastFullPassNs = oldest
 	}
 	return st
+}
+
+// Parity verification. A chunk's CRC32C proves its bytes are those written,
+// not that a stripe's shards agree with each other (a write path bug, a
+// shard from the wrong version). So the chunkservers' repair workers also
+// verify whole stripes: read every shard, check the parity against the
+// data, and name the shards that disagree (each rebuilt from the others in
+// turn: the one whose rebuilt copy makes the stripe consistent is wrong),
+// which are then rebuilt like corrupt ones. Every committed stripe is
+// verified once per ScrubInterval (a share of them at each repair scan),
+// and all of them at once after a Scrub request.
+
+// verifyState is meta's side of it (under repMu).
+type verifyState struct {
+	queue                []*verifyItem
+	cursor               stripeKey // the periodic share resumes after it
+	pass                 int64     // the request the queued pass covers (0: periodic)
+	covered              int64     // the latest request a finished pass covered
+	inflight             int
+	verified, mismatches uint64
+}
+
+// verifyItem is a stripe to verify, as the scan read it.
+type verifyItem struct {
+	key stripeKey
+	st  *metapb.StripeRecord
+}
+
+// planVerifiesLocked queues stripes to verify, from the scan's stripes in
+// key order (the caller holds members.mu and repMu): all of them for a
+// request no pass covers yet, else the share the interval asks for.
+func (s *Service) planVerifiesLocked(stripes []scannedStripe, now time.Time) {
+	v := &s.rep.verify
+	if len(v.queue) > 0 || v.inflight > 0 || len(s.rep.queue) > 0 || len(s.rep.inflight) > 0 {
+		return // the queued ones first, and repairs before verifications
+	}
+	eligible := func(sc scannedStripe) bool {
+		if len(sc.st.Shards) < 2 || s.rep.busy[sc.key] > 0 {
+			return false // inline, or a single copy: nothing to compare; or being repaired
+		}
+		for _, st := range s.classifyLocked(sc.st, now) {
+			if st != shardOK && st != shardRetiring {
+				return false // repair first
+			}
+		}
+		return true
+	}
+	if req := s.scrub.requested; req > v.covered {
+		v.pass = req
+		for _, sc := range stripes {
+			if eligible(sc) {
+				v.queue = append(v.queue, &verifyItem{sc.key, sc.st})
+			}
+		}
+		s.verifyDoneLocked()
+		return
+	}
+	if len(stripes) == 0 || s.cfg.ScrubInterval <= 0 {
+		return
+	}
+	share := int(math.Ceil(float64(len(stripes)) * float64(s.cfg.RepairInterval) / float64(s.cfg.ScrubInterval)))
+	start := sort.Search(len(stripes), func(i int) bool { return !stripeBefore(stripes[i].key, v.cursor) })
+	for i := 0; i < min(share, len(stripes)); i++ {
+		sc := stripes[(start+i)%len(stripes)]
+		v.cursor = stripeKey{sc.key.ino, sc.key.stripe + 1}
+		if eligible(sc) {
+			v.queue = append(v.queue, &verifyItem{sc.key, sc.st})
+		}
+	}
+}
+
+func stripeBefore(a, b stripeKey) bool {
+	return a.ino < b.ino || a.ino == b.ino && a.stripe < b.stripe
+}
+
+// verifyDoneLocked ends the requested pass once nothing of it is left
+// (the caller holds repMu).
+func (s *Service) verifyDoneLocked() {
+	v := &s.rep.verify
+	if v.pass != 0 && len(v.queue) == 0 && v.inflight == 0 {
+		v.covered, v.pass = v.pass, 0
+		s.log.Info("scrub: every stripe's parity verified", "verified", v.verified, "mismatches", v.mismatches)
+	}
+}
+
+// assignVerifies hands up to want queued stripes to worker.
+func (s *Service) assignVerifies(worker string, want int) []plannedTask {
+	if want <= 0 {
+		return nil
+	}
+	now := s.now()
+	s.repMu.Lock()
+	defer s.repMu.Unlock()
+	r := &s.rep
+	var out []plannedTask
+	for len(out) < want && len(r.verify.queue) > 0 {
+		it := r.verify.queue[0]
+		r.verify.queue = r.verify.queue[1:]
+		if r.busy[it.key] > 0 {
+			continue // a repair took it meanwhile
+		}
+		r.nextTask++
+		t := &repairTask{id: r.nextTask, key: it.key, version: it.st.Version, shard: -1, target: worker,
+			deadline: now.Add(s.cfg.RepairTaskTimeout), verify: true, shards: it.st.Shards}
+		r.inflight[t.id] = t
+		r.busy[it.key]++
+		r.verify.inflight++
+		msg := &metapb.RepairTask{TaskId: t.id, Ino: it.key.ino, Stripe: it.key.stripe, Version: it.st.Version,
+			Layout: it.st.Layout, StripeLength: it.st.Length, Verify: true}
+		for _, sh := range it.st.Shards {
+			msg.Sources = append(msg.Sources, &metapb.Shard{ChunkId: sh.ChunkId, ServerId: sh.ServerId})
+		}
+		out = append(out, plannedTask{t, msg})
+	}
+	s.verifyDoneLocked()
+	return out
+}
+
+// finishVerify applies a verification's result: the shards it names are
+// marked corrupt (and rebuilt) if the stripe still has that version.
+func (s *Service) finishVerify(ctx context.Context, t *repairTask, res *metapb.RepairResult) error {
+	s.repMu.Lock()
+	s.rep.verify.inflight--
+	if res.Ok {
+		s.rep.verify.verified++
+	}
+	s.verifyDoneLocked()
+	s.repMu.Unlock()
+	if !res.Ok {
+		s.log.Warn("stripe verification failed", "task", t.id, "ino", t.key.ino, "stripe", t.key.stripe, "worker", t.target, "err", res.Error)
+		return nil
+	}
+	if len(res.BadShards) == 0 {
+		return nil
+	}
+	var current bool
+	if err := s.view(ctx, func(r kv.Reader) error {
+		st := &metapb.StripeRecord{}
+		ok, err := getMsg(r, keys.Stripe(t.key.ino, t.key.stripe), st)
+		current = ok && st.Version == t.version
+		return err
+	}); err != nil {
+		return err
+	}
+	if !current {
+		return nil // rewritten since: the mismatch is gone with its version
+	}
+	now := s.now()
+	s.repMu.Lock()
+	s.rep.verify.mismatches++
+	for _, i := range res.BadShards {
+		if int(i) >= len(t.shards) {
+			continue
+		}
+		sh := t.shards[i]
+		s.log.Error("scrub: a shard disagrees with the rest of its stripe: rebuilding it", "ino", t.key.ino, "stripe", t.key.stripe,
+			"version", t.version, "shard", i, "chunkserver", sh.ServerId, "chunk", sh.ChunkId)
+		s.rep.bad[badKey{sh.ServerId, sh.ChunkId, t.version}] = now
+	}
+	s.repMu.Unlock()
+	s.kickRepair()
+	return nil
+}
+
+// verifyStatus fills st's verification figures.
+func (s *Service) verifyStatus(st *metapb.ScrubStatus) {
+	s.repMu.Lock()
+	defer s.repMu.Unlock()
+	v := &s.rep.verify
+	st.StripesVerified, st.ParityMismatches, st.VerifyCoveredNs = v.verified, v.mismatches, v.covered
+	if v.pass != 0 {
+		st.StripesToVerify = uint64(len(v.queue) + v.inflight)
+	}
 }

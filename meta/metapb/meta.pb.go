@@ -5791,8 +5791,15 @@ type ScrubStatus struct {
 	BytesTotal     uint64                 `protobuf:"varint,4,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`                 // verified, summed over the chunkservers' reports
 	ErrorsTotal    uint64                 `protobuf:"varint,5,opt,name=errors_total,json=errorsTotal,proto3" json:"errors_total,omitempty"`              // corrupt or missing versions found
 	RepairedTotal  uint64                 `protobuf:"varint,6,opt,name=repaired_total,json=repairedTotal,proto3" json:"repaired_total,omitempty"`        // shards found corrupt and rebuilt since meta started
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Parity verification: chunkservers' repair workers read whole stripes
+	// and check the parity against the data, every stripe once per interval
+	// and all at once after a request.
+	StripesVerified  uint64 `protobuf:"varint,7,opt,name=stripes_verified,json=stripesVerified,proto3" json:"stripes_verified,omitempty"`    // since meta started
+	ParityMismatches uint64 `protobuf:"varint,8,opt,name=parity_mismatches,json=parityMismatches,proto3" json:"parity_mismatches,omitempty"` // stripes whose shards disagreed
+	StripesToVerify  uint64 `protobuf:"varint,9,opt,name=stripes_to_verify,json=stripesToVerify,proto3" json:"stripes_to_verify,omitempty"`  // left in the pass a request started
+	VerifyCoveredNs  int64  `protobuf:"varint,10,opt,name=verify_covered_ns,json=verifyCoveredNs,proto3" json:"verify_covered_ns,omitempty"` // the latest request a finished verify pass covers
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ScrubStatus) Reset() {
@@ -5863,6 +5870,34 @@ func (x *ScrubStatus) GetErrorsTotal() uint64 {
 func (x *ScrubStatus) GetRepairedTotal() uint64 {
 	if x != nil {
 		return x.RepairedTotal
+	}
+	return 0
+}
+
+func (x *ScrubStatus) GetStripesVerified() uint64 {
+	if x != nil {
+		return x.StripesVerified
+	}
+	return 0
+}
+
+func (x *ScrubStatus) GetParityMismatches() uint64 {
+	if x != nil {
+		return x.ParityMismatches
+	}
+	return 0
+}
+
+func (x *ScrubStatus) GetStripesToVerify() uint64 {
+	if x != nil {
+		return x.StripesToVerify
+	}
+	return 0
+}
+
+func (x *ScrubStatus) GetVerifyCoveredNs() int64 {
+	if x != nil {
+		return x.VerifyCoveredNs
 	}
 	return 0
 }
@@ -6535,7 +6570,10 @@ type RepairTask struct {
 	// Bytes of file data in the stripe: with the layout it gives each shard's
 	// stored length (internal/stripe). 0 from a server before short
 	// stripes: every shard then has the length of the first one read.
-	StripeLength  uint64 `protobuf:"varint,10,opt,name=stripe_length,json=stripeLength,proto3" json:"stripe_length,omitempty"`
+	StripeLength uint64 `protobuf:"varint,10,opt,name=stripe_length,json=stripeLength,proto3" json:"stripe_length,omitempty"`
+	// verify: build nothing; read every shard, check the parity against the
+	// data, and report the shards found wrong (RepairResult.bad_shards).
+	Verify        bool `protobuf:"varint,11,opt,name=verify,proto3" json:"verify,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6640,6 +6678,13 @@ func (x *RepairTask) GetStripeLength() uint64 {
 	return 0
 }
 
+func (x *RepairTask) GetVerify() bool {
+	if x != nil {
+		return x.Verify
+	}
+	return false
+}
+
 // RepairResult reports how a task ended.
 type RepairResult struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -6651,8 +6696,11 @@ type RepairResult struct {
 	// The chunk version the task built (its new_chunk_id and version): meta
 	// applies a result only to the task that asked for exactly this chunk, so a
 	// task id reused after a meta restart can never commit a chunk never built.
-	NewChunkId    uint64 `protobuf:"varint,6,opt,name=new_chunk_id,json=newChunkId,proto3" json:"new_chunk_id,omitempty"`
-	Version       uint64 `protobuf:"varint,7,opt,name=version,proto3" json:"version,omitempty"`
+	NewChunkId uint64 `protobuf:"varint,6,opt,name=new_chunk_id,json=newChunkId,proto3" json:"new_chunk_id,omitempty"`
+	Version    uint64 `protobuf:"varint,7,opt,name=version,proto3" json:"version,omitempty"`
+	// A verify task: the shards whose bytes disagree with the others (their
+	// parity check fails; located by rebuilding each from the rest).
+	BadShards     []uint32 `protobuf:"varint,8,rep,packed,name=bad_shards,json=badShards,proto3" json:"bad_shards,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6734,6 +6782,13 @@ func (x *RepairResult) GetVersion() uint64 {
 		return x.Version
 	}
 	return 0
+}
+
+func (x *RepairResult) GetBadShards() []uint32 {
+	if x != nil {
+		return x.BadShards
+	}
+	return nil
 }
 
 // RepairPollRequest is a chunkserver's repair worker reporting finished tasks,
@@ -8103,7 +8158,7 @@ const file_meta_proto_rawDesc = "" +
 	"\bsessions\x18\b \x01(\x04R\bsessions\x12'\n" +
 	"\x0fpending_deletes\x18\t \x01(\x04R\x0ependingDeletes\x124\n" +
 	"\x06repair\x18d \x01(\v2\x1c.rdmafs.meta.v1.RepairStatusR\x06repair\x121\n" +
-	"\x05scrub\x18e \x01(\v2\x1b.rdmafs.meta.v1.ScrubStatusR\x05scrub\"\xe7\x01\n" +
+	"\x05scrub\x18e \x01(\v2\x1b.rdmafs.meta.v1.ScrubStatusR\x05scrub\"\x97\x03\n" +
 	"\vScrubStatus\x12\x1f\n" +
 	"\vinterval_ns\x18\x01 \x01(\x03R\n" +
 	"intervalNs\x12!\n" +
@@ -8112,7 +8167,12 @@ const file_meta_proto_rawDesc = "" +
 	"\vbytes_total\x18\x04 \x01(\x04R\n" +
 	"bytesTotal\x12!\n" +
 	"\ferrors_total\x18\x05 \x01(\x04R\verrorsTotal\x12%\n" +
-	"\x0erepaired_total\x18\x06 \x01(\x04R\rrepairedTotal\"\xde\x01\n" +
+	"\x0erepaired_total\x18\x06 \x01(\x04R\rrepairedTotal\x12)\n" +
+	"\x10stripes_verified\x18\a \x01(\x04R\x0fstripesVerified\x12+\n" +
+	"\x11parity_mismatches\x18\b \x01(\x04R\x10parityMismatches\x12*\n" +
+	"\x11stripes_to_verify\x18\t \x01(\x04R\x0fstripesToVerify\x12*\n" +
+	"\x11verify_covered_ns\x18\n" +
+	" \x01(\x03R\x0fverifyCoveredNs\"\xde\x01\n" +
 	"\vInodeRecord\x12(\n" +
 	"\x04attr\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x04attr\x12\x18\n" +
 	"\asymlink\x18\x02 \x01(\tR\asymlink\x12\x16\n" +
@@ -8169,7 +8229,7 @@ const file_meta_proto_rawDesc = "" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12=\n" +
 	"\x0edefault_layout\x18\x02 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\rdefaultLayout\x12\x1d\n" +
 	"\n" +
-	"created_ns\x18\x03 \x01(\x03R\tcreatedNs\"\xc9\x02\n" +
+	"created_ns\x18\x03 \x01(\x03R\tcreatedNs\"\xe1\x02\n" +
 	"\n" +
 	"RepairTask\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\x04R\x06taskId\x12\x10\n" +
@@ -8183,7 +8243,8 @@ const file_meta_proto_rawDesc = "" +
 	"\asources\x18\b \x03(\v2\x15.rdmafs.meta.v1.ShardR\asources\x12 \n" +
 	"\vunavailable\x18\t \x03(\rR\vunavailable\x12#\n" +
 	"\rstripe_length\x18\n" +
-	" \x01(\x04R\fstripeLength\"\xc0\x01\n" +
+	" \x01(\x04R\fstripeLength\x12\x16\n" +
+	"\x06verify\x18\v \x01(\bR\x06verify\"\xdf\x01\n" +
 	"\fRepairResult\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\x04R\x06taskId\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
@@ -8193,7 +8254,9 @@ const file_meta_proto_rawDesc = "" +
 	"durationNs\x12 \n" +
 	"\fnew_chunk_id\x18\x06 \x01(\x04R\n" +
 	"newChunkId\x12\x18\n" +
-	"\aversion\x18\a \x01(\x04R\aversion\"\xa3\x01\n" +
+	"\aversion\x18\a \x01(\x04R\aversion\x12\x1d\n" +
+	"\n" +
+	"bad_shards\x18\b \x03(\rR\tbadShards\"\xa3\x01\n" +
 	"\x11RepairPollRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x126\n" +
 	"\aresults\x18\x02 \x03(\v2\x1c.rdmafs.meta.v1.RepairResultR\aresults\x12\x12\n" +

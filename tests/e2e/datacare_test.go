@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"io"
-	"strconv"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -277,9 +277,15 @@ func TestCheckOnLiveCluster(t *testing.T) {
 	}
 }
 
-// damage flips bytes in, or deletes, the file of a chunk version on a
-// chunkserver's disk.
-func damage(t *testing.T, chunkDir, chunkID string, remove bool) {
+// How damage harms a chunk version's file.
+const (
+	flip   = iota // bytes inverted: its checksum no longer matches
+	remove        // the file deleted
+	forge         // bytes inverted and the checksums in its header made to match
+)
+
+// damage harms the file of a chunk version on a chunkserver's disk.
+func damage(t *testing.T, chunkDir, chunkID string, how int) {
 	t.Helper()
 	id, err := strconv.ParseUint(chunkID, 10, 64)
 	if err != nil {
@@ -291,13 +297,13 @@ func damage(t *testing.T, chunkDir, chunkID string, remove bool) {
 		if err != nil {
 			continue
 		}
-		var hdr [24]byte
+		var hdr [52]byte
 		_, err = f.ReadAt(hdr[:], 0)
 		if err != nil || binary.LittleEndian.Uint64(hdr[8:]) != id { // the header's chunk id
 			f.Close()
 			continue
 		}
-		if remove {
+		if how == remove {
 			f.Close()
 			if err := os.Remove(p); err != nil {
 				t.Fatal(err)
@@ -313,6 +319,17 @@ func damage(t *testing.T, chunkDir, chunkID string, remove bool) {
 		}
 		if _, err := f.WriteAt(b, store.DataOffset+100); err != nil {
 			t.Fatal(err)
+		}
+		if how == forge {
+			data := make([]byte, binary.LittleEndian.Uint64(hdr[24:]))
+			if _, err := f.ReadAt(data, store.DataOffset); err != nil {
+				t.Fatal(err)
+			}
+			binary.LittleEndian.PutUint32(hdr[32:], store.Checksum(data))
+			binary.LittleEndian.PutUint32(hdr[48:], store.Checksum(hdr[:48]))
+			if _, err := f.WriteAt(hdr[:], 0); err != nil {
+				t.Fatal(err)
+			}
 		}
 		f.Close()
 		return
@@ -380,11 +397,11 @@ func TestScrub(t *testing.T) {
 	}
 	before := shards()[0].Info.Stripes
 	type pos struct{ stripe, shard int }
-	damaged := map[pos]bool{{0, 0}: false, {1, 4}: false, {2, 2}: true} // true: file deleted
-	for p, remove := range damaged {
+	damaged := map[pos]int{{0, 0}: flip, {1, 4}: flip, {2, 2}: remove}
+	for p, how := range damaged {
 		sh := before[p.stripe].Shards[p.shard]
 		_, dir := dirOf(sh.Address)
-		damage(t, dir, sh.ChunkID, remove)
+		damage(t, dir, sh.ChunkID, how)
 	}
 	out, err := rdmafsOn(t, c, "admin", "scrub", c.MetaAddr, "--wait", "--interval", "100ms", "--timeout", "2m")
 	if err != nil || !strings.Contains(out, "3 corrupt or missing chunk versions found") || !strings.Contains(out, "full redundancy") {
@@ -408,7 +425,7 @@ func TestScrub(t *testing.T) {
 		}
 	}
 	readBack("after scrub and repair")
-	if out, err := rdmafsOn(t, c, "status", c.MetaAddr); err != nil || !strings.Contains(out, "3 corrupt or missing found, 3 rebuilt") {
+	if out, err := rdmafsOn(t, c, "status", c.MetaAddr); err != nil || !strings.Contains(out, "3 corrupt or missing found") || !strings.Contains(out, "0 mismatched, 3 rebuilt") {
 		t.Fatalf("status after the scrub: %v\n%s", err, out)
 	}
 
@@ -422,7 +439,7 @@ func TestScrub(t *testing.T) {
 	if err := c.RestartChunkd(context.Background(), i); err != nil {
 		t.Fatal(err)
 	}
-	damage(t, dir, sh.ChunkID, false)
+	damage(t, dir, sh.ChunkID, flip)
 	readBack("with a damaged shard")
 	deadline := time.Now().Add(time.Minute)
 	for shards()[0].Info.Stripes[1].Shards[1].ChunkID == sh.ChunkID {
@@ -432,4 +449,30 @@ func TestScrub(t *testing.T) {
 		time.Sleep(200 * time.Millisecond) // repair polls: nothing to wait on
 	}
 	readBack("after the read-found damage was repaired")
+
+	// A shard whose bytes are wrong but whose checksums match (as a bug
+	// writing the wrong data would leave it): the chunk scrub passes it,
+	// the parity check finds it.
+	now := shards()[0].Info.Stripes
+	sh = now[0].Shards[3]
+	i, dir = dirOf(sh.Address)
+	if err := c.KillChunkd(i); err != nil {
+		t.Fatal(err)
+	}
+	damage(t, dir, sh.ChunkID, forge)
+	if err := c.RestartChunkd(context.Background(), i); err != nil {
+		t.Fatal(err)
+	}
+	out, err = rdmafsOn(t, c, "admin", "scrub", c.MetaAddr, "--wait", "--interval", "100ms", "--timeout", "2m")
+	if err != nil || !strings.Contains(out, "0 corrupt or missing chunk versions found") || !strings.Contains(out, "1 with a shard that disagrees") {
+		t.Fatalf("admin scrub --wait with a forged shard: %v\n%s", err, out)
+	}
+	for si, st := range shards()[0].Info.Stripes {
+		for j, s := range st.Shards {
+			if changed := s.ChunkID != now[si].Shards[j].ChunkID; changed != (si == 0 && j == 3) {
+				t.Errorf("after the parity check: stripe %d shard %d: chunk %s → %s", si, j, now[si].Shards[j].ChunkID, s.ChunkID)
+			}
+		}
+	}
+	readBack("after the forged shard was rebuilt")
 }

@@ -97,6 +97,9 @@ func (m *Member) RepairPoll(ctx context.Context, id string, results []chunkserve
 		if res.Err != nil {
 			r.Error = res.Err.Error()
 		}
+		for _, i := range res.BadShards {
+			r.BadShards = append(r.BadShards, uint32(max(i, 0)))
+		}
 		req.Results = append(req.Results, r)
 	}
 	for _, k := range corrupt {
@@ -121,7 +124,7 @@ func (m *Member) RepairPoll(ctx context.Context, id string, results []chunkserve
 func TaskFromPB(t *metapb.RepairTask) chunkserver.RepairTask {
 	out := chunkserver.RepairTask{ID: t.TaskId, Key: chunk.Key{Chunk: t.NewChunkId, Version: t.Version}, Shard: int(t.Shard),
 		K: int(t.GetLayout().GetK()), M: int(t.GetLayout().GetM()),
-		Length: int64(min(t.StripeLength, 1<<62)), Unit: int64(min(t.GetLayout().GetUnit(), 1<<40))}
+		Length: int64(min(t.StripeLength, 1<<62)), Unit: int64(min(t.GetLayout().GetUnit(), 1<<40)), Verify: t.Verify}
 	unavailable := map[uint32]bool{}
 	for _, i := range t.Unavailable {
 		unavailable[i] = true
