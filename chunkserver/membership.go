@@ -22,6 +22,9 @@ type Membership interface {
 	// It returns an error wrapping ErrNotRegistered when the service does not
 	// know the chunkserver.
 	Heartbeat(ctx context.Context, stats Stats) (HeartbeatReply, error)
+	// Inventory sends part of the list of stored versions taken at taken
+	// (after a scrub pass); last marks the list complete.
+	Inventory(ctx context.Context, id string, taken time.Time, versions []chunk.Key, last bool) error
 }
 
 // HeartbeatReply is what the metadata service answers a heartbeat.

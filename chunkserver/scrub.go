@@ -173,6 +173,9 @@ func (sc *scrubber) pass(ctx context.Context) error {
 		sc.mu.Unlock()
 		sc.s.metrics.ScrubBytes.Add(float64(info.Length))
 	}
+	// The list goes before the pass counts as done, so that a request's
+	// end (admin scrub --wait) means meta has it.
+	sc.sendInventory(ctx)
 	end := sc.now()
 	sc.mu.Lock()
 	sc.progress.PassStarted, sc.progress.LastPassDone = time.Time{}, end
@@ -187,6 +190,33 @@ func (sc *scrubber) pass(ctx context.Context) error {
 	}
 	log("chunkd: scrub pass done", "versions", len(versions), "bytes", done, "corrupt", bad, "took", end.Sub(start).Round(time.Millisecond))
 	return nil
+}
+
+// inventoryBatch is how many versions one Inventory call carries (meta's
+// limit: core.MaxInventoryPerCall).
+const inventoryBatch = 1 << 16
+
+// sendInventory sends the list of versions stored now to the metadata
+// service, which checks it against what it references (admin check).
+func (sc *scrubber) sendInventory(ctx context.Context) {
+	m := sc.s.cfg.Membership
+	if m == nil {
+		return
+	}
+	var keys []chunk.Key
+	sc.s.store.All(func(info chunk.Info) bool {
+		keys = append(keys, info.Key)
+		return true
+	})
+	taken := sc.now()
+	for first := true; first || len(keys) > 0; first = false {
+		n := min(len(keys), inventoryBatch)
+		if err := m.Inventory(ctx, sc.s.ID(), taken, keys[:n], n == len(keys)); err != nil {
+			sc.s.log.Warn("chunkd: sending the list of stored versions", "err", err)
+			return
+		}
+		keys = keys[n:]
+	}
 }
 
 // latestRequest returns the latest request from meta.

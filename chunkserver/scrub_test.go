@@ -18,7 +18,8 @@ import (
 // TestScrubPasses: with a scrub interval from the metadata service, chunkd
 // reads every stored version back, pass after pass, and reports through
 // its heartbeats the bytes verified and, once, a version whose bytes were
-// flipped on disk — which it also reports corrupt to the repair planner.
+// flipped on disk — which it also reports corrupt to the repair planner —
+// and sends the list of what it stores after each pass.
 func TestScrubPasses(t *testing.T) {
 	const unit = 64 << 10
 	dir := t.TempDir()
@@ -50,6 +51,14 @@ func TestScrubPasses(t *testing.T) {
 	})
 	if _, err := s.Store.ReadInto(bad, make([]byte, unit)); err == nil {
 		t.Fatal("the flipped version reads back without an error")
+	}
+	// After each pass the list of stored versions goes to the metadata
+	// service.
+	m.mu.Lock()
+	listed, done := len(m.inventory), m.inventoryDone
+	m.mu.Unlock()
+	if listed != 8 || !done {
+		t.Fatalf("inventory of %d versions (complete %v), want the 8 stored", listed, done)
 	}
 }
 

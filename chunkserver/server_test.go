@@ -696,6 +696,10 @@ func (m *fakeMembership) Register(ctx context.Context, info chunkserver.Info) er
 	return nil
 }
 
+func (m *fakeMembership) Inventory(context.Context, string, time.Time, []chunk.Key, bool) error {
+	return nil
+}
+
 func (m *fakeMembership) Heartbeat(ctx context.Context, st chunkserver.Stats) (chunkserver.HeartbeatReply, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

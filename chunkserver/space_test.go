@@ -173,6 +173,11 @@ type spaceMembership struct {
 	garbage map[chunk.Key]bool
 	deleted map[chunk.Key]bool
 	scrub   time.Duration // the scrub interval heartbeat replies give
+	// inventory is the list of stored versions sent, complete once
+	// inventoryDone.
+	inventory      []chunk.Key
+	inventoryDone  bool
+	inventoryTaken time.Time
 }
 
 func newSpaceMembership() *spaceMembership {
@@ -189,6 +194,17 @@ func (m *spaceMembership) Register(ctx context.Context, info chunkserver.Info) e
 	defer m.mu.Unlock()
 	m.info = &info
 	m.notifyLocked()
+	return nil
+}
+
+func (m *spaceMembership) Inventory(_ context.Context, _ string, taken time.Time, versions []chunk.Key, last bool) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !taken.Equal(m.inventoryTaken) {
+		m.inventory, m.inventoryTaken = nil, taken
+	}
+	m.inventory = append(m.inventory, versions...)
+	m.inventoryDone = last
 	return nil
 }
 

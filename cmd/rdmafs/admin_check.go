@@ -37,6 +37,9 @@ func newAdminCheckCommand() *cobra.Command {
 			if r.Truncated {
 				fmt.Fprintln(w, "(more problems than listed)")
 			}
+			for _, n := range r.Notes {
+				fmt.Fprintln(w, "note:", n)
+			}
 			if len(r.Problems) == 0 {
 				fmt.Fprintln(w, "metadata consistent: no problems found")
 				return nil

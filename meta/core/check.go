@@ -39,13 +39,15 @@ type finding struct {
 // applies the safe fixes: link counts set to the entries, inodes no entry
 // names linked into /lost+found, entries of missing inodes removed,
 // unopened inodes without links deleted, stripes of missing files deleted
-// (their chunks collected), stored byte counts recomputed.
+// (their chunks collected), stored byte counts recomputed, chunk versions
+// the chunkservers store (their lists after scrub passes) that nothing
+// references queued for deletion.
 func (s *Service) Check(ctx context.Context, req *metapb.CheckRequest) (*metapb.CheckReply, error) {
-	found, truncated, err := s.check(ctx)
+	found, notes, truncated, err := s.check(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := &metapb.CheckReply{Truncated: truncated}
+	out := &metapb.CheckReply{Truncated: truncated, Notes: notes}
 	for _, f := range found {
 		out.Problems = append(out.Problems, f.text)
 	}
@@ -68,10 +70,11 @@ func (s *Service) Check(ctx context.Context, req *metapb.CheckRequest) (*metapb.
 	return out, nil
 }
 
-// check runs the checks of Check and returns what it found, and whether it
-// found more than maxProblems.
-func (s *Service) check(ctx context.Context) ([]finding, bool, error) {
+// check runs the checks of Check and returns what it found, notes on what
+// it could not check, and whether it found more than maxProblems.
+func (s *Service) check(ctx context.Context) ([]finding, []string, bool, error) {
 	var problems []finding
+	var notes []string
 	truncated := false
 	report := func(fix func(ctx context.Context) (string, error), format string, args ...any) {
 		if len(problems) < maxProblems {
@@ -82,6 +85,7 @@ func (s *Service) check(ctx context.Context) ([]finding, bool, error) {
 	}
 	err := s.view(ctx, func(r kv.Reader) error {
 		problems, truncated = problems[:0], false
+		referenced := map[chunkRef]bool{}
 		inodes := map[uint64]*metapb.InodeRecord{}
 		if err := r.Scan(keys.InodePrefix(), []byte{keys.PrefixInode + 1}, 0, func(k, v []byte) error {
 			ino, err := keys.ParseInode(k)
@@ -214,6 +218,9 @@ func (s *Service) check(ctx context.Context) ([]finding, bool, error) {
 			}
 			if st.Version > 0 {
 				stored[ino] += st.Length
+				for _, sh := range st.Shards {
+					referenced[chunkRef{sh.ServerId, sh.ChunkId, st.Version}] = true
+				}
 			}
 			return nil
 		}); err != nil {
@@ -224,12 +231,14 @@ func (s *Service) check(ctx context.Context) ([]finding, bool, error) {
 				report(s.fixStored(ino), "inode %d records %d bytes stored, its stripes hold %d", ino, a.Stored, stored[ino])
 			}
 		}
-		return nil
+		var err error
+		notes, err = s.inventoryFindings(r, referenced, report)
+		return err
 	})
 	if err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
-	return problems, truncated, nil
+	return problems, notes, truncated, nil
 }
 
 // fixed runs fn in a transaction and returns what it says it did.

@@ -232,6 +232,7 @@ func (s *Service) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 	out := &metapb.HeartbeatReply{}
 	if ok {
 		s.noteScrubLocked(req.Id, req.Scrub, out)
+		s.forgetDeletedLocked(req.Id, req.Deleted)
 	}
 	s.members.mu.Unlock()
 	if !ok {

@@ -2,12 +2,17 @@ package core
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"sort"
+	"syscall"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rdmafs/rdmafs/meta/keys"
 	"github.com/rdmafs/rdmafs/meta/kv"
+	"github.com/rdmafs/rdmafs/meta/metaerr"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
@@ -21,8 +26,9 @@ import (
 
 // scrubState is meta's side of scrubbing (under members.mu).
 type scrubState struct {
-	requested int64                          // the last Scrub call (0: none since start)
-	reports   map[string]*metapb.ScrubReport // by chunkserver, from heartbeats
+	requested   int64                          // the last Scrub call (0: none since start)
+	reports     map[string]*metapb.ScrubReport // by chunkserver, from heartbeats
+	inventories map[string]*inventory          // by chunkserver, after its scrub passes
 }
 
 // Scrub implements metapb.MetaServer: every chunkserver starts a pass now
@@ -35,6 +41,16 @@ func (s *Service) Scrub(ctx context.Context, req *metapb.ScrubRequest) (*metapb.
 	s.log.Info("scrub requested: every chunkserver verifies its chunks now, and the stripes' parity")
 	defer s.kickRepair() // the verifications are planned at the next scan
 	return &metapb.ScrubReply{RequestedNs: s.scrub.requested}, nil
+}
+
+// forgetDeletedLocked drops from id's list the versions it reports deleted
+// (the caller holds members.mu).
+func (s *Service) forgetDeletedLocked(id string, deleted []*metapb.ChunkRef) {
+	if inv := s.scrub.inventories[id]; inv != nil {
+		for _, d := range deleted {
+			delete(inv.chunks, chunkRef{id, d.ChunkId, d.Version})
+		}
+	}
 }
 
 // noteScrubLocked keeps a chunkserver's report and returns what its
@@ -251,5 +267,143 @@ func (s *Service) verifyStatus(st *metapb.ScrubStatus) {
 	st.StripesVerified, st.ParityMismatches, st.VerifyCoveredNs = v.verified, v.mismatches, v.covered
 	if v.pass != 0 {
 		st.StripesToVerify = uint64(len(v.queue) + v.inflight)
+	}
+}
+
+// Inventories: after each scrub pass a chunkserver sends the list of the
+// chunk versions it stores; Check reports those nothing references (no
+// stripe, no write grant, no repair in flight, not already queued for
+// deletion), and its repair queues them for deletion.
+
+// MaxInventoryPerCall bounds the chunk versions of one Inventory call.
+const MaxInventoryPerCall = 1 << 16
+
+// maxInventory bounds the chunk versions kept of one chunkserver's list.
+const maxInventory = 1 << 24
+
+// inventory is a chunkserver's list (under members.mu).
+type inventory struct {
+	taken    int64
+	chunks   map[chunkRef]struct{} // less those deleted since (heartbeats report them)
+	complete bool
+	overflow bool
+}
+
+// chunkRef names a chunk version on a chunkserver.
+type chunkRef struct {
+	server         string
+	chunk, version uint64
+}
+
+// Inventory implements metapb.MetaServer.
+func (s *Service) Inventory(ctx context.Context, req *metapb.InventoryRequest) (*metapb.Empty, error) {
+	if len(req.Chunks) > MaxInventoryPerCall {
+		return nil, metaerr.New(syscall.EINVAL, "inventory of %d chunk versions in one call (at most %d)", len(req.Chunks), MaxInventoryPerCall)
+	}
+	s.members.mu.Lock()
+	defer s.members.mu.Unlock()
+	if _, ok := s.members.byID[req.Id]; !ok {
+		return nil, metaerr.New(syscall.ENOENT, "inventory of unknown chunkserver %q", req.Id)
+	}
+	if s.scrub.inventories == nil {
+		s.scrub.inventories = map[string]*inventory{}
+	}
+	inv := s.scrub.inventories[req.Id]
+	if inv == nil || inv.taken != req.TakenNs {
+		inv = &inventory{taken: req.TakenNs, chunks: map[chunkRef]struct{}{}}
+		s.scrub.inventories[req.Id] = inv
+	}
+	if inv.complete {
+		return &metapb.Empty{}, nil // a retry of the last part
+	}
+	for _, c := range req.Chunks {
+		if len(inv.chunks) >= maxInventory {
+			inv.overflow = true
+			break
+		}
+		inv.chunks[chunkRef{req.Id, c.ChunkId, c.Version}] = struct{}{}
+	}
+	inv.complete = req.Last
+	return &metapb.Empty{}, nil
+}
+
+// inventoryFindings reports the chunk versions of the chunkservers' lists
+// that nothing in r references, and notes the chunkservers without a
+// complete list. referenced holds the stripes' shards as the check read
+// them.
+func (s *Service) inventoryFindings(r kv.Reader, referenced map[chunkRef]bool, report func(fix func(context.Context) (string, error), format string, args ...any)) ([]string, error) {
+	if err := r.Scan([]byte{keys.PrefixGrant}, []byte{keys.PrefixGrant + 1}, 0, func(k, v []byte) error {
+		_, _, version, err := keys.ParseGrant(k)
+		if err != nil {
+			return err
+		}
+		g := &metapb.GrantRecord{}
+		if err := proto.Unmarshal(v, g); err != nil {
+			return err
+		}
+		for _, sh := range g.Shards {
+			referenced[chunkRef{sh.ServerId, sh.ChunkId, version}] = true
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := r.Scan([]byte{keys.PrefixGC}, []byte{keys.PrefixGC + 1}, 0, func(k, _ []byte) error {
+		id, chunk, version, err := keys.ParseGC(k)
+		if err != nil {
+			return err
+		}
+		referenced[chunkRef{id, chunk, version}] = true
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	s.repMu.Lock()
+	for _, t := range s.rep.inflight {
+		if !t.verify {
+			referenced[chunkRef{t.target, t.newChunk, t.version}] = true
+		}
+	}
+	s.repMu.Unlock()
+	var notes []string
+	s.members.mu.Lock()
+	defer s.members.mu.Unlock()
+	ids := make([]string, 0, len(s.members.byID))
+	for id := range s.members.byID {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		inv := s.scrub.inventories[id]
+		switch {
+		case inv == nil || !inv.complete:
+			notes = append(notes, fmt.Sprintf("chunkserver %s: no complete list of its chunks yet, so its unreferenced chunks are not checked (it sends one after each scrub pass: rdmafs admin scrub --wait)", id))
+			continue
+		case inv.overflow:
+			notes = append(notes, fmt.Sprintf("chunkserver %s: its list of chunks is longer than %d; only those were checked", id, maxInventory))
+		}
+		var stray []chunkRef
+		for c := range inv.chunks {
+			if !referenced[c] {
+				stray = append(stray, c)
+			}
+		}
+		sort.Slice(stray, func(i, j int) bool {
+			return stray[i].chunk < stray[j].chunk || stray[i].chunk == stray[j].chunk && stray[i].version < stray[j].version
+		})
+		for _, c := range stray {
+			report(s.fixUnreferenced(c), "chunk %d version %d on chunkserver %s: nothing references it", c.chunk, c.version, c.server)
+		}
+	}
+	return notes, nil
+}
+
+// fixUnreferenced queues an unreferenced chunk version for deletion.
+func (s *Service) fixUnreferenced(c chunkRef) func(context.Context) (string, error) {
+	return func(ctx context.Context) (string, error) {
+		return s.fixed(ctx, func(t kv.Txn) (string, error) {
+			return fmt.Sprintf("chunk %d version %d on chunkserver %s: queued for deletion", c.chunk, c.version, c.server),
+				t.Put(keys.GC(c.server, c.chunk, c.version), nil)
+		})
 	}
 }

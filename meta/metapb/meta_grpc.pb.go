@@ -65,6 +65,7 @@ const (
 	Meta_RepairPoll_FullMethodName    = "/rdmafs.meta.v1.Meta/RepairPoll"
 	Meta_Drain_FullMethodName         = "/rdmafs.meta.v1.Meta/Drain"
 	Meta_Scrub_FullMethodName         = "/rdmafs.meta.v1.Meta/Scrub"
+	Meta_Inventory_FullMethodName     = "/rdmafs.meta.v1.Meta/Inventory"
 	Meta_Rebalance_FullMethodName     = "/rdmafs.meta.v1.Meta/Rebalance"
 )
 
@@ -128,6 +129,7 @@ type MetaClient interface {
 	Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (*Empty, error)
 	// Scrub asks every chunkserver for a scrub pass now (rdmafs admin scrub).
 	Scrub(ctx context.Context, in *ScrubRequest, opts ...grpc.CallOption) (*ScrubReply, error)
+	Inventory(ctx context.Context, in *InventoryRequest, opts ...grpc.CallOption) (*Empty, error)
 	Rebalance(ctx context.Context, in *RebalanceRequest, opts ...grpc.CallOption) (*RebalanceReply, error)
 }
 
@@ -559,6 +561,16 @@ func (c *metaClient) Scrub(ctx context.Context, in *ScrubRequest, opts ...grpc.C
 	return out, nil
 }
 
+func (c *metaClient) Inventory(ctx context.Context, in *InventoryRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Meta_Inventory_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *metaClient) Rebalance(ctx context.Context, in *RebalanceRequest, opts ...grpc.CallOption) (*RebalanceReply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RebalanceReply)
@@ -629,6 +641,7 @@ type MetaServer interface {
 	Drain(context.Context, *DrainRequest) (*Empty, error)
 	// Scrub asks every chunkserver for a scrub pass now (rdmafs admin scrub).
 	Scrub(context.Context, *ScrubRequest) (*ScrubReply, error)
+	Inventory(context.Context, *InventoryRequest) (*Empty, error)
 	Rebalance(context.Context, *RebalanceRequest) (*RebalanceReply, error)
 	mustEmbedUnimplementedMetaServer()
 }
@@ -765,6 +778,9 @@ func (UnimplementedMetaServer) Drain(context.Context, *DrainRequest) (*Empty, er
 }
 func (UnimplementedMetaServer) Scrub(context.Context, *ScrubRequest) (*ScrubReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Scrub not implemented")
+}
+func (UnimplementedMetaServer) Inventory(context.Context, *InventoryRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method Inventory not implemented")
 }
 func (UnimplementedMetaServer) Rebalance(context.Context, *RebalanceRequest) (*RebalanceReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Rebalance not implemented")
@@ -1546,6 +1562,24 @@ func _Meta_Scrub_Handler(srv interface{}, ctx context.Context, dec func(interfac
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Meta_Inventory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InventoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).Inventory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_Inventory_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).Inventory(ctx, req.(*InventoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Meta_Rebalance_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RebalanceRequest)
 	if err := dec(in); err != nil {
@@ -1738,6 +1772,10 @@ var Meta_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Scrub",
 			Handler:    _Meta_Scrub_Handler,
+		},
+		{
+			MethodName: "Inventory",
+			Handler:    _Meta_Inventory_Handler,
 		},
 		{
 			MethodName: "Rebalance",

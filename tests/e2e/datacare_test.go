@@ -183,10 +183,11 @@ func TestInfo(t *testing.T) {
 
 // TestCheckOnLiveCluster damages the metadata of a stopped meta server (a
 // file's entry removed: an inode no entry names; another's link count
-// raised), starts it again and runs `rdmafs admin check`: it reports both
-// and exits non-zero; with --repair it fixes both (the unnamed file is in
-// /lost+found with its bytes) and exits zero, and a plain check then finds
-// nothing.
+// raised) and plants a chunk version nothing references on a chunkserver,
+// starts them again and runs `rdmafs admin check`: it reports all three
+// and exits non-zero; with --repair it fixes them (the unnamed file is in
+// /lost+found with its bytes, the chunk is deleted) and exits zero, and a
+// plain check then finds nothing.
 func TestCheckOnLiveCluster(t *testing.T) {
 	needRoot(t)
 	c := up(t)
@@ -194,6 +195,10 @@ func TestCheckOnLiveCluster(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(c.MountPoint, name), []byte("bytes of "+name), 0o644); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// A file with a shard on every chunkserver (4+2 on six).
+	if err := os.WriteFile(filepath.Join(c.MountPoint, "big"), pattern(4<<20, 5), 0o644); err != nil {
+		t.Fatal(err)
 	}
 	if out, err := rdmafsOn(t, c, "admin", "check", c.MetaAddr); err != nil || !strings.Contains(out, "no problems") {
 		t.Fatalf("check of a sound cluster: %v\n%s", err, out)
@@ -252,12 +257,25 @@ func TestCheckOnLiveCluster(t *testing.T) {
 	if err := c.RestartMeta(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
+	// A chunk version no stripe references, on chunkserver 0: a copy of
+	// one of its slot files under a new chunk id.
+	if err := c.KillChunkd(0); err != nil {
+		t.Fatal(err)
+	}
+	plantChunk(t, c.Chunk[0].Data, 999999)
+	if err := c.RestartChunkd(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := rdmafsOn(t, c, "admin", "scrub", c.MetaAddr, "--wait", "--interval", "100ms", "--timeout", "2m"); err != nil {
+		t.Fatalf("admin scrub --wait (the chunkservers' lists of chunks): %v\n%s", err, out)
+	}
 	out, err := rdmafsOn(t, c, "admin", "check", c.MetaAddr)
-	if err == nil || !strings.Contains(out, fmt.Sprintf("inode %d: nlink 1 with 0 entries", orphan)) || !strings.Contains(out, fmt.Sprintf("inode %d: nlink 3 with 1 entries", linked)) {
-		t.Fatalf("check of a damaged cluster: %v, want a failure naming both inodes\n%s", err, out)
+	if err == nil || !strings.Contains(out, fmt.Sprintf("inode %d: nlink 1 with 0 entries", orphan)) || !strings.Contains(out, fmt.Sprintf("inode %d: nlink 3 with 1 entries", linked)) ||
+		!strings.Contains(out, "chunk 999999 version 1 on chunkserver") || strings.Contains(out, "note:") {
+		t.Fatalf("check of a damaged cluster: %v, want a failure naming both inodes and the stray chunk, every chunkserver's list checked\n%s", err, out)
 	}
 	out, err = rdmafsOn(t, c, "admin", "check", c.MetaAddr, "--repair")
-	if err != nil || !strings.Contains(out, "metadata consistent after 2 repairs") {
+	if err != nil || !strings.Contains(out, "metadata consistent after 3 repairs") {
 		t.Fatalf("check --repair: %v\n%s", err, out)
 	}
 	t.Logf("rdmafs admin check --repair:\n%s", out)
@@ -275,6 +293,62 @@ func TestCheckOnLiveCluster(t *testing.T) {
 	if err := unix.Stat(filepath.Join(c.MountPoint, "linked"), &stat); err != nil || stat.Nlink != 1 {
 		t.Fatalf("the file whose link count was raised: nlink %d, %v; want 1", stat.Nlink, err)
 	}
+	deadline := time.Now().Add(30 * time.Second)
+	for chunkFile(t, c.Chunk[0].Data, 999999) != "" {
+		if time.Now().After(deadline) {
+			t.Fatal("the stray chunk is still on its chunkserver 30s after the repair queued it for deletion")
+		}
+		time.Sleep(100 * time.Millisecond) // deleted at a heartbeat: nothing to wait on
+	}
+}
+
+// chunkFile returns the slot file holding chunk id under a chunkserver's
+// data directory, or "".
+func chunkFile(t *testing.T, chunkDir string, id uint64) string {
+	t.Helper()
+	paths, _ := filepath.Glob(filepath.Join(chunkDir, "chunks", "*", "*"))
+	for _, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			continue
+		}
+		var hdr [16]byte
+		_, err = f.ReadAt(hdr[:], 0)
+		f.Close()
+		if err == nil && binary.LittleEndian.Uint64(hdr[8:]) == id {
+			return p
+		}
+	}
+	return ""
+}
+
+// plantChunk copies a complete slot file of a stopped chunkserver under a
+// new slot as version 1 of chunk id.
+func plantChunk(t *testing.T, chunkDir string, id uint64) {
+	t.Helper()
+	paths, _ := filepath.Glob(filepath.Join(chunkDir, "chunks", "*", "*"))
+	for _, p := range paths {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o400 {
+			continue // free or being written
+		}
+		b, err := os.ReadFile(p)
+		if err != nil || len(b) < 52 {
+			continue
+		}
+		binary.LittleEndian.PutUint64(b[8:], id)
+		binary.LittleEndian.PutUint64(b[16:], 1)
+		binary.LittleEndian.PutUint32(b[48:], store.Checksum(b[:48]))
+		const slot = 0x7000000001
+		dst := filepath.Join(chunkDir, "chunks", fmt.Sprintf("%02x", slot%256), fmt.Sprintf("%016x", slot))
+		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, b, 0o400); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	t.Fatalf("no complete slot file under %s", chunkDir)
 }
 
 // How damage harms a chunk version's file.

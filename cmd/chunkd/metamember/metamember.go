@@ -86,6 +86,18 @@ func unixNano(t time.Time) int64 {
 	return t.UnixNano()
 }
 
+// Inventory implements chunkserver.Membership.
+func (m *Member) Inventory(ctx context.Context, id string, taken time.Time, versions []chunk.Key, last bool) error {
+	req := &metapb.InventoryRequest{Id: id, TakenNs: unixNano(taken), Last: last, Chunks: make([]*metapb.ChunkRef, len(versions))}
+	for i, k := range versions {
+		req.Chunks[i] = &metapb.ChunkRef{ChunkId: k.Chunk, Version: k.Version}
+	}
+	if _, err := m.meta.Inventory(ctx, req); err != nil {
+		return fmt.Errorf("inventory of chunkserver %s: %w", id, err)
+	}
+	return nil
+}
+
 var _ chunkserver.RepairPlanner = (*Member)(nil)
 
 // RepairPoll implements chunkserver.RepairPlanner with the RepairPoll call.
