@@ -52,6 +52,8 @@ func newDevCommand() *cobra.Command {
 	fl.StringVar(&cfg.ChunkdMem, "chunkd-mem", "256MiB", "registered memory per chunkd")
 	fl.StringVar(&cfg.ClientMem, "client-mem", "256MiB", "client buffer memory")
 	fl.BoolVar(&cfg.Mount, "mount", true, "mount the file system at DIR/mnt")
+	fl.StringArrayVar(&cfg.MetaArgs, "meta-arg", nil, "an extra flag for rdmafs meta, e.g. --meta-arg=--scrub-interval=1h (repeatable)")
+	fl.StringArrayVar(&cfg.ChunkdArgs, "chunkd-arg", nil, "an extra flag for every chunkd, e.g. --chunkd-arg=--scrub-rate=0 (repeatable)")
 	fl.BoolVar(&cfg.PlainText, "plaintext", false, "no TLS on the control plane (by default DIR/tls holds a CA and certificates, and meta requires client certificates)")
 	down := &cobra.Command{
 		Use:   "down DIR",

@@ -132,13 +132,14 @@ func (m *members) withAddresses(shards []*metapb.Shard) []*metapb.Shard {
 	return out
 }
 
-// placeableCount returns how many chunkservers new shards may go to now.
-func (m *members) placeableCount() int {
+// memberCount returns how many chunkservers are registered and not
+// retiring, up or down.
+func (m *members) memberCount() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n := 0
 	for _, mb := range m.byID {
-		if mb.placeable() {
+		if !mb.retiring() {
 			n++
 		}
 	}

@@ -24,8 +24,9 @@ func (s *Service) SetLayout(ctx context.Context, req *metapb.SetLayoutRequest) (
 	if err := l.Validate(); err != nil {
 		return nil, metaerr.New(syscall.EINVAL, "%v", err)
 	}
-	if n := s.members.placeableCount(); n < l.K+l.M {
-		return nil, metaerr.New(syscall.EINVAL, "layout %d+%d needs %d chunkservers to place its shards; the cluster has %d (up, not retiring)", l.K, l.M, l.K+l.M, n)
+	// A cluster without chunkservers yet (being set up) takes any layout.
+	if n := s.members.memberCount(); n > 0 && n < l.K+l.M {
+		return nil, metaerr.New(syscall.EINVAL, "layout %d+%d needs %d chunkservers to place its shards; the cluster has %d (registered, not retiring)", l.K, l.M, l.K+l.M, n)
 	}
 	c := caller(req.Caller)
 	if err := s.awaitDir(ctx, c.Session, req.Ino); err != nil { // new files there take the old layout
