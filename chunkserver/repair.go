@@ -56,8 +56,10 @@ type RepairResult struct {
 	Bytes    int
 	Duration time.Duration
 	// BadShards are, for a Verify task, the shards that disagree with the
-	// rest of the stripe.
+	// rest of the stripe; Mismatch says they disagree but no single shard
+	// explains it.
 	BadShards []int
+	Mismatch  bool
 }
 
 // RepairConfig configures chunkd's repair worker.
@@ -489,7 +491,14 @@ func (r *repairer) runVerify(ctx context.Context, t RepairTask) RepairResult {
 	start := time.Now()
 	bad, n, err := r.verify(ctx, t)
 	res := RepairResult{ID: t.ID, Key: t.Key, Err: err, Bytes: n, Duration: time.Since(start), BadShards: bad}
+	if errors.Is(err, errUnlocated) {
+		res.Err, res.Mismatch = nil, true
+		bad = nil
+	}
 	switch {
+	case res.Mismatch:
+		r.s.metrics.Repairs.WithLabelValues("verify_mismatch").Inc()
+		r.s.log.Error("chunkd: a stripe's shards disagree and no single shard explains it", "task", t.ID, "err", err)
 	case err != nil:
 		r.s.metrics.Repairs.WithLabelValues("verify_failed").Inc()
 		r.s.log.Warn("chunkd: stripe verification failed", "task", t.ID, "err", err)
@@ -569,10 +578,14 @@ func (r *repairer) verify(ctx context.Context, t RepairTask) ([]int, int, error)
 		}
 	}
 	if len(bad) != 1 {
-		return nil, read, fmt.Errorf("verify task %d: the shards of the stripe disagree and no single shard explains it (%d candidates)", t.ID, len(bad))
+		return nil, read, fmt.Errorf("verify task %d: %w (%d candidates)", t.ID, errUnlocated, len(bad))
 	}
 	return bad, read, nil
 }
+
+// errUnlocated says a stripe's shards disagree and no single shard explains
+// it.
+var errUnlocated = errors.New("the shards of the stripe disagree and no single shard explains it")
 
 // verifyCopies is verify for replication (k = 1): every shard is a copy;
 // those that differ from a strict majority of equal copies are bad.
@@ -590,5 +603,5 @@ func verifyCopies(t RepairTask, shards [][]byte, read int) ([]int, int, error) {
 			return bad, read, nil // nil when all agree
 		}
 	}
-	return nil, read, fmt.Errorf("verify task %d: the %d copies disagree and no majority says which are right", t.ID, len(shards))
+	return nil, read, fmt.Errorf("verify task %d: %w (%d copies, no majority)", t.ID, errUnlocated, len(shards))
 }

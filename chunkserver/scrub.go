@@ -1,8 +1,13 @@
 package chunkserver
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -32,6 +37,9 @@ type ScrubProgress struct {
 	// BytesTotal and ErrorsTotal count the bytes verified and the versions
 	// found corrupt or missing since the process started.
 	BytesTotal, ErrorsTotal int64
+	// CorruptPending counts the versions known corrupt (by scrubbing or a
+	// read) and not deleted yet: their replacement is not committed.
+	CorruptPending int
 }
 
 // scrubber runs the passes.
@@ -71,8 +79,12 @@ func (sc *scrubber) schedule(interval time.Duration, requested time.Time) {
 // report returns the progress to send with the next heartbeat.
 func (sc *scrubber) report() ScrubProgress {
 	sc.mu.Lock()
-	defer sc.mu.Unlock()
-	return sc.progress
+	p := sc.progress
+	sc.mu.Unlock()
+	sc.s.mu.Lock()
+	p.CorruptPending = len(sc.s.corrupt)
+	sc.s.mu.Unlock()
+	return p
 }
 
 // urgent reports whether a request is waiting that no pass covers, and
@@ -138,16 +150,32 @@ func (sc *scrubber) pass(ctx context.Context) error {
 		longest = max(longest, int(info.Length))
 		return true
 	})
+	// In key order, so that a regular pass a restart interrupted resumes
+	// where it was (scrubPosition).
+	slices.SortFunc(versions, func(a, b chunk.Info) int { return keyCompare(a.Key, b.Key) })
 	start := sc.now()
 	sc.mu.Lock()
 	req, urgent := sc.urgentLocked()
 	interval := sc.interval
-	sc.progress.PassStarted, sc.progress.PassBytes, sc.progress.PassTotal = start, 0, total
 	sc.mu.Unlock()
-	sc.s.log.Debug("chunkd: scrub pass started", "versions", len(versions), "bytes", total, "at_once", urgent, "over", interval)
-	buf := make([]byte, longest)
 	var done, bad int64
-	for _, info := range versions {
+	skip := 0
+	if pos, ok := sc.loadPosition(); ok && !urgent {
+		start = pos.started
+		for skip < len(versions) && keyCompare(versions[skip].Key, pos.after) <= 0 {
+			done += int64(versions[skip].Length)
+			skip++
+		}
+	}
+	sc.mu.Lock()
+	sc.progress.PassStarted, sc.progress.PassBytes, sc.progress.PassTotal = start, done, total
+	sc.mu.Unlock()
+	sc.s.log.Debug("chunkd: scrub pass started", "versions", len(versions), "resumed_after", skip, "bytes", total, "at_once", urgent, "over", interval)
+	buf := make([]byte, longest)
+	for n, info := range versions[skip:] {
+		if !urgent && n%64 == 63 {
+			sc.savePosition(scrubPosition{started: start, after: info.Key})
+		}
 		if !urgent {
 			// Spread evenly: this version's bytes start at done/total of
 			// the interval.
@@ -176,6 +204,7 @@ func (sc *scrubber) pass(ctx context.Context) error {
 	// The list goes before the pass counts as done, so that a request's
 	// end (admin scrub --wait) means meta has it.
 	sc.sendInventory(ctx)
+	sc.savePosition(scrubPosition{})
 	end := sc.now()
 	sc.mu.Lock()
 	sc.progress.PassStarted, sc.progress.LastPassDone = time.Time{}, end
@@ -217,6 +246,55 @@ func (sc *scrubber) sendInventory(ctx context.Context) {
 		}
 		keys = keys[n:]
 	}
+}
+
+// scrubPosition is how far a regular pass got: it started at started and
+// verified every version up to after, in key order. It is kept in a file
+// of the data directory so that a pass survives restarts (a chunkd
+// restarted more often than the interval would otherwise never finish
+// one).
+type scrubPosition struct {
+	started time.Time
+	after   chunk.Key
+}
+
+const positionFile = "scrub-position"
+
+// savePosition writes p, or removes the file for the zero p. A failure
+// only costs a resumed pass.
+func (sc *scrubber) savePosition(p scrubPosition) {
+	path := filepath.Join(sc.s.store.Dir(), positionFile)
+	if p.started.IsZero() {
+		_ = os.Remove(path)
+		return
+	}
+	b := fmt.Appendf(nil, "%d %d %d\n", p.started.UnixNano(), p.after.Chunk, p.after.Version)
+	if err := os.WriteFile(path+".tmp", b, 0o600); err == nil {
+		_ = os.Rename(path+".tmp", path)
+	}
+}
+
+// loadPosition reads the saved position, if any (and sane).
+func (sc *scrubber) loadPosition() (scrubPosition, bool) {
+	b, err := os.ReadFile(filepath.Join(sc.s.store.Dir(), positionFile))
+	if err != nil {
+		return scrubPosition{}, false
+	}
+	var ns int64
+	var p scrubPosition
+	if _, err := fmt.Sscanf(string(b), "%d %d %d", &ns, &p.after.Chunk, &p.after.Version); err != nil || ns <= 0 || time.Unix(0, ns).After(sc.now()) {
+		return scrubPosition{}, false
+	}
+	p.started = time.Unix(0, ns)
+	return p, true
+}
+
+// keyCompare orders chunk versions by chunk, then version.
+func keyCompare(a, b chunk.Key) int {
+	if c := cmp.Compare(a.Chunk, b.Chunk); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Version, b.Version)
 }
 
 // latestRequest returns the latest request from meta.

@@ -3,6 +3,7 @@ package chunkserver_test
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -113,5 +114,34 @@ func TestVerifyCopies(t *testing.T) {
 		if (err != nil) != tc.fails || !slices.Equal(bad, tc.bad) {
 			t.Errorf("%q: bad %v, err %v; want %v, failure %v", tc.shards, bad, err, tc.bad, tc.fails)
 		}
+	}
+}
+
+// TestScrubResumes: a regular pass a restart interrupted goes on where its
+// saved position says, with its start time, not from the beginning.
+func TestScrubResumes(t *testing.T) {
+	const unit = 64 << 10
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	m := newSpaceMembership()
+	s := chunktest.Start(t, chunktest.Options{Dir: dir, MaxLength: unit, Config: chunkserver.Config{}})
+	env := chunktest.NewClientEnv(t, 2*unit)
+	c := env.Dial(t, s.Addr(), s.Secret)
+	putVersions(t, c, env, 7, 8, unit)
+	c.Close()
+	s.Stop()
+	started := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
+	if err := os.WriteFile(filepath.Join(dir, "scrub-position"), fmt.Appendf(nil, "%d 7 4\n", started.UnixNano()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m.scrub = time.Hour // the rest of the pass is paced over the hour: only the resumed part shows
+	chunktest.Start(t, chunktest.Options{Dir: dir, MaxLength: unit,
+		Config: chunkserver.Config{Membership: m, HeartbeatInterval: 20 * time.Millisecond}})
+	st := m.waitStats(t, ctx, "a pass resumed after version 4", func(st chunkserver.Stats) bool {
+		return st.Scrub.PassStarted.Equal(started)
+	})
+	if st.Scrub.PassBytes < 4*unit || st.Scrub.PassTotal != 8*unit {
+		t.Fatalf("resumed pass at %d of %d bytes, want at least %d of %d", st.Scrub.PassBytes, st.Scrub.PassTotal, 4*unit, 8*unit)
 	}
 }

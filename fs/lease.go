@@ -149,11 +149,18 @@ func (fsys *FS) recallLoop(ctx context.Context) {
 		if len(release) > 0 {
 			// What was answered under the leases goes to meta before they
 			// do (meta fences a lease's files until then: lease.go there).
-			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			if err := early.WaitBehind(wctx); err != nil {
-				fsys.log.Warn("calls behind not sent before leases went back", "err", err)
-			}
+			// The wait is short, so that the Recalls calls go on (a holder
+			// silent for 1.5s loses its leases); leases whose calls are not
+			// all sent yet go back with a later call.
+			wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			err := early.WaitBehind(wctx)
 			cancel()
+			if err != nil {
+				t.mu.Lock()
+				t.release = append(release, t.release...)
+				t.mu.Unlock()
+				release = nil
+			}
 		}
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		newEpoch, recall, err := early.Recalls(cctx, epoch, release)

@@ -24,7 +24,9 @@ func newAdminCheckCommand() *cobra.Command {
 			"Every violation is printed; the exit status is non-zero when any is found (after --repair:\n" +
 			"when any remains). --repair sets link counts to the entries, links inodes no entry names into\n" +
 			"/lost+found as #INODE, removes entries of missing inodes, deletes unopened inodes without\n" +
-			"links and stripes of missing files (their chunks are collected), and recomputes stored bytes.",
+			"links and stripes of missing files (their chunks are collected), recomputes stored bytes, and\n" +
+			"has the chunkservers delete chunk versions nothing references (compared with the lists they\n" +
+			"send after each scrub pass; chunk data no file can reach).",
 		RunE: mf.run(func(ctx context.Context, c *client.Client, cmd *cobra.Command, _ []string) error {
 			w := cmd.OutOrStdout()
 			r, err := c.Check(ctx, &metapb.CheckRequest{Repair: repair})
@@ -41,6 +43,10 @@ func newAdminCheckCommand() *cobra.Command {
 				fmt.Fprintln(w, "note:", n)
 			}
 			if len(r.Problems) == 0 {
+				if len(r.Notes) > 0 {
+					fmt.Fprintln(w, "no problems found in what was checked (see the notes)")
+					return nil
+				}
 				fmt.Fprintln(w, "metadata consistent: no problems found")
 				return nil
 			}

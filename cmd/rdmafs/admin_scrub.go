@@ -50,13 +50,24 @@ func newAdminScrubCommand() *cobra.Command {
 }
 
 // waitScrub shows the progress of the passes that cover request until every
-// up chunkserver has finished one, then waits for repair.
+// up chunkserver has finished one and every stripe is verified, then waits
+// until what they found is repaired. A meta server that restarted (it
+// forgot the request) is asked again.
 func waitScrub(ctx context.Context, w io.Writer, c *client.Client, request int64, before *metapb.ScrubStatus, every time.Duration) error {
 	start := time.Now()
 	for {
 		st, err := c.Status(ctx, &metapb.StatusRequest{})
 		if err != nil {
 			return fmt.Errorf("status: %w", err)
+		}
+		sc := st.GetScrub()
+		if sc.GetRequestedNs() < request {
+			r, err := c.Scrub(ctx, &metapb.ScrubRequest{})
+			if err != nil {
+				return fmt.Errorf("scrub (again: the meta server restarted): %w", err)
+			}
+			request, before = r.RequestedNs, nil
+			continue
 		}
 		var done, total uint64
 		up, finished := 0, 0
@@ -78,11 +89,10 @@ func waitScrub(ctx context.Context, w io.Writer, c *client.Client, request int64
 				total += sr.GetPassTotal() // its last pass's size, until the new one starts
 			}
 		}
-		sc := st.GetScrub()
-		verified := sc.GetVerifyCoveredNs() >= request
+		complete := up > 0 && finished == up && sc.GetVerifyCoveredNs() >= request
 		frac := 0.0
 		switch {
-		case up > 0 && finished == up && verified:
+		case complete:
 			frac = 1
 		case total > 0:
 			frac = min(float64(done)/float64(total), 0.99)
@@ -92,22 +102,20 @@ func waitScrub(ctx context.Context, w io.Writer, c *client.Client, request int64
 		elapsed := time.Since(start)
 		fmt.Fprintf(w, "\r[%s] %3.0f%%  %s of %s  %d of %d chunkservers done  %d stripes left to verify  %s/s ", bar, frac*100,
 			humanBytes(done), humanBytes(total), finished, up, sc.GetStripesToVerify(), humanBytes(uint64(float64(done)/max(elapsed.Seconds(), 0.001))))
-		if up > 0 && finished == up && verified {
-			corrupt := sc.GetErrorsTotal() - min(before.GetErrorsTotal(), sc.GetErrorsTotal())
-			mismatched := sc.GetParityMismatches() - min(before.GetParityMismatches(), sc.GetParityMismatches())
-			found := corrupt + mismatched
+		if complete {
+			since := func(now, then uint64) uint64 { return now - min(now, then) }
+			corrupt := since(sc.GetErrorsTotal(), before.GetErrorsTotal())
+			mismatched := since(sc.GetParityMismatches(), before.GetParityMismatches())
 			fmt.Fprintf(w, "\nscrubbed %s on %d chunkservers in %v: %d corrupt or missing chunk versions found; "+
-				"%d stripes' parity verified, %d with a shard that disagrees\n",
+				"%d stripes' parity verified, %d with a shard that disagrees, %d not verified (see meta's log)\n",
 				humanBytes(done), up, elapsed.Round(100*time.Millisecond), corrupt,
-				sc.GetStripesVerified()-min(before.GetStripesVerified(), sc.GetStripesVerified()), mismatched)
-			if found == 0 {
-				return nil
-			}
-			fmt.Fprintln(w, "repairing them:")
+				since(sc.GetStripesVerified(), before.GetStripesVerified()), mismatched, since(sc.GetVerifyFailed(), before.GetVerifyFailed()))
+			// Done once no corrupt version waits for its replacement and
+			// repair is idle with every stripe healthy.
 			return waitRepair(ctx, w, c, true, every, func(st *metapb.StatusReply) bool {
 				r := st.GetRepair()
-				repaired := st.GetScrub().GetRepairedTotal() - min(before.GetRepairedTotal(), st.GetScrub().GetRepairedTotal())
-				return repaired >= found && r.GetDegradedStripes() == 0 && r.GetQueued() == 0 && r.GetInFlight() == 0
+				return st.GetScrub().GetCorruptPending() == 0 && r.GetDegradedStripes() == 0 && r.GetLostStripes() == 0 &&
+					r.GetQueued() == 0 && r.GetInFlight() == 0
 			})
 		}
 		select {

@@ -108,8 +108,11 @@ func infoFromMount(p string) ([]*metapb.InfoReply, error) {
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := unix.Getxattr(p, attr, buf)
-		if errors.Is(err, syscall.ENOTSUP) || errors.Is(err, syscall.ENODATA) {
+		if errors.Is(err, syscall.ENOTSUP) {
 			return nil, errNotMounted
+		}
+		if errors.Is(err, syscall.ENODATA) {
+			return nil, fmt.Errorf("%s: its mount does not offer %s (an older rdmafs?): ask the meta server with --meta", p, attr)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", p, err)

@@ -784,19 +784,28 @@ func Exited(pid int) bool {
 	return syscall.Kill(pid, 0) != nil || zombie(pid)
 }
 
-// zombie reports whether pid has exited but not been reaped (by another process).
+// zombie reports whether pid has exited but not been reaped (by another
+// process). A killed multi-threaded process's main thread is a zombie while
+// its other threads still exit (holding its files, and their locks), so
+// the process counts as exited only once it is its last thread.
 func zombie(pid int) bool {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return true
 	}
 	// The state follows the command name in parentheses.
+	z := false
 	for i := len(b) - 1; i > 0; i-- {
 		if b[i] == ')' && i+2 < len(b) {
-			return b[i+2] == 'Z'
+			z = b[i+2] == 'Z'
+			break
 		}
 	}
-	return false
+	if !z {
+		return false
+	}
+	tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+	return err != nil || len(tasks) <= 1
 }
 
 func (c *Cluster) save() error {

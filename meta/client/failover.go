@@ -58,7 +58,7 @@ func (f *failover) close() error {
 func readOnly(method string) bool {
 	switch method {
 	case "Lookup", "GetAttr", "Readlink", "ReadDir", "GetXattr", "ListXattr", "StatFS",
-		"Status", "GetLayout", "GetStripes", "Info", "Check", "Inventory", "KeepAlive", "Heartbeat", "Sync",
+		"Status", "GetLayout", "GetStripes", "Info", "Inventory", "KeepAlive", "Heartbeat", "Sync",
 		"Recalls": // its releases may be applied twice
 		return true
 	}

@@ -75,6 +75,12 @@ func (s *Service) Check(ctx context.Context, req *metapb.CheckRequest) (*metapb.
 func (s *Service) check(ctx context.Context) ([]finding, []string, bool, error) {
 	var problems []finding
 	var notes []string
+	// What repairs build, and the time, before the snapshot (see
+	// inventoryFindings).
+	began := s.now()
+	s.repMu.Lock()
+	repairs := s.repairChunksLocked()
+	s.repMu.Unlock()
 	truncated := false
 	report := func(fix func(ctx context.Context) (string, error), format string, args ...any) {
 		if len(problems) < maxProblems {
@@ -232,7 +238,7 @@ func (s *Service) check(ctx context.Context) ([]finding, []string, bool, error) 
 			}
 		}
 		var err error
-		notes, err = s.inventoryFindings(r, referenced, report)
+		notes, err = s.inventoryFindings(r, referenced, repairs, began, report)
 		return err
 	})
 	if err != nil {
@@ -268,6 +274,11 @@ func unchangedInode(t kv.Txn, ino uint64, seen *metapb.Attr) (*metapb.InodeRecor
 // fixNlink sets ino's link count to want.
 func (s *Service) fixNlink(ino uint64, seen *metapb.Attr, want uint32) func(context.Context) (string, error) {
 	return func(ctx context.Context) (string, error) {
+		if isDir(seen) {
+			if err := s.awaitLease(ctx, 0, ino); err != nil { // a holder answers getattr itself
+				return "", err
+			}
+		}
 		return s.fixed(ctx, func(t kv.Txn) (string, error) {
 			rec, err := unchangedInode(t, ino, seen)
 			if rec == nil || err != nil {
@@ -284,6 +295,9 @@ func (s *Service) fixUnnamed(ino uint64, seen *metapb.Attr) func(context.Context
 	return func(ctx context.Context) (string, error) {
 		lf, err := s.lostFoundDir(ctx)
 		if err != nil {
+			return "", err
+		}
+		if err := s.awaitLease(ctx, 0, lf); err != nil { // a holder answers lookups there itself
 			return "", err
 		}
 		return s.fixed(ctx, func(t kv.Txn) (string, error) {
@@ -372,6 +386,9 @@ func (s *Service) fixUnlinked(ino uint64, seen *metapb.Attr) func(context.Contex
 // missing inode d.Ino.
 func (s *Service) fixDanglingEntry(parent uint64, name string, d *metapb.DentryRecord) func(context.Context) (string, error) {
 	return func(ctx context.Context) (string, error) {
+		if err := s.awaitLease(ctx, 0, parent); err != nil { // a holder answers lookups there itself
+			return "", err
+		}
 		return s.fixed(ctx, func(t kv.Txn) (string, error) {
 			cur, ok, err := getDentry(t, parent, name)
 			if err != nil || !ok || cur.Ino != d.Ino || cur.Cookie != d.Cookie {

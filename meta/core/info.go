@@ -14,10 +14,14 @@ import (
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
-// maxInfoTree bounds the inodes one Info call walks for a directory's
-// totals: past it the call fails with EFBIG rather than hold a snapshot of
-// the whole store for long.
-const maxInfoTree = 1 << 22
+// maxInfoTree and maxInfoStripes bound the inodes one Info call walks for a
+// directory's totals and the stripes it classifies (under the membership's
+// lock): past them the call fails with EFBIG rather than hold a snapshot,
+// or the lock heartbeats need, for long.
+const (
+	maxInfoTree    = 1 << 20
+	maxInfoStripes = 1 << 20
+)
 
 // shardStateNames are the states of ShardInfo.state, by shardState.
 var shardStateNames = [...]string{shardOK: "ok", shardDown: "down", shardLost: "lost", shardRetiring: "retiring"}
@@ -160,6 +164,9 @@ func treeTotals(ctx context.Context, r kv.Reader, dir uint64) (*metapb.TreeTotal
 				}
 				t.Stripes += uint64(len(st))
 				stripes = append(stripes, st...)
+				if len(stripes) > maxInfoStripes {
+					return nil, nil, metaerr.New(syscall.EFBIG, "the tree below directory %d has more than %d stripes", dir, maxInfoStripes)
+				}
 			default:
 				t.Others++
 			}

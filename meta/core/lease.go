@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"slices"
 	"syscall"
 	"time"
 
@@ -103,12 +104,10 @@ func (r *reservations) dropLeaseLocked(l *dirLease) {
 }
 
 // takeBackLocked ends a lease its holder did not give back, fencing the
-// files it created under it.
+// files it created under it, and those whose creates it sent before it
+// learns of the loss (noteCreated adds them).
 func (r *reservations) takeBackLocked(l *dirLease) {
 	r.dropLeaseLocked(l)
-	if len(l.created) == 0 {
-		return
-	}
 	r.leases.fences[l.id] = &fence{session: l.session, dir: l.dir, inos: l.created}
 	for _, ino := range l.created {
 		r.leases.fenced[ino] = l.id
@@ -351,6 +350,13 @@ func (s *Service) Recalls(ctx context.Context, req *metapb.RecallsRequest) (*met
 		}
 	}
 	out.Recall, h.recall = h.recall, nil
+	// A fence lasts until its holder gives the lease back: its recall goes
+	// out again with every answer, in case one was lost.
+	for id, f := range r.leases.fences {
+		if f.session == req.SessionId && !slices.Contains(out.Recall, id) {
+			out.Recall = append(out.Recall, id)
+		}
+	}
 	h.lastPoll = s.now()
 	r.mu.Unlock()
 	return out, nil

@@ -213,6 +213,13 @@ func TestLeaseFence(t *testing.T) {
 		waiter := make(chan error, 1)
 		go func() { waiter <- lock(b, f, W, true) }()
 		blocked(t, waiter, "a lock behind a fence")
+		// The recall goes out with every answer until the lease comes back
+		// (one answer may be lost).
+		for range 2 {
+			if rec := e.recalls(a, 0); !slices.Contains(rec.Recall, id) {
+				t.Fatalf("recalls after the takeback = %v, want %d again", rec.Recall, id)
+			}
+		}
 		// The holder sends the lock it granted, then gives the lease back:
 		// the waiter now waits for that lock, until it is unlocked.
 		if err := lock(a, f, W, false); err != nil {

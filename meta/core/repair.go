@@ -104,6 +104,9 @@ type repairState struct {
 	recent                     []rateSample
 
 	verify verifyState // parity checks (scrub.go)
+	// committing holds the chunks of finished repairs whose commit is
+	// under way.
+	committing map[chunkRef]struct{}
 }
 
 type rateSample struct {
@@ -121,6 +124,7 @@ func (r *repairState) init() {
 	r.bad = map[badKey]time.Time{}
 	r.budget = map[string]int{}
 	r.shardsOn = map[string]uint64{}
+	r.committing = map[chunkRef]struct{}{}
 }
 
 // classify returns the state of every shard of a stripe record. The caller
@@ -334,6 +338,8 @@ func (s *Service) expireRepairTasks(ctx context.Context) error {
 			s.unbusyLocked(t)
 			if t.verify {
 				s.log.Warn("stripe verification timed out", "task", t.id, "ino", t.key.ino, "stripe", t.key.stripe, "worker", t.target)
+				s.rep.verify.inflight--
+				s.rep.verify.failed++
 				s.verifyDoneLocked()
 				continue // it built nothing
 			}
@@ -408,15 +414,8 @@ func (s *Service) RepairPoll(ctx context.Context, req *metapb.RepairPollRequest)
 		return out, nil
 	}
 	tasks := s.assignRepairs(req.Id, want)
-	verifies := s.assignVerifies(req.Id, want-len(tasks))
-	defer func() {
-		for _, pt := range verifies {
-			pt.msg.Sources = s.members.withAddresses(pt.msg.Sources)
-			out.Tasks = append(out.Tasks, pt.msg)
-		}
-	}()
 	if len(tasks) == 0 {
-		return out, nil
+		return s.withVerifies(out, req.Id, want), nil
 	}
 	var first uint64
 	if err := s.update(ctx, func(t kv.Txn) error {
@@ -442,7 +441,7 @@ func (s *Service) RepairPoll(ctx context.Context, req *metapb.RepairPollRequest)
 		pt.msg.Sources = s.members.withAddresses(pt.msg.Sources)
 		out.Tasks = append(out.Tasks, pt.msg)
 	}
-	return out, nil
+	return s.withVerifies(out, req.Id, want-len(tasks)), nil
 }
 
 type plannedTask struct {
@@ -634,6 +633,16 @@ func (s *Service) finishRepair(ctx context.Context, from string, res *metapb.Rep
 	if ok {
 		delete(s.rep.inflight, res.TaskId)
 		s.unbusyLocked(t)
+		if !t.verify && res.Ok {
+			// Until its commit is done the chunk it built is referenced
+			// by nothing stored: check must not take it for a stray.
+			s.rep.committing[chunkRef{t.target, t.newChunk, t.version}] = struct{}{}
+			defer func() {
+				s.repMu.Lock()
+				delete(s.rep.committing, chunkRef{t.target, t.newChunk, t.version})
+				s.repMu.Unlock()
+			}()
+		}
 	}
 	s.repMu.Unlock()
 	if ok && t.verify {

@@ -85,6 +85,7 @@ func (s *Service) scrubStatusLocked(cs []*metapb.ChunkserverStatus) *metapb.Scru
 		if !c.Up {
 			continue
 		}
+		st.CorruptPending += r.CorruptPending
 		if r.LastPassDoneNs == 0 {
 			all = false
 		} else if oldest == 0 || r.LastPassDoneNs < oldest {
@@ -115,6 +116,7 @@ type verifyState struct {
 	covered              int64     // the latest request a finished pass covered
 	inflight             int
 	verified, mismatches uint64
+	failed               uint64 // could not be done (a shard unreadable, no memory, timed out)
 }
 
 // verifyItem is a stripe to verify, as the scan read it.
@@ -180,6 +182,15 @@ func (s *Service) verifyDoneLocked() {
 	}
 }
 
+// withVerifies adds to out up to want verifications for worker.
+func (s *Service) withVerifies(out *metapb.RepairPollReply, worker string, want int) *metapb.RepairPollReply {
+	for _, pt := range s.assignVerifies(worker, want) {
+		pt.msg.Sources = s.members.withAddresses(pt.msg.Sources)
+		out.Tasks = append(out.Tasks, pt.msg)
+	}
+	return out
+}
+
 // assignVerifies hands up to want queued stripes to worker.
 func (s *Service) assignVerifies(worker string, want int) []plannedTask {
 	if want <= 0 {
@@ -220,6 +231,8 @@ func (s *Service) finishVerify(ctx context.Context, t *repairTask, res *metapb.R
 	s.rep.verify.inflight--
 	if res.Ok {
 		s.rep.verify.verified++
+	} else {
+		s.rep.verify.failed++
 	}
 	s.verifyDoneLocked()
 	s.repMu.Unlock()
@@ -227,7 +240,7 @@ func (s *Service) finishVerify(ctx context.Context, t *repairTask, res *metapb.R
 		s.log.Warn("stripe verification failed", "task", t.id, "ino", t.key.ino, "stripe", t.key.stripe, "worker", t.target, "err", res.Error)
 		return nil
 	}
-	if len(res.BadShards) == 0 {
+	if len(res.BadShards) == 0 && !res.Mismatch {
 		return nil
 	}
 	var current bool
@@ -245,6 +258,10 @@ func (s *Service) finishVerify(ctx context.Context, t *repairTask, res *metapb.R
 	now := s.now()
 	s.repMu.Lock()
 	s.rep.verify.mismatches++
+	if len(res.BadShards) == 0 {
+		s.log.Error("scrub: a stripe's shards disagree and no single shard explains it: nothing rebuilt; the file's data there may be wrong",
+			"ino", t.key.ino, "stripe", t.key.stripe, "version", t.version)
+	}
 	for _, i := range res.BadShards {
 		if int(i) >= len(t.shards) {
 			continue
@@ -264,7 +281,7 @@ func (s *Service) verifyStatus(st *metapb.ScrubStatus) {
 	s.repMu.Lock()
 	defer s.repMu.Unlock()
 	v := &s.rep.verify
-	st.StripesVerified, st.ParityMismatches, st.VerifyCoveredNs = v.verified, v.mismatches, v.covered
+	st.StripesVerified, st.ParityMismatches, st.VerifyCoveredNs, st.VerifyFailed = v.verified, v.mismatches, v.covered, v.failed
 	if v.pass != 0 {
 		st.StripesToVerify = uint64(len(v.queue) + v.inflight)
 	}
@@ -283,10 +300,11 @@ const maxInventory = 1 << 24
 
 // inventory is a chunkserver's list (under members.mu).
 type inventory struct {
-	taken    int64
-	chunks   map[chunkRef]struct{} // less those deleted since (heartbeats report them)
-	complete bool
-	overflow bool
+	taken     int64
+	chunks    map[chunkRef]struct{} // less those deleted since (heartbeats report them)
+	complete  bool
+	completed time.Time // by meta's clock
+	overflow  bool
 }
 
 // chunkRef names a chunk version on a chunkserver.
@@ -323,15 +341,35 @@ func (s *Service) Inventory(ctx context.Context, req *metapb.InventoryRequest) (
 		}
 		inv.chunks[chunkRef{req.Id, c.ChunkId, c.Version}] = struct{}{}
 	}
-	inv.complete = req.Last
+	if req.Last {
+		inv.complete, inv.completed = true, s.now()
+	}
 	return &metapb.Empty{}, nil
+}
+
+// repairChunksLocked returns the chunks repairs in flight build or commit
+// (the caller holds repMu).
+func (s *Service) repairChunksLocked() map[chunkRef]bool {
+	out := map[chunkRef]bool{}
+	for _, t := range s.rep.inflight {
+		if !t.verify {
+			out[chunkRef{t.target, t.newChunk, t.version}] = true
+		}
+	}
+	for c := range s.rep.committing {
+		out[c] = true
+	}
+	return out
 }
 
 // inventoryFindings reports the chunk versions of the chunkservers' lists
 // that nothing in r references, and notes the chunkservers without a
 // complete list. referenced holds the stripes' shards as the check read
-// them.
-func (s *Service) inventoryFindings(r kv.Reader, referenced map[chunkRef]bool, report func(fix func(context.Context) (string, error), format string, args ...any)) ([]string, error) {
+// them, repairs the chunks of repairs in flight before it read them. Only
+// lists complete before the check began (at began) are used: every
+// version in them existed before its snapshot, so one it does not
+// reference is no write's or repair's in progress.
+func (s *Service) inventoryFindings(r kv.Reader, referenced, repairs map[chunkRef]bool, began time.Time, report func(fix func(context.Context) (string, error), format string, args ...any)) ([]string, error) {
 	if err := r.Scan([]byte{keys.PrefixGrant}, []byte{keys.PrefixGrant + 1}, 0, func(k, v []byte) error {
 		_, _, version, err := keys.ParseGrant(k)
 		if err != nil {
@@ -358,13 +396,9 @@ func (s *Service) inventoryFindings(r kv.Reader, referenced map[chunkRef]bool, r
 	}); err != nil {
 		return nil, err
 	}
-	s.repMu.Lock()
-	for _, t := range s.rep.inflight {
-		if !t.verify {
-			referenced[chunkRef{t.target, t.newChunk, t.version}] = true
-		}
+	for c := range repairs {
+		referenced[c] = true
 	}
-	s.repMu.Unlock()
 	var notes []string
 	s.members.mu.Lock()
 	defer s.members.mu.Unlock()
@@ -378,6 +412,9 @@ func (s *Service) inventoryFindings(r kv.Reader, referenced map[chunkRef]bool, r
 		switch {
 		case inv == nil || !inv.complete:
 			notes = append(notes, fmt.Sprintf("chunkserver %s: no complete list of its chunks yet, so its unreferenced chunks are not checked (it sends one after each scrub pass: rdmafs admin scrub --wait)", id))
+			continue
+		case !inv.completed.Before(began):
+			notes = append(notes, fmt.Sprintf("chunkserver %s: its list of chunks arrived during the check; it is compared at the next one", id))
 			continue
 		case inv.overflow:
 			notes = append(notes, fmt.Sprintf("chunkserver %s: its list of chunks is longer than %d; only those were checked", id, maxInventory))

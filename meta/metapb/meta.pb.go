@@ -4717,6 +4717,7 @@ type ScrubReport struct {
 	LastPassDoneNs int64                  `protobuf:"varint,5,opt,name=last_pass_done_ns,json=lastPassDoneNs,proto3" json:"last_pass_done_ns,omitempty"` // when the last full pass finished (0: none yet)
 	BytesTotal     uint64                 `protobuf:"varint,6,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`                 // verified since chunkd started
 	ErrorsTotal    uint64                 `protobuf:"varint,7,opt,name=errors_total,json=errorsTotal,proto3" json:"errors_total,omitempty"`              // versions found corrupt or missing since chunkd started
+	CorruptPending uint64                 `protobuf:"varint,8,opt,name=corrupt_pending,json=corruptPending,proto3" json:"corrupt_pending,omitempty"`     // versions known corrupt, not deleted yet (their replacement not committed)
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -4796,6 +4797,13 @@ func (x *ScrubReport) GetBytesTotal() uint64 {
 func (x *ScrubReport) GetErrorsTotal() uint64 {
 	if x != nil {
 		return x.ErrorsTotal
+	}
+	return 0
+}
+
+func (x *ScrubReport) GetCorruptPending() uint64 {
+	if x != nil {
+		return x.CorruptPending
 	}
 	return 0
 }
@@ -5877,6 +5885,8 @@ type ScrubStatus struct {
 	ParityMismatches uint64 `protobuf:"varint,8,opt,name=parity_mismatches,json=parityMismatches,proto3" json:"parity_mismatches,omitempty"` // stripes whose shards disagreed
 	StripesToVerify  uint64 `protobuf:"varint,9,opt,name=stripes_to_verify,json=stripesToVerify,proto3" json:"stripes_to_verify,omitempty"`  // left in the pass a request started
 	VerifyCoveredNs  int64  `protobuf:"varint,10,opt,name=verify_covered_ns,json=verifyCoveredNs,proto3" json:"verify_covered_ns,omitempty"` // the latest request a finished verify pass covers
+	VerifyFailed     uint64 `protobuf:"varint,11,opt,name=verify_failed,json=verifyFailed,proto3" json:"verify_failed,omitempty"`            // verifications not done (a shard unreadable, no memory, timed out)
+	CorruptPending   uint64 `protobuf:"varint,12,opt,name=corrupt_pending,json=corruptPending,proto3" json:"corrupt_pending,omitempty"`      // corrupt versions the up chunkservers hold, not yet replaced
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -5977,6 +5987,20 @@ func (x *ScrubStatus) GetStripesToVerify() uint64 {
 func (x *ScrubStatus) GetVerifyCoveredNs() int64 {
 	if x != nil {
 		return x.VerifyCoveredNs
+	}
+	return 0
+}
+
+func (x *ScrubStatus) GetVerifyFailed() uint64 {
+	if x != nil {
+		return x.VerifyFailed
+	}
+	return 0
+}
+
+func (x *ScrubStatus) GetCorruptPending() uint64 {
+	if x != nil {
+		return x.CorruptPending
 	}
 	return 0
 }
@@ -6779,7 +6803,10 @@ type RepairResult struct {
 	Version    uint64 `protobuf:"varint,7,opt,name=version,proto3" json:"version,omitempty"`
 	// A verify task: the shards whose bytes disagree with the others (their
 	// parity check fails; located by rebuilding each from the rest).
-	BadShards     []uint32 `protobuf:"varint,8,rep,packed,name=bad_shards,json=badShards,proto3" json:"bad_shards,omitempty"`
+	BadShards []uint32 `protobuf:"varint,8,rep,packed,name=bad_shards,json=badShards,proto3" json:"bad_shards,omitempty"`
+	// mismatch: a verify task found the shards disagree but no single shard
+	// explains it (one parity shard, two copies, or two shards wrong).
+	Mismatch      bool `protobuf:"varint,9,opt,name=mismatch,proto3" json:"mismatch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6868,6 +6895,13 @@ func (x *RepairResult) GetBadShards() []uint32 {
 		return x.BadShards
 	}
 	return nil
+}
+
+func (x *RepairResult) GetMismatch() bool {
+	if x != nil {
+		return x.Mismatch
+	}
+	return false
 }
 
 // RepairPollRequest is a chunkserver's repair worker reporting finished tasks,
@@ -8140,7 +8174,7 @@ const file_meta_proto_rawDesc = "" +
 	"\vchunk_count\x18\x05 \x01(\x04R\n" +
 	"chunkCount\x122\n" +
 	"\adeleted\x18\x06 \x03(\v2\x18.rdmafs.meta.v1.ChunkRefR\adeleted\x121\n" +
-	"\x05scrub\x18\a \x01(\v2\x1b.rdmafs.meta.v1.ScrubReportR\x05scrub\"\x85\x02\n" +
+	"\x05scrub\x18\a \x01(\v2\x1b.rdmafs.meta.v1.ScrubReportR\x05scrub\"\xae\x02\n" +
 	"\vScrubReport\x12!\n" +
 	"\frequested_ns\x18\x01 \x01(\x03R\vrequestedNs\x12&\n" +
 	"\x0fpass_started_ns\x18\x02 \x01(\x03R\rpassStartedNs\x12\x1d\n" +
@@ -8151,7 +8185,8 @@ const file_meta_proto_rawDesc = "" +
 	"\x11last_pass_done_ns\x18\x05 \x01(\x03R\x0elastPassDoneNs\x12\x1f\n" +
 	"\vbytes_total\x18\x06 \x01(\x04R\n" +
 	"bytesTotal\x12!\n" +
-	"\ferrors_total\x18\a \x01(\x04R\verrorsTotal\"\xbc\x01\n" +
+	"\ferrors_total\x18\a \x01(\x04R\verrorsTotal\x12'\n" +
+	"\x0fcorrupt_pending\x18\b \x01(\x04R\x0ecorruptPending\"\xbc\x01\n" +
 	"\x0eHeartbeatReply\x120\n" +
 	"\x06delete\x18\x01 \x03(\v2\x18.rdmafs.meta.v1.ChunkRefR\x06delete\x12\x1e\n" +
 	"\n" +
@@ -8243,7 +8278,7 @@ const file_meta_proto_rawDesc = "" +
 	"\bsessions\x18\b \x01(\x04R\bsessions\x12'\n" +
 	"\x0fpending_deletes\x18\t \x01(\x04R\x0ependingDeletes\x124\n" +
 	"\x06repair\x18d \x01(\v2\x1c.rdmafs.meta.v1.RepairStatusR\x06repair\x121\n" +
-	"\x05scrub\x18e \x01(\v2\x1b.rdmafs.meta.v1.ScrubStatusR\x05scrub\"\x97\x03\n" +
+	"\x05scrub\x18e \x01(\v2\x1b.rdmafs.meta.v1.ScrubStatusR\x05scrub\"\xe5\x03\n" +
 	"\vScrubStatus\x12\x1f\n" +
 	"\vinterval_ns\x18\x01 \x01(\x03R\n" +
 	"intervalNs\x12!\n" +
@@ -8257,7 +8292,9 @@ const file_meta_proto_rawDesc = "" +
 	"\x11parity_mismatches\x18\b \x01(\x04R\x10parityMismatches\x12*\n" +
 	"\x11stripes_to_verify\x18\t \x01(\x04R\x0fstripesToVerify\x12*\n" +
 	"\x11verify_covered_ns\x18\n" +
-	" \x01(\x03R\x0fverifyCoveredNs\"\xde\x01\n" +
+	" \x01(\x03R\x0fverifyCoveredNs\x12#\n" +
+	"\rverify_failed\x18\v \x01(\x04R\fverifyFailed\x12'\n" +
+	"\x0fcorrupt_pending\x18\f \x01(\x04R\x0ecorruptPending\"\xde\x01\n" +
 	"\vInodeRecord\x12(\n" +
 	"\x04attr\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x04attr\x12\x18\n" +
 	"\asymlink\x18\x02 \x01(\tR\asymlink\x12\x16\n" +
@@ -8329,7 +8366,7 @@ const file_meta_proto_rawDesc = "" +
 	"\vunavailable\x18\t \x03(\rR\vunavailable\x12#\n" +
 	"\rstripe_length\x18\n" +
 	" \x01(\x04R\fstripeLength\x12\x16\n" +
-	"\x06verify\x18\v \x01(\bR\x06verify\"\xdf\x01\n" +
+	"\x06verify\x18\v \x01(\bR\x06verify\"\xfb\x01\n" +
 	"\fRepairResult\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\x04R\x06taskId\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
@@ -8341,7 +8378,8 @@ const file_meta_proto_rawDesc = "" +
 	"newChunkId\x12\x18\n" +
 	"\aversion\x18\a \x01(\x04R\aversion\x12\x1d\n" +
 	"\n" +
-	"bad_shards\x18\b \x03(\rR\tbadShards\"\xa3\x01\n" +
+	"bad_shards\x18\b \x03(\rR\tbadShards\x12\x1a\n" +
+	"\bmismatch\x18\t \x01(\bR\bmismatch\"\xa3\x01\n" +
 	"\x11RepairPollRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x126\n" +
 	"\aresults\x18\x02 \x03(\v2\x1c.rdmafs.meta.v1.RepairResultR\aresults\x12\x12\n" +

@@ -60,7 +60,7 @@ func (m *Member) Heartbeat(ctx context.Context, st chunkserver.Stats) (chunkserv
 		ChunkCount: uint64(max(st.Versions, 0)), Load: st.Load, Deleted: deleted,
 		Scrub: &metapb.ScrubReport{RequestedNs: unixNano(sc.Requested), PassStartedNs: unixNano(sc.PassStarted),
 			PassBytes: uint64(max(sc.PassBytes, 0)), PassTotal: uint64(max(sc.PassTotal, 0)), LastPassDoneNs: unixNano(sc.LastPassDone),
-			BytesTotal: uint64(max(sc.BytesTotal, 0)), ErrorsTotal: uint64(max(sc.ErrorsTotal, 0))},
+			BytesTotal: uint64(max(sc.BytesTotal, 0)), ErrorsTotal: uint64(max(sc.ErrorsTotal, 0)), CorruptPending: uint64(max(sc.CorruptPending, 0))},
 	})
 	if err != nil {
 		return chunkserver.HeartbeatReply{}, fmt.Errorf("heartbeat of chunkserver %s: %w", st.ID, err)
@@ -105,7 +105,7 @@ func (m *Member) RepairPoll(ctx context.Context, id string, results []chunkserve
 	req := &metapb.RepairPollRequest{Id: id, Want: uint32(max(want, 0))}
 	for _, res := range results {
 		r := &metapb.RepairResult{TaskId: res.ID, Ok: res.Err == nil, Bytes: uint64(max(res.Bytes, 0)), DurationNs: res.Duration.Nanoseconds(),
-			NewChunkId: res.Key.Chunk, Version: res.Key.Version}
+			NewChunkId: res.Key.Chunk, Version: res.Key.Version, Mismatch: res.Mismatch}
 		if res.Err != nil {
 			r.Error = res.Err.Error()
 		}
