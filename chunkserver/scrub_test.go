@@ -2,7 +2,6 @@ package chunkserver_test
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,7 +12,6 @@ import (
 	"github.com/rdmafs/rdmafs/chunkserver"
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 	"github.com/rdmafs/rdmafs/chunkserver/chunktest"
-	"github.com/rdmafs/rdmafs/chunkserver/store"
 )
 
 // TestScrubPasses: with a scrub interval from the metadata service, chunkd
@@ -35,7 +33,7 @@ func TestScrubPasses(t *testing.T) {
 	m.waitInfo(t, ctx)
 	putVersions(t, c, env, 7, 8, unit)
 	bad := chunk.Key{Chunk: 7, Version: 5}
-	flipOnDisk(t, dir, bad)
+	chunktest.FlipData(t, chunktest.SlotFile(dir, bad), false)
 
 	st := m.waitStats(t, ctx, "a scrub pass that found the damaged version", func(st chunkserver.Stats) bool {
 		return st.Scrub.ErrorsTotal == 1 && !st.Scrub.LastPassDone.IsZero() && st.Scrub.BytesTotal >= 2*8*unit
@@ -61,37 +59,6 @@ func TestScrubPasses(t *testing.T) {
 	if listed != 8 || !done {
 		t.Fatalf("inventory of %d versions (complete %v), want the 8 stored", listed, done)
 	}
-}
-
-// flipOnDisk inverts 16 bytes of key's data in its slot file under dir.
-func flipOnDisk(t *testing.T, dir string, key chunk.Key) {
-	t.Helper()
-	paths, _ := filepath.Glob(filepath.Join(dir, "chunks", "*", "*"))
-	for _, p := range paths {
-		f, err := os.OpenFile(p, os.O_RDWR, 0)
-		if err != nil {
-			continue
-		}
-		var hdr [24]byte
-		if _, err := f.ReadAt(hdr[:], 0); err != nil ||
-			binary.LittleEndian.Uint64(hdr[8:]) != key.Chunk || binary.LittleEndian.Uint64(hdr[16:]) != key.Version {
-			f.Close()
-			continue
-		}
-		b := make([]byte, 16)
-		if _, err := f.ReadAt(b, store.DataOffset+100); err != nil {
-			t.Fatal(err)
-		}
-		for i := range b {
-			b[i] ^= 0xff
-		}
-		if _, err := f.WriteAt(b, store.DataOffset+100); err != nil {
-			t.Fatal(err)
-		}
-		f.Close()
-		return
-	}
-	t.Fatalf("no slot file of %v under %s", key, dir)
 }
 
 // TestVerifyCopies: with replication, the copies that differ from a strict

@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,7 +15,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/rdmafs/rdmafs/chunkserver/store"
+	"github.com/rdmafs/rdmafs/chunkserver/chunk"
+	"github.com/rdmafs/rdmafs/chunkserver/chunktest"
 	"github.com/rdmafs/rdmafs/meta/keys"
 	"github.com/rdmafs/rdmafs/meta/kv"
 	"github.com/rdmafs/rdmafs/meta/kv/bolt"
@@ -200,6 +200,17 @@ func TestCheckOnLiveCluster(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(c.MountPoint, "big"), pattern(4<<20, 5), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	var bigChunk uint64 // its shard on chunkserver 0
+	out, err := rdmafsOn(t, c, "info", "--json", filepath.Join(c.MountPoint, "big"))
+	var bigInfo infoJSON
+	if err != nil || json.Unmarshal([]byte(out), &bigInfo) != nil {
+		t.Fatalf("rdmafs info big: %v\n%s", err, out)
+	}
+	for _, sh := range bigInfo[0].Info.Stripes[0].Shards {
+		if sh.Address == c.Chunk[0].Addr {
+			bigChunk, _ = strconv.ParseUint(sh.ChunkID, 10, 64)
+		}
+	}
 	if out, err := rdmafsOn(t, c, "admin", "check", c.MetaAddr); err != nil || !strings.Contains(out, "no problems") {
 		t.Fatalf("check of a sound cluster: %v\n%s", err, out)
 	}
@@ -262,14 +273,18 @@ func TestCheckOnLiveCluster(t *testing.T) {
 	if err := c.KillChunkd(0); err != nil {
 		t.Fatal(err)
 	}
-	plantChunk(t, c.Chunk[0].Data, 999999)
+	big := chunktest.SlotFile(c.Chunk[0].Data, chunk.Key{Chunk: bigChunk})
+	if big == "" {
+		t.Fatalf("chunkserver 0 holds no shard of big")
+	}
+	chunktest.CopySlot(t, c.Chunk[0].Data, big, chunk.Key{Chunk: 999999, Version: 1})
 	if err := c.RestartChunkd(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := rdmafsOn(t, c, "admin", "scrub", c.MetaAddr, "--wait", "--interval", "100ms", "--timeout", "2m"); err != nil {
 		t.Fatalf("admin scrub --wait (the chunkservers' lists of chunks): %v\n%s", err, out)
 	}
-	out, err := rdmafsOn(t, c, "admin", "check", c.MetaAddr)
+	out, err = rdmafsOn(t, c, "admin", "check", c.MetaAddr)
 	if err == nil || !strings.Contains(out, fmt.Sprintf("inode %d: nlink 1 with 0 entries", orphan)) || !strings.Contains(out, fmt.Sprintf("inode %d: nlink 3 with 1 entries", linked)) ||
 		!strings.Contains(out, "chunk 999999 version 1 on chunkserver") || strings.Contains(out, "note:") {
 		t.Fatalf("check of a damaged cluster: %v, want a failure naming both inodes and the stray chunk, every chunkserver's list checked\n%s", err, out)
@@ -294,61 +309,12 @@ func TestCheckOnLiveCluster(t *testing.T) {
 		t.Fatalf("the file whose link count was raised: nlink %d, %v; want 1", stat.Nlink, err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for chunkFile(t, c.Chunk[0].Data, 999999) != "" {
+	for chunktest.SlotFile(c.Chunk[0].Data, chunk.Key{Chunk: 999999}) != "" {
 		if time.Now().After(deadline) {
 			t.Fatal("the stray chunk is still on its chunkserver 30s after the repair queued it for deletion")
 		}
 		time.Sleep(100 * time.Millisecond) // deleted at a heartbeat: nothing to wait on
 	}
-}
-
-// chunkFile returns the slot file holding chunk id under a chunkserver's
-// data directory, or "".
-func chunkFile(t *testing.T, chunkDir string, id uint64) string {
-	t.Helper()
-	paths, _ := filepath.Glob(filepath.Join(chunkDir, "chunks", "*", "*"))
-	for _, p := range paths {
-		f, err := os.Open(p)
-		if err != nil {
-			continue
-		}
-		var hdr [16]byte
-		_, err = f.ReadAt(hdr[:], 0)
-		f.Close()
-		if err == nil && binary.LittleEndian.Uint64(hdr[8:]) == id {
-			return p
-		}
-	}
-	return ""
-}
-
-// plantChunk copies a complete slot file of a stopped chunkserver under a
-// new slot as version 1 of chunk id.
-func plantChunk(t *testing.T, chunkDir string, id uint64) {
-	t.Helper()
-	paths, _ := filepath.Glob(filepath.Join(chunkDir, "chunks", "*", "*"))
-	for _, p := range paths {
-		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o400 {
-			continue // free or being written
-		}
-		b, err := os.ReadFile(p)
-		if err != nil || len(b) < 52 {
-			continue
-		}
-		binary.LittleEndian.PutUint64(b[8:], id)
-		binary.LittleEndian.PutUint64(b[16:], 1)
-		binary.LittleEndian.PutUint32(b[48:], store.Checksum(b[:48]))
-		const slot = 0x7000000001
-		dst := filepath.Join(chunkDir, "chunks", fmt.Sprintf("%02x", slot%256), fmt.Sprintf("%016x", slot))
-		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(dst, b, 0o400); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	t.Fatalf("no complete slot file under %s", chunkDir)
 }
 
 // How damage harms a chunk version's file.
@@ -365,50 +331,17 @@ func damage(t *testing.T, chunkDir, chunkID string, how int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	paths, _ := filepath.Glob(filepath.Join(chunkDir, "chunks", "*", "*"))
-	for _, p := range paths {
-		f, err := os.OpenFile(p, os.O_RDWR, 0)
-		if err != nil {
-			continue
-		}
-		var hdr [52]byte
-		_, err = f.ReadAt(hdr[:], 0)
-		if err != nil || binary.LittleEndian.Uint64(hdr[8:]) != id { // the header's chunk id
-			f.Close()
-			continue
-		}
-		if how == remove {
-			f.Close()
-			if err := os.Remove(p); err != nil {
-				t.Fatal(err)
-			}
-			return
-		}
-		b := make([]byte, 16)
-		if _, err := f.ReadAt(b, store.DataOffset+100); err != nil {
+	p := chunktest.SlotFile(chunkDir, chunk.Key{Chunk: id})
+	if p == "" {
+		t.Fatalf("no file of chunk %s under %s", chunkID, chunkDir)
+	}
+	if how == remove {
+		if err := os.Remove(p); err != nil {
 			t.Fatal(err)
 		}
-		for i := range b {
-			b[i] ^= 0xff
-		}
-		if _, err := f.WriteAt(b, store.DataOffset+100); err != nil {
-			t.Fatal(err)
-		}
-		if how == forge {
-			data := make([]byte, binary.LittleEndian.Uint64(hdr[24:]))
-			if _, err := f.ReadAt(data, store.DataOffset); err != nil {
-				t.Fatal(err)
-			}
-			binary.LittleEndian.PutUint32(hdr[32:], store.Checksum(data))
-			binary.LittleEndian.PutUint32(hdr[48:], store.Checksum(hdr[:48]))
-			if _, err := f.WriteAt(hdr[:], 0); err != nil {
-				t.Fatal(err)
-			}
-		}
-		f.Close()
 		return
 	}
-	t.Fatalf("no file of chunk %s under %s", chunkID, chunkDir)
+	chunktest.FlipData(t, p, how == forge)
 }
 
 // TestScrub damages three shards on disk (bytes flipped in two, one file
