@@ -18,24 +18,39 @@ import (
 func newAdminScrubCommand() *cobra.Command {
 	var mf metaFlags
 	var wf waitFlags
+	var inside string
 	cmd := &cobra.Command{
-		Use:   "scrub [META-ADDR] [--wait]",
+		Use:   "scrub [META-ADDR] [--path PATH] [--wait]",
 		Short: "Have every chunkserver read back and check all its chunks now",
 		Long: "Every chunkserver starts a scrub pass at once: it reads each chunk version it stores back\n" +
 			"from disk, checks its CRC32C, and reports the damaged or missing ones, which repair rebuilds\n" +
 			"from the other shards. The pass reads as fast as chunkd --scrub-rate allows. With --wait,\n" +
 			"show a progress bar until every chunkserver that is up has finished, then wait until what\n" +
 			"it found is repaired. Without a request, each chunkserver scrubs once per meta's\n" +
-			"--scrub-interval, spread evenly.",
+			"--scrub-interval, spread evenly. With --path (a path inside the file system), only the\n" +
+			"stripes of the files below it are read whole and their parity checked.",
 		RunE: mf.run(func(ctx context.Context, c *client.Client, cmd *cobra.Command, _ []string) error {
 			w := cmd.OutOrStdout()
 			before, err := c.Status(ctx, &metapb.StatusRequest{})
 			if err != nil {
 				return fmt.Errorf("status: %w", err)
 			}
-			r, err := c.Scrub(ctx, &metapb.ScrubRequest{})
+			req := &metapb.ScrubRequest{}
+			if inside != "" {
+				if req.Ino, err = resolvePath(ctx, c, inside); err != nil {
+					return err
+				}
+			}
+			r, err := c.Scrub(ctx, req)
 			if err != nil {
 				return fmt.Errorf("scrub: %w", err)
+			}
+			if req.Ino != 0 {
+				if !wf.wait {
+					fmt.Fprintf(w, "parity check of the stripes below %s requested (rdmafs status shows the progress)\n", inside)
+					return nil
+				}
+				return waitVerify(ctx, w, c, req, r.RequestedNs, before.GetScrub(), wf.every)
 			}
 			if !wf.wait {
 				fmt.Fprintln(w, "scrub requested: every chunkserver starts a pass at its next heartbeat (rdmafs status shows the progress)")
@@ -46,7 +61,53 @@ func newAdminScrubCommand() *cobra.Command {
 	}
 	mf.register(cmd, 0, 0)
 	wf.register(cmd, "wait until every chunkserver has finished its pass and what it found is repaired, showing progress")
+	cmd.Flags().StringVar(&inside, "path", "", "check only the parity of the stripes of the files below this path inside the file system")
 	return cmd
+}
+
+// scrubRepaired reports whether what a scrub found is repaired: no corrupt
+// version waits for its replacement, repair is idle and every stripe
+// healthy.
+func scrubRepaired(st *metapb.StatusReply) bool {
+	r := st.GetRepair()
+	return st.GetScrub().GetCorruptPending() == 0 && r.GetDegradedStripes() == 0 && r.GetLostStripes() == 0 &&
+		r.GetQueued() == 0 && r.GetInFlight() == 0
+}
+
+// waitVerify shows the progress of a parity check of a subtree until it is
+// done, then waits until what it found is repaired. A meta server that
+// restarted (it forgot the request) is asked again.
+func waitVerify(ctx context.Context, w io.Writer, c *client.Client, req *metapb.ScrubRequest, request int64, before *metapb.ScrubStatus, every time.Duration) error {
+	start := time.Now()
+	for {
+		st, err := c.Status(ctx, &metapb.StatusRequest{})
+		if err != nil {
+			return fmt.Errorf("status: %w", err)
+		}
+		sc := st.GetScrub()
+		if sc.GetVerifyRequestedNs() < request {
+			r, err := c.Scrub(ctx, req)
+			if err != nil {
+				return fmt.Errorf("scrub (again: the meta server restarted): %w", err)
+			}
+			request, before = r.RequestedNs, nil
+			continue
+		}
+		fmt.Fprintf(w, "\r%d stripes left to verify ", sc.GetStripesToVerify())
+		if sc.GetVerifyCoveredNs() >= request {
+			since := func(now, then uint64) uint64 { return now - min(now, then) }
+			fmt.Fprintf(w, "\n%d stripes' parity verified in %v, %d with a shard that disagrees, %d not verified (see meta's log)\n",
+				since(sc.GetStripesVerified(), before.GetStripesVerified()), time.Since(start).Round(100*time.Millisecond),
+				since(sc.GetParityMismatches(), before.GetParityMismatches()), since(sc.GetVerifyFailed(), before.GetVerifyFailed()))
+			return waitRepair(ctx, w, c, true, every, scrubRepaired)
+		}
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(w)
+			return fmt.Errorf("scrub not finished: %w", ctx.Err())
+		case <-time.After(every):
+		}
+	}
 }
 
 // waitScrub shows the progress of the passes that cover request until every
@@ -110,13 +171,7 @@ func waitScrub(ctx context.Context, w io.Writer, c *client.Client, request int64
 				"%d stripes' parity verified, %d with a shard that disagrees, %d not verified (see meta's log)\n",
 				humanBytes(done), up, elapsed.Round(100*time.Millisecond), corrupt,
 				since(sc.GetStripesVerified(), before.GetStripesVerified()), mismatched, since(sc.GetVerifyFailed(), before.GetVerifyFailed()))
-			// Done once no corrupt version waits for its replacement and
-			// repair is idle with every stripe healthy.
-			return waitRepair(ctx, w, c, true, every, func(st *metapb.StatusReply) bool {
-				r := st.GetRepair()
-				return st.GetScrub().GetCorruptPending() == 0 && r.GetDegradedStripes() == 0 && r.GetLostStripes() == 0 &&
-					r.GetQueued() == 0 && r.GetInFlight() == 0
-			})
+			return waitRepair(ctx, w, c, true, every, scrubRepaired)
 		}
 		select {
 		case <-ctx.Done():

@@ -129,9 +129,8 @@ func infoFromMount(p string) ([]*metapb.InfoReply, error) {
 	}
 }
 
-// infoFromMeta resolves p from the file system's root and reads its Info
-// pages from meta.
-func infoFromMeta(ctx context.Context, c *client.Client, p string) ([]*metapb.InfoReply, error) {
+// resolvePath looks up p, a path inside the file system, from its root.
+func resolvePath(ctx context.Context, c *client.Client, p string) (uint64, error) {
 	ino := uint64(core.RootIno)
 	for _, name := range strings.Split(path.Clean("/"+p), "/") {
 		if name == "" {
@@ -139,9 +138,19 @@ func infoFromMeta(ctx context.Context, c *client.Client, p string) ([]*metapb.In
 		}
 		r, err := c.Lookup(ctx, &metapb.LookupRequest{Parent: ino, Name: name})
 		if err != nil {
-			return nil, fmt.Errorf("%s: %q: %w", p, name, err)
+			return 0, fmt.Errorf("%s: %q: %w", p, name, err)
 		}
 		ino = r.Attr.Ino
+	}
+	return ino, nil
+}
+
+// infoFromMeta resolves p from the file system's root and reads its Info
+// pages from meta.
+func infoFromMeta(ctx context.Context, c *client.Client, p string) ([]*metapb.InfoReply, error) {
+	ino, err := resolvePath(ctx, c, p)
+	if err != nil {
+		return nil, err
 	}
 	var pages []*metapb.InfoReply
 	first := uint64(0)

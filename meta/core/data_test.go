@@ -111,7 +111,7 @@ func TestLayouts(t *testing.T) {
 		}(); metaerr.Errno(err) != syscall.EACCES {
 			t.Fatalf("alice mkdir in root: %v", err)
 		}
-		e.chunkservers(6)
+		e.chunkservers(6, "z1", "z2", "z3")
 		d := e.mkdir(root, RootIno, "ld", 0o777)
 		if _, err := e.s.SetAttr(e.ctx, &metapb.SetAttrRequest{Ino: d, SetUid: true, Uid: alice.Uid}); err != nil {
 			t.Fatal(err)
@@ -128,6 +128,7 @@ func TestLayouts(t *testing.T) {
 			{"k=0", alice, d, &metapb.Layout{K: 0, M: 2, Unit: 4096}, syscall.EINVAL},
 			{"unit not 4k multiple", alice, d, &metapb.Layout{K: 2, M: 1, Unit: 5000}, syscall.EINVAL},
 			{"wider than the cluster", alice, d, &metapb.Layout{K: 5, M: 2, Unit: 4096}, syscall.EINVAL},
+			{"more shards in a zone than parity", alice, d, &metapb.Layout{K: 4, M: 1, Unit: 4096}, syscall.EINVAL},
 			{"not owner", carol, d, rep, syscall.EPERM},
 			{"on a file", alice, before, rep, syscall.ENOTDIR},
 			{"replication", alice, d, rep, 0},

@@ -114,16 +114,15 @@ func fileStripes(r kv.Reader, ino, first, count uint64) ([]scannedStripe, uint64
 // errStopScan ends a Scan early.
 var errStopScan = metaerr.New(syscall.ECANCELED, "scan stopped")
 
-// treeTotals walks the tree below dir and sums it; it returns the committed
-// stripes of its files, whose health the caller adds.
-func treeTotals(ctx context.Context, r kv.Reader, dir uint64) (*metapb.TreeTotals, []scannedStripe, error) {
-	t := &metapb.TreeTotals{Directories: 1}
-	var stripes []scannedStripe
+// walkTree calls fn with each inode below dir, once each (hard links
+// counted once), directories before what they hold; past maxInfoTree
+// inodes it fails with EFBIG.
+func walkTree(ctx context.Context, r kv.Reader, dir uint64, fn func(de *metapb.DentryRecord) error) error {
 	queue := []uint64{dir}
 	seen := map[uint64]bool{dir: true}
 	for len(queue) > 0 {
 		if err := ctx.Err(); err != nil {
-			return nil, nil, err
+			return err
 		}
 		d := queue[0]
 		queue = queue[1:]
@@ -137,40 +136,59 @@ func treeTotals(ctx context.Context, r kv.Reader, dir uint64) (*metapb.TreeTotal
 			children = append(children, de)
 			return nil
 		}); err != nil {
-			return nil, nil, err
+			return err
 		}
 		for _, de := range children {
 			if seen[de.Ino] {
-				continue // a hard link counted already
+				continue // a hard link seen already
 			}
 			seen[de.Ino] = true
 			if len(seen) > maxInfoTree {
-				return nil, nil, metaerr.New(syscall.EFBIG, "the tree below directory %d has more than %d inodes", dir, maxInfoTree)
+				return metaerr.New(syscall.EFBIG, "the tree below directory %d has more than %d inodes", dir, maxInfoTree)
 			}
-			switch de.Type {
-			case syscall.S_IFDIR:
-				t.Directories++
+			if de.Type == syscall.S_IFDIR {
 				queue = append(queue, de.Ino)
-			case syscall.S_IFREG:
-				rec, err := getInode(r, de.Ino)
-				if err != nil {
-					return nil, nil, err
-				}
-				t.Files++
-				t.Bytes += rec.Attr.Size
-				st, _, err := fileStripes(r, de.Ino, 0, ^uint64(0))
-				if err != nil {
-					return nil, nil, err
-				}
-				t.Stripes += uint64(len(st))
-				stripes = append(stripes, st...)
-				if len(stripes) > maxInfoStripes {
-					return nil, nil, metaerr.New(syscall.EFBIG, "the tree below directory %d has more than %d stripes", dir, maxInfoStripes)
-				}
-			default:
-				t.Others++
+			}
+			if err := fn(de); err != nil {
+				return err
 			}
 		}
+	}
+	return nil
+}
+
+// treeTotals walks the tree below dir and sums it; it returns the committed
+// stripes of its files, whose health the caller adds.
+func treeTotals(ctx context.Context, r kv.Reader, dir uint64) (*metapb.TreeTotals, []scannedStripe, error) {
+	t := &metapb.TreeTotals{Directories: 1}
+	var stripes []scannedStripe
+	err := walkTree(ctx, r, dir, func(de *metapb.DentryRecord) error {
+		switch de.Type {
+		case syscall.S_IFDIR:
+			t.Directories++
+		case syscall.S_IFREG:
+			rec, err := getInode(r, de.Ino)
+			if err != nil {
+				return err
+			}
+			t.Files++
+			t.Bytes += rec.Attr.Size
+			st, _, err := fileStripes(r, de.Ino, 0, ^uint64(0))
+			if err != nil {
+				return err
+			}
+			t.Stripes += uint64(len(st))
+			stripes = append(stripes, st...)
+			if len(stripes) > maxInfoStripes {
+				return metaerr.New(syscall.EFBIG, "the tree below directory %d has more than %d stripes", dir, maxInfoStripes)
+			}
+		default:
+			t.Others++
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
 	}
 	return t, stripes, nil
 }

@@ -133,17 +133,24 @@ func (m *members) withAddresses(shards []*metapb.Shard) []*metapb.Shard {
 }
 
 // memberCount returns how many chunkservers are registered and not
-// retiring, up or down.
-func (m *members) memberCount() int {
+// retiring, up or down, and in how many zones when every one of them has a
+// zone (0 when one has none).
+func (m *members) memberCount() (n, zones int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	n := 0
+	seen := map[string]bool{}
+	labelled := true
 	for _, mb := range m.byID {
 		if !mb.retiring() {
 			n++
+			seen[mb.rec.Zone] = true
+			labelled = labelled && mb.rec.Zone != ""
 		}
 	}
-	return n
+	if !labelled {
+		return n, 0
+	}
+	return n, len(seen)
 }
 
 // canKeep reports whether a new version of shards can be written in place:

@@ -26,21 +26,55 @@ import (
 
 // scrubState is meta's side of scrubbing (under members.mu).
 type scrubState struct {
-	requested   int64                          // the last Scrub call (0: none since start)
+	requested   int64                          // the last Scrub call of everything (0: none since start)
+	verifyReq   int64                          // the last Scrub call, of everything or of a subtree
+	verifyScope map[uint64]bool                // the files of verifyReq's subtree (nil: every file)
 	reports     map[string]*metapb.ScrubReport // by chunkserver, from heartbeats
 	inventories map[string]*inventory          // by chunkserver, after its scrub passes
 }
 
 // Scrub implements metapb.MetaServer: every chunkserver starts a pass now
-// (at its rate cap) unless one started after the request already.
+// (at its rate cap) unless one started after the request already, and
+// every stripe's parity is checked; with req.Ino, only the parity of the
+// stripes of the files below it.
 func (s *Service) Scrub(ctx context.Context, req *metapb.ScrubRequest) (*metapb.ScrubReply, error) {
+	var scope map[uint64]bool
+	if req.Ino != 0 {
+		scope = map[uint64]bool{}
+		err := s.view(ctx, func(r kv.Reader) error {
+			clear(scope)
+			rec, err := getInode(r, req.Ino)
+			if err != nil {
+				return err
+			}
+			if !isDir(rec.Attr) {
+				scope[req.Ino] = true
+				return nil
+			}
+			return walkTree(ctx, r, req.Ino, func(de *metapb.DentryRecord) error {
+				if de.Type == syscall.S_IFREG {
+					scope[de.Ino] = true
+				}
+				return nil
+			})
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
 	now := s.now().UnixNano()
 	s.members.mu.Lock()
 	defer s.members.mu.Unlock()
-	s.scrub.requested = max(now, s.scrub.requested+1)
-	s.log.Info("scrub requested: every chunkserver verifies its chunks now, and the stripes' parity")
+	t := max(now, s.scrub.verifyReq+1, s.scrub.requested+1)
+	s.scrub.verifyReq, s.scrub.verifyScope = t, scope
+	if scope == nil {
+		s.scrub.requested = t
+		s.log.Info("scrub requested: every chunkserver verifies its chunks now, and the stripes' parity")
+	} else {
+		s.log.Info("scrub requested: the parity of the stripes of the files below an inode", "ino", req.Ino, "files", len(scope))
+	}
 	defer s.kickRepair() // the verifications are planned at the next scan
-	return &metapb.ScrubReply{RequestedNs: s.scrub.requested}, nil
+	return &metapb.ScrubReply{RequestedNs: t}, nil
 }
 
 // forgetDeletedLocked drops from id's list the versions it reports deleted
@@ -69,7 +103,7 @@ func (s *Service) noteScrubLocked(id string, r *metapb.ScrubReport, out *metapb.
 // scrubStatusLocked sums the reports of the chunkservers in cs, filling in
 // each one's (the caller holds members.mu).
 func (s *Service) scrubStatusLocked(cs []*metapb.ChunkserverStatus) *metapb.ScrubStatus {
-	st := &metapb.ScrubStatus{IntervalNs: s.cfg.ScrubInterval.Nanoseconds(), RequestedNs: s.scrub.requested}
+	st := &metapb.ScrubStatus{IntervalNs: s.cfg.ScrubInterval.Nanoseconds(), RequestedNs: s.scrub.requested, VerifyRequestedNs: s.scrub.verifyReq}
 	oldest, all := int64(0), true
 	for _, c := range cs {
 		r := s.scrub.reports[c.Id]
@@ -144,10 +178,10 @@ func (s *Service) planVerifiesLocked(stripes []scannedStripe, now time.Time) {
 		}
 		return true
 	}
-	if req := s.scrub.requested; req > v.covered {
+	if req := s.scrub.verifyReq; req > v.covered {
 		v.pass = req
 		for _, sc := range stripes {
-			if eligible(sc) {
+			if eligible(sc) && (s.scrub.verifyScope == nil || s.scrub.verifyScope[sc.key.ino]) {
 				v.queue = append(v.queue, &verifyItem{sc.key, sc.st})
 			}
 		}

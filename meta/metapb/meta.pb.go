@@ -4947,8 +4947,12 @@ func (x *InventoryRequest) GetLast() bool {
 	return false
 }
 
+// ScrubRequest asks for a scrub now: of everything (every chunkserver's
+// disk pass and every stripe's parity), or, with ino, the parity check of
+// the stripes of the files below that directory (or of that file) only.
 type ScrubRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4981,6 +4985,13 @@ func (x *ScrubRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ScrubRequest.ProtoReflect.Descriptor instead.
 func (*ScrubRequest) Descriptor() ([]byte, []int) {
 	return file_meta_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *ScrubRequest) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
 }
 
 type ScrubReply struct {
@@ -5881,14 +5892,15 @@ type ScrubStatus struct {
 	// Parity verification: chunkservers' repair workers read whole stripes
 	// and check the parity against the data, every stripe once per interval
 	// and all at once after a request.
-	StripesVerified  uint64 `protobuf:"varint,7,opt,name=stripes_verified,json=stripesVerified,proto3" json:"stripes_verified,omitempty"`    // since meta started
-	ParityMismatches uint64 `protobuf:"varint,8,opt,name=parity_mismatches,json=parityMismatches,proto3" json:"parity_mismatches,omitempty"` // stripes whose shards disagreed
-	StripesToVerify  uint64 `protobuf:"varint,9,opt,name=stripes_to_verify,json=stripesToVerify,proto3" json:"stripes_to_verify,omitempty"`  // left in the pass a request started
-	VerifyCoveredNs  int64  `protobuf:"varint,10,opt,name=verify_covered_ns,json=verifyCoveredNs,proto3" json:"verify_covered_ns,omitempty"` // the latest request a finished verify pass covers
-	VerifyFailed     uint64 `protobuf:"varint,11,opt,name=verify_failed,json=verifyFailed,proto3" json:"verify_failed,omitempty"`            // verifications not done (a shard unreadable, no memory, timed out)
-	CorruptPending   uint64 `protobuf:"varint,12,opt,name=corrupt_pending,json=corruptPending,proto3" json:"corrupt_pending,omitempty"`      // corrupt versions the up chunkservers hold, not yet replaced
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	StripesVerified   uint64 `protobuf:"varint,7,opt,name=stripes_verified,json=stripesVerified,proto3" json:"stripes_verified,omitempty"`          // since meta started
+	ParityMismatches  uint64 `protobuf:"varint,8,opt,name=parity_mismatches,json=parityMismatches,proto3" json:"parity_mismatches,omitempty"`       // stripes whose shards disagreed
+	StripesToVerify   uint64 `protobuf:"varint,9,opt,name=stripes_to_verify,json=stripesToVerify,proto3" json:"stripes_to_verify,omitempty"`        // left in the pass a request started
+	VerifyCoveredNs   int64  `protobuf:"varint,10,opt,name=verify_covered_ns,json=verifyCoveredNs,proto3" json:"verify_covered_ns,omitempty"`       // the latest request a finished verify pass covers
+	VerifyFailed      uint64 `protobuf:"varint,11,opt,name=verify_failed,json=verifyFailed,proto3" json:"verify_failed,omitempty"`                  // verifications not done (a shard unreadable, no memory, timed out)
+	CorruptPending    uint64 `protobuf:"varint,12,opt,name=corrupt_pending,json=corruptPending,proto3" json:"corrupt_pending,omitempty"`            // corrupt versions the up chunkservers hold, not yet replaced
+	VerifyRequestedNs int64  `protobuf:"varint,13,opt,name=verify_requested_ns,json=verifyRequestedNs,proto3" json:"verify_requested_ns,omitempty"` // the last request of a parity check, whole or of a subtree
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ScrubStatus) Reset() {
@@ -6001,6 +6013,13 @@ func (x *ScrubStatus) GetVerifyFailed() uint64 {
 func (x *ScrubStatus) GetCorruptPending() uint64 {
 	if x != nil {
 		return x.CorruptPending
+	}
+	return 0
+}
+
+func (x *ScrubStatus) GetVerifyRequestedNs() int64 {
+	if x != nil {
+		return x.VerifyRequestedNs
 	}
 	return 0
 }
@@ -8198,8 +8217,9 @@ const file_meta_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
 	"\btaken_ns\x18\x02 \x01(\x03R\atakenNs\x120\n" +
 	"\x06chunks\x18\x03 \x03(\v2\x18.rdmafs.meta.v1.ChunkRefR\x06chunks\x12\x12\n" +
-	"\x04last\x18\x04 \x01(\bR\x04last\"\x0e\n" +
-	"\fScrubRequest\"/\n" +
+	"\x04last\x18\x04 \x01(\bR\x04last\" \n" +
+	"\fScrubRequest\x12\x10\n" +
+	"\x03ino\x18\x01 \x01(\x04R\x03ino\"/\n" +
 	"\n" +
 	"ScrubReply\x12!\n" +
 	"\frequested_ns\x18\x01 \x01(\x03R\vrequestedNs\"c\n" +
@@ -8278,7 +8298,7 @@ const file_meta_proto_rawDesc = "" +
 	"\bsessions\x18\b \x01(\x04R\bsessions\x12'\n" +
 	"\x0fpending_deletes\x18\t \x01(\x04R\x0ependingDeletes\x124\n" +
 	"\x06repair\x18d \x01(\v2\x1c.rdmafs.meta.v1.RepairStatusR\x06repair\x121\n" +
-	"\x05scrub\x18e \x01(\v2\x1b.rdmafs.meta.v1.ScrubStatusR\x05scrub\"\xe5\x03\n" +
+	"\x05scrub\x18e \x01(\v2\x1b.rdmafs.meta.v1.ScrubStatusR\x05scrub\"\x95\x04\n" +
 	"\vScrubStatus\x12\x1f\n" +
 	"\vinterval_ns\x18\x01 \x01(\x03R\n" +
 	"intervalNs\x12!\n" +
@@ -8294,7 +8314,8 @@ const file_meta_proto_rawDesc = "" +
 	"\x11verify_covered_ns\x18\n" +
 	" \x01(\x03R\x0fverifyCoveredNs\x12#\n" +
 	"\rverify_failed\x18\v \x01(\x04R\fverifyFailed\x12'\n" +
-	"\x0fcorrupt_pending\x18\f \x01(\x04R\x0ecorruptPending\"\xde\x01\n" +
+	"\x0fcorrupt_pending\x18\f \x01(\x04R\x0ecorruptPending\x12.\n" +
+	"\x13verify_requested_ns\x18\r \x01(\x03R\x11verifyRequestedNs\"\xde\x01\n" +
 	"\vInodeRecord\x12(\n" +
 	"\x04attr\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x04attr\x12\x18\n" +
 	"\asymlink\x18\x02 \x01(\tR\asymlink\x12\x16\n" +
