@@ -109,6 +109,11 @@ func newLayoutSetCommand() *cobra.Command {
 				return err
 			}
 			if err := unix.Setxattr(dir, fs.LayoutXattr, []byte(l.String()), 0); err != nil {
+				if errors.Is(err, syscall.EINVAL) {
+					// The layout itself was valid: the cluster refused it.
+					return fmt.Errorf("%s: set layout %s: %w: the cluster has fewer than %d chunkservers, or so few zones that one would hold more than %d shards (the meta server's log says which)",
+						dir, l, err, l.K+l.M, l.M)
+				}
 				return fmt.Errorf("%s: set layout %s: %w", dir, l, err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", dir, describeLayout(l))
