@@ -82,9 +82,19 @@ func (s *Service) Scrub(ctx context.Context, req *metapb.ScrubRequest) (*metapb.
 func (s *Service) forgetDeletedLocked(id string, deleted []*metapb.ChunkRef) {
 	if inv := s.scrub.inventories[id]; inv != nil {
 		for _, d := range deleted {
-			delete(inv.chunks, chunkRef{id, d.ChunkId, d.Version})
+			ref := chunkRef{id, d.ChunkId, d.Version}
+			delete(inv.chunks, ref)
+			if !inv.complete {
+				inv.gone[ref] = struct{}{}
+			}
 		}
 	}
+}
+
+// isGone reports whether ref was reported deleted since the list began.
+func (inv *inventory) isGone(ref chunkRef) bool {
+	_, gone := inv.gone[ref]
+	return gone
 }
 
 // noteScrubLocked keeps a chunkserver's report and returns what its
@@ -336,6 +346,7 @@ const maxInventory = 1 << 24
 type inventory struct {
 	taken     int64
 	chunks    map[chunkRef]struct{} // less those deleted since (heartbeats report them)
+	gone      map[chunkRef]struct{} // deleted since the list began: a later part must not add them back
 	complete  bool
 	completed time.Time // by meta's clock
 	overflow  bool
@@ -362,7 +373,7 @@ func (s *Service) Inventory(ctx context.Context, req *metapb.InventoryRequest) (
 	}
 	inv := s.scrub.inventories[req.Id]
 	if inv == nil || inv.taken != req.TakenNs {
-		inv = &inventory{taken: req.TakenNs, chunks: map[chunkRef]struct{}{}}
+		inv = &inventory{taken: req.TakenNs, chunks: map[chunkRef]struct{}{}, gone: map[chunkRef]struct{}{}}
 		s.scrub.inventories[req.Id] = inv
 	}
 	if inv.complete {
@@ -373,10 +384,12 @@ func (s *Service) Inventory(ctx context.Context, req *metapb.InventoryRequest) (
 			inv.overflow = true
 			break
 		}
-		inv.chunks[chunkRef{req.Id, c.ChunkId, c.Version}] = struct{}{}
+		if ref := (chunkRef{req.Id, c.ChunkId, c.Version}); !inv.isGone(ref) {
+			inv.chunks[ref] = struct{}{}
+		}
 	}
 	if req.Last {
-		inv.complete, inv.completed = true, s.now()
+		inv.complete, inv.completed, inv.gone = true, s.now(), nil
 	}
 	return &metapb.Empty{}, nil
 }

@@ -1,7 +1,10 @@
 package core
 
 import (
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
@@ -87,6 +90,71 @@ func TestVerifyPlanning(t *testing.T) {
 		}
 		if repair == nil || repair.Ino != tasks[0].Ino || repair.Shard != 2 {
 			t.Fatalf("repair after the mismatch: %v, want shard 2 of inode %d", repair, tasks[0].Ino)
+		}
+	})
+}
+
+// TestInventoryCheck: check reports the chunk versions a chunkserver's list
+// names that nothing references, once the list is complete and older than
+// the check; versions a heartbeat reports deleted drop out, also when a
+// later part of a list in progress names them again; --repair queues the
+// stray for deletion.
+func TestInventoryCheck(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		e.chunkservers(6)
+		f := e.create(root, RootIno, "f", 0o644)
+		e.putStripe(f, 0, 1, 0, 1, 2, 3, 4, 5) // chunks 100*f.., version 1
+		inv := func(last bool, refs ...uint64) {
+			t.Helper()
+			req := &metapb.InventoryRequest{Id: csID(0), TakenNs: 7, Last: last}
+			for _, c := range refs {
+				req.Chunks = append(req.Chunks, &metapb.ChunkRef{ChunkId: c, Version: 1})
+			}
+			if _, err := e.s.Inventory(e.ctx, req); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Only what the lists give matters here (the stripe put behind
+		// the service's back makes its file's stored bytes wrong too).
+		check := func(repair bool) *metapb.CheckReply {
+			t.Helper()
+			r, err := e.s.Check(e.ctx, &metapb.CheckRequest{Repair: repair})
+			if err != nil {
+				t.Fatal(err)
+			}
+			chunks := func(l []string) []string {
+				return slices.DeleteFunc(l, func(p string) bool { return !strings.HasPrefix(p, "chunk ") })
+			}
+			r.Problems, r.Repaired = chunks(r.Problems), chunks(r.Repaired)
+			return r
+		}
+		inv(false, 100*f, 77, 78)
+		// 78 is deleted (and reported) while the list is in progress; the
+		// last part names it again.
+		if _, err := e.s.Heartbeat(e.ctx, &metapb.HeartbeatRequest{Id: csID(0), Deleted: []*metapb.ChunkRef{{ChunkId: 78, Version: 1}}}); err != nil {
+			t.Fatal(err)
+		}
+		inv(true, 78)
+		e.clock.Advance(time.Second)
+		r := check(false)
+		if len(r.Problems) != 1 || !strings.Contains(r.Problems[0], "chunk 77 version 1 on chunkserver cs0: nothing references it") {
+			t.Fatalf("problems %q, want chunk 77 alone", r.Problems)
+		}
+		r = check(true)
+		if len(r.Repaired) != 1 || !e.hasGC(csID(0), 77, 1) {
+			t.Fatalf("repair %q: chunk 77 not queued for deletion", r.Repaired)
+		}
+		if r := check(false); len(r.Problems) != 0 {
+			t.Fatalf("after the repair: %q", r.Problems)
+		}
+		// A list that arrives after the check began is left for the next.
+		e.clock.Advance(time.Second)
+		if _, err := e.s.Inventory(e.ctx, &metapb.InventoryRequest{Id: csID(1), TakenNs: 9, Last: true,
+			Chunks: []*metapb.ChunkRef{{ChunkId: 99, Version: 1}}}); err != nil {
+			t.Fatal(err)
+		}
+		if r := check(false); len(r.Problems) != 0 || !slices.ContainsFunc(r.Notes, func(n string) bool { return strings.Contains(n, "arrived during the check") }) {
+			t.Fatalf("a list as new as the check: problems %q, notes %q", r.Problems, r.Notes)
 		}
 	})
 }

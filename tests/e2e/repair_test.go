@@ -484,4 +484,8 @@ func TestLayoutCommand(t *testing.T) {
 	if out, err := rdmafs(t, "layout", "set", dir, "--ec", "0+1"); err == nil {
 		t.Fatalf("layout set --ec 0+1 succeeded:\n%s", out)
 	}
+	// Wider than the cluster: refused, saying why it may be.
+	if out, err := rdmafs(t, "layout", "set", dir, "--ec", "8+3"); err == nil || !strings.Contains(out, "fewer than 11 chunkservers") {
+		t.Fatalf("layout set --ec 8+3 on a cluster of %d chunkservers: %v\n%s", len(c.Chunk), err, out)
+	}
 }
