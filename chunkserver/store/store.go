@@ -1120,7 +1120,12 @@ func (s *Store) trim() {
 // ReadInto reads version key into dst, which must hold its length, verifies the
 // checksum and returns the version's info. Damaged data fails with ErrCorrupt.
 func (s *Store) ReadInto(key chunk.Key, dst []byte) (chunk.Info, error) {
-	info, err := s.readInto(key, dst)
+	return s.read(key, dst, false)
+}
+
+// read is ReadInto, and Verify with uncached.
+func (s *Store) read(key chunk.Key, dst []byte, uncached bool) (chunk.Info, error) {
+	info, err := s.readInto(key, dst, uncached)
 	if err != nil && errors.Is(err, ErrCorrupt) {
 		// Deleted while we read, and its slot already reused?
 		if _, serr := s.Stat(key); serr != nil {
@@ -1136,19 +1141,10 @@ func (s *Store) ReadInto(key chunk.Key, dst []byte) (chunk.Info, error) {
 // store, fails with ErrCorrupt; a version deleted meanwhile with
 // ErrNotFound. Scrubbing calls it.
 func (s *Store) Verify(key chunk.Key, dst []byte) (chunk.Info, error) {
-	s.mu.Lock()
-	sl, ok := s.slotOf[key]
-	s.mu.Unlock()
-	if ok {
-		if f, err := os.Open(s.slotPath(sl.n)); err == nil {
-			_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED) // advice: a failure only means cached reads
-			f.Close()
-		}
-	}
-	return s.ReadInto(key, dst)
+	return s.read(key, dst, true)
 }
 
-func (s *Store) readInto(key chunk.Key, dst []byte) (chunk.Info, error) {
+func (s *Store) readInto(key chunk.Key, dst []byte, uncached bool) (chunk.Info, error) {
 	s.mu.Lock()
 	info, ok := s.chunks[key.Chunk][key.Version]
 	sl := s.slotOf[key]
@@ -1170,6 +1166,9 @@ func (s *Store) readInto(key chunk.Key, dst []byte) (chunk.Info, error) {
 		return chunk.Info{}, fmt.Errorf("read %v: %w", key, err)
 	}
 	defer f.Close()
+	if uncached {
+		_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED) // advice: a failure only means cached reads
+	}
 	var hdr [HeaderLen]byte
 	if _, err := f.ReadAt(hdr[:], 0); err != nil {
 		return chunk.Info{}, fmt.Errorf("read %v header: %w: %v", key, ErrCorrupt, err)

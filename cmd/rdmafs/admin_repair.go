@@ -102,10 +102,8 @@ func waitRepair(ctx context.Context, w io.Writer, c *client.Client, wait bool, e
 		if finished {
 			frac = 1
 		}
-		const width = 40
-		bar := strings.Repeat("#", int(frac*width)) + strings.Repeat(".", width-int(frac*width))
-		fmt.Fprintf(w, "\r[%s] %3.0f%%  %d healthy %d degraded %d lost  queue %d  in flight %d  %s/s ",
-			bar, frac*100, r.GetHealthyStripes(), r.GetDegradedStripes(), r.GetLostStripes(), r.GetQueued(), r.GetInFlight(),
+		fmt.Fprintf(w, "\r%s  %d healthy %d degraded %d lost  queue %d  in flight %d  %s/s ",
+			progressBar(frac), r.GetHealthyStripes(), r.GetDegradedStripes(), r.GetLostStripes(), r.GetQueued(), r.GetInFlight(),
 			humanBytes(uint64(r.GetBytesPerSecond())))
 		if finished {
 			fmt.Fprintf(w, "\nfull redundancy: %d stripes healthy, %s rebuilt\n", r.GetHealthyStripes(), humanBytes(r.GetBytesRebuilt()))
@@ -118,6 +116,13 @@ func waitRepair(ctx context.Context, w io.Writer, c *client.Client, wait bool, e
 		case <-time.After(every):
 		}
 	}
+}
+
+// progressBar draws frac (0 to 1) as a bar of 40 and a percentage.
+func progressBar(frac float64) string {
+	const width = 40
+	n := int(frac * width)
+	return fmt.Sprintf("[%s%s] %3.0f%%", strings.Repeat("#", n), strings.Repeat(".", width-n), frac*100)
 }
 
 func lostErr(r *metapb.RepairStatus) error {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -45,18 +44,15 @@ func newAdminScrubCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("scrub: %w", err)
 			}
-			if req.Ino != 0 {
-				if !wf.wait {
-					fmt.Fprintf(w, "parity check of the stripes below %s requested (rdmafs status shows the progress)\n", inside)
-					return nil
-				}
-				return waitVerify(ctx, w, c, req, r.RequestedNs, before.GetScrub(), wf.every)
-			}
-			if !wf.wait {
+			switch {
+			case wf.wait:
+				return waitScrub(ctx, w, c, req, r.RequestedNs, before.GetScrub(), wf.every)
+			case req.Ino != 0:
+				fmt.Fprintf(w, "parity check of the stripes below %s requested (rdmafs status shows the progress)\n", inside)
+			default:
 				fmt.Fprintln(w, "scrub requested: every chunkserver starts a pass at its next heartbeat (rdmafs status shows the progress)")
-				return nil
 			}
-			return waitScrub(ctx, w, c, r.RequestedNs, before.GetScrub(), wf.every)
+			return nil
 		}),
 	}
 	mf.register(cmd, 0, 0)
@@ -74,11 +70,14 @@ func scrubRepaired(st *metapb.StatusReply) bool {
 		r.GetQueued() == 0 && r.GetInFlight() == 0
 }
 
-// waitVerify shows the progress of a parity check of a subtree until it is
-// done, then waits until what it found is repaired. A meta server that
-// restarted (it forgot the request) is asked again.
-func waitVerify(ctx context.Context, w io.Writer, c *client.Client, req *metapb.ScrubRequest, request int64, before *metapb.ScrubStatus, every time.Duration) error {
+// waitScrub shows the progress of the work req asked for (a pass on every
+// up chunkserver and the parity of every stripe, or with req.Ino the
+// parity of a subtree's stripes) until it covers request, then waits until
+// what it found is repaired. A meta server that restarted (it forgot the
+// request) is asked again.
+func waitScrub(ctx context.Context, w io.Writer, c *client.Client, req *metapb.ScrubRequest, request int64, before *metapb.ScrubStatus, every time.Duration) error {
 	start := time.Now()
+	whole := req.Ino == 0
 	for {
 		st, err := c.Status(ctx, &metapb.StatusRequest{})
 		if err != nil {
@@ -93,47 +92,10 @@ func waitVerify(ctx context.Context, w io.Writer, c *client.Client, req *metapb.
 			request, before = r.RequestedNs, nil
 			continue
 		}
-		fmt.Fprintf(w, "\r%d stripes left to verify ", sc.GetStripesToVerify())
-		if sc.GetVerifyCoveredNs() >= request {
-			since := func(now, then uint64) uint64 { return now - min(now, then) }
-			fmt.Fprintf(w, "\n%d stripes' parity verified in %v, %d with a shard that disagrees, %d not verified (see meta's log)\n",
-				since(sc.GetStripesVerified(), before.GetStripesVerified()), time.Since(start).Round(100*time.Millisecond),
-				since(sc.GetParityMismatches(), before.GetParityMismatches()), since(sc.GetVerifyFailed(), before.GetVerifyFailed()))
-			return waitRepair(ctx, w, c, true, every, scrubRepaired)
-		}
-		select {
-		case <-ctx.Done():
-			fmt.Fprintln(w)
-			return fmt.Errorf("scrub not finished: %w", ctx.Err())
-		case <-time.After(every):
-		}
-	}
-}
-
-// waitScrub shows the progress of the passes that cover request until every
-// up chunkserver has finished one and every stripe is verified, then waits
-// until what they found is repaired. A meta server that restarted (it
-// forgot the request) is asked again.
-func waitScrub(ctx context.Context, w io.Writer, c *client.Client, request int64, before *metapb.ScrubStatus, every time.Duration) error {
-	start := time.Now()
-	for {
-		st, err := c.Status(ctx, &metapb.StatusRequest{})
-		if err != nil {
-			return fmt.Errorf("status: %w", err)
-		}
-		sc := st.GetScrub()
-		if sc.GetRequestedNs() < request {
-			r, err := c.Scrub(ctx, &metapb.ScrubRequest{})
-			if err != nil {
-				return fmt.Errorf("scrub (again: the meta server restarted): %w", err)
-			}
-			request, before = r.RequestedNs, nil
-			continue
-		}
 		var done, total uint64
 		up, finished := 0, 0
 		for _, cs := range st.Chunkservers {
-			if !cs.Up {
+			if !cs.Up || !whole {
 				continue
 			}
 			up++
@@ -150,27 +112,32 @@ func waitScrub(ctx context.Context, w io.Writer, c *client.Client, request int64
 				total += sr.GetPassTotal() // its last pass's size, until the new one starts
 			}
 		}
-		complete := up > 0 && finished == up && sc.GetVerifyCoveredNs() >= request
-		frac := 0.0
-		switch {
-		case complete:
-			frac = 1
-		case total > 0:
-			frac = min(float64(done)/float64(total), 0.99)
-		}
-		const width = 40
-		bar := strings.Repeat("#", int(frac*width)) + strings.Repeat(".", width-int(frac*width))
+		complete := finished == up && (up > 0 || !whole) && sc.GetVerifyCoveredNs() >= request
 		elapsed := time.Since(start)
-		fmt.Fprintf(w, "\r[%s] %3.0f%%  %s of %s  %d of %d chunkservers done  %d stripes left to verify  %s/s ", bar, frac*100,
-			humanBytes(done), humanBytes(total), finished, up, sc.GetStripesToVerify(), humanBytes(uint64(float64(done)/max(elapsed.Seconds(), 0.001))))
+		since := func(now, then uint64) uint64 { return now - min(now, then) }
+		verified := fmt.Sprintf("%d stripes' parity verified, %d with a shard that disagrees, %d not verified (see meta's log)",
+			since(sc.GetStripesVerified(), before.GetStripesVerified()), since(sc.GetParityMismatches(), before.GetParityMismatches()),
+			since(sc.GetVerifyFailed(), before.GetVerifyFailed()))
+		if whole {
+			frac := 0.0
+			switch {
+			case complete:
+				frac = 1
+			case total > 0:
+				frac = min(float64(done)/float64(total), 0.99)
+			}
+			fmt.Fprintf(w, "\r%s  %s of %s  %d of %d chunkservers done  %d stripes left to verify  %s/s ", progressBar(frac),
+				humanBytes(done), humanBytes(total), finished, up, sc.GetStripesToVerify(), humanBytes(uint64(float64(done)/max(elapsed.Seconds(), 0.001))))
+		} else {
+			fmt.Fprintf(w, "\r%d stripes left to verify ", sc.GetStripesToVerify())
+		}
 		if complete {
-			since := func(now, then uint64) uint64 { return now - min(now, then) }
-			corrupt := since(sc.GetErrorsTotal(), before.GetErrorsTotal())
-			mismatched := since(sc.GetParityMismatches(), before.GetParityMismatches())
-			fmt.Fprintf(w, "\nscrubbed %s on %d chunkservers in %v: %d corrupt or missing chunk versions found; "+
-				"%d stripes' parity verified, %d with a shard that disagrees, %d not verified (see meta's log)\n",
-				humanBytes(done), up, elapsed.Round(100*time.Millisecond), corrupt,
-				since(sc.GetStripesVerified(), before.GetStripesVerified()), mismatched, since(sc.GetVerifyFailed(), before.GetVerifyFailed()))
+			if whole {
+				fmt.Fprintf(w, "\nscrubbed %s on %d chunkservers in %v: %d corrupt or missing chunk versions found; %s\n",
+					humanBytes(done), up, elapsed.Round(100*time.Millisecond), since(sc.GetErrorsTotal(), before.GetErrorsTotal()), verified)
+			} else {
+				fmt.Fprintf(w, "\nin %v: %s\n", elapsed.Round(100*time.Millisecond), verified)
+			}
 			return waitRepair(ctx, w, c, true, every, scrubRepaired)
 		}
 		select {

@@ -100,19 +100,13 @@ func fileStripes(r kv.Reader, ino, first, count uint64) ([]scannedStripe, uint64
 		}
 		if uint64(len(out)) == count {
 			next = idx
-			return errStopScan
+			return kv.ErrStop
 		}
 		out = append(out, scannedStripe{stripeKey{ino, idx}, st})
 		return nil
 	})
-	if err == errStopScan {
-		err = nil
-	}
 	return out, next, err
 }
-
-// errStopScan ends a Scan early.
-var errStopScan = metaerr.New(syscall.ECANCELED, "scan stopped")
 
 // walkTree calls fn with each inode below dir, once each (hard links
 // counted once), directories before what they hold; past maxInfoTree

@@ -107,11 +107,14 @@ func (r *reservations) dropLeaseLocked(l *dirLease) {
 // files it created under it, and those whose creates it sent before it
 // learns of the loss (noteCreated adds them).
 func (r *reservations) takeBackLocked(l *dirLease) {
-	r.dropLeaseLocked(l)
+	// The fence stands before the lease goes, so that a create that reads
+	// both counts without the lock (noteCreated) never sees neither.
 	r.leases.fences[l.id] = &fence{session: l.session, dir: l.dir, inos: l.created}
+	r.nFences.Add(1)
 	for _, ino := range l.created {
 		r.leases.fenced[ino] = l.id
 	}
+	r.dropLeaseLocked(l)
 }
 
 // liftFenceLocked removes fence id and returns its files, whose lock
@@ -122,6 +125,7 @@ func (r *reservations) liftFenceLocked(id uint64) []uint64 {
 		return nil
 	}
 	delete(r.leases.fences, id)
+	r.nFences.Add(-1)
 	for _, ino := range f.inos {
 		if r.leases.fenced[ino] == id {
 			delete(r.leases.fenced, ino)
@@ -133,6 +137,9 @@ func (r *reservations) liftFenceLocked(id uint64) []uint64 {
 // noteCreated records that session created ino in dir: under its lease, or
 // under one taken back from it whose fence still stands.
 func (r *reservations) noteCreated(session, dir, ino uint64) {
+	if r.nLeases.Load() == 0 && r.nFences.Load() == 0 {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if l := r.leases.byDir[dir]; l != nil && l.session == session {
@@ -151,6 +158,9 @@ func (r *reservations) noteCreated(session, dir, ino uint64) {
 // fencedBy returns the session whose fence keeps session's locks of ino
 // waiting, or 0.
 func (r *reservations) fencedBy(session, ino uint64) uint64 {
+	if r.nFences.Load() == 0 {
+		return 0
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if id, ok := r.leases.fenced[ino]; ok {

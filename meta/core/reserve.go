@@ -45,6 +45,7 @@ type reservations struct {
 	graceUntil time.Time
 	leases     leases       // directory leases (lease.go)
 	nLeases    atomic.Int64 // leases held: calls skip the lease check when 0
+	nFences    atomic.Int64 // fences standing: creates and locks skip them when 0
 }
 
 func (r *reservations) init(graceUntil time.Time) {
