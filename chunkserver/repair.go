@@ -39,6 +39,10 @@ type RepairTask struct {
 	// Verify asks for no shard to be built: every shard is read and the
 	// parity checked against the data (Shard and Key unused).
 	Verify bool
+	// To, when set, asks for shard Shard of the stripe re-encoded in another
+	// layout of the same stripe size (relayout.go); Key then has the new
+	// version, Sources the stripe's current one.
+	To *RelayoutTarget
 }
 
 // ShardSource is where one shard of the stripe lives.
@@ -184,7 +188,11 @@ func (r *repairer) run(ctx context.Context, t RepairTask) RepairResult {
 		return r.runVerify(ctx, t)
 	}
 	start := time.Now()
-	n, err := r.build(ctx, t)
+	build := r.build
+	if t.To != nil {
+		build = r.relayout
+	}
+	n, err := build(ctx, t)
 	d := time.Since(start)
 	res := RepairResult{ID: t.ID, Key: t.Key, Err: err, Bytes: n, Duration: d}
 	m := r.s.metrics

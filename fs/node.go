@@ -944,6 +944,9 @@ func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 	if size, e, ok := n.infoXattr(ctx, attr, dest); ok {
 		return size, e
 	}
+	if size, e, ok := n.relayoutXattr(ctx, attr, dest); ok {
+		return size, e
+	}
 	if attr == LayoutXattr {
 		r, err := n.fsys.meta.GetLayout(ctx, &metapb.GetLayoutRequest{Ino: n.ino})
 		if err != nil {
@@ -993,6 +996,9 @@ func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	n.dropLease()
 	ctx, done := killable(ctx)
 	defer done()
+	if attr == RelayoutXattr {
+		return n.setRelayout(ctx, data)
+	}
 	if attr == LayoutXattr {
 		l, err := stripe.ParseLayout(string(data))
 		if err != nil {

@@ -41,6 +41,7 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(newFormatCommand())
 	root.AddCommand(newCertsCommand())
 	root.AddCommand(newLayoutCommand())
+	root.AddCommand(newRelayoutCommand())
 	root.AddCommand(newInfoCommand())
 	root.AddCommand(newStatusCommand())
 	root.AddCommand(newMountCommand())

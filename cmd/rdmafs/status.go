@@ -53,6 +53,7 @@ func printStatus(cmd *cobra.Command, st *metapb.StatusReply) {
 		st.Files, st.Directories, st.Stripes, st.DegradedStripes, st.Sessions, st.PendingDeletes)
 	printRepair(w, st)
 	printScrub(w, st.GetScrub())
+	printRelayout(w, st.GetRelayout())
 	fmt.Fprintf(w, "chunkservers: %d registered, %d up\n", len(st.Chunkservers), st.ChunkserversUp())
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATE\tZONE\tADDRESS\tTRANSPORTS\tCAPACITY\tUSED\tFREE\tCHUNKS\tSHARDS\tLOAD\tGC\tLAST HEARTBEAT")
@@ -90,6 +91,16 @@ func humanBytes(b uint64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f%ciB", float64(b)/float64(div), "KMGTPE"[exp])
+}
+
+// printRelayout prints the conversions to other layouts in one line, when
+// there are or were any.
+func printRelayout(w io.Writer, r *metapb.RelayoutStatus) {
+	if r == nil || r.FilesPending == 0 && r.StripesDone == 0 && r.InFlight == 0 {
+		return
+	}
+	fmt.Fprintf(w, "relayout: %d files to convert, %d stripes converting; %d stripes (%s) converted, %d failed, %d raced by writers; %s/s\n\n",
+		r.FilesPending, r.InFlight, r.StripesDone, humanBytes(r.BytesDone), r.Failed, r.Stale, humanBytes(uint64(r.BytesPerSecond)))
 }
 
 // printScrub prints the chunkservers' scrubbing in one line.

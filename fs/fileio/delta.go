@@ -80,7 +80,7 @@ func (e *Engine) planDelta(f *file, s uint64, d *dirtyStripe) *deltaPlan {
 	lay := f.lay
 	si := f.stripes[s]
 	if d.noDelta || d.base == 0 || si == nil || si.Version != d.base || isInline(si) || int64(si.Length) != d.length ||
-		len(si.Shards) != lay.K+lay.M || len(d.extents) == 0 {
+		len(si.Shards) != lay.K+lay.M || len(d.extents) == 0 || !sameCoding(stripeLayout(si, lay), lay) {
 		return nil
 	}
 	if lay.Inline > 0 && s == 0 && f.size >= 0 && f.size <= lay.Inline {

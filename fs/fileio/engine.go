@@ -379,8 +379,8 @@ func (e *Engine) fetch(ctx context.Context, f *file, first, count uint64) error 
 	if err != nil {
 		return err
 	}
-	if l := r.Layout; l != nil && l.K > 0 && f.lay.K == 0 {
-		f.lay = l.Stripe()
+	if l := r.Layout; l != nil && l.K > 0 && (f.lay.K == 0 || l.Stripe().StripeSize() == f.lay.StripeSize()) {
+		f.lay = l.Stripe() // a relayout keeps the stripe size
 	}
 	if f.lay.K == 0 || f.lay.Unit == 0 {
 		return fmt.Errorf("fileio: inode %d has no layout: %w", f.ino, syscall.EIO)

@@ -168,6 +168,10 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 			}
 		}
 		if err == nil {
+			if len(infos) > 0 && !isInline(infos[0]) {
+				// A relayout changed the file's layout: new stripes use it.
+				f.lay = stripeLayout(infos[0], f.lay)
+			}
 			return
 		}
 		if df != nil {

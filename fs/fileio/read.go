@@ -172,6 +172,8 @@ func (e *Engine) readCommittedTo(ctx context.Context, ino uint64, lay stripe.Lay
 	if si == nil || so >= int64(si.Length) {
 		return nil
 	}
+	fileLay := lay
+	lay = stripeLayout(si, lay)
 	if isInline(si) {
 		if so < int64(len(si.InlineData)) {
 			copy(dst, si.InlineData[so:min(int64(len(si.InlineData)), int64(si.Length))])
@@ -220,13 +222,27 @@ func (e *Engine) readCommittedTo(ctx context.Context, ino uint64, lay stripe.Lay
 		if ferr != nil || fresh == nil {
 			return err
 		}
-		if data, release, err = e.readStripeDegraded(ctx, ino, lay, fresh, wait); err != nil {
+		if data, release, err = e.readStripeDegraded(ctx, ino, stripeLayout(fresh, fileLay), fresh, wait); err != nil {
 			return err
 		}
 	}
 	defer release()
 	copy(dst, data[so:so+n])
 	return nil
+}
+
+// stripeLayout returns the layout stripe si is stored in: its own, which
+// differs from its file's (fileLay) while the file is converted to another
+// layout of the same stripe size (meta/core/relayout.go).
+func stripeLayout(si *metapb.StripeInfo, fileLay stripe.Layout) stripe.Layout {
+	l := si.GetLayout()
+	if l == nil || l.K == 0 || l.Unit == 0 {
+		return fileLay
+	}
+	if sl := l.Stripe(); sl.StripeSize() == fileLay.StripeSize() {
+		return sl
+	}
+	return fileLay
 }
 
 // readShard RDMA_READs [off, ...) of shard sh's version key into sgl. It

@@ -209,6 +209,7 @@ func (e *Engine) fetchStripe(pf *prefetch, lay stripe.Layout, si *metapb.StripeI
 	defer close(pf.done)
 	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 	defer cancel()
+	lay = stripeLayout(si, lay)
 	sl := int(lay.CodedLen(pf.length))
 	unit := int(lay.Unit)
 	errs := make(chan error, lay.K)

@@ -79,33 +79,16 @@ func sleep(ctx context.Context, d time.Duration) error {
 // for the ones that fail) and commits them with one compare-and-set. It runs
 // without the file's lock: the buffers belong to the flush.
 func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay stripe.Layout, stripes []uint64, batch []*dirtyStripe, durable bool) ([]*metapb.StripeInfo, error) {
-	enc, err := e.codecs.Get(lay.K, lay.M)
-	if err != nil {
-		return nil, err
-	}
-	unit := int(lay.Unit)
 	var size int64
 	var inPlace []uint64
 	for i, d := range batch {
 		size = max(size, int64(stripes[i])*lay.StripeSize()+d.length)
 		if d.delta != nil {
 			inPlace = append(inPlace, stripes[i])
-			continue
 		}
-		sl := int(lay.CodedLen(d.length))
-		shards := make([][]byte, lay.K+lay.M)
-		for j := range shards {
-			shards[j] = d.buf.b[j*unit : j*unit+sl]
-		}
-		if lay.M > 0 {
-			if lay.K == 1 {
-				for j := 1; j < len(shards); j++ {
-					copy(shards[j], shards[0])
-				}
-			} else if err := enc.Encode(shards); err != nil {
-				return nil, fmt.Errorf("fileio: encode stripe %d: %w", stripes[i], err)
-			}
-		}
+	}
+	if err := e.encodeStripes(ctx, ino, lay, stripes, batch); err != nil {
+		return nil, err
 	}
 	deadline := e.cfg.Now().Add(e.cfg.WriteTimeout)
 	t0 := time.Now()
@@ -116,8 +99,16 @@ func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay stripe.Layout
 	if len(g.Grants) != len(stripes) {
 		return nil, fmt.Errorf("fileio: %d grants for %d stripes: %w", len(g.Grants), len(stripes), syscall.EIO)
 	}
+	if gl := g.Grants[0].GetLayout(); gl != nil && !sameCoding(gl.Stripe(), lay) && gl.Stripe().StripeSize() == lay.StripeSize() {
+		// The file was given another layout of the same stripe size (a
+		// relayout): the stripes are encoded again in the granted one.
+		lay = gl.Stripe()
+		if err := e.encodeStripes(ctx, ino, lay, stripes, batch); err != nil {
+			return nil, err
+		}
+	}
 	for i, gr := range g.Grants {
-		if gr.Stripe != stripes[i] || len(gr.Shards) != lay.K+lay.M || gr.Layout == nil {
+		if gr.Stripe != stripes[i] || len(gr.Shards) != lay.K+lay.M || gr.Layout == nil || !sameCoding(gr.Layout.Stripe(), lay) {
 			return nil, fmt.Errorf("fileio: grant for stripe %d does not match the request: %w", gr.Stripe, syscall.EIO)
 		}
 	}
@@ -176,6 +167,65 @@ func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay stripe.Layout
 	e.log.Debug("fileio: flushed", "ino", ino, "stripes", len(stripes), "degraded", degraded, "grant", t1.Sub(t0), "shards", t2.Sub(t1), "commit", time.Since(t2))
 	return infos, nil
 }
+
+// encodeStripes computes the parity of the stripes of batch written whole
+// (not as deltas) in layout lay, first moving a stripe whose buffer is too
+// small for lay's parity to a larger one (its file changed layout since the
+// buffer was taken).
+func (e *Engine) encodeStripes(ctx context.Context, ino uint64, lay stripe.Layout, stripes []uint64, batch []*dirtyStripe) error {
+	enc, err := e.codecs.Get(lay.K, lay.M)
+	if err != nil {
+		return err
+	}
+	unit := int(lay.Unit)
+	for i, d := range batch {
+		if d.delta != nil {
+			continue
+		}
+		if len(d.buf.b) < bufSize(lay) {
+			if err := e.growBuffer(ctx, ino, d, bufSize(lay)); err != nil {
+				return err
+			}
+		}
+		sl := int(lay.CodedLen(d.length))
+		shards := make([][]byte, lay.K+lay.M)
+		for j := range shards {
+			shards[j] = d.buf.b[j*unit : j*unit+sl]
+		}
+		if lay.M > 0 {
+			if lay.K == 1 {
+				for j := 1; j < len(shards); j++ {
+					copy(shards[j], shards[0])
+				}
+			} else if err := enc.Encode(shards); err != nil {
+				return fmt.Errorf("fileio: encode stripe %d: %w", stripes[i], err)
+			}
+		}
+	}
+	return nil
+}
+
+// growBuffer moves flushing stripe d of ino to a buffer of n bytes with its
+// data. Readers of the stripe copy from its buffer under the file's lock,
+// so the move is made under it.
+func (e *Engine) growBuffer(ctx context.Context, ino uint64, d *dirtyStripe, n int) error {
+	nb, err := e.pool.get(ctx, n)
+	if err != nil {
+		return err
+	}
+	f := e.file(ino)
+	f.mu.Lock()
+	old := d.buf
+	copy(nb.b[:d.dataLen], old.b[:d.dataLen])
+	d.buf = nb
+	f.bufBytes += len(nb.b) - len(old.b)
+	f.mu.Unlock()
+	e.pool.put(old)
+	return nil
+}
+
+// sameCoding reports whether stripes of layouts a and b are stored alike.
+func sameCoding(a, b stripe.Layout) bool { return a.K == b.K && a.M == b.M && a.Unit == b.Unit }
 
 // commitInline commits stripe 0 of a small file with its bytes in metadata:
 // one call, no grant, no shards.

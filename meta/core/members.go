@@ -405,5 +405,6 @@ func (s *Service) Status(ctx context.Context, req *metapb.StatusRequest) (*metap
 	out.Repair = rs.pb()
 	out.Scrub.RepairedTotal = rs.CorruptRepaired
 	s.verifyStatus(out.Scrub)
+	out.Relayout = s.relayoutStatus()
 	return out, nil
 }

@@ -77,6 +77,9 @@ type repairTask struct {
 	// stripe's as the task was assigned.
 	verify bool
 	shards []*metapb.Shard
+	// relayout: a shard of a stripe's conversion (relayout.go); version is
+	// the new version it builds.
+	relayout *relayoutJob
 }
 
 // Health counts stripes by redundancy.
@@ -103,7 +106,8 @@ type repairState struct {
 	corruptRepaired            uint64 // shards reported corrupt, rebuilt
 	recent                     []rateSample
 
-	verify verifyState // parity checks (scrub.go)
+	verify   verifyState   // parity checks (scrub.go)
+	relayout relayoutState // conversions to another layout (relayout.go)
 	// committing holds the chunks of finished repairs whose commit is
 	// under way.
 	committing map[chunkRef]struct{}
@@ -125,6 +129,7 @@ func (r *repairState) init() {
 	r.budget = map[string]int{}
 	r.shardsOn = map[string]uint64{}
 	r.committing = map[chunkRef]struct{}{}
+	r.relayout.jobs = map[stripeKey]*relayoutJob{}
 }
 
 // classify returns the state of every shard of a stripe record. The caller
@@ -332,9 +337,17 @@ func (s *Service) expireRepairTasks(ctx context.Context) error {
 	now := s.now()
 	s.repMu.Lock()
 	var expired []*repairTask
+	var abandoned []*relayoutJob
 	for id, t := range s.rep.inflight {
 		if now.After(t.deadline) {
 			delete(s.rep.inflight, id)
+			if t.relayout != nil {
+				s.log.Warn("relayout of a stripe timed out", "task", t.id, "ino", t.key.ino, "stripe", t.key.stripe, "target", t.target)
+				s.abortRelayoutLocked(t.relayout)
+				s.rep.relayout.failed++
+				abandoned = append(abandoned, t.relayout)
+				continue
+			}
 			s.unbusyLocked(t)
 			if t.verify {
 				s.log.Warn("stripe verification timed out", "task", t.id, "ino", t.key.ino, "stripe", t.key.stripe, "worker", t.target)
@@ -348,7 +361,7 @@ func (s *Service) expireRepairTasks(ctx context.Context) error {
 		}
 	}
 	s.repMu.Unlock()
-	if len(expired) == 0 {
+	if len(expired) == 0 && len(abandoned) == 0 {
 		return nil
 	}
 	for _, t := range expired {
@@ -357,6 +370,11 @@ func (s *Service) expireRepairTasks(ctx context.Context) error {
 	return s.update(ctx, func(tx kv.Txn) error {
 		for _, t := range expired {
 			if err := tx.Put(keys.GC(t.target, t.newChunk, t.version), nil); err != nil {
+				return err
+			}
+		}
+		for _, j := range abandoned {
+			if err := dropRelayoutGrant(tx, j); err != nil {
 				return err
 			}
 		}
@@ -415,7 +433,11 @@ func (s *Service) RepairPoll(ctx context.Context, req *metapb.RepairPollRequest)
 	}
 	tasks := s.assignRepairs(req.Id, want)
 	if len(tasks) == 0 {
-		return s.withVerifies(out, req.Id, want), nil
+		for _, msg := range s.assignRelayouts(req.Id, want) {
+			msg.Sources = s.members.withAddresses(msg.Sources)
+			out.Tasks = append(out.Tasks, msg)
+		}
+		return s.withVerifies(out, req.Id, want-len(out.Tasks)), nil
 	}
 	var first uint64
 	if err := s.update(ctx, func(t kv.Txn) error {
@@ -630,6 +652,11 @@ func (s *Service) finishRepair(ctx context.Context, from string, res *metapb.Rep
 	if ok && (t.target != from || t.newChunk != res.NewChunkId || t.version != res.Version) {
 		ok = false
 	}
+	if ok && t.relayout != nil {
+		delete(s.rep.inflight, res.TaskId)
+		s.repMu.Unlock()
+		return s.finishRelayoutTask(ctx, t, res)
+	}
 	if ok {
 		delete(s.rep.inflight, res.TaskId)
 		s.unbusyLocked(t)
@@ -835,17 +862,23 @@ func (s *Service) RepairStats() RepairStats {
 			out.MovesQueued += uint64(len(it.work))
 		}
 	}
+	out.BytesPerSecond = ratePerSecond(&r.recent, now)
+	return out
+}
+
+// ratePerSecond drops the samples older than rateWindow from *recent and
+// returns the bytes per second of the others.
+func ratePerSecond(recent *[]rateSample, now time.Time) float64 {
 	i := 0
-	for i < len(r.recent) && now.Sub(r.recent[i].at) > rateWindow {
+	for i < len(*recent) && now.Sub((*recent)[i].at) > rateWindow {
 		i++
 	}
-	r.recent = r.recent[i:]
+	*recent = (*recent)[i:]
 	var sum uint64
-	for _, x := range r.recent {
+	for _, x := range *recent {
 		sum += x.bytes
 	}
-	out.BytesPerSecond = float64(sum) / rateWindow.Seconds()
-	return out
+	return float64(sum) / rateWindow.Seconds()
 }
 
 func (rs RepairStats) pb() *metapb.RepairStatus {
@@ -867,5 +900,8 @@ func (s *Service) runRepair(ctx context.Context) {
 	}
 	if err := s.planRepairs(ctx); err != nil && ctx.Err() == nil {
 		s.log.Error("repair: scan stripes", "err", err)
+	}
+	if err := s.planRelayouts(ctx); err != nil && ctx.Err() == nil {
+		s.log.Error("relayout: plan", "err", err)
 	}
 }

@@ -24,17 +24,8 @@ func (s *Service) SetLayout(ctx context.Context, req *metapb.SetLayoutRequest) (
 	if err := l.Validate(); err != nil {
 		return nil, metaerr.New(syscall.EINVAL, "%v", err)
 	}
-	// A cluster without chunkservers yet (being set up) takes any layout.
-	n, zones := s.members.memberCount()
-	if n > 0 && n < l.K+l.M {
-		return nil, metaerr.New(syscall.EINVAL, "layout %d+%d needs %d chunkservers to place its shards; the cluster has %d (registered, not retiring)", l.K, l.M, l.K+l.M, n)
-	}
-	// Placement spreads a stripe's shards evenly over the zones: a zone
-	// then holds up to ceil((k+m)/zones) of them, which must not exceed m
-	// for the stripe to survive the loss of a zone.
-	if perZone := (l.K + l.M + zones - 1) / max(zones, 1); zones > 1 && perZone > l.M {
-		return nil, metaerr.New(syscall.EINVAL, "layout %d+%d over %d zones puts up to %d shards in one zone, more than its %d parity shards: losing a zone would lose data (use more zones or more parity)",
-			l.K, l.M, zones, perZone, l.M)
+	if err := s.checkLayoutFits(l); err != nil {
+		return nil, err
 	}
 	c := caller(req.Caller)
 	if err := s.awaitDir(ctx, c.Session, req.Ino); err != nil { // new files there take the old layout

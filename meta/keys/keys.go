@@ -28,6 +28,7 @@ const (
 	PrefixSessionOpen = 'q' // q session ino -> empty (index of opens by session)
 	PrefixLock        = 'l' // l ino -> LockRecord
 	PrefixSessionLock = 'm' // m session ino -> empty (index of locks by session)
+	PrefixRelayout    = 'y' // y ino -> empty (a file being converted to its layout)
 )
 
 // ErrMalformed reports a key that does not have the expected shape.
@@ -139,6 +140,19 @@ func ParseSessionLock(key []byte) (session, ino uint64, err error) {
 
 // Orphan is the key marking ino as unlinked but still open.
 func Orphan(ino uint64) []byte { return u64s(PrefixOrphan, ino) }
+
+// Relayout is the key marking ino as having stripes still to convert to
+// its layout.
+func Relayout(ino uint64) []byte { return u64s(PrefixRelayout, ino) }
+
+// ParseRelayout returns the inode number of a relayout key.
+func ParseRelayout(key []byte) (uint64, error) {
+	v, err := fixed(key, PrefixRelayout, 1)
+	if err != nil {
+		return 0, err
+	}
+	return v[0], nil
+}
 
 func u64s(prefix byte, vs ...uint64) []byte {
 	k := make([]byte, 1, 1+8*len(vs))

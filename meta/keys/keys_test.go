@@ -62,7 +62,7 @@ func TestMalformed(t *testing.T) {
 // encodes back to the same bytes.
 func FuzzParse(f *testing.F) {
 	for _, s := range [][]byte{Dentry(1, "x"), Xattr(2, "user.y"), Stripe(3, 4), Grant(5, 6, 7), GC("cs", 8, 9),
-		Cookie(1, 2), Session(3), SessionOpen(8, 9), Open(4, 5), Orphan(6), Inode(7), Chunkserver("cs-0"), EncodeUint64(10), {}, {PrefixGC, 0xff, 0xff}} {
+		Cookie(1, 2), Session(3), SessionOpen(8, 9), Open(4, 5), Orphan(6), Relayout(11), Inode(7), Chunkserver("cs-0"), EncodeUint64(10), {}, {PrefixGC, 0xff, 0xff}} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, k []byte) {
@@ -92,6 +92,9 @@ func FuzzParse(f *testing.F) {
 		}
 		if a, b, err := ParseSessionOpen(k); err == nil && !bytes.Equal(SessionOpen(a, b), k) {
 			t.Fatalf("session open round trip: %x", k)
+		}
+		if i, err := ParseRelayout(k); err == nil && !bytes.Equal(Relayout(i), k) {
+			t.Fatalf("relayout key %x round trip", k)
 		}
 		if i, err := ParseOrphan(k); err == nil && !bytes.Equal(Orphan(i), k) {
 			t.Fatalf("orphan round trip: %x", k)

@@ -3492,6 +3492,257 @@ func (x *GetLayoutRequest) GetIno() uint64 {
 	return 0
 }
 
+// RelayoutRequest converts existing files to another layout in the
+// background: the file ino, or every file below the directory ino (whose
+// directories then give new files the layout too). Each file keeps its
+// stripe size (k times unit): the new unit is that size over the new k,
+// which must give a multiple of 4 KiB. With progress nothing changes: the
+// reply counts what is left below ino.
+type RelayoutRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	Ino           uint64                 `protobuf:"varint,2,opt,name=ino,proto3" json:"ino,omitempty"`
+	Layout        *Layout                `protobuf:"bytes,3,opt,name=layout,proto3" json:"layout,omitempty"` // k, m and min_write_shards; unit only for directories (0: their stripe size over k)
+	Progress      bool                   `protobuf:"varint,4,opt,name=progress,proto3" json:"progress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RelayoutRequest) Reset() {
+	*x = RelayoutRequest{}
+	mi := &file_meta_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayoutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayoutRequest) ProtoMessage() {}
+
+func (x *RelayoutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayoutRequest.ProtoReflect.Descriptor instead.
+func (*RelayoutRequest) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *RelayoutRequest) GetCaller() *Caller {
+	if x != nil {
+		return x.Caller
+	}
+	return nil
+}
+
+func (x *RelayoutRequest) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
+func (x *RelayoutRequest) GetLayout() *Layout {
+	if x != nil {
+		return x.Layout
+	}
+	return nil
+}
+
+func (x *RelayoutRequest) GetProgress() bool {
+	if x != nil {
+		return x.Progress
+	}
+	return false
+}
+
+type RelayoutReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	FilesQueued   uint64                 `protobuf:"varint,1,opt,name=files_queued,json=filesQueued,proto3" json:"files_queued,omitempty"` // files whose layout changed (not with progress)
+	FilesLeft     uint64                 `protobuf:"varint,2,opt,name=files_left,json=filesLeft,proto3" json:"files_left,omitempty"`       // files below ino with stripes still in another layout
+	StripesLeft   uint64                 `protobuf:"varint,3,opt,name=stripes_left,json=stripesLeft,proto3" json:"stripes_left,omitempty"`
+	BytesLeft     uint64                 `protobuf:"varint,4,opt,name=bytes_left,json=bytesLeft,proto3" json:"bytes_left,omitempty"`          // bytes of file data in those stripes
+	StripesTotal  uint64                 `protobuf:"varint,5,opt,name=stripes_total,json=stripesTotal,proto3" json:"stripes_total,omitempty"` // stripes with shards below ino
+	BytesTotal    uint64                 `protobuf:"varint,6,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RelayoutReply) Reset() {
+	*x = RelayoutReply{}
+	mi := &file_meta_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayoutReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayoutReply) ProtoMessage() {}
+
+func (x *RelayoutReply) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayoutReply.ProtoReflect.Descriptor instead.
+func (*RelayoutReply) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *RelayoutReply) GetFilesQueued() uint64 {
+	if x != nil {
+		return x.FilesQueued
+	}
+	return 0
+}
+
+func (x *RelayoutReply) GetFilesLeft() uint64 {
+	if x != nil {
+		return x.FilesLeft
+	}
+	return 0
+}
+
+func (x *RelayoutReply) GetStripesLeft() uint64 {
+	if x != nil {
+		return x.StripesLeft
+	}
+	return 0
+}
+
+func (x *RelayoutReply) GetBytesLeft() uint64 {
+	if x != nil {
+		return x.BytesLeft
+	}
+	return 0
+}
+
+func (x *RelayoutReply) GetStripesTotal() uint64 {
+	if x != nil {
+		return x.StripesTotal
+	}
+	return 0
+}
+
+func (x *RelayoutReply) GetBytesTotal() uint64 {
+	if x != nil {
+		return x.BytesTotal
+	}
+	return 0
+}
+
+// RelayoutStatus is the state of conversions, part of StatusReply.
+type RelayoutStatus struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	FilesPending   uint64                 `protobuf:"varint,1,opt,name=files_pending,json=filesPending,proto3" json:"files_pending,omitempty"` // files with a conversion not finished
+	InFlight       uint64                 `protobuf:"varint,2,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`             // stripes being converted
+	StripesDone    uint64                 `protobuf:"varint,3,opt,name=stripes_done,json=stripesDone,proto3" json:"stripes_done,omitempty"`    // since meta started
+	BytesDone      uint64                 `protobuf:"varint,4,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	Failed         uint64                 `protobuf:"varint,5,opt,name=failed,proto3" json:"failed,omitempty"` // stripe conversions failed (tried again later)
+	Stale          uint64                 `protobuf:"varint,6,opt,name=stale,proto3" json:"stale,omitempty"`   // a writer changed the stripe first (converted again)
+	BytesPerSecond float64                `protobuf:"fixed64,7,opt,name=bytes_per_second,json=bytesPerSecond,proto3" json:"bytes_per_second,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RelayoutStatus) Reset() {
+	*x = RelayoutStatus{}
+	mi := &file_meta_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayoutStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayoutStatus) ProtoMessage() {}
+
+func (x *RelayoutStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayoutStatus.ProtoReflect.Descriptor instead.
+func (*RelayoutStatus) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *RelayoutStatus) GetFilesPending() uint64 {
+	if x != nil {
+		return x.FilesPending
+	}
+	return 0
+}
+
+func (x *RelayoutStatus) GetInFlight() uint64 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *RelayoutStatus) GetStripesDone() uint64 {
+	if x != nil {
+		return x.StripesDone
+	}
+	return 0
+}
+
+func (x *RelayoutStatus) GetBytesDone() uint64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
+func (x *RelayoutStatus) GetFailed() uint64 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
+func (x *RelayoutStatus) GetStale() uint64 {
+	if x != nil {
+		return x.Stale
+	}
+	return 0
+}
+
+func (x *RelayoutStatus) GetBytesPerSecond() float64 {
+	if x != nil {
+		return x.BytesPerSecond
+	}
+	return 0
+}
+
 type LayoutReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Layout        *Layout                `protobuf:"bytes,1,opt,name=layout,proto3" json:"layout,omitempty"`
@@ -3501,7 +3752,7 @@ type LayoutReply struct {
 
 func (x *LayoutReply) Reset() {
 	*x = LayoutReply{}
-	mi := &file_meta_proto_msgTypes[50]
+	mi := &file_meta_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3513,7 +3764,7 @@ func (x *LayoutReply) String() string {
 func (*LayoutReply) ProtoMessage() {}
 
 func (x *LayoutReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[50]
+	mi := &file_meta_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3526,7 +3777,7 @@ func (x *LayoutReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayoutReply.ProtoReflect.Descriptor instead.
 func (*LayoutReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{50}
+	return file_meta_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *LayoutReply) GetLayout() *Layout {
@@ -3556,7 +3807,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_meta_proto_msgTypes[51]
+	mi := &file_meta_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3568,7 +3819,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[51]
+	mi := &file_meta_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3581,7 +3832,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{51}
+	return file_meta_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Shard) GetChunkId() uint64 {
@@ -3648,7 +3899,7 @@ type GrantWriteRequest struct {
 
 func (x *GrantWriteRequest) Reset() {
 	*x = GrantWriteRequest{}
-	mi := &file_meta_proto_msgTypes[52]
+	mi := &file_meta_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3660,7 +3911,7 @@ func (x *GrantWriteRequest) String() string {
 func (*GrantWriteRequest) ProtoMessage() {}
 
 func (x *GrantWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[52]
+	mi := &file_meta_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3673,7 +3924,7 @@ func (x *GrantWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantWriteRequest.ProtoReflect.Descriptor instead.
 func (*GrantWriteRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{52}
+	return file_meta_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *GrantWriteRequest) GetIno() uint64 {
@@ -3723,7 +3974,7 @@ type StripeGrant struct {
 
 func (x *StripeGrant) Reset() {
 	*x = StripeGrant{}
-	mi := &file_meta_proto_msgTypes[53]
+	mi := &file_meta_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3735,7 +3986,7 @@ func (x *StripeGrant) String() string {
 func (*StripeGrant) ProtoMessage() {}
 
 func (x *StripeGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[53]
+	mi := &file_meta_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3748,7 +3999,7 @@ func (x *StripeGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeGrant.ProtoReflect.Descriptor instead.
 func (*StripeGrant) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{53}
+	return file_meta_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *StripeGrant) GetStripe() uint64 {
@@ -3802,7 +4053,7 @@ type GrantWriteReply struct {
 
 func (x *GrantWriteReply) Reset() {
 	*x = GrantWriteReply{}
-	mi := &file_meta_proto_msgTypes[54]
+	mi := &file_meta_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3814,7 +4065,7 @@ func (x *GrantWriteReply) String() string {
 func (*GrantWriteReply) ProtoMessage() {}
 
 func (x *GrantWriteReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[54]
+	mi := &file_meta_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3827,7 +4078,7 @@ func (x *GrantWriteReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantWriteReply.ProtoReflect.Descriptor instead.
 func (*GrantWriteReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{54}
+	return file_meta_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *GrantWriteReply) GetGrants() []*StripeGrant {
@@ -3859,7 +4110,7 @@ type StripeCommit struct {
 
 func (x *StripeCommit) Reset() {
 	*x = StripeCommit{}
-	mi := &file_meta_proto_msgTypes[55]
+	mi := &file_meta_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3871,7 +4122,7 @@ func (x *StripeCommit) String() string {
 func (*StripeCommit) ProtoMessage() {}
 
 func (x *StripeCommit) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[55]
+	mi := &file_meta_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3884,7 +4135,7 @@ func (x *StripeCommit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeCommit.ProtoReflect.Descriptor instead.
 func (*StripeCommit) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{55}
+	return file_meta_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *StripeCommit) GetStripe() uint64 {
@@ -3960,7 +4211,7 @@ type ReplaceShardsRequest struct {
 
 func (x *ReplaceShardsRequest) Reset() {
 	*x = ReplaceShardsRequest{}
-	mi := &file_meta_proto_msgTypes[56]
+	mi := &file_meta_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3972,7 +4223,7 @@ func (x *ReplaceShardsRequest) String() string {
 func (*ReplaceShardsRequest) ProtoMessage() {}
 
 func (x *ReplaceShardsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[56]
+	mi := &file_meta_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3985,7 +4236,7 @@ func (x *ReplaceShardsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceShardsRequest.ProtoReflect.Descriptor instead.
 func (*ReplaceShardsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{56}
+	return file_meta_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ReplaceShardsRequest) GetIno() uint64 {
@@ -4033,7 +4284,7 @@ type ReplaceShardsReply struct {
 
 func (x *ReplaceShardsReply) Reset() {
 	*x = ReplaceShardsReply{}
-	mi := &file_meta_proto_msgTypes[57]
+	mi := &file_meta_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4045,7 +4296,7 @@ func (x *ReplaceShardsReply) String() string {
 func (*ReplaceShardsReply) ProtoMessage() {}
 
 func (x *ReplaceShardsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[57]
+	mi := &file_meta_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4058,7 +4309,7 @@ func (x *ReplaceShardsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceShardsReply.ProtoReflect.Descriptor instead.
 func (*ReplaceShardsReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{57}
+	return file_meta_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ReplaceShardsReply) GetShards() []*Shard {
@@ -4088,7 +4339,7 @@ type CommitStripesRequest struct {
 
 func (x *CommitStripesRequest) Reset() {
 	*x = CommitStripesRequest{}
-	mi := &file_meta_proto_msgTypes[58]
+	mi := &file_meta_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4100,7 +4351,7 @@ func (x *CommitStripesRequest) String() string {
 func (*CommitStripesRequest) ProtoMessage() {}
 
 func (x *CommitStripesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[58]
+	mi := &file_meta_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4113,7 +4364,7 @@ func (x *CommitStripesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitStripesRequest.ProtoReflect.Descriptor instead.
 func (*CommitStripesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{58}
+	return file_meta_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CommitStripesRequest) GetIno() uint64 {
@@ -4167,7 +4418,7 @@ type CommitStripesReply struct {
 
 func (x *CommitStripesReply) Reset() {
 	*x = CommitStripesReply{}
-	mi := &file_meta_proto_msgTypes[59]
+	mi := &file_meta_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4179,7 +4430,7 @@ func (x *CommitStripesReply) String() string {
 func (*CommitStripesReply) ProtoMessage() {}
 
 func (x *CommitStripesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[59]
+	mi := &file_meta_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4192,7 +4443,7 @@ func (x *CommitStripesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitStripesReply.ProtoReflect.Descriptor instead.
 func (*CommitStripesReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{59}
+	return file_meta_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CommitStripesReply) GetAttr() *Attr {
@@ -4227,7 +4478,7 @@ type GetStripesRequest struct {
 
 func (x *GetStripesRequest) Reset() {
 	*x = GetStripesRequest{}
-	mi := &file_meta_proto_msgTypes[60]
+	mi := &file_meta_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4239,7 +4490,7 @@ func (x *GetStripesRequest) String() string {
 func (*GetStripesRequest) ProtoMessage() {}
 
 func (x *GetStripesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[60]
+	mi := &file_meta_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4252,7 +4503,7 @@ func (x *GetStripesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStripesRequest.ProtoReflect.Descriptor instead.
 func (*GetStripesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{60}
+	return file_meta_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *GetStripesRequest) GetIno() uint64 {
@@ -4294,7 +4545,7 @@ type StripeInfo struct {
 
 func (x *StripeInfo) Reset() {
 	*x = StripeInfo{}
-	mi := &file_meta_proto_msgTypes[61]
+	mi := &file_meta_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4306,7 +4557,7 @@ func (x *StripeInfo) String() string {
 func (*StripeInfo) ProtoMessage() {}
 
 func (x *StripeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[61]
+	mi := &file_meta_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4319,7 +4570,7 @@ func (x *StripeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeInfo.ProtoReflect.Descriptor instead.
 func (*StripeInfo) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{61}
+	return file_meta_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *StripeInfo) GetStripe() uint64 {
@@ -4375,7 +4626,7 @@ type GetStripesReply struct {
 
 func (x *GetStripesReply) Reset() {
 	*x = GetStripesReply{}
-	mi := &file_meta_proto_msgTypes[62]
+	mi := &file_meta_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4387,7 +4638,7 @@ func (x *GetStripesReply) String() string {
 func (*GetStripesReply) ProtoMessage() {}
 
 func (x *GetStripesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[62]
+	mi := &file_meta_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4400,7 +4651,7 @@ func (x *GetStripesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStripesReply.ProtoReflect.Descriptor instead.
 func (*GetStripesReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{62}
+	return file_meta_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *GetStripesReply) GetStripes() []*StripeInfo {
@@ -4438,7 +4689,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_meta_proto_msgTypes[63]
+	mi := &file_meta_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4450,7 +4701,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[63]
+	mi := &file_meta_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4463,7 +4714,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{63}
+	return file_meta_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *RegisterRequest) GetId() string {
@@ -4518,7 +4769,7 @@ type RegisterReply struct {
 
 func (x *RegisterReply) Reset() {
 	*x = RegisterReply{}
-	mi := &file_meta_proto_msgTypes[64]
+	mi := &file_meta_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4530,7 +4781,7 @@ func (x *RegisterReply) String() string {
 func (*RegisterReply) ProtoMessage() {}
 
 func (x *RegisterReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[64]
+	mi := &file_meta_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4543,7 +4794,7 @@ func (x *RegisterReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterReply.ProtoReflect.Descriptor instead.
 func (*RegisterReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{64}
+	return file_meta_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *RegisterReply) GetHeartbeatIntervalMs() int64 {
@@ -4571,7 +4822,7 @@ type ChunkRef struct {
 
 func (x *ChunkRef) Reset() {
 	*x = ChunkRef{}
-	mi := &file_meta_proto_msgTypes[65]
+	mi := &file_meta_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4583,7 +4834,7 @@ func (x *ChunkRef) String() string {
 func (*ChunkRef) ProtoMessage() {}
 
 func (x *ChunkRef) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[65]
+	mi := &file_meta_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4596,7 +4847,7 @@ func (x *ChunkRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkRef.ProtoReflect.Descriptor instead.
 func (*ChunkRef) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{65}
+	return file_meta_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ChunkRef) GetChunkId() uint64 {
@@ -4628,7 +4879,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_meta_proto_msgTypes[66]
+	mi := &file_meta_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4640,7 +4891,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[66]
+	mi := &file_meta_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4653,7 +4904,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{66}
+	return file_meta_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *HeartbeatRequest) GetId() string {
@@ -4724,7 +4975,7 @@ type ScrubReport struct {
 
 func (x *ScrubReport) Reset() {
 	*x = ScrubReport{}
-	mi := &file_meta_proto_msgTypes[67]
+	mi := &file_meta_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4736,7 +4987,7 @@ func (x *ScrubReport) String() string {
 func (*ScrubReport) ProtoMessage() {}
 
 func (x *ScrubReport) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[67]
+	mi := &file_meta_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4749,7 +5000,7 @@ func (x *ScrubReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubReport.ProtoReflect.Descriptor instead.
 func (*ScrubReport) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{67}
+	return file_meta_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ScrubReport) GetRequestedNs() int64 {
@@ -4820,7 +5071,7 @@ type HeartbeatReply struct {
 
 func (x *HeartbeatReply) Reset() {
 	*x = HeartbeatReply{}
-	mi := &file_meta_proto_msgTypes[68]
+	mi := &file_meta_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4832,7 +5083,7 @@ func (x *HeartbeatReply) String() string {
 func (*HeartbeatReply) ProtoMessage() {}
 
 func (x *HeartbeatReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[68]
+	mi := &file_meta_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4845,7 +5096,7 @@ func (x *HeartbeatReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatReply.ProtoReflect.Descriptor instead.
 func (*HeartbeatReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{68}
+	return file_meta_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *HeartbeatReply) GetDelete() []*ChunkRef {
@@ -4891,7 +5142,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_meta_proto_msgTypes[69]
+	mi := &file_meta_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4903,7 +5154,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[69]
+	mi := &file_meta_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4916,7 +5167,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{69}
+	return file_meta_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *InventoryRequest) GetId() string {
@@ -4959,7 +5210,7 @@ type ScrubRequest struct {
 
 func (x *ScrubRequest) Reset() {
 	*x = ScrubRequest{}
-	mi := &file_meta_proto_msgTypes[70]
+	mi := &file_meta_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4971,7 +5222,7 @@ func (x *ScrubRequest) String() string {
 func (*ScrubRequest) ProtoMessage() {}
 
 func (x *ScrubRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[70]
+	mi := &file_meta_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4984,7 +5235,7 @@ func (x *ScrubRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubRequest.ProtoReflect.Descriptor instead.
 func (*ScrubRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{70}
+	return file_meta_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ScrubRequest) GetIno() uint64 {
@@ -5003,7 +5254,7 @@ type ScrubReply struct {
 
 func (x *ScrubReply) Reset() {
 	*x = ScrubReply{}
-	mi := &file_meta_proto_msgTypes[71]
+	mi := &file_meta_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5015,7 +5266,7 @@ func (x *ScrubReply) String() string {
 func (*ScrubReply) ProtoMessage() {}
 
 func (x *ScrubReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[71]
+	mi := &file_meta_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5028,7 +5279,7 @@ func (x *ScrubReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubReply.ProtoReflect.Descriptor instead.
 func (*ScrubReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{71}
+	return file_meta_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ScrubReply) GetRequestedNs() int64 {
@@ -5052,7 +5303,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_meta_proto_msgTypes[72]
+	mi := &file_meta_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5064,7 +5315,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[72]
+	mi := &file_meta_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5077,7 +5328,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{72}
+	return file_meta_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *InfoRequest) GetIno() uint64 {
@@ -5125,7 +5376,7 @@ type ShardInfo struct {
 
 func (x *ShardInfo) Reset() {
 	*x = ShardInfo{}
-	mi := &file_meta_proto_msgTypes[73]
+	mi := &file_meta_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5137,7 +5388,7 @@ func (x *ShardInfo) String() string {
 func (*ShardInfo) ProtoMessage() {}
 
 func (x *ShardInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[73]
+	mi := &file_meta_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5150,7 +5401,7 @@ func (x *ShardInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardInfo.ProtoReflect.Descriptor instead.
 func (*ShardInfo) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{73}
+	return file_meta_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ShardInfo) GetChunkId() uint64 {
@@ -5204,7 +5455,7 @@ type StripeDetail struct {
 
 func (x *StripeDetail) Reset() {
 	*x = StripeDetail{}
-	mi := &file_meta_proto_msgTypes[74]
+	mi := &file_meta_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5216,7 +5467,7 @@ func (x *StripeDetail) String() string {
 func (*StripeDetail) ProtoMessage() {}
 
 func (x *StripeDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[74]
+	mi := &file_meta_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5229,7 +5480,7 @@ func (x *StripeDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeDetail.ProtoReflect.Descriptor instead.
 func (*StripeDetail) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{74}
+	return file_meta_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *StripeDetail) GetStripe() uint64 {
@@ -5297,7 +5548,7 @@ type TreeTotals struct {
 
 func (x *TreeTotals) Reset() {
 	*x = TreeTotals{}
-	mi := &file_meta_proto_msgTypes[75]
+	mi := &file_meta_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5309,7 +5560,7 @@ func (x *TreeTotals) String() string {
 func (*TreeTotals) ProtoMessage() {}
 
 func (x *TreeTotals) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[75]
+	mi := &file_meta_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5322,7 +5573,7 @@ func (x *TreeTotals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeTotals.ProtoReflect.Descriptor instead.
 func (*TreeTotals) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{75}
+	return file_meta_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *TreeTotals) GetFiles() uint64 {
@@ -5388,7 +5639,7 @@ type InfoReply struct {
 
 func (x *InfoReply) Reset() {
 	*x = InfoReply{}
-	mi := &file_meta_proto_msgTypes[76]
+	mi := &file_meta_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5400,7 +5651,7 @@ func (x *InfoReply) String() string {
 func (*InfoReply) ProtoMessage() {}
 
 func (x *InfoReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[76]
+	mi := &file_meta_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5413,7 +5664,7 @@ func (x *InfoReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoReply.ProtoReflect.Descriptor instead.
 func (*InfoReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{76}
+	return file_meta_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *InfoReply) GetAttr() *Attr {
@@ -5461,7 +5712,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_meta_proto_msgTypes[77]
+	mi := &file_meta_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5473,7 +5724,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[77]
+	mi := &file_meta_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5486,7 +5737,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{77}
+	return file_meta_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *CheckRequest) GetRepair() bool {
@@ -5508,7 +5759,7 @@ type CheckReply struct {
 
 func (x *CheckReply) Reset() {
 	*x = CheckReply{}
-	mi := &file_meta_proto_msgTypes[78]
+	mi := &file_meta_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5520,7 +5771,7 @@ func (x *CheckReply) String() string {
 func (*CheckReply) ProtoMessage() {}
 
 func (x *CheckReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[78]
+	mi := &file_meta_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5533,7 +5784,7 @@ func (x *CheckReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckReply.ProtoReflect.Descriptor instead.
 func (*CheckReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{78}
+	return file_meta_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *CheckReply) GetProblems() []string {
@@ -5572,7 +5823,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_meta_proto_msgTypes[79]
+	mi := &file_meta_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5584,7 +5835,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[79]
+	mi := &file_meta_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5597,7 +5848,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{79}
+	return file_meta_proto_rawDescGZIP(), []int{82}
 }
 
 type ChunkserverStatus struct {
@@ -5623,7 +5874,7 @@ type ChunkserverStatus struct {
 
 func (x *ChunkserverStatus) Reset() {
 	*x = ChunkserverStatus{}
-	mi := &file_meta_proto_msgTypes[80]
+	mi := &file_meta_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5635,7 +5886,7 @@ func (x *ChunkserverStatus) String() string {
 func (*ChunkserverStatus) ProtoMessage() {}
 
 func (x *ChunkserverStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[80]
+	mi := &file_meta_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5648,7 +5899,7 @@ func (x *ChunkserverStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkserverStatus.ProtoReflect.Descriptor instead.
 func (*ChunkserverStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{80}
+	return file_meta_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ChunkserverStatus) GetId() string {
@@ -5769,13 +6020,14 @@ type StatusReply struct {
 	PendingDeletes  uint64                 `protobuf:"varint,9,opt,name=pending_deletes,json=pendingDeletes,proto3" json:"pending_deletes,omitempty"`
 	Repair          *RepairStatus          `protobuf:"bytes,100,opt,name=repair,proto3" json:"repair,omitempty"` // repair: stripe health and repair progress
 	Scrub           *ScrubStatus           `protobuf:"bytes,101,opt,name=scrub,proto3" json:"scrub,omitempty"`
+	Relayout        *RelayoutStatus        `protobuf:"bytes,102,opt,name=relayout,proto3" json:"relayout,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
 
 func (x *StatusReply) Reset() {
 	*x = StatusReply{}
-	mi := &file_meta_proto_msgTypes[81]
+	mi := &file_meta_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5787,7 +6039,7 @@ func (x *StatusReply) String() string {
 func (*StatusReply) ProtoMessage() {}
 
 func (x *StatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[81]
+	mi := &file_meta_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5800,7 +6052,7 @@ func (x *StatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReply.ProtoReflect.Descriptor instead.
 func (*StatusReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{81}
+	return file_meta_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *StatusReply) GetClusterId() string {
@@ -5880,6 +6132,13 @@ func (x *StatusReply) GetScrub() *ScrubStatus {
 	return nil
 }
 
+func (x *StatusReply) GetRelayout() *RelayoutStatus {
+	if x != nil {
+		return x.Relayout
+	}
+	return nil
+}
+
 // ScrubStatus sums the chunkservers' scrubbing.
 type ScrubStatus struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -5905,7 +6164,7 @@ type ScrubStatus struct {
 
 func (x *ScrubStatus) Reset() {
 	*x = ScrubStatus{}
-	mi := &file_meta_proto_msgTypes[82]
+	mi := &file_meta_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5917,7 +6176,7 @@ func (x *ScrubStatus) String() string {
 func (*ScrubStatus) ProtoMessage() {}
 
 func (x *ScrubStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[82]
+	mi := &file_meta_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5930,7 +6189,7 @@ func (x *ScrubStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubStatus.ProtoReflect.Descriptor instead.
 func (*ScrubStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{82}
+	return file_meta_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ScrubStatus) GetIntervalNs() int64 {
@@ -6042,7 +6301,7 @@ type InodeRecord struct {
 
 func (x *InodeRecord) Reset() {
 	*x = InodeRecord{}
-	mi := &file_meta_proto_msgTypes[83]
+	mi := &file_meta_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6054,7 +6313,7 @@ func (x *InodeRecord) String() string {
 func (*InodeRecord) ProtoMessage() {}
 
 func (x *InodeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[83]
+	mi := &file_meta_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6067,7 +6326,7 @@ func (x *InodeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InodeRecord.ProtoReflect.Descriptor instead.
 func (*InodeRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{83}
+	return file_meta_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *InodeRecord) GetAttr() *Attr {
@@ -6124,7 +6383,7 @@ type DentryRecord struct {
 
 func (x *DentryRecord) Reset() {
 	*x = DentryRecord{}
-	mi := &file_meta_proto_msgTypes[84]
+	mi := &file_meta_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6136,7 +6395,7 @@ func (x *DentryRecord) String() string {
 func (*DentryRecord) ProtoMessage() {}
 
 func (x *DentryRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[84]
+	mi := &file_meta_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6149,7 +6408,7 @@ func (x *DentryRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DentryRecord.ProtoReflect.Descriptor instead.
 func (*DentryRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{84}
+	return file_meta_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *DentryRecord) GetIno() uint64 {
@@ -6185,7 +6444,7 @@ type CookieRecord struct {
 
 func (x *CookieRecord) Reset() {
 	*x = CookieRecord{}
-	mi := &file_meta_proto_msgTypes[85]
+	mi := &file_meta_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6197,7 +6456,7 @@ func (x *CookieRecord) String() string {
 func (*CookieRecord) ProtoMessage() {}
 
 func (x *CookieRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[85]
+	mi := &file_meta_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6210,7 +6469,7 @@ func (x *CookieRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CookieRecord.ProtoReflect.Descriptor instead.
 func (*CookieRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{85}
+	return file_meta_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *CookieRecord) GetName() string {
@@ -6249,7 +6508,7 @@ type StripeRecord struct {
 
 func (x *StripeRecord) Reset() {
 	*x = StripeRecord{}
-	mi := &file_meta_proto_msgTypes[86]
+	mi := &file_meta_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6261,7 +6520,7 @@ func (x *StripeRecord) String() string {
 func (*StripeRecord) ProtoMessage() {}
 
 func (x *StripeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[86]
+	mi := &file_meta_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6274,7 +6533,7 @@ func (x *StripeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeRecord.ProtoReflect.Descriptor instead.
 func (*StripeRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{86}
+	return file_meta_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *StripeRecord) GetVersion() uint64 {
@@ -6331,7 +6590,7 @@ type GrantRecord struct {
 
 func (x *GrantRecord) Reset() {
 	*x = GrantRecord{}
-	mi := &file_meta_proto_msgTypes[87]
+	mi := &file_meta_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6343,7 +6602,7 @@ func (x *GrantRecord) String() string {
 func (*GrantRecord) ProtoMessage() {}
 
 func (x *GrantRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[87]
+	mi := &file_meta_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6356,7 +6615,7 @@ func (x *GrantRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRecord.ProtoReflect.Descriptor instead.
 func (*GrantRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{87}
+	return file_meta_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *GrantRecord) GetShards() []*Shard {
@@ -6397,7 +6656,7 @@ type ChunkserverRecord struct {
 
 func (x *ChunkserverRecord) Reset() {
 	*x = ChunkserverRecord{}
-	mi := &file_meta_proto_msgTypes[88]
+	mi := &file_meta_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6409,7 +6668,7 @@ func (x *ChunkserverRecord) String() string {
 func (*ChunkserverRecord) ProtoMessage() {}
 
 func (x *ChunkserverRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[88]
+	mi := &file_meta_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6422,7 +6681,7 @@ func (x *ChunkserverRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkserverRecord.ProtoReflect.Descriptor instead.
 func (*ChunkserverRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{88}
+	return file_meta_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *ChunkserverRecord) GetId() string {
@@ -6499,7 +6758,7 @@ type SessionRecord struct {
 
 func (x *SessionRecord) Reset() {
 	*x = SessionRecord{}
-	mi := &file_meta_proto_msgTypes[89]
+	mi := &file_meta_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6511,7 +6770,7 @@ func (x *SessionRecord) String() string {
 func (*SessionRecord) ProtoMessage() {}
 
 func (x *SessionRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[89]
+	mi := &file_meta_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6524,7 +6783,7 @@ func (x *SessionRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRecord.ProtoReflect.Descriptor instead.
 func (*SessionRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{89}
+	return file_meta_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *SessionRecord) GetClient() string {
@@ -6573,7 +6832,7 @@ type InoRange struct {
 
 func (x *InoRange) Reset() {
 	*x = InoRange{}
-	mi := &file_meta_proto_msgTypes[90]
+	mi := &file_meta_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6585,7 +6844,7 @@ func (x *InoRange) String() string {
 func (*InoRange) ProtoMessage() {}
 
 func (x *InoRange) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[90]
+	mi := &file_meta_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6598,7 +6857,7 @@ func (x *InoRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InoRange.ProtoReflect.Descriptor instead.
 func (*InoRange) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{90}
+	return file_meta_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *InoRange) GetFirst() uint64 {
@@ -6627,7 +6886,7 @@ type ClusterRecord struct {
 
 func (x *ClusterRecord) Reset() {
 	*x = ClusterRecord{}
-	mi := &file_meta_proto_msgTypes[91]
+	mi := &file_meta_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6639,7 +6898,7 @@ func (x *ClusterRecord) String() string {
 func (*ClusterRecord) ProtoMessage() {}
 
 func (x *ClusterRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[91]
+	mi := &file_meta_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6652,7 +6911,7 @@ func (x *ClusterRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterRecord.ProtoReflect.Descriptor instead.
 func (*ClusterRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{91}
+	return file_meta_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *ClusterRecord) GetClusterId() string {
@@ -6695,14 +6954,20 @@ type RepairTask struct {
 	StripeLength uint64 `protobuf:"varint,10,opt,name=stripe_length,json=stripeLength,proto3" json:"stripe_length,omitempty"`
 	// verify: build nothing; read every shard, check the parity against the
 	// data, and report the shards found wrong (RepairResult.bad_shards).
-	Verify        bool `protobuf:"varint,11,opt,name=verify,proto3" json:"verify,omitempty"`
+	Verify bool `protobuf:"varint,11,opt,name=verify,proto3" json:"verify,omitempty"`
+	// relayout_to, when set, asks for shard `shard` of the stripe's new layout:
+	// the stripe (read from sources in `layout`, at `version`) re-encoded in
+	// relayout_to (same bytes per stripe), stored as new_chunk_id at
+	// new_version.
+	RelayoutTo    *Layout `protobuf:"bytes,12,opt,name=relayout_to,json=relayoutTo,proto3" json:"relayout_to,omitempty"`
+	NewVersion    uint64  `protobuf:"varint,13,opt,name=new_version,json=newVersion,proto3" json:"new_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RepairTask) Reset() {
 	*x = RepairTask{}
-	mi := &file_meta_proto_msgTypes[92]
+	mi := &file_meta_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6714,7 +6979,7 @@ func (x *RepairTask) String() string {
 func (*RepairTask) ProtoMessage() {}
 
 func (x *RepairTask) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[92]
+	mi := &file_meta_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6727,7 +6992,7 @@ func (x *RepairTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairTask.ProtoReflect.Descriptor instead.
 func (*RepairTask) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{92}
+	return file_meta_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *RepairTask) GetTaskId() uint64 {
@@ -6807,6 +7072,20 @@ func (x *RepairTask) GetVerify() bool {
 	return false
 }
 
+func (x *RepairTask) GetRelayoutTo() *Layout {
+	if x != nil {
+		return x.RelayoutTo
+	}
+	return nil
+}
+
+func (x *RepairTask) GetNewVersion() uint64 {
+	if x != nil {
+		return x.NewVersion
+	}
+	return 0
+}
+
 // RepairResult reports how a task ended.
 type RepairResult struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -6832,7 +7111,7 @@ type RepairResult struct {
 
 func (x *RepairResult) Reset() {
 	*x = RepairResult{}
-	mi := &file_meta_proto_msgTypes[93]
+	mi := &file_meta_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6844,7 +7123,7 @@ func (x *RepairResult) String() string {
 func (*RepairResult) ProtoMessage() {}
 
 func (x *RepairResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[93]
+	mi := &file_meta_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6857,7 +7136,7 @@ func (x *RepairResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairResult.ProtoReflect.Descriptor instead.
 func (*RepairResult) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{93}
+	return file_meta_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *RepairResult) GetTaskId() uint64 {
@@ -6937,7 +7216,7 @@ type RepairPollRequest struct {
 
 func (x *RepairPollRequest) Reset() {
 	*x = RepairPollRequest{}
-	mi := &file_meta_proto_msgTypes[94]
+	mi := &file_meta_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6949,7 +7228,7 @@ func (x *RepairPollRequest) String() string {
 func (*RepairPollRequest) ProtoMessage() {}
 
 func (x *RepairPollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[94]
+	mi := &file_meta_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6962,7 +7241,7 @@ func (x *RepairPollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPollRequest.ProtoReflect.Descriptor instead.
 func (*RepairPollRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{94}
+	return file_meta_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *RepairPollRequest) GetId() string {
@@ -7003,7 +7282,7 @@ type RepairPollReply struct {
 
 func (x *RepairPollReply) Reset() {
 	*x = RepairPollReply{}
-	mi := &file_meta_proto_msgTypes[95]
+	mi := &file_meta_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7015,7 +7294,7 @@ func (x *RepairPollReply) String() string {
 func (*RepairPollReply) ProtoMessage() {}
 
 func (x *RepairPollReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[95]
+	mi := &file_meta_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7028,7 +7307,7 @@ func (x *RepairPollReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPollReply.ProtoReflect.Descriptor instead.
 func (*RepairPollReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{95}
+	return file_meta_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *RepairPollReply) GetTasks() []*RepairTask {
@@ -7057,7 +7336,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_meta_proto_msgTypes[96]
+	mi := &file_meta_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7069,7 +7348,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[96]
+	mi := &file_meta_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7082,7 +7361,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{96}
+	return file_meta_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *DrainRequest) GetId() string {
@@ -7109,7 +7388,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_meta_proto_msgTypes[97]
+	mi := &file_meta_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7121,7 +7400,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[97]
+	mi := &file_meta_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7134,7 +7413,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{97}
+	return file_meta_proto_rawDescGZIP(), []int{100}
 }
 
 type RebalanceReply struct {
@@ -7146,7 +7425,7 @@ type RebalanceReply struct {
 
 func (x *RebalanceReply) Reset() {
 	*x = RebalanceReply{}
-	mi := &file_meta_proto_msgTypes[98]
+	mi := &file_meta_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7158,7 +7437,7 @@ func (x *RebalanceReply) String() string {
 func (*RebalanceReply) ProtoMessage() {}
 
 func (x *RebalanceReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[98]
+	mi := &file_meta_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7171,7 +7450,7 @@ func (x *RebalanceReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceReply.ProtoReflect.Descriptor instead.
 func (*RebalanceReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{98}
+	return file_meta_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *RebalanceReply) GetMovesPlanned() uint64 {
@@ -7203,7 +7482,7 @@ type RepairStatus struct {
 
 func (x *RepairStatus) Reset() {
 	*x = RepairStatus{}
-	mi := &file_meta_proto_msgTypes[99]
+	mi := &file_meta_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7215,7 +7494,7 @@ func (x *RepairStatus) String() string {
 func (*RepairStatus) ProtoMessage() {}
 
 func (x *RepairStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[99]
+	mi := &file_meta_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7228,7 +7507,7 @@ func (x *RepairStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairStatus.ProtoReflect.Descriptor instead.
 func (*RepairStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{99}
+	return file_meta_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *RepairStatus) GetHealthyStripes() uint64 {
@@ -7336,7 +7615,7 @@ type RequestRecord struct {
 
 func (x *RequestRecord) Reset() {
 	*x = RequestRecord{}
-	mi := &file_meta_proto_msgTypes[100]
+	mi := &file_meta_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7348,7 +7627,7 @@ func (x *RequestRecord) String() string {
 func (*RequestRecord) ProtoMessage() {}
 
 func (x *RequestRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[100]
+	mi := &file_meta_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7361,7 +7640,7 @@ func (x *RequestRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRecord.ProtoReflect.Descriptor instead.
 func (*RequestRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{100}
+	return file_meta_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *RequestRecord) GetCommittedNs() int64 {
@@ -7394,7 +7673,7 @@ type DumpRecord struct {
 
 func (x *DumpRecord) Reset() {
 	*x = DumpRecord{}
-	mi := &file_meta_proto_msgTypes[101]
+	mi := &file_meta_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7406,7 +7685,7 @@ func (x *DumpRecord) String() string {
 func (*DumpRecord) ProtoMessage() {}
 
 func (x *DumpRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[101]
+	mi := &file_meta_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7419,7 +7698,7 @@ func (x *DumpRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpRecord.ProtoReflect.Descriptor instead.
 func (*DumpRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{101}
+	return file_meta_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *DumpRecord) GetHeader() *DumpHeader {
@@ -7464,7 +7743,7 @@ type DumpTrailer struct {
 
 func (x *DumpTrailer) Reset() {
 	*x = DumpTrailer{}
-	mi := &file_meta_proto_msgTypes[102]
+	mi := &file_meta_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7476,7 +7755,7 @@ func (x *DumpTrailer) String() string {
 func (*DumpTrailer) ProtoMessage() {}
 
 func (x *DumpTrailer) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[102]
+	mi := &file_meta_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7489,7 +7768,7 @@ func (x *DumpTrailer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpTrailer.ProtoReflect.Descriptor instead.
 func (*DumpTrailer) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{102}
+	return file_meta_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *DumpTrailer) GetRecords() uint64 {
@@ -7519,7 +7798,7 @@ type DumpHeader struct {
 
 func (x *DumpHeader) Reset() {
 	*x = DumpHeader{}
-	mi := &file_meta_proto_msgTypes[103]
+	mi := &file_meta_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7531,7 +7810,7 @@ func (x *DumpHeader) String() string {
 func (*DumpHeader) ProtoMessage() {}
 
 func (x *DumpHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[103]
+	mi := &file_meta_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7544,7 +7823,7 @@ func (x *DumpHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpHeader.ProtoReflect.Descriptor instead.
 func (*DumpHeader) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{103}
+	return file_meta_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *DumpHeader) GetFormatVersion() uint32 {
@@ -7592,7 +7871,7 @@ type FileLock struct {
 
 func (x *FileLock) Reset() {
 	*x = FileLock{}
-	mi := &file_meta_proto_msgTypes[104]
+	mi := &file_meta_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7604,7 +7883,7 @@ func (x *FileLock) String() string {
 func (*FileLock) ProtoMessage() {}
 
 func (x *FileLock) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[104]
+	mi := &file_meta_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7617,7 +7896,7 @@ func (x *FileLock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileLock.ProtoReflect.Descriptor instead.
 func (*FileLock) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{104}
+	return file_meta_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *FileLock) GetSession() uint64 {
@@ -7679,7 +7958,7 @@ type LockRecord struct {
 
 func (x *LockRecord) Reset() {
 	*x = LockRecord{}
-	mi := &file_meta_proto_msgTypes[105]
+	mi := &file_meta_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7691,7 +7970,7 @@ func (x *LockRecord) String() string {
 func (*LockRecord) ProtoMessage() {}
 
 func (x *LockRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[105]
+	mi := &file_meta_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7704,7 +7983,7 @@ func (x *LockRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecord.ProtoReflect.Descriptor instead.
 func (*LockRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{105}
+	return file_meta_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *LockRecord) GetLocks() []*FileLock {
@@ -7735,7 +8014,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_meta_proto_msgTypes[106]
+	mi := &file_meta_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7747,7 +8026,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[106]
+	mi := &file_meta_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7760,7 +8039,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{106}
+	return file_meta_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *LockRequest) GetIno() uint64 {
@@ -7801,7 +8080,7 @@ type LockReply struct {
 
 func (x *LockReply) Reset() {
 	*x = LockReply{}
-	mi := &file_meta_proto_msgTypes[107]
+	mi := &file_meta_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7813,7 +8092,7 @@ func (x *LockReply) String() string {
 func (*LockReply) ProtoMessage() {}
 
 func (x *LockReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[107]
+	mi := &file_meta_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7826,7 +8105,7 @@ func (x *LockReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockReply.ProtoReflect.Descriptor instead.
 func (*LockReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{107}
+	return file_meta_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *LockReply) GetGranted() bool {
@@ -8099,7 +8378,31 @@ const file_meta_proto_rawDesc = "" +
 	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12.\n" +
 	"\x06layout\x18\x03 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\"$\n" +
 	"\x10GetLayoutRequest\x12\x10\n" +
-	"\x03ino\x18\x01 \x01(\x04R\x03ino\"=\n" +
+	"\x03ino\x18\x01 \x01(\x04R\x03ino\"\x9f\x01\n" +
+	"\x0fRelayoutRequest\x12.\n" +
+	"\x06caller\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.CallerR\x06caller\x12\x10\n" +
+	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12.\n" +
+	"\x06layout\x18\x03 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\x12\x1a\n" +
+	"\bprogress\x18\x04 \x01(\bR\bprogress\"\xd9\x01\n" +
+	"\rRelayoutReply\x12!\n" +
+	"\ffiles_queued\x18\x01 \x01(\x04R\vfilesQueued\x12\x1d\n" +
+	"\n" +
+	"files_left\x18\x02 \x01(\x04R\tfilesLeft\x12!\n" +
+	"\fstripes_left\x18\x03 \x01(\x04R\vstripesLeft\x12\x1d\n" +
+	"\n" +
+	"bytes_left\x18\x04 \x01(\x04R\tbytesLeft\x12#\n" +
+	"\rstripes_total\x18\x05 \x01(\x04R\fstripesTotal\x12\x1f\n" +
+	"\vbytes_total\x18\x06 \x01(\x04R\n" +
+	"bytesTotal\"\xec\x01\n" +
+	"\x0eRelayoutStatus\x12#\n" +
+	"\rfiles_pending\x18\x01 \x01(\x04R\ffilesPending\x12\x1b\n" +
+	"\tin_flight\x18\x02 \x01(\x04R\binFlight\x12!\n" +
+	"\fstripes_done\x18\x03 \x01(\x04R\vstripesDone\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\x04 \x01(\x04R\tbytesDone\x12\x16\n" +
+	"\x06failed\x18\x05 \x01(\x04R\x06failed\x12\x14\n" +
+	"\x05stale\x18\x06 \x01(\x04R\x05stale\x12(\n" +
+	"\x10bytes_per_second\x18\a \x01(\x01R\x0ebytesPerSecond\"=\n" +
 	"\vLayoutReply\x12.\n" +
 	"\x06layout\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\"\xa8\x01\n" +
 	"\x05Shard\x12\x19\n" +
@@ -8285,7 +8588,7 @@ const file_meta_proto_rawDesc = "" +
 	"\x0fpending_deletes\x18\f \x01(\x04R\x0ependingDeletes\x12\x1a\n" +
 	"\bretiring\x18d \x01(\bR\bretiring\x12\x16\n" +
 	"\x06shards\x18e \x01(\x04R\x06shards\x121\n" +
-	"\x05scrub\x18f \x01(\v2\x1b.rdmafs.meta.v1.ScrubReportR\x05scrub\"\xdd\x03\n" +
+	"\x05scrub\x18f \x01(\v2\x1b.rdmafs.meta.v1.ScrubReportR\x05scrub\"\x99\x04\n" +
 	"\vStatusReply\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12=\n" +
@@ -8298,7 +8601,8 @@ const file_meta_proto_rawDesc = "" +
 	"\bsessions\x18\b \x01(\x04R\bsessions\x12'\n" +
 	"\x0fpending_deletes\x18\t \x01(\x04R\x0ependingDeletes\x124\n" +
 	"\x06repair\x18d \x01(\v2\x1c.rdmafs.meta.v1.RepairStatusR\x06repair\x121\n" +
-	"\x05scrub\x18e \x01(\v2\x1b.rdmafs.meta.v1.ScrubStatusR\x05scrub\"\x95\x04\n" +
+	"\x05scrub\x18e \x01(\v2\x1b.rdmafs.meta.v1.ScrubStatusR\x05scrub\x12:\n" +
+	"\brelayout\x18f \x01(\v2\x1e.rdmafs.meta.v1.RelayoutStatusR\brelayout\"\x95\x04\n" +
 	"\vScrubStatus\x12\x1f\n" +
 	"\vinterval_ns\x18\x01 \x01(\x03R\n" +
 	"intervalNs\x12!\n" +
@@ -8372,7 +8676,7 @@ const file_meta_proto_rawDesc = "" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12=\n" +
 	"\x0edefault_layout\x18\x02 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\rdefaultLayout\x12\x1d\n" +
 	"\n" +
-	"created_ns\x18\x03 \x01(\x03R\tcreatedNs\"\xe1\x02\n" +
+	"created_ns\x18\x03 \x01(\x03R\tcreatedNs\"\xbb\x03\n" +
 	"\n" +
 	"RepairTask\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\x04R\x06taskId\x12\x10\n" +
@@ -8387,7 +8691,11 @@ const file_meta_proto_rawDesc = "" +
 	"\vunavailable\x18\t \x03(\rR\vunavailable\x12#\n" +
 	"\rstripe_length\x18\n" +
 	" \x01(\x04R\fstripeLength\x12\x16\n" +
-	"\x06verify\x18\v \x01(\bR\x06verify\"\xfb\x01\n" +
+	"\x06verify\x18\v \x01(\bR\x06verify\x127\n" +
+	"\vrelayout_to\x18\f \x01(\v2\x16.rdmafs.meta.v1.LayoutR\n" +
+	"relayoutTo\x12\x1f\n" +
+	"\vnew_version\x18\r \x01(\x04R\n" +
+	"newVersion\"\xfb\x01\n" +
 	"\fRepairResult\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\x04R\x06taskId\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
@@ -8487,7 +8795,7 @@ const file_meta_proto_rawDesc = "" +
 	"\tLOCK_READ\x10\x00\x12\x0e\n" +
 	"\n" +
 	"LOCK_WRITE\x10\x01\x12\x0f\n" +
-	"\vLOCK_UNLOCK\x10\x022\xf0\x18\n" +
+	"\vLOCK_UNLOCK\x10\x022\xbc\x19\n" +
 	"\x04Meta\x12C\n" +
 	"\x06Lookup\x12\x1d.rdmafs.meta.v1.LookupRequest\x1a\x1a.rdmafs.meta.v1.EntryReply\x12D\n" +
 	"\aGetAttr\x12\x1e.rdmafs.meta.v1.GetAttrRequest\x1a\x19.rdmafs.meta.v1.AttrReply\x12D\n" +
@@ -8518,7 +8826,8 @@ const file_meta_proto_rawDesc = "" +
 	"\aRelease\x12\x1e.rdmafs.meta.v1.ReleaseRequest\x1a\x15.rdmafs.meta.v1.Empty\x12>\n" +
 	"\x04Lock\x12\x1b.rdmafs.meta.v1.LockRequest\x1a\x19.rdmafs.meta.v1.LockReply\x12D\n" +
 	"\tSetLayout\x12 .rdmafs.meta.v1.SetLayoutRequest\x1a\x15.rdmafs.meta.v1.Empty\x12J\n" +
-	"\tGetLayout\x12 .rdmafs.meta.v1.GetLayoutRequest\x1a\x1b.rdmafs.meta.v1.LayoutReply\x12P\n" +
+	"\tGetLayout\x12 .rdmafs.meta.v1.GetLayoutRequest\x1a\x1b.rdmafs.meta.v1.LayoutReply\x12J\n" +
+	"\bRelayout\x12\x1f.rdmafs.meta.v1.RelayoutRequest\x1a\x1d.rdmafs.meta.v1.RelayoutReply\x12P\n" +
 	"\n" +
 	"GrantWrite\x12!.rdmafs.meta.v1.GrantWriteRequest\x1a\x1f.rdmafs.meta.v1.GrantWriteReply\x12Y\n" +
 	"\rCommitStripes\x12$.rdmafs.meta.v1.CommitStripesRequest\x1a\".rdmafs.meta.v1.CommitStripesReply\x12Y\n" +
@@ -8550,7 +8859,7 @@ func file_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 108)
+var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 111)
 var file_meta_proto_goTypes = []any{
 	(RenameFlag)(0),              // 0: rdmafs.meta.v1.RenameFlag
 	(XattrFlag)(0),               // 1: rdmafs.meta.v1.XattrFlag
@@ -8605,64 +8914,67 @@ var file_meta_proto_goTypes = []any{
 	(*ReleaseRequest)(nil),       // 50: rdmafs.meta.v1.ReleaseRequest
 	(*SetLayoutRequest)(nil),     // 51: rdmafs.meta.v1.SetLayoutRequest
 	(*GetLayoutRequest)(nil),     // 52: rdmafs.meta.v1.GetLayoutRequest
-	(*LayoutReply)(nil),          // 53: rdmafs.meta.v1.LayoutReply
-	(*Shard)(nil),                // 54: rdmafs.meta.v1.Shard
-	(*GrantWriteRequest)(nil),    // 55: rdmafs.meta.v1.GrantWriteRequest
-	(*StripeGrant)(nil),          // 56: rdmafs.meta.v1.StripeGrant
-	(*GrantWriteReply)(nil),      // 57: rdmafs.meta.v1.GrantWriteReply
-	(*StripeCommit)(nil),         // 58: rdmafs.meta.v1.StripeCommit
-	(*ReplaceShardsRequest)(nil), // 59: rdmafs.meta.v1.ReplaceShardsRequest
-	(*ReplaceShardsReply)(nil),   // 60: rdmafs.meta.v1.ReplaceShardsReply
-	(*CommitStripesRequest)(nil), // 61: rdmafs.meta.v1.CommitStripesRequest
-	(*CommitStripesReply)(nil),   // 62: rdmafs.meta.v1.CommitStripesReply
-	(*GetStripesRequest)(nil),    // 63: rdmafs.meta.v1.GetStripesRequest
-	(*StripeInfo)(nil),           // 64: rdmafs.meta.v1.StripeInfo
-	(*GetStripesReply)(nil),      // 65: rdmafs.meta.v1.GetStripesReply
-	(*RegisterRequest)(nil),      // 66: rdmafs.meta.v1.RegisterRequest
-	(*RegisterReply)(nil),        // 67: rdmafs.meta.v1.RegisterReply
-	(*ChunkRef)(nil),             // 68: rdmafs.meta.v1.ChunkRef
-	(*HeartbeatRequest)(nil),     // 69: rdmafs.meta.v1.HeartbeatRequest
-	(*ScrubReport)(nil),          // 70: rdmafs.meta.v1.ScrubReport
-	(*HeartbeatReply)(nil),       // 71: rdmafs.meta.v1.HeartbeatReply
-	(*InventoryRequest)(nil),     // 72: rdmafs.meta.v1.InventoryRequest
-	(*ScrubRequest)(nil),         // 73: rdmafs.meta.v1.ScrubRequest
-	(*ScrubReply)(nil),           // 74: rdmafs.meta.v1.ScrubReply
-	(*InfoRequest)(nil),          // 75: rdmafs.meta.v1.InfoRequest
-	(*ShardInfo)(nil),            // 76: rdmafs.meta.v1.ShardInfo
-	(*StripeDetail)(nil),         // 77: rdmafs.meta.v1.StripeDetail
-	(*TreeTotals)(nil),           // 78: rdmafs.meta.v1.TreeTotals
-	(*InfoReply)(nil),            // 79: rdmafs.meta.v1.InfoReply
-	(*CheckRequest)(nil),         // 80: rdmafs.meta.v1.CheckRequest
-	(*CheckReply)(nil),           // 81: rdmafs.meta.v1.CheckReply
-	(*StatusRequest)(nil),        // 82: rdmafs.meta.v1.StatusRequest
-	(*ChunkserverStatus)(nil),    // 83: rdmafs.meta.v1.ChunkserverStatus
-	(*StatusReply)(nil),          // 84: rdmafs.meta.v1.StatusReply
-	(*ScrubStatus)(nil),          // 85: rdmafs.meta.v1.ScrubStatus
-	(*InodeRecord)(nil),          // 86: rdmafs.meta.v1.InodeRecord
-	(*DentryRecord)(nil),         // 87: rdmafs.meta.v1.DentryRecord
-	(*CookieRecord)(nil),         // 88: rdmafs.meta.v1.CookieRecord
-	(*StripeRecord)(nil),         // 89: rdmafs.meta.v1.StripeRecord
-	(*GrantRecord)(nil),          // 90: rdmafs.meta.v1.GrantRecord
-	(*ChunkserverRecord)(nil),    // 91: rdmafs.meta.v1.ChunkserverRecord
-	(*SessionRecord)(nil),        // 92: rdmafs.meta.v1.SessionRecord
-	(*InoRange)(nil),             // 93: rdmafs.meta.v1.InoRange
-	(*ClusterRecord)(nil),        // 94: rdmafs.meta.v1.ClusterRecord
-	(*RepairTask)(nil),           // 95: rdmafs.meta.v1.RepairTask
-	(*RepairResult)(nil),         // 96: rdmafs.meta.v1.RepairResult
-	(*RepairPollRequest)(nil),    // 97: rdmafs.meta.v1.RepairPollRequest
-	(*RepairPollReply)(nil),      // 98: rdmafs.meta.v1.RepairPollReply
-	(*DrainRequest)(nil),         // 99: rdmafs.meta.v1.DrainRequest
-	(*RebalanceRequest)(nil),     // 100: rdmafs.meta.v1.RebalanceRequest
-	(*RebalanceReply)(nil),       // 101: rdmafs.meta.v1.RebalanceReply
-	(*RepairStatus)(nil),         // 102: rdmafs.meta.v1.RepairStatus
-	(*RequestRecord)(nil),        // 103: rdmafs.meta.v1.RequestRecord
-	(*DumpRecord)(nil),           // 104: rdmafs.meta.v1.DumpRecord
-	(*DumpTrailer)(nil),          // 105: rdmafs.meta.v1.DumpTrailer
-	(*DumpHeader)(nil),           // 106: rdmafs.meta.v1.DumpHeader
-	(*FileLock)(nil),             // 107: rdmafs.meta.v1.FileLock
-	(*LockRecord)(nil),           // 108: rdmafs.meta.v1.LockRecord
-	(*LockRequest)(nil),          // 109: rdmafs.meta.v1.LockRequest
-	(*LockReply)(nil),            // 110: rdmafs.meta.v1.LockReply
+	(*RelayoutRequest)(nil),      // 53: rdmafs.meta.v1.RelayoutRequest
+	(*RelayoutReply)(nil),        // 54: rdmafs.meta.v1.RelayoutReply
+	(*RelayoutStatus)(nil),       // 55: rdmafs.meta.v1.RelayoutStatus
+	(*LayoutReply)(nil),          // 56: rdmafs.meta.v1.LayoutReply
+	(*Shard)(nil),                // 57: rdmafs.meta.v1.Shard
+	(*GrantWriteRequest)(nil),    // 58: rdmafs.meta.v1.GrantWriteRequest
+	(*StripeGrant)(nil),          // 59: rdmafs.meta.v1.StripeGrant
+	(*GrantWriteReply)(nil),      // 60: rdmafs.meta.v1.GrantWriteReply
+	(*StripeCommit)(nil),         // 61: rdmafs.meta.v1.StripeCommit
+	(*ReplaceShardsRequest)(nil), // 62: rdmafs.meta.v1.ReplaceShardsRequest
+	(*ReplaceShardsReply)(nil),   // 63: rdmafs.meta.v1.ReplaceShardsReply
+	(*CommitStripesRequest)(nil), // 64: rdmafs.meta.v1.CommitStripesRequest
+	(*CommitStripesReply)(nil),   // 65: rdmafs.meta.v1.CommitStripesReply
+	(*GetStripesRequest)(nil),    // 66: rdmafs.meta.v1.GetStripesRequest
+	(*StripeInfo)(nil),           // 67: rdmafs.meta.v1.StripeInfo
+	(*GetStripesReply)(nil),      // 68: rdmafs.meta.v1.GetStripesReply
+	(*RegisterRequest)(nil),      // 69: rdmafs.meta.v1.RegisterRequest
+	(*RegisterReply)(nil),        // 70: rdmafs.meta.v1.RegisterReply
+	(*ChunkRef)(nil),             // 71: rdmafs.meta.v1.ChunkRef
+	(*HeartbeatRequest)(nil),     // 72: rdmafs.meta.v1.HeartbeatRequest
+	(*ScrubReport)(nil),          // 73: rdmafs.meta.v1.ScrubReport
+	(*HeartbeatReply)(nil),       // 74: rdmafs.meta.v1.HeartbeatReply
+	(*InventoryRequest)(nil),     // 75: rdmafs.meta.v1.InventoryRequest
+	(*ScrubRequest)(nil),         // 76: rdmafs.meta.v1.ScrubRequest
+	(*ScrubReply)(nil),           // 77: rdmafs.meta.v1.ScrubReply
+	(*InfoRequest)(nil),          // 78: rdmafs.meta.v1.InfoRequest
+	(*ShardInfo)(nil),            // 79: rdmafs.meta.v1.ShardInfo
+	(*StripeDetail)(nil),         // 80: rdmafs.meta.v1.StripeDetail
+	(*TreeTotals)(nil),           // 81: rdmafs.meta.v1.TreeTotals
+	(*InfoReply)(nil),            // 82: rdmafs.meta.v1.InfoReply
+	(*CheckRequest)(nil),         // 83: rdmafs.meta.v1.CheckRequest
+	(*CheckReply)(nil),           // 84: rdmafs.meta.v1.CheckReply
+	(*StatusRequest)(nil),        // 85: rdmafs.meta.v1.StatusRequest
+	(*ChunkserverStatus)(nil),    // 86: rdmafs.meta.v1.ChunkserverStatus
+	(*StatusReply)(nil),          // 87: rdmafs.meta.v1.StatusReply
+	(*ScrubStatus)(nil),          // 88: rdmafs.meta.v1.ScrubStatus
+	(*InodeRecord)(nil),          // 89: rdmafs.meta.v1.InodeRecord
+	(*DentryRecord)(nil),         // 90: rdmafs.meta.v1.DentryRecord
+	(*CookieRecord)(nil),         // 91: rdmafs.meta.v1.CookieRecord
+	(*StripeRecord)(nil),         // 92: rdmafs.meta.v1.StripeRecord
+	(*GrantRecord)(nil),          // 93: rdmafs.meta.v1.GrantRecord
+	(*ChunkserverRecord)(nil),    // 94: rdmafs.meta.v1.ChunkserverRecord
+	(*SessionRecord)(nil),        // 95: rdmafs.meta.v1.SessionRecord
+	(*InoRange)(nil),             // 96: rdmafs.meta.v1.InoRange
+	(*ClusterRecord)(nil),        // 97: rdmafs.meta.v1.ClusterRecord
+	(*RepairTask)(nil),           // 98: rdmafs.meta.v1.RepairTask
+	(*RepairResult)(nil),         // 99: rdmafs.meta.v1.RepairResult
+	(*RepairPollRequest)(nil),    // 100: rdmafs.meta.v1.RepairPollRequest
+	(*RepairPollReply)(nil),      // 101: rdmafs.meta.v1.RepairPollReply
+	(*DrainRequest)(nil),         // 102: rdmafs.meta.v1.DrainRequest
+	(*RebalanceRequest)(nil),     // 103: rdmafs.meta.v1.RebalanceRequest
+	(*RebalanceReply)(nil),       // 104: rdmafs.meta.v1.RebalanceReply
+	(*RepairStatus)(nil),         // 105: rdmafs.meta.v1.RepairStatus
+	(*RequestRecord)(nil),        // 106: rdmafs.meta.v1.RequestRecord
+	(*DumpRecord)(nil),           // 107: rdmafs.meta.v1.DumpRecord
+	(*DumpTrailer)(nil),          // 108: rdmafs.meta.v1.DumpTrailer
+	(*DumpHeader)(nil),           // 109: rdmafs.meta.v1.DumpHeader
+	(*FileLock)(nil),             // 110: rdmafs.meta.v1.FileLock
+	(*LockRecord)(nil),           // 111: rdmafs.meta.v1.LockRecord
+	(*LockRequest)(nil),          // 112: rdmafs.meta.v1.LockRequest
+	(*LockReply)(nil),            // 113: rdmafs.meta.v1.LockReply
 }
 var file_meta_proto_depIdxs = []int32{
 	4,   // 0: rdmafs.meta.v1.Attr.layout:type_name -> rdmafs.meta.v1.Layout
@@ -8694,145 +9006,151 @@ var file_meta_proto_depIdxs = []int32{
 	3,   // 26: rdmafs.meta.v1.OpenRequest.caller:type_name -> rdmafs.meta.v1.Caller
 	3,   // 27: rdmafs.meta.v1.SetLayoutRequest.caller:type_name -> rdmafs.meta.v1.Caller
 	4,   // 28: rdmafs.meta.v1.SetLayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 29: rdmafs.meta.v1.LayoutReply.layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 30: rdmafs.meta.v1.StripeGrant.layout:type_name -> rdmafs.meta.v1.Layout
-	54,  // 31: rdmafs.meta.v1.StripeGrant.shards:type_name -> rdmafs.meta.v1.Shard
-	56,  // 32: rdmafs.meta.v1.GrantWriteReply.grants:type_name -> rdmafs.meta.v1.StripeGrant
-	54,  // 33: rdmafs.meta.v1.StripeCommit.shards:type_name -> rdmafs.meta.v1.Shard
-	54,  // 34: rdmafs.meta.v1.ReplaceShardsReply.shards:type_name -> rdmafs.meta.v1.Shard
-	58,  // 35: rdmafs.meta.v1.CommitStripesRequest.stripes:type_name -> rdmafs.meta.v1.StripeCommit
-	5,   // 36: rdmafs.meta.v1.CommitStripesReply.attr:type_name -> rdmafs.meta.v1.Attr
-	4,   // 37: rdmafs.meta.v1.StripeInfo.layout:type_name -> rdmafs.meta.v1.Layout
-	54,  // 38: rdmafs.meta.v1.StripeInfo.shards:type_name -> rdmafs.meta.v1.Shard
-	64,  // 39: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
-	4,   // 40: rdmafs.meta.v1.GetStripesReply.layout:type_name -> rdmafs.meta.v1.Layout
-	68,  // 41: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
-	70,  // 42: rdmafs.meta.v1.HeartbeatRequest.scrub:type_name -> rdmafs.meta.v1.ScrubReport
-	68,  // 43: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
-	68,  // 44: rdmafs.meta.v1.InventoryRequest.chunks:type_name -> rdmafs.meta.v1.ChunkRef
-	4,   // 45: rdmafs.meta.v1.StripeDetail.layout:type_name -> rdmafs.meta.v1.Layout
-	76,  // 46: rdmafs.meta.v1.StripeDetail.shards:type_name -> rdmafs.meta.v1.ShardInfo
-	5,   // 47: rdmafs.meta.v1.InfoReply.attr:type_name -> rdmafs.meta.v1.Attr
-	4,   // 48: rdmafs.meta.v1.InfoReply.layout:type_name -> rdmafs.meta.v1.Layout
-	77,  // 49: rdmafs.meta.v1.InfoReply.stripes:type_name -> rdmafs.meta.v1.StripeDetail
-	78,  // 50: rdmafs.meta.v1.InfoReply.totals:type_name -> rdmafs.meta.v1.TreeTotals
-	70,  // 51: rdmafs.meta.v1.ChunkserverStatus.scrub:type_name -> rdmafs.meta.v1.ScrubReport
-	4,   // 52: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
-	83,  // 53: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
-	102, // 54: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
-	85,  // 55: rdmafs.meta.v1.StatusReply.scrub:type_name -> rdmafs.meta.v1.ScrubStatus
-	5,   // 56: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
-	4,   // 57: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 58: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	54,  // 59: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	54,  // 60: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	4,   // 61: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	93,  // 62: rdmafs.meta.v1.SessionRecord.ino_ranges:type_name -> rdmafs.meta.v1.InoRange
-	4,   // 63: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 64: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
-	54,  // 65: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
-	96,  // 66: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
-	68,  // 67: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
-	95,  // 68: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
-	106, // 69: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
-	105, // 70: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
-	2,   // 71: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
-	107, // 72: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
-	107, // 73: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
-	107, // 74: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
-	7,   // 75: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
-	13,  // 76: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
-	15,  // 77: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
-	16,  // 78: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
-	17,  // 79: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
-	18,  // 80: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
-	19,  // 81: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
-	20,  // 82: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
-	22,  // 83: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
-	23,  // 84: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
-	24,  // 85: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
-	27,  // 86: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
-	28,  // 87: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
-	31,  // 88: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
-	33,  // 89: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
-	34,  // 90: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
-	36,  // 91: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
-	37,  // 92: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
-	26,  // 93: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
-	39,  // 94: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
-	45,  // 95: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
-	41,  // 96: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
-	47,  // 97: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
-	10,  // 98: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
-	48,  // 99: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
-	49,  // 100: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
-	50,  // 101: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
-	109, // 102: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
-	51,  // 103: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
-	52,  // 104: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
-	55,  // 105: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
-	61,  // 106: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
-	59,  // 107: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
-	63,  // 108: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
-	75,  // 109: rdmafs.meta.v1.Meta.Info:input_type -> rdmafs.meta.v1.InfoRequest
-	80,  // 110: rdmafs.meta.v1.Meta.Check:input_type -> rdmafs.meta.v1.CheckRequest
-	66,  // 111: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
-	69,  // 112: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
-	82,  // 113: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
-	97,  // 114: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
-	99,  // 115: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
-	73,  // 116: rdmafs.meta.v1.Meta.Scrub:input_type -> rdmafs.meta.v1.ScrubRequest
-	72,  // 117: rdmafs.meta.v1.Meta.Inventory:input_type -> rdmafs.meta.v1.InventoryRequest
-	100, // 118: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
-	8,   // 119: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
-	14,  // 120: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	14,  // 121: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	8,   // 122: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
-	8,   // 123: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
-	8,   // 124: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
-	8,   // 125: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
-	21,  // 126: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
-	8,   // 127: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
-	12,  // 128: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
-	12,  // 129: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
-	25,  // 130: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
-	30,  // 131: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
-	32,  // 132: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
-	25,  // 133: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
-	35,  // 134: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
-	25,  // 135: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
-	38,  // 136: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
-	25,  // 137: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
-	40,  // 138: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
-	46,  // 139: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
-	43,  // 140: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
-	25,  // 141: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
-	11,  // 142: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
-	25,  // 143: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
-	14,  // 144: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
-	25,  // 145: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
-	110, // 146: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
-	25,  // 147: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
-	53,  // 148: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
-	57,  // 149: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
-	62,  // 150: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
-	60,  // 151: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
-	65,  // 152: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
-	79,  // 153: rdmafs.meta.v1.Meta.Info:output_type -> rdmafs.meta.v1.InfoReply
-	81,  // 154: rdmafs.meta.v1.Meta.Check:output_type -> rdmafs.meta.v1.CheckReply
-	67,  // 155: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
-	71,  // 156: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
-	84,  // 157: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
-	98,  // 158: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
-	25,  // 159: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
-	74,  // 160: rdmafs.meta.v1.Meta.Scrub:output_type -> rdmafs.meta.v1.ScrubReply
-	25,  // 161: rdmafs.meta.v1.Meta.Inventory:output_type -> rdmafs.meta.v1.Empty
-	101, // 162: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
-	119, // [119:163] is the sub-list for method output_type
-	75,  // [75:119] is the sub-list for method input_type
-	75,  // [75:75] is the sub-list for extension type_name
-	75,  // [75:75] is the sub-list for extension extendee
-	0,   // [0:75] is the sub-list for field type_name
+	3,   // 29: rdmafs.meta.v1.RelayoutRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 30: rdmafs.meta.v1.RelayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
+	4,   // 31: rdmafs.meta.v1.LayoutReply.layout:type_name -> rdmafs.meta.v1.Layout
+	4,   // 32: rdmafs.meta.v1.StripeGrant.layout:type_name -> rdmafs.meta.v1.Layout
+	57,  // 33: rdmafs.meta.v1.StripeGrant.shards:type_name -> rdmafs.meta.v1.Shard
+	59,  // 34: rdmafs.meta.v1.GrantWriteReply.grants:type_name -> rdmafs.meta.v1.StripeGrant
+	57,  // 35: rdmafs.meta.v1.StripeCommit.shards:type_name -> rdmafs.meta.v1.Shard
+	57,  // 36: rdmafs.meta.v1.ReplaceShardsReply.shards:type_name -> rdmafs.meta.v1.Shard
+	61,  // 37: rdmafs.meta.v1.CommitStripesRequest.stripes:type_name -> rdmafs.meta.v1.StripeCommit
+	5,   // 38: rdmafs.meta.v1.CommitStripesReply.attr:type_name -> rdmafs.meta.v1.Attr
+	4,   // 39: rdmafs.meta.v1.StripeInfo.layout:type_name -> rdmafs.meta.v1.Layout
+	57,  // 40: rdmafs.meta.v1.StripeInfo.shards:type_name -> rdmafs.meta.v1.Shard
+	67,  // 41: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
+	4,   // 42: rdmafs.meta.v1.GetStripesReply.layout:type_name -> rdmafs.meta.v1.Layout
+	71,  // 43: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
+	73,  // 44: rdmafs.meta.v1.HeartbeatRequest.scrub:type_name -> rdmafs.meta.v1.ScrubReport
+	71,  // 45: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
+	71,  // 46: rdmafs.meta.v1.InventoryRequest.chunks:type_name -> rdmafs.meta.v1.ChunkRef
+	4,   // 47: rdmafs.meta.v1.StripeDetail.layout:type_name -> rdmafs.meta.v1.Layout
+	79,  // 48: rdmafs.meta.v1.StripeDetail.shards:type_name -> rdmafs.meta.v1.ShardInfo
+	5,   // 49: rdmafs.meta.v1.InfoReply.attr:type_name -> rdmafs.meta.v1.Attr
+	4,   // 50: rdmafs.meta.v1.InfoReply.layout:type_name -> rdmafs.meta.v1.Layout
+	80,  // 51: rdmafs.meta.v1.InfoReply.stripes:type_name -> rdmafs.meta.v1.StripeDetail
+	81,  // 52: rdmafs.meta.v1.InfoReply.totals:type_name -> rdmafs.meta.v1.TreeTotals
+	73,  // 53: rdmafs.meta.v1.ChunkserverStatus.scrub:type_name -> rdmafs.meta.v1.ScrubReport
+	4,   // 54: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
+	86,  // 55: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
+	105, // 56: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
+	88,  // 57: rdmafs.meta.v1.StatusReply.scrub:type_name -> rdmafs.meta.v1.ScrubStatus
+	55,  // 58: rdmafs.meta.v1.StatusReply.relayout:type_name -> rdmafs.meta.v1.RelayoutStatus
+	5,   // 59: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
+	4,   // 60: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
+	4,   // 61: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	57,  // 62: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	57,  // 63: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	4,   // 64: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	96,  // 65: rdmafs.meta.v1.SessionRecord.ino_ranges:type_name -> rdmafs.meta.v1.InoRange
+	4,   // 66: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
+	4,   // 67: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
+	57,  // 68: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
+	4,   // 69: rdmafs.meta.v1.RepairTask.relayout_to:type_name -> rdmafs.meta.v1.Layout
+	99,  // 70: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
+	71,  // 71: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
+	98,  // 72: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
+	109, // 73: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
+	108, // 74: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
+	2,   // 75: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
+	110, // 76: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
+	110, // 77: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
+	110, // 78: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
+	7,   // 79: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
+	13,  // 80: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
+	15,  // 81: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
+	16,  // 82: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
+	17,  // 83: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
+	18,  // 84: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
+	19,  // 85: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
+	20,  // 86: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
+	22,  // 87: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
+	23,  // 88: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
+	24,  // 89: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
+	27,  // 90: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
+	28,  // 91: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
+	31,  // 92: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
+	33,  // 93: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
+	34,  // 94: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
+	36,  // 95: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
+	37,  // 96: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
+	26,  // 97: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
+	39,  // 98: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
+	45,  // 99: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
+	41,  // 100: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
+	47,  // 101: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
+	10,  // 102: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
+	48,  // 103: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
+	49,  // 104: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
+	50,  // 105: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
+	112, // 106: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
+	51,  // 107: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
+	52,  // 108: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
+	53,  // 109: rdmafs.meta.v1.Meta.Relayout:input_type -> rdmafs.meta.v1.RelayoutRequest
+	58,  // 110: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
+	64,  // 111: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
+	62,  // 112: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
+	66,  // 113: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
+	78,  // 114: rdmafs.meta.v1.Meta.Info:input_type -> rdmafs.meta.v1.InfoRequest
+	83,  // 115: rdmafs.meta.v1.Meta.Check:input_type -> rdmafs.meta.v1.CheckRequest
+	69,  // 116: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
+	72,  // 117: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
+	85,  // 118: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
+	100, // 119: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
+	102, // 120: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
+	76,  // 121: rdmafs.meta.v1.Meta.Scrub:input_type -> rdmafs.meta.v1.ScrubRequest
+	75,  // 122: rdmafs.meta.v1.Meta.Inventory:input_type -> rdmafs.meta.v1.InventoryRequest
+	103, // 123: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
+	8,   // 124: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
+	14,  // 125: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	14,  // 126: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	8,   // 127: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
+	8,   // 128: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
+	8,   // 129: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
+	8,   // 130: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
+	21,  // 131: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
+	8,   // 132: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
+	12,  // 133: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
+	12,  // 134: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
+	25,  // 135: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
+	30,  // 136: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
+	32,  // 137: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
+	25,  // 138: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
+	35,  // 139: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
+	25,  // 140: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
+	38,  // 141: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
+	25,  // 142: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
+	40,  // 143: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
+	46,  // 144: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
+	43,  // 145: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
+	25,  // 146: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
+	11,  // 147: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
+	25,  // 148: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
+	14,  // 149: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
+	25,  // 150: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
+	113, // 151: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
+	25,  // 152: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
+	56,  // 153: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
+	54,  // 154: rdmafs.meta.v1.Meta.Relayout:output_type -> rdmafs.meta.v1.RelayoutReply
+	60,  // 155: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
+	65,  // 156: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
+	63,  // 157: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
+	68,  // 158: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
+	82,  // 159: rdmafs.meta.v1.Meta.Info:output_type -> rdmafs.meta.v1.InfoReply
+	84,  // 160: rdmafs.meta.v1.Meta.Check:output_type -> rdmafs.meta.v1.CheckReply
+	70,  // 161: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
+	74,  // 162: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
+	87,  // 163: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
+	101, // 164: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
+	25,  // 165: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
+	77,  // 166: rdmafs.meta.v1.Meta.Scrub:output_type -> rdmafs.meta.v1.ScrubReply
+	25,  // 167: rdmafs.meta.v1.Meta.Inventory:output_type -> rdmafs.meta.v1.Empty
+	104, // 168: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
+	124, // [124:169] is the sub-list for method output_type
+	79,  // [79:124] is the sub-list for method input_type
+	79,  // [79:79] is the sub-list for extension type_name
+	79,  // [79:79] is the sub-list for extension extendee
+	0,   // [0:79] is the sub-list for field type_name
 }
 
 func init() { file_meta_proto_init() }
@@ -8846,7 +9164,7 @@ func file_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_proto_rawDesc), len(file_meta_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   108,
+			NumMessages:   111,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

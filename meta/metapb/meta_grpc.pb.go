@@ -53,6 +53,7 @@ const (
 	Meta_Lock_FullMethodName          = "/rdmafs.meta.v1.Meta/Lock"
 	Meta_SetLayout_FullMethodName     = "/rdmafs.meta.v1.Meta/SetLayout"
 	Meta_GetLayout_FullMethodName     = "/rdmafs.meta.v1.Meta/GetLayout"
+	Meta_Relayout_FullMethodName      = "/rdmafs.meta.v1.Meta/Relayout"
 	Meta_GrantWrite_FullMethodName    = "/rdmafs.meta.v1.Meta/GrantWrite"
 	Meta_CommitStripes_FullMethodName = "/rdmafs.meta.v1.Meta/CommitStripes"
 	Meta_ReplaceShards_FullMethodName = "/rdmafs.meta.v1.Meta/ReplaceShards"
@@ -111,6 +112,7 @@ type MetaClient interface {
 	Lock(ctx context.Context, in *LockRequest, opts ...grpc.CallOption) (*LockReply, error)
 	SetLayout(ctx context.Context, in *SetLayoutRequest, opts ...grpc.CallOption) (*Empty, error)
 	GetLayout(ctx context.Context, in *GetLayoutRequest, opts ...grpc.CallOption) (*LayoutReply, error)
+	Relayout(ctx context.Context, in *RelayoutRequest, opts ...grpc.CallOption) (*RelayoutReply, error)
 	GrantWrite(ctx context.Context, in *GrantWriteRequest, opts ...grpc.CallOption) (*GrantWriteReply, error)
 	CommitStripes(ctx context.Context, in *CommitStripesRequest, opts ...grpc.CallOption) (*CommitStripesReply, error)
 	ReplaceShards(ctx context.Context, in *ReplaceShardsRequest, opts ...grpc.CallOption) (*ReplaceShardsReply, error)
@@ -441,6 +443,16 @@ func (c *metaClient) GetLayout(ctx context.Context, in *GetLayoutRequest, opts .
 	return out, nil
 }
 
+func (c *metaClient) Relayout(ctx context.Context, in *RelayoutRequest, opts ...grpc.CallOption) (*RelayoutReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RelayoutReply)
+	err := c.cc.Invoke(ctx, Meta_Relayout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *metaClient) GrantWrite(ctx context.Context, in *GrantWriteRequest, opts ...grpc.CallOption) (*GrantWriteReply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GrantWriteReply)
@@ -623,6 +635,7 @@ type MetaServer interface {
 	Lock(context.Context, *LockRequest) (*LockReply, error)
 	SetLayout(context.Context, *SetLayoutRequest) (*Empty, error)
 	GetLayout(context.Context, *GetLayoutRequest) (*LayoutReply, error)
+	Relayout(context.Context, *RelayoutRequest) (*RelayoutReply, error)
 	GrantWrite(context.Context, *GrantWriteRequest) (*GrantWriteReply, error)
 	CommitStripes(context.Context, *CommitStripesRequest) (*CommitStripesReply, error)
 	ReplaceShards(context.Context, *ReplaceShardsRequest) (*ReplaceShardsReply, error)
@@ -742,6 +755,9 @@ func (UnimplementedMetaServer) SetLayout(context.Context, *SetLayoutRequest) (*E
 }
 func (UnimplementedMetaServer) GetLayout(context.Context, *GetLayoutRequest) (*LayoutReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetLayout not implemented")
+}
+func (UnimplementedMetaServer) Relayout(context.Context, *RelayoutRequest) (*RelayoutReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Relayout not implemented")
 }
 func (UnimplementedMetaServer) GrantWrite(context.Context, *GrantWriteRequest) (*GrantWriteReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method GrantWrite not implemented")
@@ -1346,6 +1362,24 @@ func _Meta_GetLayout_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Meta_Relayout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RelayoutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).Relayout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_Relayout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).Relayout(ctx, req.(*RelayoutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Meta_GrantWrite_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GrantWriteRequest)
 	if err := dec(in); err != nil {
@@ -1724,6 +1758,10 @@ var Meta_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetLayout",
 			Handler:    _Meta_GetLayout_Handler,
+		},
+		{
+			MethodName: "Relayout",
+			Handler:    _Meta_Relayout_Handler,
 		},
 		{
 			MethodName: "GrantWrite",

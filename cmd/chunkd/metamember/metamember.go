@@ -137,6 +137,10 @@ func TaskFromPB(t *metapb.RepairTask) chunkserver.RepairTask {
 	out := chunkserver.RepairTask{ID: t.TaskId, Key: chunk.Key{Chunk: t.NewChunkId, Version: t.Version}, Shard: int(t.Shard),
 		K: int(t.GetLayout().GetK()), M: int(t.GetLayout().GetM()),
 		Length: int64(min(t.StripeLength, 1<<62)), Unit: int64(min(t.GetLayout().GetUnit(), 1<<40)), Verify: t.Verify}
+	if to := t.RelayoutTo; to != nil {
+		out.To = &chunkserver.RelayoutTarget{K: int(to.K), M: int(to.M), Unit: int64(min(to.Unit, 1<<40))}
+		out.Key.Version = t.NewVersion
+	}
 	unavailable := map[uint32]bool{}
 	for _, i := range t.Unavailable {
 		unavailable[i] = true
