@@ -129,7 +129,10 @@ func (r *repairer) close() {
 }
 
 // loop polls the planner and runs up to Parallel tasks at once. A finished
-// task makes it poll at once, to report and take the next.
+// task makes it poll at once, to report and take the next. While work
+// comes, an idle worker polls again soon (from busyPoll, doubling up to
+// PollInterval): the planner queues more as other chunkservers finish
+// their share of a stripe.
 func (r *repairer) loop(ctx context.Context) {
 	defer r.s.wg.Done()
 	s := r.s
@@ -139,6 +142,7 @@ func (r *repairer) loop(ctx context.Context) {
 	t := time.NewTimer(0)
 	defer t.Stop()
 	failures := 0
+	idle := r.cfg.PollInterval
 	for {
 		select {
 		case <-ctx.Done():
@@ -169,6 +173,11 @@ func (r *repairer) loop(ctx context.Context) {
 			continue
 		}
 		failures = 0
+		if len(tasks) > 0 || len(report) > 0 {
+			idle = min(busyPoll, r.cfg.PollInterval)
+		} else {
+			idle = min(2*idle, r.cfg.PollInterval)
+		}
 		report = report[:0]
 		for _, task := range tasks {
 			running++
@@ -178,9 +187,12 @@ func (r *repairer) loop(ctx context.Context) {
 				done <- r.run(ctx, task)
 			}()
 		}
-		t.Reset(r.cfg.PollInterval)
+		t.Reset(idle)
 	}
 }
+
+// busyPoll is how soon an idle repair worker polls again after work came.
+const busyPoll = 50 * time.Millisecond
 
 // run builds one shard and stores it durably.
 func (r *repairer) run(ctx context.Context, t RepairTask) RepairResult {

@@ -220,6 +220,10 @@ func (s *Service) Register(ctx context.Context, req *metapb.RegisterRequest) (*m
 	mb.used, mb.free = req.Used, req.Capacity-min(req.Used, req.Capacity)
 	s.members.mu.Unlock()
 	s.log.Info("chunkserver registered", "id", req.Id, "address", req.Address, "zone", req.Zone, "capacity", req.Capacity, "transports", req.Transports)
+	// A chunkd registering again has restarted: the tasks it ran are gone.
+	if err := s.failTasks(ctx, "lost: its chunkserver restarted", func(t *repairTask) bool { return t.target == req.Id }); err != nil {
+		return nil, err
+	}
 	return &metapb.RegisterReply{HeartbeatIntervalMs: max(s.cfg.HeartbeatTimeout/4, 10*time.Millisecond).Milliseconds(), ClusterId: s.cluster.ClusterId}, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"syscall"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -48,6 +49,7 @@ type relayoutJob struct {
 type relayoutState struct {
 	jobs                       map[stripeKey]*relayoutJob
 	pending                    uint64 // files with a relayout key at the last plan
+	swept                      bool   // the grants of conversions before a restart are collected
 	done, failed, stale, bytes uint64
 	recent                     []rateSample
 }
@@ -96,6 +98,11 @@ func (s *Service) checkLayoutFits(l stripe.Layout) error {
 	}
 	return nil
 }
+
+// relayoutTaskTimeout bounds one shard of a conversion: a stripe's read
+// and one shard's write, which take well under a second on a healthy
+// chunkserver.
+const relayoutTaskTimeout = 30 * time.Second
 
 // relayoutBatch bounds the files changed in one transaction of a request.
 const relayoutBatch = 256
@@ -311,6 +318,9 @@ type relayoutCandidate struct {
 // key, up to a number in flight that keeps every chunkserver busy, and
 // removes the keys of files that are done.
 func (s *Service) planRelayouts(ctx context.Context) error {
+	if err := s.sweepRelayouts(ctx); err != nil {
+		return err
+	}
 	s.lockRepair()
 	_, servers := s.placedShardsLocked()
 	room := 2*int(servers) + 4 - len(s.rep.relayout.jobs)
@@ -403,7 +413,7 @@ func (s *Service) planRelayouts(ctx context.Context) error {
 			if err := putMsg(t, keys.Stripe(c.key.ino, c.key.stripe), st); err != nil {
 				return err
 			}
-			if err := putMsg(t, keys.Grant(c.key.ino, c.key.stripe, v), &metapb.GrantRecord{Shards: targets, ExpiresNs: expires, Layout: c.to}); err != nil {
+			if err := putMsg(t, keys.Grant(c.key.ino, c.key.stripe, v), &metapb.GrantRecord{Shards: targets, ExpiresNs: expires, Layout: c.to, Relayout: true}); err != nil {
 				return err
 			}
 			jobs = append(jobs, &relayoutJob{key: c.key, version: st.Version, length: st.Length, from: st.Layout, shards: st.Shards,
@@ -418,6 +428,55 @@ func (s *Service) planRelayouts(ctx context.Context) error {
 		s.rep.relayout.jobs[j.key] = j
 	}
 	s.repMu.Unlock()
+	return nil
+}
+
+// sweepRelayouts, on the first plan after the service started, collects the
+// grants of conversions an earlier run of the service left (their tasks
+// went with it), and from then on abandons conversions placed on a
+// chunkserver that is down (its tasks cannot finish).
+func (s *Service) sweepRelayouts(ctx context.Context) error {
+	s.lockRepair()
+	first := !s.rep.relayout.swept
+	var down []*relayoutJob
+	for _, j := range s.rep.relayout.jobs {
+		for _, sh := range j.targets {
+			if mb, ok := s.members.byID[sh.ServerId]; !ok || !mb.up {
+				down = append(down, j)
+				break
+			}
+		}
+	}
+	for _, j := range down {
+		s.log.Warn("relayout of a stripe abandoned: a chunkserver it was placed on is down", "ino", j.key.ino, "stripe", j.key.stripe)
+		s.rep.relayout.failed++
+		s.abortRelayoutLocked(j)
+	}
+	s.unlockRepair()
+	if !first && len(down) == 0 {
+		return nil
+	}
+	if err := s.update(ctx, func(t kv.Txn) error {
+		for _, j := range down {
+			if err := dropRelayoutGrant(t, j); err != nil {
+				return err
+			}
+		}
+		if !first {
+			return nil
+		}
+		// Before any job of this run exists: every conversion grant is old.
+		return collectGrants(t, []byte{keys.PrefixGrant}, []byte{keys.PrefixGrant + 1}, func(_, _ uint64, g *metapb.GrantRecord) bool {
+			return g.Relayout
+		})
+	}); err != nil {
+		return err
+	}
+	if first {
+		s.repMu.Lock()
+		s.rep.relayout.swept = true
+		s.repMu.Unlock()
+	}
 	return nil
 }
 
@@ -516,7 +575,7 @@ func (s *Service) assignRelayouts(target string, want int) []*metapb.RepairTask 
 			j.assigned[i] = true
 			r.nextTask++
 			t := &repairTask{id: r.nextTask, key: j.key, version: j.newVersion, shard: i, target: target,
-				newChunk: sh.ChunkId, deadline: now.Add(s.cfg.RepairTaskTimeout), relayout: j}
+				newChunk: sh.ChunkId, deadline: now.Add(min(s.cfg.RepairTaskTimeout, relayoutTaskTimeout)), relayout: j}
 			r.inflight[t.id] = t
 			msg := &metapb.RepairTask{TaskId: t.id, Ino: j.key.ino, Stripe: j.key.stripe, Version: j.version, Layout: j.from,
 				Shard: uint32(i), NewChunkId: sh.ChunkId, StripeLength: j.length, RelayoutTo: j.to, NewVersion: j.newVersion}
@@ -608,7 +667,7 @@ func (s *Service) finishRelayoutTask(ctx context.Context, t *repairTask, res *me
 	if stale {
 		log.Info("relayout of a stripe is stale: a writer changed it first; converted again")
 	}
-	s.kickRepair() // the next stripes, now
+	s.kickRelayout() // the next stripes, now
 	return nil
 }
 
@@ -638,6 +697,14 @@ func commitRelayout(tx kv.Txn, j *relayoutJob) (stale bool, err error) {
 		return false, err
 	}
 	return false, tx.Delete(keys.Grant(j.key.ino, j.key.stripe, j.newVersion))
+}
+
+// kickRelayout asks the background loop to plan conversions soon.
+func (s *Service) kickRelayout() {
+	select {
+	case s.relKick <- struct{}{}:
+	default:
+	}
 }
 
 // relayoutStatus is the state of conversions for Status.

@@ -335,37 +335,45 @@ func (s *Service) planRepairs(ctx context.Context) error {
 // hangs); their chunks, if any were stored, are collected.
 func (s *Service) expireRepairTasks(ctx context.Context) error {
 	now := s.now()
+	return s.failTasks(ctx, "timed out", func(t *repairTask) bool { return now.After(t.deadline) })
+}
+
+// failTasks fails the tasks in flight that match selects; the chunks they
+// may have stored are collected, and conversions they were part of are
+// abandoned.
+func (s *Service) failTasks(ctx context.Context, why string, match func(t *repairTask) bool) error {
 	s.repMu.Lock()
 	var expired []*repairTask
 	var abandoned []*relayoutJob
 	for id, t := range s.rep.inflight {
-		if now.After(t.deadline) {
-			delete(s.rep.inflight, id)
-			if t.relayout != nil {
-				s.log.Warn("relayout of a stripe timed out", "task", t.id, "ino", t.key.ino, "stripe", t.key.stripe, "target", t.target)
-				s.abortRelayoutLocked(t.relayout)
-				s.rep.relayout.failed++
-				abandoned = append(abandoned, t.relayout)
-				continue
-			}
-			s.unbusyLocked(t)
-			if t.verify {
-				s.log.Warn("stripe verification timed out", "task", t.id, "ino", t.key.ino, "stripe", t.key.stripe, "worker", t.target)
-				s.rep.verify.inflight--
-				s.rep.verify.failed++
-				s.verifyDoneLocked()
-				continue // it built nothing
-			}
-			expired = append(expired, t)
-			s.rep.failed++
+		if !match(t) {
+			continue
 		}
+		delete(s.rep.inflight, id)
+		if t.relayout != nil {
+			s.log.Warn("relayout of a stripe: task "+why, "task", t.id, "ino", t.key.ino, "stripe", t.key.stripe, "target", t.target)
+			if s.rep.relayout.jobs[t.relayout.key] == t.relayout {
+				s.rep.relayout.failed++
+				s.abortRelayoutLocked(t.relayout)
+				abandoned = append(abandoned, t.relayout)
+			}
+			continue
+		}
+		s.unbusyLocked(t)
+		if t.verify {
+			s.log.Warn("stripe verification "+why, "task", t.id, "ino", t.key.ino, "stripe", t.key.stripe, "worker", t.target)
+			s.rep.verify.inflight--
+			s.rep.verify.failed++
+			s.verifyDoneLocked()
+			continue // it built nothing
+		}
+		s.log.Warn("repair task "+why, "task", t.id, "ino", t.key.ino, "stripe", t.key.stripe, "shard", t.shard, "target", t.target)
+		expired = append(expired, t)
+		s.rep.failed++
 	}
 	s.repMu.Unlock()
 	if len(expired) == 0 && len(abandoned) == 0 {
 		return nil
-	}
-	for _, t := range expired {
-		s.log.Warn("repair task timed out", "task", t.id, "ino", t.key.ino, "stripe", t.key.stripe, "shard", t.shard, "target", t.target)
 	}
 	return s.update(ctx, func(tx kv.Txn) error {
 		for _, t := range expired {

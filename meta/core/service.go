@@ -140,6 +140,7 @@ type Service struct {
 	repMu   sync.Mutex // after members.mu
 	rep     repairState
 	repKick chan struct{}
+	relKick chan struct{} // plan conversions (relayout.go) without a repair scan
 
 	sessMu   sync.Mutex
 	sessions map[uint64]time.Time // session -> last keepalive
@@ -271,7 +272,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		cfg.LeaseBackoff = time.Second
 	}
 	s := &Service{store: cfg.Store, log: cfg.Logger, now: cfg.Now, cfg: cfg,
-		sessions: map[uint64]time.Time{}, sessTTL: map[uint64]time.Duration{}, repKick: make(chan struct{}, 1),
+		sessions: map[uint64]time.Time{}, sessTTL: map[uint64]time.Duration{}, repKick: make(chan struct{}, 1), relKick: make(chan struct{}, 1),
 		locks: lockState{wake: map[uint64]chan struct{}{}, waitsFor: map[metapb.LockOwner][]metapb.LockOwner{}}}
 	s.members.init()
 	s.rep.init()
@@ -388,6 +389,11 @@ func (s *Service) Run(ctx context.Context) error {
 		case <-t.C:
 		case <-s.repKick:
 			kicked = true
+		case <-s.relKick:
+			if err := s.planRelayouts(ctx); err != nil && ctx.Err() == nil {
+				s.log.Error("relayout: plan", "err", err)
+			}
+			continue
 		}
 		if kicked || time.Since(lastRepair) >= s.cfg.RepairInterval {
 			s.members.sweep(s.now(), s.cfg.HeartbeatTimeout, s.log)

@@ -6580,10 +6580,13 @@ func (x *StripeRecord) GetInlineData() []byte {
 
 // GrantRecord remembers a grant until it is committed or expires.
 type GrantRecord struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Shards        []*Shard               `protobuf:"bytes,1,rep,name=shards,proto3" json:"shards,omitempty"`
-	ExpiresNs     int64                  `protobuf:"varint,2,opt,name=expires_ns,json=expiresNs,proto3" json:"expires_ns,omitempty"`
-	Layout        *Layout                `protobuf:"bytes,3,opt,name=layout,proto3" json:"layout,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Shards    []*Shard               `protobuf:"bytes,1,rep,name=shards,proto3" json:"shards,omitempty"`
+	ExpiresNs int64                  `protobuf:"varint,2,opt,name=expires_ns,json=expiresNs,proto3" json:"expires_ns,omitempty"`
+	Layout    *Layout                `protobuf:"bytes,3,opt,name=layout,proto3" json:"layout,omitempty"`
+	// relayout: the grant of a stripe's conversion (meta/core/relayout.go),
+	// which only the meta server that made it can complete.
+	Relayout      bool `protobuf:"varint,4,opt,name=relayout,proto3" json:"relayout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6637,6 +6640,13 @@ func (x *GrantRecord) GetLayout() *Layout {
 		return x.Layout
 	}
 	return nil
+}
+
+func (x *GrantRecord) GetRelayout() bool {
+	if x != nil {
+		return x.Relayout
+	}
+	return false
 }
 
 // ChunkserverRecord is the stored registration of a chunkserver.
@@ -8644,12 +8654,13 @@ const file_meta_proto_rawDesc = "" +
 	"\x06shards\x18\x04 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\x12!\n" +
 	"\fnext_version\x18\x05 \x01(\x04R\vnextVersion\x12\x1f\n" +
 	"\vinline_data\x18\x06 \x01(\fR\n" +
-	"inlineData\"\x8b\x01\n" +
+	"inlineData\"\xa7\x01\n" +
 	"\vGrantRecord\x12-\n" +
 	"\x06shards\x18\x01 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\x12\x1d\n" +
 	"\n" +
 	"expires_ns\x18\x02 \x01(\x03R\texpiresNs\x12.\n" +
-	"\x06layout\x18\x03 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\"\xe2\x01\n" +
+	"\x06layout\x18\x03 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\x12\x1a\n" +
+	"\brelayout\x18\x04 \x01(\bR\brelayout\"\xe2\x01\n" +
 	"\x11ChunkserverRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1e\n" +
