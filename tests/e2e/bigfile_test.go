@@ -19,8 +19,9 @@ import (
 )
 
 // childEnv makes the test binary a helper process (see runChild) instead of
-// running tests: "write PATH BYTES SEED" or "read PATH", after joining the
-// memory cgroup named by cgroupEnv.
+// running tests: "write PATH BYTES SEED", "read PATH" or "model PATH STOP"
+// (modelWriter until the file STOP exists), after joining the memory cgroup
+// named by cgroupEnv.
 const (
 	childEnv  = "RDMAFS_E2E_CHILD"
 	cgroupEnv = "RDMAFS_E2E_CGROUP"
@@ -70,6 +71,13 @@ func runChild(spec string) int {
 			}
 			return f.Close()
 		}()
+	case len(args) == 3 && args[0] == "model":
+		var checks int
+		checks, err = modelWriter(args[1], func() bool { _, err := os.Stat(args[2]); return err == nil })
+		if err == nil {
+			fmt.Printf("checks %d\n", checks)
+			return 0
+		}
 	case len(args) == 2 && args[0] == "read":
 		err = func() error {
 			f, err := os.Open(args[1])
