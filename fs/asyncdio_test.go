@@ -63,6 +63,7 @@ func (d *pairedReads) Truncate(context.Context, uint64, uint64) error          {
 func (d *pairedReads) Truncated(uint64)                                        {}
 func (d *pairedReads) Size(uint64) (int64, bool)                               { return fileSize, true }
 func (d *pairedReads) Forget(uint64)                                           {}
+func (d *pairedReads) WriteErrors(uint64) (uint64, error)                      { return 0, nil }
 func (d *pairedReads) ObserveCommits(func(uint64), func(uint64, *metapb.Attr)) {}
 
 // iocb and ioEvent are the kernel's struct iocb and struct io_event (linux/aio_abi.h).

@@ -28,6 +28,10 @@ type fileHandle struct {
 	lastOff, lastLen int64
 	seqBytes         int64
 
+	// failuresSeen is the count of the file's write failures this handle
+	// has reported (Data.WriteErrors), under lockMu.
+	failuresSeen uint64
+
 	// The flock held through this open file, and the owners of record locks
 	// taken through it, released at its last close.
 	lockMu      sync.Mutex
@@ -81,7 +85,36 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			}
 		}
 	}
-	return &fileHandle{fsys: n.fsys, node: n, ino: n.ino, flags: flags}, fuseFlags, 0
+	return n.fsys.newHandle(n, n.ino, flags), fuseFlags, 0
+}
+
+// newHandle returns the handle of an open of ino through node; one open
+// for writing reports the write failures that happen from now on.
+func (fsys *FS) newHandle(node *Node, ino uint64, flags uint32) *fileHandle {
+	f := &fileHandle{fsys: fsys, node: node, ino: ino, flags: flags}
+	if d := fsys.opts.Data; d != nil && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		f.failuresSeen, _ = d.WriteErrors(ino)
+	}
+	return f
+}
+
+// writeFailure returns err, the outcome of a flush through this handle, or,
+// when that succeeded, the latest write failure of the file this handle has
+// not reported yet (another handle's flush met it first).
+func (f *fileHandle) writeFailure(err error) error {
+	d := f.fsys.opts.Data
+	if d == nil || f.flags&syscall.O_ACCMODE == syscall.O_RDONLY {
+		return err
+	}
+	n, last := d.WriteErrors(f.ino)
+	f.lockMu.Lock()
+	seen := f.failuresSeen
+	f.failuresSeen = n
+	f.lockMu.Unlock()
+	if err == nil && n != seen && last != nil {
+		return last
+	}
+	return err
 }
 
 func (f *fileHandle) data() (Data, syscall.Errno) {
@@ -257,7 +290,7 @@ func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
 		// is recalled (lease.go). Larger files wait for their chunkservers
 		// here, so that their errors (ENOSPC) reach the application.
 		if dirty, inline := f.uncommitted(); !dirty || inline && f.node.flushBehind() {
-			return 0
+			return dataErrno(f.writeFailure(nil))
 		}
 	}
 	ctx, done := killable(ctx)
@@ -270,7 +303,7 @@ func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	if f.flags&syscall.O_ACCMODE == syscall.O_RDONLY || f.fsys.opts.Data == nil {
 		return 0
 	}
-	return dataErrno(f.fsys.opts.Data.Flush(ctx, f.ino))
+	return dataErrno(f.writeFailure(f.fsys.opts.Data.Flush(ctx, f.ino)))
 }
 
 // uncommitted reports whether the handle may have written data not yet
@@ -295,7 +328,7 @@ func (f *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
 	if d := f.fsys.opts.Data; d != nil {
-		if err := d.Sync(ctx, f.ino); err != nil {
+		if err := f.writeFailure(d.Sync(ctx, f.ino)); err != nil {
 			return dataErrno(err)
 		}
 	}

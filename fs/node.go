@@ -54,6 +54,11 @@ type Data interface {
 	// Size reports the size of ino as this mount sees it while it holds
 	// writes not yet committed (false: the metadata service's is current).
 	Size(ino uint64) (int64, bool)
+	// WriteErrors returns how many writes of ino failed for good (their
+	// data dropped) and the latest failure; a file description reports each
+	// failure that happened while it was open once, at close or fsync, even
+	// if another one's close or fsync met it first (as Linux's errseq).
+	WriteErrors(ino uint64) (uint64, error)
 	// Forget is called when the kernel no longer knows the regular file
 	// ino: nothing has it open. The engine may drop what it keeps of it
 	// once what was written is committed.
@@ -751,7 +756,7 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 			return nil, nil, 0, errno(err)
 		}
 	}
-	return ino, &fileHandle{fsys: n.fsys, node: child, ino: r.Attr.Ino, flags: flags}, 0, 0
+	return ino, n.fsys.newHandle(child, r.Attr.Ino, flags), 0, 0
 }
 
 // newFile answers a create that made the new, empty file a (by meta, or
@@ -770,7 +775,7 @@ func (n *Node) newFile(ctx context.Context, a *metapb.Attr, flags uint32, out *f
 	if d := n.fsys.opts.Data; d != nil {
 		d.Created(a.Ino, a.Layout)
 	}
-	return ino, &fileHandle{fsys: n.fsys, node: child, ino: a.Ino, flags: flags}
+	return ino, n.fsys.newHandle(child, a.Ino, flags)
 }
 
 // Mknod implements gofs.NodeMknoder.

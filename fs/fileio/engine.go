@@ -137,6 +137,16 @@ func (e *Engine) commit(ctx context.Context, req *metapb.CommitStripesRequest) (
 	return r, err
 }
 
+// WriteErrors implements fs.Data: the number of writes of ino that failed
+// for good since the engine has known the file (their data dropped), and
+// the latest failure.
+func (e *Engine) WriteErrors(ino uint64) (uint64, error) {
+	f := e.file(ino)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.failures, f.lastFailure
+}
+
 // Stats count what the engine did.
 type Stats struct {
 	// DegradedReads counts stripes read with shards missing, rebuilt from the
@@ -265,6 +275,11 @@ type file struct {
 	bufBytes int   // buffer bytes held by dirty and flushing stripes
 	sparse   int   // of which slab bytes held by sparse stripes
 	err      error // a background flush's failure, reported by the next Flush
+	// failures counts the writes that failed for good (their data dropped)
+	// and lastFailure is the latest: every open file description reports
+	// each once (WriteErrors), whichever closed or synced first.
+	failures    uint64
+	lastFailure error
 	// A truncate in progress: until meta has answered it (Truncated), a
 	// size read from meta meanwhile may be the old one; the file's size is
 	// sizeCap.

@@ -369,3 +369,46 @@ func TestMinIOTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteFailureReportedToEveryOpen: a write-back that fails for good is
+// reported once to every file description open when it failed, not only to
+// the first that closes or syncs (a forked child's close, another open of
+// the file): the writer's fsync fails too, as with Linux's errseq; a
+// description opened after the failure, or one that reported it already,
+// syncs cleanly.
+func TestWriteFailureReportedToEveryOpen(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{WriteTimeout: time.Second})
+	p := filepath.Join(c.Dir, "f")
+	w, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	other, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	c.Chunk[2].Stop()
+	c.Chunk[4].Stop() // below 4+2's min-write-shards: writes fail after the timeout
+	if _, err := w.Write(random(1<<20, 5)); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Sync(); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("fsync of another open: %v, want EIO", err)
+	}
+	if err := w.Sync(); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("fsync of the writer after another open met its failure: %v, want EIO", err)
+	}
+	if err := w.Sync(); err != nil {
+		t.Fatalf("second fsync of the writer: %v, want the failure reported once", err)
+	}
+	late, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	if err := late.Sync(); err != nil {
+		t.Fatalf("fsync of an open made after the failure: %v", err)
+	}
+}

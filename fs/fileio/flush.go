@@ -185,6 +185,8 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 			f.known = false
 			f.size = -1
 			f.err = err
+			f.failures++
+			f.lastFailure = err
 			return
 		}
 		if conflicts := metaclient.ConflictStripes(err); len(conflicts) > 0 {
