@@ -27,7 +27,7 @@ func (r *repairer) relayout(ctx context.Context, t RepairTask) (int, error) {
 	n := t.K + t.M
 	size := int64(t.K) * t.Unit
 	if t.K < 1 || t.M < 0 || t.Unit <= 0 || len(t.Sources) != n || to.K < 1 || to.M < 0 || to.Unit*int64(to.K) != size ||
-		t.Shard < 0 || t.Shard >= to.K+to.M || t.Length <= 0 || t.Length > size {
+		t.Shard < 0 || t.Shard >= to.K+to.M || t.Length < 0 || t.Length > size {
 		return 0, fmt.Errorf("relayout task %d: bad shape: %d+%d unit %d to %d+%d unit %d, shard %d, %d sources, length %d",
 			t.ID, t.K, t.M, t.Unit, to.K, to.M, to.Unit, t.Shard, len(t.Sources), t.Length)
 	}

@@ -69,6 +69,7 @@ func TestRelayoutWorker(t *testing.T) {
 		{"replication to 4+2, a short stripe, first copy down", 1, 2, 4, 2, 256 << 10, 70000, []int{0}},
 		{"4+2 to replication, a data shard down", 4, 2, 1, 2, 256 << 10, 256 << 10, []int{1}},
 		{"2+1 to 4+2, a short stripe, a data shard down", 2, 1, 4, 2, 256 << 10, 150000, []int{0}},
+		{"an empty stripe", 4, 2, 1, 2, 256 << 10, 0, nil},
 	}
 	for ti, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
