@@ -266,25 +266,20 @@ func (s *Service) relayoutProgress(ctx context.Context, ino uint64) (*metapb.Rel
 			if err != nil || !isReg(rec.Attr) || rec.Attr.Layout == nil {
 				return err
 			}
+			stripes, _, err := fileStripes(r, ino, 0, ^uint64(0))
 			left := false
-			prefix := keys.StripePrefix(ino)
-			err = r.Scan(prefix, kv.PrefixEnd(prefix), 0, func(_, v []byte) error {
-				st := &metapb.StripeRecord{}
-				if err := proto.Unmarshal(v, st); err != nil {
-					return fmt.Errorf("a stripe of inode %d: %w", ino, err)
-				}
-				if st.Version == 0 || len(st.Shards) == 0 {
-					return nil
+			for _, sc := range stripes {
+				if len(sc.st.Shards) == 0 {
+					continue
 				}
 				out.StripesTotal++
-				out.BytesTotal += st.Length
-				if !sameCoding(st.Layout, rec.Attr.Layout) {
+				out.BytesTotal += sc.st.Length
+				if !sameCoding(sc.st.Layout, rec.Attr.Layout) {
 					left = true
 					out.StripesLeft++
-					out.BytesLeft += st.Length
+					out.BytesLeft += sc.st.Length
 				}
-				return nil
-			})
+			}
 			if left {
 				out.FilesLeft++
 			}
@@ -497,26 +492,18 @@ func (s *Service) relayoutLeft(r kv.Reader, ino uint64, limit int, converting ma
 	to := rec.Attr.Layout
 	left := false
 	var out []relayoutCandidate
-	prefix := keys.StripePrefix(ino)
-	if err := r.Scan(prefix, kv.PrefixEnd(prefix), 0, func(k, v []byte) error {
-		_, idx, err := keys.ParseStripe(k)
-		if err != nil {
-			return err
-		}
-		st := &metapb.StripeRecord{}
-		if err := proto.Unmarshal(v, st); err != nil {
-			return fmt.Errorf("stripe %d of inode %d: %w", idx, ino, err)
-		}
-		if st.Version == 0 || len(st.Shards) == 0 || st.Layout == nil || sameCoding(st.Layout, to) {
-			return nil
+	stripes, _, err := fileStripes(r, ino, 0, ^uint64(0))
+	if err != nil {
+		return false, nil, err
+	}
+	for _, sc := range stripes {
+		if len(sc.st.Shards) == 0 || sameCoding(sc.st.Layout, to) {
+			continue
 		}
 		left = true
-		if len(out) < limit && !converting[stripeKey{ino, idx}] {
-			out = append(out, relayoutCandidate{stripeKey{ino, idx}, st, to})
+		if len(out) < limit && !converting[sc.key] {
+			out = append(out, relayoutCandidate{sc.key, sc.st, to})
 		}
-		return nil
-	}); err != nil {
-		return false, nil, err
 	}
 	if left {
 		return true, out, nil
