@@ -766,8 +766,9 @@ func commitRepair(tx kv.Txn, t *repairTask) (stale bool, err error) {
 		return false, err
 	}
 	// The old copy is garbage: its chunkserver deletes it when it heartbeats
-	// again (at once if it is live, e.g. retiring or rebalanced).
-	return false, tx.Put(keys.GC(t.oldServer, t.oldChunk, t.version), nil)
+	// again (at once if it is live, e.g. retiring or rebalanced). A shard
+	// written degraded had no chunkserver and left nothing.
+	return false, queueGC(tx, []*metapb.Shard{{ServerId: t.oldServer, ChunkId: t.oldChunk}}, t.version)
 }
 
 // Drain implements metapb.MetaServer: it marks a chunkserver retiring (no new

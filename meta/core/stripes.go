@@ -635,9 +635,13 @@ func collectGrants(t kv.Txn, start, end []byte, match func(stripe, version uint6
 }
 
 // queueGC records that the chunkservers holding shards must delete version
-// of their chunks; they learn it from their heartbeat replies.
+// of their chunks; they learn it from their heartbeat replies. A shard with
+// no chunkserver (missing: written degraded) has nothing to delete.
 func queueGC(t kv.Txn, shards []*metapb.Shard, version uint64) error {
 	for _, sh := range shards {
+		if sh.ServerId == "" {
+			continue
+		}
 		if err := t.Put(keys.GC(sh.ServerId, sh.ChunkId, version), nil); err != nil {
 			return err
 		}
