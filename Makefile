@@ -5,7 +5,7 @@ PKGS    ?= ./...
 FUZZTIME ?= 20s
 CLUSTER ?= /tmp/rdmafs-cluster
 
-.PHONY: all build deps vet test soak fuzz demo cluster-up cluster-down bench bench-rdma bench-meta bench-fs clean
+.PHONY: all build install deps vet test soak fuzz demo cluster-up cluster-down bench bench-rdma bench-meta bench-fs clean
 
 all: build
 
@@ -16,6 +16,15 @@ VERSION_LDFLAGS = -X github.com/rdmafs/rdmafs/internal/buildinfo.commit=$(shell 
 ## build: compile rdmafs and chunkd into ./bin
 build:
 	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o $(BIN)/ ./cmd/...
+
+## install: rdmafs and chunkd into $(PREFIX)/bin, and the mount(8) helper
+## /sbin/mount.rdmafs (mount -t rdmafs, fstab lines of type rdmafs)
+PREFIX  ?= /usr/local
+SBINDIR ?= /sbin
+install: build
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SBINDIR)
+	install -m 0755 $(BIN)/rdmafs $(BIN)/chunkd $(DESTDIR)$(PREFIX)/bin/
+	ln -sf $(PREFIX)/bin/rdmafs $(DESTDIR)$(SBINDIR)/mount.rdmafs
 
 ## deps: install the Debian packages the tests, demo and benchmarks need (as root)
 deps:

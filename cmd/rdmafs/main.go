@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -21,7 +23,23 @@ func main() {
 	gctune.Apply()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := newRootCommand().ExecuteContext(ctx); err != nil {
+	root := newRootCommand()
+	if filepath.Base(os.Args[0]) == mountHelperName {
+		args, fake, verbose, err := mountHelperArgs(os.Args[1:])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		if fake || verbose {
+			fmt.Fprintln(os.Stderr, "rdmafs", strings.Join(args, " "))
+		}
+		if fake {
+			return
+		}
+		os.Args = append([]string{"rdmafs"}, args...) // a background mount runs them again
+		root.SetArgs(args)
+	}
+	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "rdmafs:", err)
 		os.Exit(1)
 	}

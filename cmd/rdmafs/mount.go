@@ -30,6 +30,7 @@ import (
 	"github.com/rdmafs/rdmafs/internal/sched"
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/client"
+	"github.com/rdmafs/rdmafs/meta/metapb"
 	"github.com/rdmafs/rdmafs/rdma"
 	"github.com/rdmafs/rdmafs/rdma/transport"
 )
@@ -44,6 +45,7 @@ const mountChildEnv = "RDMAFS_MOUNT_CHILD"
 // mountFlags are the mount command's flags as given; config parses and checks
 // them.
 type mountFlags struct {
+	subdir                                                string // --subdir
 	secretFile, tokenFile, transport, memory, metrics     string
 	logLevel, logFile                                     string
 	dirtyLimit, readaheadMem, kernelReadahead, dropBehind string
@@ -79,6 +81,7 @@ type mountConfig struct {
 	cpuProfile           string // --cpuprofile; empty: off
 	debug, schedBatch    bool
 	wsync                bool // --wsync: no creates or unlinks answered before meta
+	subdir               string
 }
 
 // newMountCommand is `rdmafs mount`; runMount does the work.
@@ -124,6 +127,7 @@ unmounts; --background returns once the file system is mounted.`,
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFile, "log-file", "", "log to this file, created 0600 (default stderr; --background: mount-MOUNTPOINT.log in /var/log/rdmafs, or ~/.local/state/rdmafs when not root)")
 	fl.BoolVar(&f.background, "background", false, "return once mounted, serving in a background process")
+	fl.StringVar(&f.subdir, "subdir", "", "mount this directory of the file system (a path from its root; with a mount token, from the token's directory) instead of its root")
 	fl.BoolVar(&f.wsync, "wsync", false, "answer every create and unlink only once meta has applied it (by default a create of a name meta reserved for this mount, and an unlink, are answered at once and sent behind, in order; fsync and fsyncdir wait for them), as CephFS's wsync")
 	fl.BoolVar(&f.schedBatch, "sched-batch", true, "run under SCHED_BATCH (no wake-up preemption: fewer context switches per request)")
 	fl.IntVar(&f.procs, "procs", 0, "Go scheduler processors for the mount (GOMAXPROCS; default $GOMAXPROCS, else the larger of 16 and the CPU count): FUSE reader threads hold one each while blocked reading /dev/fuse")
@@ -224,7 +228,7 @@ func (f *mountFlags) config(metaAddr, mountpoint string) (*mountConfig, error) {
 		readaheadStripes: f.readaheadStripes, procs: f.procs,
 		attrTimeout: f.attrTimeout, entryTimeout: f.entryTimeout, ioTimeout: f.ioTimeout, writeTimeout: f.writeTimeout,
 		metrics: f.metrics, logFile: f.logFile, cpuProfile: f.cpuProfile,
-		debug: f.debug, schedBatch: f.schedBatch, wsync: f.wsync,
+		debug: f.debug, schedBatch: f.schedBatch, wsync: f.wsync, subdir: f.subdir,
 	}
 	var err error
 	if c.tls, err = f.tls.ClientConfig(); err != nil {
@@ -342,6 +346,7 @@ type mountMeta struct {
 	dataKey []byte
 	token   *proto.Token      // nil: dataKey is the cluster secret
 	caps    *chunkclient.Caps // the token's chunk capabilities, from meta's replies
+	root    uint64            // the inode mounted as the root: the session's, or --subdir below it
 }
 
 // openMountMeta reads the cluster secret or the mount token, dials the
@@ -377,7 +382,40 @@ func openMountMeta(ctx context.Context, c *mountConfig) (*mountMeta, error) {
 		return nil, fmt.Errorf("mount: metadata service at %s: %w", c.metaAddr, err)
 	}
 	m.client, m.session = mc, sess
+	m.root = sess.RootIno()
+	if c.subdir != "" {
+		if m.root == 0 {
+			m.root = fs.RootIno
+		}
+		if m.root, err = lookupDir(ctx, mc, m.root, c.subdir); err != nil {
+			m.close()
+			return nil, fmt.Errorf("mount: --subdir %s: %w", c.subdir, err)
+		}
+	}
 	return m, nil
+}
+
+// lookupDir resolves path, component by component, from the directory
+// root and returns its inode, which must be a directory.
+func lookupDir(ctx context.Context, mc metapb.MetaClient, root uint64, path string) (uint64, error) {
+	ino := root
+	for _, name := range strings.Split(path, "/") {
+		if name == "" || name == "." {
+			continue
+		}
+		if name == ".." {
+			return 0, errors.New("'..' is not allowed")
+		}
+		r, err := mc.Lookup(ctx, &metapb.LookupRequest{Caller: &metapb.Caller{}, Parent: ino, Name: name})
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", name, err)
+		}
+		ino = r.Attr.Ino
+		if r.Attr.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+			return 0, fmt.Errorf("%s: %w", name, syscall.ENOTDIR)
+		}
+	}
+	return ino, nil
 }
 
 // close closes the session, which releases its open files on the metadata
@@ -426,7 +464,7 @@ func serveMountMetrics(addr string, eng *fileio.Engine, logger *slog.Logger) (st
 // mountFS builds the file system over m's session and eng and mounts it on
 // c.mountpoint; the returned server is serving the kernel's requests.
 func (c *mountConfig) mountFS(m *mountMeta, eng *fileio.Engine, logger *slog.Logger) (*fs.FS, *fuse.Server, error) {
-	opts := fs.Options{Meta: m.client, Session: m.session.ID(), Root: m.session.RootIno(), Data: eng,
+	opts := fs.Options{Meta: m.client, Session: m.session.ID(), Root: m.root, Data: eng,
 		AttrTimeout: c.attrTimeout, EntryTimeout: c.entryTimeout, Logger: logger, DropBehind: c.dropBehind}
 	if !c.wsync && m.token == nil {
 		// A mount token's mount sends every change itself: meta gives
@@ -593,7 +631,21 @@ func newUmountCommand() *cobra.Command {
 			if lazy {
 				flags = syscall.MNT_DETACH
 			}
-			if err := syscall.Unmount(args[0], flags); err != nil {
+			err := syscall.Unmount(args[0], flags)
+			if errors.Is(err, syscall.EPERM) && os.Geteuid() != 0 {
+				// A user's own FUSE mount: fusermount3 (set-user-ID)
+				// unmounts it for the user who mounted it.
+				args := []string{"-u", args[0]}
+				if lazy {
+					args = []string{"-u", "-z", args[len(args)-1]}
+				}
+				out, ferr := exec.Command("fusermount3", args...).CombinedOutput()
+				if ferr == nil {
+					return nil
+				}
+				err = fmt.Errorf("%w (fusermount3: %v: %s)", err, ferr, strings.TrimSpace(string(out)))
+			}
+			if err != nil {
 				if errors.Is(err, syscall.EBUSY) {
 					return fmt.Errorf("umount %s: busy: files are open or a process has its directory there (--lazy detaches now and unmounts when they close)", args[0])
 				}
@@ -602,7 +654,7 @@ func newUmountCommand() *cobra.Command {
 			return nil
 		},
 	}
-	c.Flags().BoolVar(&lazy, "lazy", false, "detach now, finish when no longer busy")
+	c.Flags().BoolVarP(&lazy, "lazy", "l", false, "detach now, finish when no longer busy")
 	return c
 }
 
