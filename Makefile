@@ -17,14 +17,18 @@ VERSION_LDFLAGS = -X github.com/rdmafs/rdmafs/internal/buildinfo.commit=$(shell 
 build:
 	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o $(BIN)/ ./cmd/...
 
-## install: rdmafs and chunkd into $(PREFIX)/bin, and the mount(8) helper
-## /sbin/mount.rdmafs (mount -t rdmafs, fstab lines of type rdmafs)
+## install: rdmafs and chunkd into $(PREFIX)/bin, the mount(8) helper
+## /sbin/mount.rdmafs (mount -t rdmafs, fstab lines of type rdmafs), the
+## systemd units of deploy/systemd and the docs
 PREFIX  ?= /usr/local
 SBINDIR ?= /sbin
+UNITDIR ?= /etc/systemd/system
 install: build
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SBINDIR)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SBINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/doc/rdmafs
 	install -m 0755 $(BIN)/rdmafs $(BIN)/chunkd $(DESTDIR)$(PREFIX)/bin/
 	ln -sf $(PREFIX)/bin/rdmafs $(DESTDIR)$(SBINDIR)/mount.rdmafs
+	install -m 0644 deploy/systemd/*.service $(DESTDIR)$(UNITDIR)/
+	install -m 0644 docs/*.md $(DESTDIR)$(PREFIX)/share/doc/rdmafs/
 
 ## deps: install the Debian packages the tests, demo and benchmarks need (as root)
 deps:

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rdmafs/rdmafs/internal/sdnotify"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
@@ -219,6 +221,9 @@ func run(ctx context.Context, f *flags) error {
 			return fmt.Errorf("--ready-file: %w", err)
 		}
 	}
+	sdnotify.Ready(log)
+	sdnotify.Watchdog(ctx, log, func(context.Context) error { return nil })
+	context.AfterFunc(ctx, func() { sdnotify.Stopping(log) })
 	err = srv.Serve(ctx)
 	if err != nil && !errors.Is(err, context.Canceled) {
 		return err

@@ -7,6 +7,9 @@ import (
 	"os"
 	"time"
 
+	"github.com/rdmafs/rdmafs/internal/sdnotify"
+	"github.com/rdmafs/rdmafs/meta/metapb"
+
 	"github.com/spf13/cobra"
 
 	"github.com/rdmafs/rdmafs/meta/auth"
@@ -66,7 +69,17 @@ func newMetaCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			sdnotify.Ready(logger)
+			sdnotify.Watchdog(ctx, logger, func(ctx context.Context) error {
+				svc := srv.Service()
+				if svc == nil {
+					return nil // a standby: alive while it campaigns
+				}
+				_, err := svc.StatFS(ctx, &metapb.StatFSRequest{})
+				return err
+			})
 			<-ctx.Done()
+			sdnotify.Stopping(logger)
 			logger.Info("shutting down")
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()

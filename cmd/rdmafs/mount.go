@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rdmafs/rdmafs/internal/sdnotify"
+
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -210,6 +212,9 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 	defer fsys.Close()
 	logger.Info("mounted", "meta", cfg.metaAddr, "mountpoint", cfg.mountpoint, "transport", dev.Name())
 	notifyMounted()
+	sdnotify.Ready(logger)
+	sdnotify.Watchdog(ctx, logger, func(context.Context) error { return nil })
+	context.AfterFunc(ctx, func() { sdnotify.Stopping(logger) })
 	serveMount(ctx, srv, eng, cfg.mountpoint, logger)
 	return nil
 }
