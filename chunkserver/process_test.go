@@ -180,8 +180,8 @@ func TestProcessSIGTERM(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, m := range []string{"chunkd_disk_written_bytes_total 1000", "chunkd_leases 1", "chunkd_connections 1",
-		`chunkd_requests_total{op="Commit",status="ok"} 1`, "chunkd_request_seconds_bucket", "chunkd_resident_bytes 4096"} {
+	for _, m := range []string{"rdmafs_chunkd_disk_written_bytes_total 1000", "rdmafs_chunkd_leases 1", "rdmafs_chunkd_connections 1",
+		`rdmafs_chunkd_requests_total{op="Commit",status="ok"} 1`, "rdmafs_chunkd_request_seconds_bucket", "rdmafs_chunkd_resident_bytes 4096"} {
 		if !strings.Contains(string(body), m) {
 			t.Errorf("metrics lack %q", m)
 		}

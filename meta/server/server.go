@@ -204,7 +204,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		}
 	}()
 	cfg.Logger.Info("meta server started", "listen", lis.Addr().String(), "data", cfg.DataDir,
-		"cluster", svc.ClusterID(), "layout", svc.DefaultLayout().String())
+		"cluster", svc.ClusterID(), "layout", svc.DefaultLayout().String(), "metrics", s.MetricsAddr())
 	return s, nil
 }
 
