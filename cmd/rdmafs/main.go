@@ -62,6 +62,7 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(newRelayoutCommand())
 	root.AddCommand(newInfoCommand())
 	root.AddCommand(newStatusCommand())
+	root.AddCommand(newStatsCommand())
 	root.AddCommand(newMountCommand())
 	root.AddCommand(newUmountCommand())
 	root.AddCommand(newDevCommand())

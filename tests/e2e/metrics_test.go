@@ -3,6 +3,8 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -99,5 +101,49 @@ func TestMetricsNames(t *testing.T) {
 		if own == 0 {
 			t.Errorf("%s: no metric under %s", a, prefix)
 		}
+	}
+
+	// rdmafs stats: one sample of a chunkd while a writer writes.
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			f, err := os.Create(fmt.Sprintf("%s/w%d", c.MountPoint, i%4))
+			if err != nil {
+				return
+			}
+			f.Write(bytes.Repeat([]byte{byte(i)}, 256<<10))
+			f.Sync()
+			f.Close()
+		}
+	}()
+	out, err := rdmafs(t, "stats", targets[2].addr, "--json", "--interval", "700ms")
+	close(stop)
+	<-done
+	if err != nil {
+		t.Fatalf("rdmafs stats: %v\n%s", err, out)
+	}
+	var rows []struct {
+		Metric  string  `json:"metric"`
+		Labels  string  `json:"labels"`
+		PerSec  float64 `json:"per_second"`
+		MeanSec float64 `json:"mean_seconds"`
+	}
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatalf("rdmafs stats --json: %v\n%s", err, out)
+	}
+	var written, latency bool
+	for _, r := range rows {
+		written = written || r.Metric == "rdmafs_chunkd_disk_written_bytes_total" && r.PerSec > 0
+		latency = latency || r.Metric == "rdmafs_chunkd_request_seconds" && r.PerSec > 0 && r.MeanSec > 0
+	}
+	if !written || !latency {
+		t.Fatalf("rdmafs stats of a chunkd under writes shows no bytes written or no request latency:\n%s", out)
 	}
 }
