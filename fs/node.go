@@ -509,15 +509,29 @@ func fillAttr(a *metapb.Attr, out *fuse.Attr) {
 // with the size this mount's uncommitted writes give the file: a process that
 // wrote sees the file that long, before close as after.
 func (fsys *FS) fillAttr(a *metapb.Attr, out *fuse.Attr) {
+	size, dirty := fsys.dataSize(a.Ino)
+	fsys.fillAttrSized(a, out, size, dirty)
+}
+
+// dataSize is Data.Size: the size of ino with this mount's uncommitted
+// writes, if it holds some.
+func (fsys *FS) dataSize(ino uint64) (int64, bool) {
+	if fsys.opts.Data == nil {
+		return 0, false
+	}
+	return fsys.opts.Data.Size(ino)
+}
+
+// fillAttrSized is fillAttr with the engine's size read already (dirty:
+// the mount holds uncommitted writes that make the file size long).
+func (fsys *FS) fillAttrSized(a *metapb.Attr, out *fuse.Attr, size int64, dirty bool) {
 	fillAttr(a, out)
-	if fsys.opts.Data == nil || a.Mode&syscall.S_IFMT != syscall.S_IFREG {
+	if !dirty || a.Mode&syscall.S_IFMT != syscall.S_IFREG {
 		return
 	}
-	if size, ok := fsys.opts.Data.Size(a.Ino); ok {
-		// Uncommitted writes past the committed size count as stored.
-		out.Blocks += (max(uint64(size), a.Size) - a.Size + 511) / 512
-		out.Size = uint64(size)
-	}
+	// Uncommitted writes past the committed size count as stored.
+	out.Blocks += (max(uint64(size), a.Size) - a.Size + 511) / 512
+	out.Size = uint64(size)
 }
 
 // uncommitted reports whether the mount holds writes of ino not yet
@@ -559,6 +573,11 @@ func (fsys *FS) syncMeta(ctx context.Context) syscall.Errno {
 // kernel's inode for a number it already knows.
 func (n *Node) entry(ctx context.Context, a *metapb.Attr, out *fuse.EntryOut) *gofs.Inode {
 	n.fsys.fillAttr(a, &out.Attr)
+	return n.filledEntry(ctx, a, out)
+}
+
+// filledEntry is entry with out.Attr filled already.
+func (n *Node) filledEntry(ctx context.Context, a *metapb.Attr, out *fuse.EntryOut) *gofs.Inode {
 	out.SetEntryTimeout(n.fsys.opts.EntryTimeout)
 	out.SetAttrTimeout(n.fsys.opts.AttrTimeout)
 	child := &Node{fsys: n.fsys, ino: a.Ino}
@@ -572,8 +591,9 @@ func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	if early && n.leaseSaysMissing(name) {
 		return nil, syscall.ENOENT
 	}
-	if _, a := n.ownedChild(name); a != nil {
-		return n.entry(ctx, a, out), 0
+	if _, o := n.ownedChild(name); o.attr != nil {
+		n.fsys.fillAttrSized(o.attr, &out.Attr, o.size, o.dirty)
+		return n.filledEntry(ctx, o.attr, out), 0
 	}
 	ctx, done := killable(ctx)
 	defer done()
@@ -625,12 +645,13 @@ func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut
 		out.SetTimeout(n.fsys.opts.AttrTimeout)
 		return 0
 	}
-	a := n.leaseAttr()
-	if a == nil {
-		a = n.ownedAttr()
-	}
-	if a != nil {
+	if a := n.leaseAttr(); a != nil {
 		n.fsys.fillAttr(a, &out.Attr)
+		out.SetTimeout(n.fsys.opts.AttrTimeout)
+		return 0
+	}
+	if o := n.ownedAttr(); o.attr != nil {
+		n.fsys.fillAttrSized(o.attr, &out.Attr, o.size, o.dirty)
 		out.SetTimeout(n.fsys.opts.AttrTimeout)
 		return 0
 	}

@@ -82,9 +82,23 @@ func (n *Node) disown() {
 	n.fsys.owned.remove(n)
 }
 
+// owned is a file's owned attributes (nil: not known) with the size this
+// mount's uncommitted writes give it (dirty: it holds some).
+type owned struct {
+	attr  *metapb.Attr
+	size  int64
+	dirty bool
+}
+
 // ownedAttr returns the file's attributes if the mount owns it and knows
-// them.
-func (n *Node) ownedAttr() *metapb.Attr {
+// them, with the engine's size of the file. That size is read first: a
+// commit that ends after it was read leaves the writes in the engine (it
+// reports the end, endCommit, before it lets go of them), and one that
+// ended before it has updated the attributes, or made them unknown. Read
+// the other way round, attributes from before a commit could go with an
+// engine that no longer holds its writes: the size from before them.
+func (n *Node) ownedAttr() owned {
+	size, dirty := n.fsys.dataSize(n.ino)
 	n.mu.Lock()
 	a := n.owned.attr
 	if n.owned.busy > 0 {
@@ -92,9 +106,9 @@ func (n *Node) ownedAttr() *metapb.Attr {
 	}
 	n.mu.Unlock()
 	if a == nil || !n.owns() {
-		return nil
+		return owned{}
 	}
-	return a
+	return owned{a, size, dirty}
 }
 
 // owns reports whether the mount owns the file: no other session has
@@ -162,26 +176,26 @@ func (n *Node) noteFetched(gen uint64, a *metapb.Attr) {
 
 // ownedChild returns the node and attributes of name, a file the mount
 // owns in the directory and knows the attributes of.
-func (n *Node) ownedChild(name string) (*Node, *metapb.Attr) {
+func (n *Node) ownedChild(name string) (*Node, owned) {
 	ch := n.GetChild(name)
 	if ch == nil {
-		return nil, nil
+		return nil, owned{}
 	}
 	c, ok := ch.Operations().(*Node)
 	if !ok {
-		return nil, nil
+		return nil, owned{}
 	}
 	c.mu.Lock()
 	in := c.createdIn
 	c.mu.Unlock()
 	if in != n {
-		return nil, nil
+		return nil, owned{}
 	}
-	a := c.ownedAttr()
-	if a == nil {
-		return nil, nil
+	o := c.ownedAttr()
+	if o.attr == nil {
+		return nil, owned{}
 	}
-	return c, a
+	return c, o
 }
 
 // beginCommit and endCommit observe the data engine's commits

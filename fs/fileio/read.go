@@ -83,6 +83,12 @@ func (e *Engine) read(ctx context.Context, ino uint64, p []byte, off int64, inPl
 		dst := p[lo-off : hi-off]
 		so := lo - int64(s)*ss
 		d := f.dirty[s]
+		if fl := f.flushing[s]; d == nil && fl != nil && fl.buf == nil && fl.delta == nil {
+			// A small file's stripe being committed into metadata from
+			// its slabs (commitInline) has no buffer either: it reads
+			// as the sparse stripe it is.
+			d = fl
+		}
 		if d != nil && d.buf == nil {
 			// Sparse: the committed bytes the writes are to be merged with
 			// (read after the lock is let go), with a copy of the writes
