@@ -60,6 +60,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ScrubErrors:     prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "scrub_corrupt_total", Help: "Stored chunk versions scrubbing found corrupt or missing."}),
 		ScrubLastPass:   prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "scrub_last_pass_timestamp_seconds", Help: "When the last full scrub pass finished (unix time)."}),
 	}
+	// Every kind's series exists from the start, at zero, so that rates
+	// and alerts over them work before the first error.
+	for _, kind := range []string{"protocol", "checksum", "nospace", "auth", "bind", "busy", "clone", "commit", "lease",
+		"patch", "patch base", "prepare", "shutdown", "staging", "corrupt"} {
+		m.Errors.WithLabelValues(kind)
+	}
 	if reg != nil {
 		reg.MustRegister(m.BytesRead, m.BytesWritten, m.LeaseBytes, m.Ops, m.Latency, m.Leases, m.Staging,
 			m.StagingBytes, m.ResidentBytes, m.Connections, m.Errors, m.Evictions, m.Revocations, m.StoredBytes, m.StoredVersion,

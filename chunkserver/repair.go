@@ -91,6 +91,7 @@ type repairer struct {
 	pd    rdma.ProtectionDomain
 	mem   *mempool.Pool
 	conns *client.Pool
+	wire  client.WireStats // the work requests of conns
 	limit *rateLimiter
 
 	codecs stripe.Codecs
@@ -115,9 +116,13 @@ func newRepairer(s *Server, cfg RepairConfig) (*repairer, error) {
 		pd.Close()
 		return nil, fmt.Errorf("chunkserver: repair memory of %d bytes: %w", cfg.MemBytes, err)
 	}
-	return &repairer{s: s, cfg: cfg, pd: pd, mem: mem,
-		conns: client.NewPool(s.cfg.Device, pd, client.Options{Secret: s.cfg.Secret}, nil, s.log),
-		limit: newRateLimiter(cfg.Bandwidth)}, nil
+	r := &repairer{s: s, cfg: cfg, pd: pd, mem: mem, limit: newRateLimiter(cfg.Bandwidth)}
+	r.conns = client.NewPool(s.cfg.Device, pd, client.Options{Secret: s.cfg.Secret, Wire: &r.wire}, nil, s.log)
+	if s.cfg.Registerer != nil {
+		// Repair, scrub and relayout read other chunkservers' shards.
+		s.cfg.Registerer.MustRegister(r.wire.Collector(s.cfg.Device.Name()))
+	}
+	return r, nil
 }
 
 func (r *repairer) close() {

@@ -6,6 +6,7 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // MountOptions tune the kernel side of the mount.
@@ -16,6 +17,9 @@ type MountOptions struct {
 	MaxBackground int
 	// Debug logs every FUSE request.
 	Debug bool
+	// Metrics, when set, receives the mount's request metrics: latency and
+	// failures per FUSE operation, bytes read and written (opMetrics).
+	Metrics prometheus.Registerer
 }
 
 // Mount mounts the file system at mountpoint and returns the server, which
@@ -61,7 +65,10 @@ func Mount(mountpoint string, root *Node, opts MountOptions) (*fuse.Server, erro
 		NullPermissions: true,
 	}
 	// gofs.Mount, with the lock owner of FLUSH passed through (rawFS).
-	raw := &rawFS{RawFileSystem: gofs.NewNodeFS(root, gopts), locks: &root.fsys.locks}
+	var raw fuse.RawFileSystem = &rawFS{RawFileSystem: gofs.NewNodeFS(root, gopts), locks: &root.fsys.locks}
+	if opts.Metrics != nil {
+		raw = &meteredFS{RawFileSystem: raw, m: newOpMetrics(opts.Metrics)}
+	}
 	server, err := fuse.NewServer(raw, mountpoint, &gopts.MountOptions)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)

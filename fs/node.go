@@ -96,6 +96,9 @@ type Options struct {
 	// the metadata service has applied them (early.go); nil: every
 	// namespace change waits for meta.
 	Early Early
+	// MetricsAddr is the address the mount serves its metrics on, the
+	// value of MetricsXattr ("": metrics off).
+	MetricsAddr string
 }
 
 // FS is a mounted rdmafs.
@@ -972,6 +975,9 @@ func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 	}
 	if size, e, ok := n.relayoutXattr(ctx, attr, dest); ok {
 		return size, e
+	}
+	if attr == MetricsXattr {
+		return n.metricsXattr(dest)
 	}
 	if attr == LayoutXattr {
 		r, err := n.fsys.meta.GetLayout(ctx, &metapb.GetLayoutRequest{Ino: n.ino})

@@ -13,8 +13,8 @@ import (
 
 	"github.com/rdmafs/rdmafs/fs"
 	"github.com/rdmafs/rdmafs/fs/fstest"
-	"github.com/rdmafs/rdmafs/meta/metatest"
 	"github.com/rdmafs/rdmafs/meta/metapb"
+	"github.com/rdmafs/rdmafs/meta/metatest"
 )
 
 // commitInSize is a file I/O engine that keeps written bytes in memory as

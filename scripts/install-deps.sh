@@ -2,7 +2,7 @@
 # Installs the Debian packages rdmafs' tests, demo and benchmarks need, when run as
 # root on a machine that lacks them. Idempotent and quiet when all is present.
 set -euo pipefail
-pkgs=(fio fuse3 libibverbs-dev librdmacm-dev etcd-server sqlite3 iproute2 nftables util-linux mount systemd)
+pkgs=(fio fuse3 libibverbs-dev librdmacm-dev etcd-server sqlite3 iproute2 nftables util-linux mount systemd chromium)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -56,6 +56,9 @@ type Options struct {
 	// bounds the timeout is 16 times the connection's average request
 	// latency.
 	MinTimeout, MaxTimeout time.Duration
+	// Wire, when set, counts the connection's work requests (shared by a
+	// pool's connections).
+	Wire *WireStats
 }
 
 // Defaults of Options.MinTimeout and MaxTimeout.
@@ -121,6 +124,7 @@ type Client struct {
 	maxSGE int
 
 	maxLeases int
+	wire      *WireStats // nil: not counted
 
 	// A mount token's connection: the capabilities to present and the
 	// chunks presented (caps.go).
@@ -210,7 +214,7 @@ func Dial(ctx context.Context, dev rdma.Device, pd rdma.ProtectionDomain, addr s
 		addr: addr, maxSGE: rdma.MaxSGELimit, minTimeout: opts.MinTimeout, maxTimeout: opts.MaxTimeout,
 		calls: make(map[uint64]*call), ops: make(map[uint64]*op), leases: make(map[chunk.Key]*cachedLease),
 		done: make(chan struct{}), closing: make(chan struct{}), pollDone: make(chan struct{}),
-		caps: opts.Caps,
+		caps: opts.Caps, wire: opts.Wire,
 	}
 	if c.caps != nil {
 		c.authorized = make(map[uint64]bool)
@@ -528,6 +532,7 @@ func (c *Client) complete(wc *rdma.WorkCompletion) {
 	case wc.ID&sendTag != 0:
 		<-c.sq
 		if wc.Status != rdma.WCSuccess {
+			c.wire.failed(WireSend)
 			c.failAll(fmt.Errorf("%w: send: %v", ErrClosed, wc.Status))
 		}
 	case wc.ID&opTag != 0:
@@ -643,12 +648,14 @@ func (c *Client) send(ctx context.Context, reqs []proto.Request) ([]proto.Reply,
 	sge[0].Length = uint32(n)
 	wr := [1]rdma.SendWR{{ID: sendTag | id, Opcode: rdma.OpSend, Flags: rdma.SendSignaled, SGL: sge[:]}}
 	if err := c.post(ctx, wr[:]); err != nil {
+		c.wire.failed(WireSend)
 		c.mu.Lock()
 		delete(c.calls, id)
 		c.mu.Unlock()
 		c.slots <- slot
 		return nil, err
 	}
+	c.wire.posted(WireSend, n)
 	select {
 	case <-cl.done:
 	case <-ctx.Done():
@@ -1140,6 +1147,7 @@ func (c *Client) startOneSided(ctx context.Context, opcode rdma.Opcode, addr uin
 		}
 	}
 	if err := c.post(ctx, wrs); err != nil {
+		c.wire.failed(wireOp(opcode))
 		c.opsMu.Lock()
 		_, mine := c.ops[id]
 		delete(c.ops, id)
@@ -1149,6 +1157,7 @@ func (c *Client) startOneSided(ctx context.Context, opcode rdma.Opcode, addr uin
 		}
 		return nil, err
 	}
+	c.wire.posted(wireOp(opcode), total)
 	return o, nil
 }
 
@@ -1161,6 +1170,7 @@ func (c *Client) finishOneSided(ctx context.Context, o *op, opcode rdma.Opcode) 
 		return nil
 	}
 	if err := c.await(ctx, o); err != nil {
+		c.wire.failed(wireOp(opcode))
 		c.Close()
 		<-o.done
 		c.opPool.Put(o)
@@ -1169,6 +1179,7 @@ func (c *Client) finishOneSided(ctx context.Context, o *op, opcode rdma.Opcode) 
 	status := o.status
 	c.opPool.Put(o)
 	if status != rdma.WCSuccess {
+		c.wire.failed(wireOp(opcode))
 		return &RDMAError{Op: opcode, Status: status}
 	}
 	return nil

@@ -21,7 +21,7 @@ func newMetaCommand() *cobra.Command {
 	var (
 		dataDir, kvURL, listen, secretFile, metricsListen, logLevel string
 		hbTimeout, sessionTTL, grantTTL, electionTTL                time.Duration
-		repairGrace, repairTaskTimeout, scrubInterval               time.Duration
+		repairGrace, repairTaskTimeout, scrubInterval, dashInterval time.Duration
 		durableReplies                                              bool
 		tlsFiles                                                    auth.TLSFiles
 	)
@@ -63,7 +63,7 @@ func newMetaCommand() *cobra.Command {
 			}
 			ctx := cmd.Context()
 			srv, err := server.Start(ctx, server.Config{DataDir: dataDir, KV: kvURL, ElectionTTL: electionTTL, Listen: listen, Secret: secret, TLS: tlsCfg,
-				MetricsListen: metricsListen, HeartbeatTimeout: hbTimeout, SessionTTL: sessionTTL,
+				MetricsListen: metricsListen, DashboardInterval: dashInterval, HeartbeatTimeout: hbTimeout, SessionTTL: sessionTTL,
 				GrantTTL: grantTTL, Logger: logger, RepairGrace: repairGrace, RepairTaskTimeout: repairTaskTimeout, ScrubInterval: scrubInterval,
 				DurableReplies: durableReplies})
 			if err != nil {
@@ -93,7 +93,11 @@ func newMetaCommand() *cobra.Command {
 	f.StringVar(&listen, "listen", "127.0.0.1:7400", "gRPC listen address")
 	f.StringVar(&secretFile, "secret-file", "", "cluster secret file (default DATA/secret)")
 	tlsFiles.Register(f, true)
-	f.StringVar(&metricsListen, "metrics", "", "serve Prometheus metrics (/metrics) and Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:7401 (off when empty)")
+	f.StringVar(&metricsListen, "http", "", "serve the web dashboard (/), Prometheus metrics (/metrics) and Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:7401, over TLS with --tls-cert (off when empty)")
+	f.StringVar(&metricsListen, "metrics", "", "the same as --http")
+	f.MarkHidden("metrics")
+	f.DurationVar(&dashInterval, "dashboard-interval", 10*time.Second, "time between samples of the dashboard's graphs")
+	f.MarkHidden("dashboard-interval")
 	f.DurationVar(&hbTimeout, "heartbeat-timeout", 10*time.Second, "mark a chunkserver down after this long without a heartbeat")
 	f.DurationVar(&sessionTTL, "session-ttl", 30*time.Second, "default client session lifetime without keepalive")
 	f.DurationVar(&grantTTL, "grant-ttl", 10*time.Minute, "collect the chunks of write grants not committed within this time")

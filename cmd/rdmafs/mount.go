@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -77,7 +78,7 @@ type mountConfig struct {
 	entryTimeout         time.Duration
 	ioTimeout            time.Duration
 	writeTimeout         time.Duration
-	metrics              string // --metrics; empty: off
+	metrics              string // --metrics; "" or "off": off
 	logLevel             slog.Level
 	logFile              string // --log-file; empty: stderr
 	cpuProfile           string // --cpuprofile; empty: off
@@ -125,7 +126,7 @@ unmounts; --background returns once the file system is mounted.`,
 	fl.DurationVar(&f.writeTimeout, "write-timeout", 60*time.Second, "how long a write waits while fewer chunkservers than the layout's min-write-shards are reachable, before it fails with EIO")
 	fl.DurationVar(&f.attrTimeout, "attr-timeout", time.Second, "how long the kernel caches attributes")
 	fl.DurationVar(&f.entryTimeout, "entry-timeout", time.Second, "how long the kernel caches names")
-	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics (/metrics) and Go profiles (/debug/pprof/) on this address (empty: off)")
+	fl.StringVar(&f.metrics, "metrics", "127.0.0.1:0", "serve Prometheus metrics (/metrics) and Go profiles (/debug/pprof/) on this address; the default, a free port of 127.0.0.1, is found by `rdmafs stats MOUNTPOINT` (\"off\": no metrics)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFile, "log-file", "", "log to this file, created 0600 (default stderr; --background: mount-MOUNTPOINT.log in /var/log/rdmafs, or ~/.local/state/rdmafs when not root)")
 	fl.BoolVar(&f.background, "background", false, "return once mounted, serving in a background process")
@@ -197,14 +198,20 @@ func runMount(cmd *cobra.Command, f *mountFlags, metaAddr, mountpoint string) er
 	}
 	defer dev.Close()
 	defer eng.Close()
-	if cfg.metrics != "" {
-		stop, err := serveMountMetrics(cfg.metrics, eng, logger)
+	// The metrics server starts before the mount, so that a taken address
+	// fails the mount before the kernel sees it.
+	reg := mountMetrics(eng, dev.Name())
+	var metricsAddr string
+	if cfg.metrics != "" && cfg.metrics != "off" {
+		ms, err := metricshttp.Start(cfg.metrics, reg)
 		if err != nil {
-			return err
+			return fmt.Errorf("mount: --metrics: %w", err)
 		}
-		defer stop()
+		defer ms.Stop(5*time.Second, logger)
+		metricsAddr = ms.Addr()
+		logger.Info("metrics", "addr", metricsAddr)
 	}
-	fsys, srv, err := cfg.mountFS(meta, eng, logger)
+	fsys, srv, err := cfg.mountFS(meta, eng, reg, metricsAddr, logger)
 	if err != nil {
 		return err
 	}
@@ -447,37 +454,20 @@ func (c *mountConfig) newEngine(m *mountMeta, logger *slog.Logger) (rdma.Device,
 	return dev, eng, nil
 }
 
-// serveMountMetrics serves eng's metrics (mountMetrics) and the Go profiles
-// on addr and returns the function that shuts the server down, waiting up to
-// 5 s for requests in progress. Called before mounting, so that a taken
-// address fails the mount before the kernel sees it.
-func serveMountMetrics(addr string, eng *fileio.Engine, logger *slog.Logger) (stop func(), err error) {
-	ms, err := metricshttp.Start(addr, mountMetrics(eng))
-	if err != nil {
-		return nil, fmt.Errorf("mount: --metrics: %w", err)
-	}
-	logger.Info("metrics", "addr", ms.Addr())
-	return func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := ms.Shutdown(sctx); err != nil {
-			logger.Warn("mount: metrics server", "err", err)
-		}
-	}, nil
-}
-
 // mountFS builds the file system over m's session and eng and mounts it on
-// c.mountpoint; the returned server is serving the kernel's requests.
-func (c *mountConfig) mountFS(m *mountMeta, eng *fileio.Engine, logger *slog.Logger) (*fs.FS, *fuse.Server, error) {
+// c.mountpoint, its request metrics registered with reg and metricsAddr
+// the address it serves them on ("": none); the returned server is serving
+// the kernel's requests.
+func (c *mountConfig) mountFS(m *mountMeta, eng *fileio.Engine, reg prometheus.Registerer, metricsAddr string, logger *slog.Logger) (*fs.FS, *fuse.Server, error) {
 	opts := fs.Options{Meta: m.client, Session: m.session.ID(), Root: m.root, Data: eng,
-		AttrTimeout: c.attrTimeout, EntryTimeout: c.entryTimeout, Logger: logger, DropBehind: c.dropBehind}
+		AttrTimeout: c.attrTimeout, EntryTimeout: c.entryTimeout, Logger: logger, DropBehind: c.dropBehind, MetricsAddr: metricsAddr}
 	if !c.wsync && m.token == nil {
 		// A mount token's mount sends every change itself: meta gives
 		// its session no inode numbers nor names.
 		opts.Early = m.session
 	}
 	fsys, root := fs.New(opts)
-	srv, err := fs.Mount(c.mountpoint, root, fs.MountOptions{Debug: c.debug, MaxReadAhead: c.kernelReadahead})
+	srv, err := fs.Mount(c.mountpoint, root, fs.MountOptions{Debug: c.debug, MaxReadAhead: c.kernelReadahead, Metrics: reg})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -540,26 +530,29 @@ func serveMount(ctx context.Context, srv *fuse.Server, eng *fileio.Engine, mount
 }
 
 // mountMetrics is the registry a mount serves on --metrics: the Go runtime,
-// the process and the data engine's counters.
-func mountMetrics(eng *fileio.Engine) *prometheus.Registry {
+// the process, the data engine's counters and its connections' work
+// requests over transport; fs.Mount adds the FUSE requests'.
+func mountMetrics(eng *fileio.Engine, transport string) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
+	counter := func(name, help string, v *atomic.Int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "rdmafs", Subsystem: "client", Name: name, Help: help},
+			func() float64 { return float64(v.Load()) })
+	}
+	st := eng.Stats()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_degraded_stripe_reads_total", Help: "Stripes read with shards missing, rebuilt from survivors."},
-			func() float64 { return float64(eng.Stats().DegradedReads.Load()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_readahead_stripes_total", Help: "Stripes prefetched for sequential readers."},
-			func() float64 { return float64(eng.Stats().ReadaheadStripes.Load()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_readahead_hits_total", Help: "Reads served from prefetched stripes."},
-			func() float64 { return float64(eng.Stats().ReadaheadHits.Load()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_merge_reads_total", Help: "Partly overwritten stripes whose committed data was read in to merge with the new bytes."},
-			func() float64 { return float64(eng.Stats().MergeReads.Load()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_delta_writes_total", Help: "Stripes written as a parity delta (only the changed ranges and the parity's)."},
-			func() float64 { return float64(eng.Stats().DeltaWrites.Load()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_degraded_writes_total", Help: "Stripes committed with shards missing, left to repair."},
-			func() float64 { return float64(eng.Stats().DegradedWrites.Load()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_inline_commits_total", Help: "Small files' stripes committed into metadata instead of shards."},
-			func() float64 { return float64(eng.Stats().InlineCommits.Load()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rdmafs_client_sparse_stripes_total", Help: "Dirty stripes begun sparse: small writes gathered without a whole-stripe buffer."},
-			func() float64 { return float64(eng.Stats().SparseStripes.Load()) }))
+		counter("degraded_stripe_reads_total", "Stripes read with shards missing, rebuilt from survivors.", &st.DegradedReads),
+		counter("readahead_stripes_total", "Stripes prefetched for sequential readers.", &st.ReadaheadStripes),
+		counter("readahead_hits_total", "Reads served from prefetched stripes.", &st.ReadaheadHits),
+		counter("merge_reads_total", "Partly overwritten stripes whose committed data was read in to merge with the new bytes.", &st.MergeReads),
+		counter("delta_writes_total", "Stripes written as a parity delta (only the changed ranges and the parity's).", &st.DeltaWrites),
+		counter("degraded_writes_total", "Stripes committed with shards missing, left to repair.", &st.DegradedWrites),
+		counter("inline_commits_total", "Small files' stripes committed into metadata instead of shards.", &st.InlineCommits),
+		counter("sparse_stripes_total", "Dirty stripes begun sparse: small writes gathered without a whole-stripe buffer.", &st.SparseStripes),
+		counter("write_retries_total", "Shard writes tried again: after a chunkserver answered busy, or on another chunkserver after one failed.", &st.WriteRetries),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "rdmafs", Subsystem: "client", Name: "dirty_bytes",
+			Help: "Buffer memory held by written data not yet committed (dirty and flushing stripes)."},
+			func() float64 { return float64(eng.DirtyBytes()) }),
+		eng.Wire().Collector(transport))
 	return reg
 }
 

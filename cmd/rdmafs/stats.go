@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -15,6 +17,10 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmafs/rdmafs/fs"
+	"github.com/rdmafs/rdmafs/meta/auth"
 )
 
 // newStatsCommand is `rdmafs stats ADDR`: a live view of a process's
@@ -23,22 +29,36 @@ func newStatsCommand() *cobra.Command {
 	var interval time.Duration
 	var count int
 	var asJSON bool
+	var tlsFiles auth.TLSFiles
 	cmd := &cobra.Command{
-		Use:   "stats ADDR",
-		Short: "Live operations per second, bytes per second and latency of a meta server, chunkd or mount",
-		Long: "Reads the Prometheus metrics of the process serving them at ADDR (its --metrics address) every\n" +
-			"--interval and prints, for each counter that moved, its rate, and for each latency histogram\n" +
-			"the operations per second and their mean latency over the interval, like iostat: meta's\n" +
-			"operations, chunkd's requests and bytes, the mount's stripes. --json prints one sample.",
+		Use:   "stats MOUNTPOINT|ADDR",
+		Short: "Live operations per second, bytes per second and latency of a mount, meta server or chunkd",
+		Long: "Reads the Prometheus metrics of a mount (MOUNTPOINT, or any directory in it: the mount serves its\n" +
+			"metrics on a port of 127.0.0.1 unless started with --metrics off) or of the process serving them\n" +
+			"at ADDR (its --metrics or --http address) every --interval and prints, for each counter that\n" +
+			"moved, its rate, and for each latency histogram the operations per second and their mean latency\n" +
+			"over the interval, like iostat: the mount's FUSE requests by operation, bytes read and written\n" +
+			"and transfers by opcode, meta's operations, chunkd's requests and bytes. --json prints one sample.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			url := args[0]
+			url, err := metricsURL(args[0])
+			if err != nil {
+				return err
+			}
+			tc, err := tlsFiles.ClientConfig()
+			if err != nil {
+				return fmt.Errorf("stats: %w", err)
+			}
+			hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
 			if !strings.Contains(url, "://") {
 				url = "http://" + url
+				if tc != nil {
+					url = "https://" + strings.TrimPrefix(url, "http://")
+				}
 			}
 			url = strings.TrimSuffix(url, "/") + "/metrics"
 			ctx := cmd.Context()
-			prev, err := scrape(ctx, url)
+			prev, err := scrape(ctx, hc, url)
 			if err != nil {
 				return err
 			}
@@ -52,7 +72,7 @@ func newStatsCommand() *cobra.Command {
 					return nil
 				case <-time.After(interval):
 				}
-				cur, err := scrape(ctx, url)
+				cur, err := scrape(ctx, hc, url)
 				if err != nil {
 					return err
 				}
@@ -71,7 +91,28 @@ func newStatsCommand() *cobra.Command {
 	cmd.Flags().DurationVar(&interval, "interval", time.Second, "time between samples")
 	cmd.Flags().IntVar(&count, "count", 0, "samples to print (0: until interrupted)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one sample as JSON and exit")
+	tlsFiles.Register(cmd.Flags(), false) // a meta server with TLS serves its metrics over HTTPS
 	return cmd
+}
+
+// metricsURL returns target's metrics address: a mount's (the value of
+// fs.MetricsXattr) when target is a directory, else target itself.
+func metricsURL(target string) (string, error) {
+	st, err := os.Stat(target)
+	if err != nil || !st.IsDir() {
+		return target, nil
+	}
+	buf := make([]byte, 256)
+	n, err := unix.Getxattr(target, fs.MetricsXattr, buf)
+	switch {
+	case errors.Is(err, unix.ENODATA):
+		return "", fmt.Errorf("stats: the mount at %s serves no metrics (mounted with --metrics off)", target)
+	case errors.Is(err, unix.ENOTSUP):
+		return "", fmt.Errorf("stats: %s is not in an rdmafs mount (a mount point, or give a metrics address host:port)", target)
+	case err != nil:
+		return "", fmt.Errorf("stats: %s: %w", target, err)
+	}
+	return string(buf[:n]), nil
 }
 
 // statRow is one line of `rdmafs stats`: a counter's rate, or a
@@ -88,12 +129,12 @@ type statRow struct {
 type sample map[string]map[string][2]float64
 
 // scrape reads url's metrics in the text format.
-func scrape(ctx context.Context, url string) (sample, error) {
+func scrape(ctx context.Context, hc *http.Client, url string) (sample, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("stats: %w", err)
 	}

@@ -32,7 +32,7 @@ func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (in
 		}
 		if d.buf == nil {
 			grew := e.addSparse(d, so, p[lo-off:hi-off])
-			f.bufBytes += grew
+			e.addBuf(f, grew)
 			f.sparse += grew
 			e.sparseTotal.Add(int64(grew))
 		} else {
@@ -139,7 +139,7 @@ func (e *Engine) dirtyStripe(ctx context.Context, f *file, s uint64, lo, hi int6
 		}
 		f.dirty[s] = d
 		if buf != nil {
-			f.bufBytes += len(buf.b)
+			e.addBuf(f, len(buf.b))
 		} else {
 			e.stats.SparseStripes.Add(1)
 		}

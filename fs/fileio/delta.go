@@ -153,7 +153,7 @@ func (e *Engine) planDelta(f *file, s uint64, d *dirtyStripe) *deltaPlan {
 	if p.buf = e.pool.tryGet(at); p.buf == nil {
 		return nil
 	}
-	f.bufBytes += len(p.buf.b)
+	e.addBuf(f, len(p.buf.b))
 	return p
 }
 
@@ -190,7 +190,7 @@ func (e *Engine) dropDelta(f *file, d *dirtyStripe) {
 	if d.delta == nil {
 		return
 	}
-	f.bufBytes -= len(d.delta.buf.b)
+	e.addBuf(f, -len(d.delta.buf.b))
 	e.pool.put(d.delta.buf)
 	d.delta = nil
 }

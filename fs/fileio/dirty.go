@@ -104,7 +104,7 @@ func (d *dirtyStripe) copyWrites(so, n int64) []sparseWrite {
 func (e *Engine) dropSparse(f *file, d *dirtyStripe) int {
 	n := d.sparseBytes()
 	f.sparse -= n
-	f.bufBytes -= n
+	e.addBuf(f, -n)
 	for _, sl := range d.slabs {
 		e.slabs.Put(sl)
 	}
@@ -123,7 +123,7 @@ func (e *Engine) materialize(f *file, d *dirtyStripe, buf *buffer) {
 		copy(buf.b[w.off:], w.b)
 	}
 	e.dropSparse(f, d)
-	f.bufBytes += len(buf.b)
+	e.addBuf(f, len(buf.b))
 }
 
 // inlineData returns the bytes of d, a stripe committed into metadata: its
@@ -149,7 +149,7 @@ func (d *dirtyStripe) inlineData() (data []byte, own bool) {
 // slabs and its delta's. The caller holds f.mu.
 func (e *Engine) dropDirty(f *file, d *dirtyStripe) {
 	if d.buf != nil {
-		f.bufBytes -= len(d.buf.b)
+		e.addBuf(f, -len(d.buf.b))
 		e.pool.put(d.buf)
 		d.buf = nil
 	}

@@ -99,6 +99,9 @@ type Engine struct {
 
 	ra    readaheadState
 	stats Stats
+	wire  chunkclient.WireStats // the connections' work requests (Wire)
+
+	dirtyBytes atomic.Int64 // buffer bytes of all files' dirty and flushing stripes (addBuf)
 
 	slabs       sync.Pool    // of *slab, for sparse stripes
 	sparseTotal atomic.Int64 // slab bytes held by all files' sparse stripes
@@ -114,7 +117,9 @@ type commitObserver struct {
 
 // ObserveCommits implements fs.Data: begin is called before each commit of
 // a file's written stripes is sent to meta, and end when it has returned,
-// with the file's attributes meta answered (nil when it failed).
+// with the file's attributes meta answered (nil when it failed). end is
+// called before the engine lets go of the writes the commit carried: Size
+// reports them until end has returned.
 func (e *Engine) ObserveCommits(begin func(ino uint64), end func(ino uint64, a *metapb.Attr)) {
 	e.observer.Store(&commitObserver{begin: begin, end: end})
 }
@@ -171,6 +176,9 @@ type Stats struct {
 	// changed ranges and the parity's, each shard's new version derived
 	// from the committed one on its chunkserver.
 	DeltaWrites atomic.Int64
+	// WriteRetries counts shard writes tried again: after a chunkserver
+	// answered busy, or on another chunkserver after one failed.
+	WriteRetries atomic.Int64
 }
 
 // Stats returns the engine's counters.
@@ -223,7 +231,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, pd: pd, mem: mem, mr: mr, pool: newPool(mr), log: cfg.Logger,
 		files: map[uint64]*file{}}
 	e.ra.limit = int64(cfg.ReadaheadBytes)
-	e.conns = chunkclient.NewPool(cfg.Device, pd, chunkclient.Options{Secret: cfg.Secret, Token: cfg.Token, Caps: cfg.Caps, MinTimeout: minIOTimeout(cfg.IOTimeout), MaxTimeout: cfg.IOTimeout},
+	e.conns = chunkclient.NewPool(cfg.Device, pd, chunkclient.Options{Wire: &e.wire, Secret: cfg.Secret, Token: cfg.Token, Caps: cfg.Caps, MinTimeout: minIOTimeout(cfg.IOTimeout), MaxTimeout: cfg.IOTimeout},
 		cfg.Now, cfg.Logger)
 	return e, nil
 }

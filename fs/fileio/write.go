@@ -218,7 +218,7 @@ func (e *Engine) growBuffer(ctx context.Context, ino uint64, d *dirtyStripe, n i
 	old := d.buf
 	copy(nb.b[:d.dataLen], old.b[:d.dataLen])
 	d.buf = nb
-	f.bufBytes += len(nb.b) - len(old.b)
+	e.addBuf(f, len(nb.b)-len(old.b))
 	f.mu.Unlock()
 	e.pool.put(old)
 	return nil
@@ -373,6 +373,7 @@ func (e *Engine) writeShards(ctx context.Context, gr *metapb.StripeGrant, d *dir
 	for x, j := range idx {
 		if err := errs[x]; err != nil {
 			full = full || proto.IsStatus(err, proto.StatusNoSpace)
+			e.stats.WriteRetries.Add(1)
 			e.log.Warn("fileio: shard write failed, placing it elsewhere", "stripe", gr.Stripe, "shard", j, "server", shards[j].Address, "err", err)
 			continue
 		}
@@ -412,6 +413,7 @@ func (e *Engine) toShard(ctx context.Context, sh *metapb.Shard, op func(c *chunk
 			e.conns.Failed(ctx, p, err)
 			return err
 		}
+		e.stats.WriteRetries.Add(1)
 		if err := sleep(ctx, wait); err != nil {
 			return err
 		}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rdmafs/rdmafs/chunkserver"
 	"github.com/rdmafs/rdmafs/chunkserver/chunktest"
 	"github.com/rdmafs/rdmafs/cmd/chunkd/metamember"
@@ -43,6 +45,10 @@ type Options struct {
 	// ChunkConfig, when set, adjusts chunkserver i's configuration before it
 	// starts (to advertise another address, say).
 	ChunkConfig func(i int, cfg *chunkserver.Config)
+	// Metrics and MetricsAddr are the first mount's fs.MountOptions.Metrics
+	// and fs.Options.MetricsAddr.
+	Metrics     prometheus.Registerer
+	MetricsAddr string
 }
 
 // Cluster is a running test file system.
@@ -118,12 +124,16 @@ func (c *Cluster) mount(t *testing.T, wrap func(metapb.MetaClient) metapb.MetaCl
 		eng.Close()
 	})
 	opts := fs.Options{Meta: fsMeta, Session: sess.ID(), Data: eng, DropBehind: c.opts.DropBehind}
+	var mopts fs.MountOptions
+	if c.Dir == "" { // the first mount
+		opts.MetricsAddr, mopts.Metrics = c.opts.MetricsAddr, c.opts.Metrics
+	}
 	if wrap == nil && !c.opts.Wsync {
 		opts.Early = sess // calls sent behind would bypass a wrapper
 	}
 	fsys, root := fs.New(opts)
 	t.Cleanup(fsys.Close)
-	dir := MountRoot(t, root)
+	dir := MountRootWith(t, root, mopts)
 	// Tests that lean on directory leases get them from the first lookup.
 	select {
 	case <-fsys.LeasesReady():
@@ -152,13 +162,19 @@ func NeedFUSE(t testing.TB) {
 // removed; cleanups registered before MountRoot run after that.
 func MountRoot(t testing.TB, root *fs.Node) string {
 	t.Helper()
+	return MountRootWith(t, root, fs.MountOptions{})
+}
+
+// MountRootWith is MountRoot with the mount's options.
+func MountRootWith(t testing.TB, root *fs.Node, opts fs.MountOptions) string {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "rdmafs-mnt-")
 	if err != nil {
 		t.Fatalf("fstest: %v", err)
 	}
 	os.Chmod(dir, 0o755)
 	t.Cleanup(func() { os.Remove(dir) })
-	srv, err := fs.Mount(dir, root, fs.MountOptions{})
+	srv, err := fs.Mount(dir, root, opts)
 	if err != nil {
 		t.Fatalf("fstest: mount at %s: %v", dir, err)
 	}

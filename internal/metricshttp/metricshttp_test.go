@@ -95,3 +95,39 @@ func TestStop(t *testing.T) {
 	var none *Server
 	none.Stop(time.Second, slog.Default())
 }
+
+// TestOptions serves an extra handler and runs a task whose context ends
+// at Shutdown, which waits for it.
+func TestOptions(t *testing.T) {
+	started, ended := make(chan struct{}), make(chan struct{})
+	task := func(ctx context.Context) {
+		close(started)
+		<-ctx.Done()
+		close(ended)
+	}
+	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello") })
+	s, err := Start("127.0.0.1:0", prometheus.NewRegistry(), WithHandler("/hello", hello), WithTask(task))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	if code, body := get(t, "http://"+s.Addr()+"/hello"); code != http.StatusOK || body != "hello" {
+		t.Fatalf("/hello: status %d, body %q", code, body)
+	}
+	if code, _ := get(t, "http://"+s.Addr()+"/metrics"); code != http.StatusOK {
+		t.Fatalf("/metrics beside an extra handler: status %d", code)
+	}
+	select {
+	case <-ended:
+		t.Fatal("the task ended before Shutdown")
+	default:
+	}
+	if err := s.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ended:
+	default:
+		t.Fatal("Shutdown returned before the task ended")
+	}
+}

@@ -64,17 +64,21 @@ func (m *members) load(rec *metapb.ChunkserverRecord, takeover bool, now time.Ti
 	m.byID[rec.Id] = mb
 }
 
-// sweep marks down the chunkservers whose heartbeats stopped.
-func (m *members) sweep(now time.Time, timeout time.Duration, log *slog.Logger) {
+// sweep marks down the chunkservers whose heartbeats stopped and returns
+// how many it marked.
+func (m *members) sweep(now time.Time, timeout time.Duration, log *slog.Logger) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	n := 0
 	for id, mb := range m.byID {
 		if mb.up && now.Sub(mb.lastHB) > timeout {
 			mb.up = false
 			mb.downSince = now
+			n++
 			log.Warn("chunkserver down: heartbeat timeout", "id", id, "address", mb.rec.Address, "last_heartbeat", mb.lastHB)
 		}
 	}
+	return n
 }
 
 // place chooses live chunkservers for the n shards of a stripe, each with at
@@ -310,7 +314,8 @@ func (s *Service) StatFS(ctx context.Context, req *metapb.StatFSRequest) (*metap
 		Files: filesMax, FilesFree: filesMax - min(files, filesMax), NameMax: NameMax}, nil
 }
 
-// Status implements metapb.MetaServer: membership, counts and degraded stripes.
+// Status implements metapb.MetaServer: membership, counts and degraded
+// stripes; a brief request skips the scans (metapb.StatusRequest.Brief).
 func (s *Service) Status(ctx context.Context, req *metapb.StatusRequest) (*metapb.StatusReply, error) {
 	out := &metapb.StatusReply{ClusterId: s.cluster.ClusterId, DefaultLayout: metapb.LayoutOf(s.def), Sessions: uint64(s.Sessions())}
 	s.members.mu.Lock()
@@ -326,6 +331,14 @@ func (s *Service) Status(ctx context.Context, req *metapb.StatusRequest) (*metap
 	out.Scrub = s.scrubStatusLocked(out.Chunkservers)
 	s.members.mu.Unlock()
 	sort.Slice(out.Chunkservers, func(i, j int) bool { return out.Chunkservers[i].Id < out.Chunkservers[j].Id })
+	if req.GetBrief() {
+		rs := s.RepairStats()
+		for _, cs := range out.Chunkservers {
+			cs.Shards = rs.ShardsOn[cs.Id]
+		}
+		s.statusProgress(out, rs)
+		return out, nil
+	}
 	pending := map[string]uint64{}
 	shards := map[string]uint64{}
 	var health Health
@@ -406,9 +419,15 @@ func (s *Service) Status(ctx context.Context, req *metapb.StatusRequest) (*metap
 	}
 	rs := s.RepairStats()
 	rs.Health = health // exact as of now, not as of the last scan
+	s.statusProgress(out, rs)
+	return out, nil
+}
+
+// statusProgress fills in out the progress of repair (its stats rs), scrub
+// and relayout.
+func (s *Service) statusProgress(out *metapb.StatusReply, rs RepairStats) {
 	out.Repair = rs.pb()
 	out.Scrub.RepairedTotal = rs.CorruptRepaired
 	s.verifyStatus(out.Scrub)
 	out.Relayout = s.relayoutStatus()
-	return out, nil
 }

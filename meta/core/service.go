@@ -403,7 +403,9 @@ func (s *Service) Run(ctx context.Context) error {
 				continue
 			}
 		}
-		s.members.sweep(s.now(), s.cfg.HeartbeatTimeout, s.log)
+		if s.members.sweep(s.now(), s.cfg.HeartbeatTimeout, s.log) > 0 {
+			s.kickRepair() // stripe health (status, dashboard) reflects it at once
+		}
 		if err := s.expireSessions(ctx); err != nil && ctx.Err() == nil {
 			s.log.Error("expire sessions", "err", err)
 		}

@@ -5816,7 +5816,12 @@ func (x *CheckReply) GetNotes() []string {
 }
 
 type StatusRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// brief skips the scans of the namespace: files, directories, stripes,
+	// degraded_stripes and pending_deletes are left 0 (chunkservers' too),
+	// and repair's stripe health is as of its last scan. For dashboards
+	// polling often: its cost does not grow with the file system.
+	Brief         bool `protobuf:"varint,1,opt,name=brief,proto3" json:"brief,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5849,6 +5854,13 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
 	return file_meta_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *StatusRequest) GetBrief() bool {
+	if x != nil {
+		return x.Brief
+	}
+	return false
 }
 
 type ChunkserverStatus struct {
@@ -8577,8 +8589,9 @@ const file_meta_proto_rawDesc = "" +
 	"\bproblems\x18\x01 \x03(\tR\bproblems\x12\x1a\n" +
 	"\brepaired\x18\x02 \x03(\tR\brepaired\x12\x1c\n" +
 	"\ttruncated\x18\x03 \x01(\bR\ttruncated\x12\x14\n" +
-	"\x05notes\x18\x04 \x03(\tR\x05notes\"\x0f\n" +
-	"\rStatusRequest\"\xb6\x03\n" +
+	"\x05notes\x18\x04 \x03(\tR\x05notes\"%\n" +
+	"\rStatusRequest\x12\x14\n" +
+	"\x05brief\x18\x01 \x01(\bR\x05brief\"\xb6\x03\n" +
 	"\x11ChunkserverStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1e\n" +

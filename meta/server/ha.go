@@ -20,6 +20,7 @@ import (
 	"github.com/rdmafs/rdmafs/internal/metricshttp"
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/core"
+	"github.com/rdmafs/rdmafs/meta/dashboard"
 	"github.com/rdmafs/rdmafs/meta/kv/etcdkv"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
@@ -35,7 +36,7 @@ import (
 // cacheEntries is the value cache of a serving meta server's etcd store.
 const cacheEntries = 1 << 18
 
-func openEtcd(ctx context.Context, kvURL string, logger *slog.Logger, cache int) (*etcdkv.Store, error) {
+func openEtcd(ctx context.Context, kvURL string, logger *slog.Logger, cache int, onCommit func(int, time.Duration)) (*etcdkv.Store, error) {
 	ec, err := etcdkv.ParseURL(kvURL)
 	if err != nil {
 		return nil, err
@@ -44,7 +45,7 @@ func openEtcd(ctx context.Context, kvURL string, logger *slog.Logger, cache int)
 	if err != nil {
 		return nil, err
 	}
-	return etcdkv.Open(ctx, etcdkv.Options{Endpoints: ec.Endpoints, Prefix: ec.Prefix, Batch: true, Logger: logger,
+	return etcdkv.Open(ctx, etcdkv.Options{Endpoints: ec.Endpoints, Prefix: ec.Prefix, Batch: true, Logger: logger, OnCommit: onCommit,
 		CacheEntries: cache, TLS: tlsCfg})
 }
 
@@ -72,7 +73,7 @@ func startHA(ctx context.Context, cfg Config, m *metrics) (*Server, error) {
 		cfg.ElectionTTL = 5 * time.Second
 	}
 	cfg.ElectionTTL = max(cfg.ElectionTTL, time.Second)
-	store, err := openEtcd(ctx, cfg.KV, cfg.Logger, cacheEntries)
+	store, err := openEtcd(ctx, cfg.KV, cfg.Logger, cacheEntries, m.observeCommit)
 	if err != nil {
 		return nil, err
 	}
@@ -82,7 +83,8 @@ func startHA(ctx context.Context, cfg Config, m *metrics) (*Server, error) {
 		return nil, fmt.Errorf("server: listen on %s: %w", cfg.Listen, err)
 	}
 	h := &ha{cfg: cfg, m: m, store: store, prefix: ec.Prefix, mux: newConnMux(lis), done: make(chan struct{}), stopCtx: make(chan context.Context, 1)}
-	if h.metrics, err = startMetrics(cfg); err != nil {
+	registerRepairMetrics(cfg.Registry, h.service)
+	if h.metrics, err = startMetrics(cfg, h.status); err != nil {
 		lis.Close()
 		store.Close()
 		return nil, err
@@ -388,4 +390,14 @@ func restrictTokens(svc *core.Service, guard *auth.Guard, secret []byte) grpc.Un
 		})
 		return r, nil
 	}
+}
+
+// status is the dashboard's brief status of the current leader term's
+// service, or dashboard.ErrStandby.
+func (h *ha) status(ctx context.Context) (*metapb.StatusReply, error) {
+	svc := h.service()
+	if svc == nil {
+		return nil, dashboard.ErrStandby
+	}
+	return svc.Status(ctx, &metapb.StatusRequest{Brief: true})
 }

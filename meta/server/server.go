@@ -22,6 +22,7 @@ import (
 	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/auth"
 	"github.com/rdmafs/rdmafs/meta/core"
+	"github.com/rdmafs/rdmafs/meta/dashboard"
 	"github.com/rdmafs/rdmafs/meta/kv"
 	"github.com/rdmafs/rdmafs/meta/kv/bolt"
 	"github.com/rdmafs/rdmafs/meta/metapb"
@@ -78,7 +79,7 @@ func OpenStore(ctx context.Context, dataDir, kvURL string, logger *slog.Logger) 
 		logger = slog.Default()
 	}
 	if kvURL != "" {
-		return openEtcd(ctx, kvURL, logger, 0)
+		return openEtcd(ctx, kvURL, logger, 0, nil)
 	}
 	if dataDir == "" {
 		return nil, errors.New("server: no metadata store: give a data directory (--data) or an etcd URL (--kv)")
@@ -105,10 +106,14 @@ type Config struct {
 	// auth.TLSFiles.ServerConfig); failed handshakes are logged and counted
 	// as refused calls are.
 	TLS *tls.Config
-	// MetricsListen, when set, serves Prometheus metrics at /metrics and Go
-	// profiles at /debug/pprof/ (metricshttp.Start); Start fails when it
-	// cannot listen there.
+	// MetricsListen, when set, serves Prometheus metrics at /metrics, Go
+	// profiles at /debug/pprof/ (metricshttp.Start) and the web dashboard
+	// at / (package dashboard), over TLS when TLS is set; Start fails when
+	// it cannot listen there.
 	MetricsListen string
+	// DashboardInterval is the time between samples of the dashboard's
+	// graphs (default 10 s).
+	DashboardInterval time.Duration
 	// HeartbeatTimeout, SessionTTL and GrantTTL are passed to core.Config.
 	HeartbeatTimeout time.Duration
 	SessionTTL       time.Duration
@@ -156,10 +161,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.KV != "" {
 		return startHA(ctx, cfg, m)
 	}
-	store, err := bolt.Open(cfg.DataDir, bolt.Options{Logger: cfg.Logger, OnCommit: func(n int, d time.Duration) {
-		m.groupCommit.Observe(float64(n))
-		m.commitSeconds.Observe(d.Seconds())
-	}})
+	store, err := bolt.Open(cfg.DataDir, bolt.Options{Logger: cfg.Logger, OnCommit: m.observeCommit})
 	if err != nil {
 		return nil, err
 	}
@@ -176,7 +178,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		store.Close()
 		return nil, err
 	}
-	registerRepairMetrics(cfg.Registry, svc)
+	registerRepairMetrics(cfg.Registry, func() *core.Service { return svc })
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		store.Close()
@@ -185,7 +187,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, store: store, svc: svc, lis: lis}
 	s.grpc = newGRPC(cfg, m, svc)
 	metapb.RegisterMetaServer(s.grpc, newBatchService(svc, m))
-	if s.metrics, err = startMetrics(cfg); err != nil {
+	if s.metrics, err = startMetrics(cfg, func(ctx context.Context) (*metapb.StatusReply, error) {
+		return svc.Status(ctx, &metapb.StatusRequest{Brief: true})
+	}); err != nil {
 		lis.Close()
 		store.Close()
 		return nil, err
@@ -225,16 +229,35 @@ func (s *Server) MetricsAddr() string {
 }
 
 // startMetrics starts the metrics server of cfg.MetricsListen, if set (nil
-// if not), or returns why it cannot listen.
-func startMetrics(cfg Config) (*metricshttp.Server, error) {
+// if not), with the dashboard of the cluster status returns, or returns why
+// it cannot listen.
+func startMetrics(cfg Config, status func(context.Context) (*metapb.StatusReply, error)) (*metricshttp.Server, error) {
 	if cfg.MetricsListen == "" {
 		return nil, nil
 	}
-	ms, err := metricshttp.Start(cfg.MetricsListen, cfg.Registry)
+	d := dashboard.New(dashboard.Config{Status: status, Gatherer: cfg.Registry, Secret: cfg.Secret,
+		Interval: cfg.DashboardInterval, Logger: cfg.Logger})
+	ms, err := metricshttp.Start(cfg.MetricsListen, cfg.Registry, metricshttp.WithHandler("/", d.Handler()),
+		metricshttp.WithTask(d.Run), metricshttp.WithTLS(httpTLS(cfg.TLS)))
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
 	return ms, nil
+}
+
+// httpTLS is the TLS of the HTTP listener, given the gRPC listener's (nil:
+// none): the same certificate, with client certificates verified when
+// given but not required, so that a browser without one can open the
+// dashboard with the cluster secret.
+func httpTLS(grpcTLS *tls.Config) *tls.Config {
+	if grpcTLS == nil {
+		return nil
+	}
+	c := grpcTLS.Clone()
+	if c.ClientAuth == tls.RequireAndVerifyClientCert {
+		c.ClientAuth = tls.VerifyClientCertIfGiven
+	}
+	return c
 }
 
 // Service returns the service the server runs (in etcd mode: the service of
@@ -300,7 +323,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		groupCommit: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "rdmafs", Subsystem: "meta", Name: "group_commit_txns",
 			Help: "Transactions per durable group commit.", Buckets: prometheus.ExponentialBuckets(1, 2, 11)}),
 		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "rdmafs", Subsystem: "meta", Name: "commit_seconds",
-			Help: "Duration of a group commit including fsync.", Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16)}),
+			Help: "Duration of a group commit (bbolt: the write and its fsync; etcd: the transaction).", Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16)}),
 		authRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "rdmafs", Subsystem: "meta", Name: "auth_rejected_total",
 			Help: "Calls and TLS handshakes refused, by reason (no_secret, wrong_secret, bad_token, token_scope, tls_handshake)."}, []string{"reason"}),
 	}
@@ -318,28 +341,42 @@ func (m *metrics) unaryInterceptor(ctx context.Context, req any, info *grpc.Unar
 	return resp, err
 }
 
+// observeCommit records a group commit of n transactions that took d.
+func (m *metrics) observeCommit(n int, d time.Duration) {
+	m.groupCommit.Observe(float64(n))
+	m.commitSeconds.Observe(d.Seconds())
+}
+
 // observe counts a call of method that began at start and ended with err.
 func (m *metrics) observe(method string, start time.Time, err error) {
 	m.latency.WithLabelValues(method).Observe(time.Since(start).Seconds())
 	m.ops.WithLabelValues(method, status.Code(err).String()).Inc()
 }
 
-// registerRepairMetrics exports the state of repair: the queue, stripes by
-// health (as of the last scan) and the tasks done and failed.
-func registerRepairMetrics(reg prometheus.Registerer, svc *core.Service) {
+// registerRepairMetrics exports the state of repair of the service svc
+// returns: the queue, stripes by health (as of the last scan) and the tasks
+// done and failed. On a standby (svc returns nil) they are 0; a new leader
+// term counts from 0.
+func registerRepairMetrics(reg prometheus.Registerer, svc func() *core.Service) {
 	const ns, sub = "rdmafs", "meta"
+	stats := func() core.RepairStats {
+		if s := svc(); s != nil {
+			return s.RepairStats()
+		}
+		return core.RepairStats{}
+	}
 	gauge := func(name, help string, f func(core.RepairStats) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help},
-			func() float64 { return f(svc.RepairStats()) })
+			func() float64 { return f(stats()) })
 	}
 	counter := func(name, help string, f func(core.RepairStats) float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help},
-			func() float64 { return f(svc.RepairStats()) })
+			func() float64 { return f(stats()) })
 	}
 	health := func(h string, f func(core.Health) uint64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "stripes",
 			Help: "Stripes by health as of the last repair scan.", ConstLabels: prometheus.Labels{"health": h}},
-			func() float64 { return float64(f(svc.RepairStats().Health)) })
+			func() float64 { return float64(f(stats().Health)) })
 	}
 	reg.MustRegister(
 		gauge("repair_queue", "Shards waiting to be rebuilt or moved.", func(r core.RepairStats) float64 { return float64(r.Queued) }),

@@ -69,6 +69,10 @@ type Options struct {
 	Linger time.Duration
 	// Logger receives warnings (default slog.Default()).
 	Logger *slog.Logger
+	// OnCommit, when set, is called after every successful group commit
+	// (Batch) with the number of transactions it committed and how long
+	// the etcd transaction took.
+	OnCommit func(txns int, d time.Duration)
 	// TLS, when set, makes the client speak TLS to etcd (Config.TLSConfig).
 	TLS *tls.Config
 }
@@ -503,7 +507,11 @@ func (s *Store) runBatch(batch []*request) {
 			}
 		}
 		if err == nil && !retry {
+			start := time.Now()
 			err = o.commit(ctx, merged)
+			if err == nil && s.opts.OnCommit != nil {
+				s.opts.OnCommit(len(batch), time.Since(start))
+			}
 		}
 		if errors.Is(err, kv.ErrConflict) {
 			retry = true
