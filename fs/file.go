@@ -52,6 +52,7 @@ var (
 // Open implements gofs.NodeOpener: the service checks the access mode and
 // records the open in the session.
 func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	killSuid := n.fsys.kill.asked(ctx) // the request's own context only
 	ctx, done := killable(ctx)
 	defer done()
 	n.beginChange() // O_TRUNC changes the size and times
@@ -85,7 +86,13 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			}
 		}
 	}
-	return n.fsys.newHandle(n, n.ino, flags), fuseFlags, 0
+	h := n.fsys.newHandle(n, n.ino, flags)
+	if killSuid { // an O_TRUNC open by a caller without CAP_FSETID
+		if e := n.killSuidgid(ctx, h); e != 0 {
+			return nil, 0, e
+		}
+	}
+	return h, fuseFlags, 0
 }
 
 // newHandle returns the handle of an open of ino through node; one open
@@ -225,10 +232,14 @@ func (r *inPlaceResult) Slices() ([][]byte, fuse.Status) { return r.data[:], fus
 
 // Write implements gofs.FileWriter.
 func (f *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
-	ctx, done := killable(ctx) // a write may wait for flushes, up to the write timeout
+	killSuid := f.fsys.kill.asked(ctx) // the request's own context only
+	ctx, done := killable(ctx)         // a write may wait for flushes, up to the write timeout
 	defer done()
 	d, e := f.data()
 	if e != 0 {
+		return 0, e
+	}
+	if e := f.dropPrivs(ctx, killSuid); e != 0 {
 		return 0, e
 	}
 	n, err := d.Write(ctx, f.ino, data, off)

@@ -286,8 +286,8 @@ func TestPermissions(t *testing.T) {
 	}
 }
 
-// capsCounter counts the security.capability lookups that reach the metadata
-// service.
+// capsCounter counts the calls about security.capability that reach the
+// metadata service (lookups, and a write's removal).
 type capsCounter struct {
 	metapb.MetaClient
 	n atomic.Int64
@@ -298,6 +298,13 @@ func (c *capsCounter) GetXattr(ctx context.Context, in *metapb.GetXattrRequest, 
 		c.n.Add(1)
 	}
 	return c.MetaClient.GetXattr(ctx, in, opts...)
+}
+
+func (c *capsCounter) RemoveXattr(ctx context.Context, in *metapb.RemoveXattrRequest, opts ...grpc.CallOption) (*metapb.Empty, error) {
+	if in.Name == "security.capability" {
+		c.n.Add(1)
+	}
+	return c.MetaClient.RemoveXattr(ctx, in, opts...)
 }
 
 // TestFileCapabilities checks that file capabilities behave as on ext4 — set
@@ -345,5 +352,27 @@ func TestFileCapabilities(t *testing.T) {
 	}
 	if _, err := unix.Getxattr(p, "security.capability", got); errnoOf(err) != syscall.ENODATA {
 		t.Fatalf("capabilities after a write: %v, want ENODATA", err)
+	}
+	// Also a write by a user who may write the file but could not remove
+	// them itself: the kernel drops them with its own privilege.
+	if err := os.Chmod(p, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(p, "security.capability", caps, 0); err != nil {
+		t.Fatalf("set capabilities: %v", err)
+	}
+	nobody := &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	cmd := exec.Command("setfattr", "-x", "security.capability", p)
+	cmd.SysProcAttr = nobody
+	if err := cmd.Run(); err == nil {
+		t.Fatal("uid 65534 removed security.capability with removexattr(2)")
+	}
+	cmd = exec.Command("sh", "-c", `printf y >> "$0"`, p)
+	cmd.SysProcAttr = nobody
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("write as uid 65534: %v %s", err, out)
+	}
+	if _, err := unix.Getxattr(p, "security.capability", got); errnoOf(err) != syscall.ENODATA {
+		t.Fatalf("capabilities after uid 65534 wrote the file: %v, want ENODATA", err)
 	}
 }

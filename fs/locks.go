@@ -254,11 +254,13 @@ func (f *fileHandle) unlockAll(owner uint64, flock bool) {
 	}
 }
 
-// rawFS passes the lock owner of FLUSH requests to the node API, which
-// does not carry it.
+// rawFS passes to the node API what it does not carry: the lock owner of
+// FLUSH requests, and the kernel's requests to clear set-user-ID
+// (killpriv.go).
 type rawFS struct {
 	fuse.RawFileSystem
 	locks *lockTable
+	kill  *killFlags
 }
 
 // Flush hands the request's lock owner to fileHandle.Flush when it holds

@@ -112,6 +112,7 @@ type FS struct {
 	earlyLost atomic.Uint64 // changes answered early that meta refused (early.go)
 	releases  releaser      // closed files' opens, on their way to meta
 	locks     lockTable     // the file locks this mount's processes hold
+	kill      killFlags     // requests to clear set-user-ID (killpriv.go)
 	leases    leaseTable    // the directory leases the mount holds (lease.go)
 	owned     ownTable      // the files whose attributes the mount knows (own.go)
 
@@ -691,6 +692,15 @@ func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 	req := &metapb.SetAttrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino}
 	if m, ok := in.GetMode(); ok {
 		req.SetMode, req.Mode = true, m&0o7777
+	} else if in.Valid&fuse.FATTR_KILL_SUIDGID != 0 {
+		// A truncate by a caller without CAP_FSETID (killpriv.go).
+		var cur fuse.AttrOut
+		if e := n.Getattr(ctx, fh, &cur); e != 0 {
+			return e
+		}
+		if mode := killedMode(cur.Mode); mode != cur.Mode {
+			req.SetMode, req.Mode = true, mode&0o7777
+		}
 	}
 	if u, ok := in.GetUID(); ok {
 		req.SetUid, req.Uid = true, u
@@ -1087,7 +1097,12 @@ func (n *Node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	n.forgetNoCaps()
 	defer n.forgetNoCaps()
 	n.beginChange()
-	_, err := n.fsys.meta.RemoveXattr(ctx, &metapb.RemoveXattrRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Name: attr})
+	c := n.fsys.callers.of(ctx)
+	// The kernel lets no caller without CAP_SETFCAP remove capabilities
+	// (cap_inode_removexattr): one that reaches us from another caller is
+	// the kernel's own, dropping them as the caller writes or truncates.
+	killPriv := attr == capsXattr && c.Uid != 0
+	_, err := n.fsys.meta.RemoveXattr(ctx, &metapb.RemoveXattrRequest{Caller: c, Ino: n.ino, Name: attr, KillPriv: killPriv})
 	n.endChange(nil) // its ctime changed: fetched again
 	return errno(err)
 }

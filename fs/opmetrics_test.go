@@ -30,6 +30,21 @@ func TestRequestMetrics(t *testing.T) {
 	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Twenty more writes: with HANDLE_KILLPRIV_V2 the kernel asks for
+	// security.capability once, not before each write.
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const rewrites = 20
+	for i := range rewrites {
+		if _, err := f.WriteAt(data[i*4096:(i+1)*4096], int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
 	// O_DIRECT: the reads reach the mount, not the page cache.
 	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_DIRECT, 0)
 	if err != nil {
@@ -90,6 +105,9 @@ func TestRequestMetrics(t *testing.T) {
 			t.Errorf("op %s: %d requests taking %gs in all, want some", op, h.GetSampleCount(), h.GetSampleSum())
 		}
 	}
+	if got := series("rdmafs_client_fuse_request_duration_seconds", "getxattr").GetHistogram().GetSampleCount(); got > 4 {
+		t.Errorf("%d getxattr requests for %d writes and one getxattr of ours: the kernel asks before each write", got, rewrites+1)
+	}
 	if got := series("rdmafs_client_fuse_request_duration_seconds", "rename").GetHistogram().GetSampleCount(); got != 0 {
 		t.Errorf("op rename: %d requests, want 0", got)
 	}
@@ -103,8 +121,8 @@ func TestRequestMetrics(t *testing.T) {
 	if got := series("rdmafs_client_fuse_request_failures_total", "write").GetCounter().GetValue(); got != 0 {
 		t.Errorf("failed writes %g, want 0", got)
 	}
-	if got := series("rdmafs_client_written_bytes_total", "").GetCounter().GetValue(); got != size {
-		t.Errorf("bytes written %g, want %d", got, size)
+	if got := series("rdmafs_client_written_bytes_total", "").GetCounter().GetValue(); got != size+rewrites*4096 {
+		t.Errorf("bytes written %g, want %d", got, size+rewrites*4096)
 	}
 	if got := series("rdmafs_client_read_bytes_total", "").GetCounter().GetValue(); got < size {
 		t.Errorf("bytes read %g, want at least the %d read with O_DIRECT", got, size)

@@ -95,7 +95,7 @@ func TestWriteByNonOwnerClearsSetuid(t *testing.T) {
 	if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chmod(p, 0o6777); err != nil {
+	if err := syscall.Chmod(p, 0o6777); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("sh", "-c", `printf more >> "$0"`, p)
@@ -113,8 +113,37 @@ func TestWriteByNonOwnerClearsSetuid(t *testing.T) {
 	if b, _ := os.ReadFile(p); string(b) != "xmore" {
 		t.Fatalf("content %q", b)
 	}
+	// A truncate, and an open with O_TRUNC, by a user who does not own
+	// the file clear them too.
+	for _, script := range []string{`truncate -s 1 "$0"`, `: > "$0"`} {
+		if err := syscall.Chmod(p, 0o6777); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("sh", "-c", script, p)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s as uid 65534: %v %s", script, err, out)
+		}
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fi.Mode() & (os.ModeSetuid | os.ModeSetgid | os.ModePerm); got != 0o777 {
+			t.Fatalf("mode after %s by a non-owner: %v, want -rwxrwxrwx", script, got)
+		}
+	}
+	// Root keeps them (CAP_FSETID).
+	if err := syscall.Chmod(p, 0o6777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte("root"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(p); err != nil || fi.Mode()&(os.ModeSetuid|os.ModeSetgid) == 0 {
+		t.Fatalf("mode after root's write: %v, %v; want set-user-ID and set-group-ID kept", fi.Mode(), err)
+	}
 	// Someone who may not write the file still may not chmod it.
-	if err := os.Chmod(p, 0o4755); err != nil {
+	if err := syscall.Chmod(p, 0o4755); err != nil {
 		t.Fatal(err)
 	}
 	cmd = exec.Command("chmod", "0755", p)

@@ -251,6 +251,29 @@ func TestXattrs(t *testing.T) {
 				return err
 			}, syscall.ENODATA},
 			{"missing inode", func() error { return set(root, 98765, "user.a", "", 0) }, syscall.ENOENT},
+			// kill_priv: the capabilities a write drops, for any writer.
+			{"capabilities set by root", func() error { return set(root, f, "security.capability", "caps", 0) }, 0},
+			{"capabilities removed by a writer", func() error {
+				_, err := e.s.RemoveXattr(e.ctx, &metapb.RemoveXattrRequest{Caller: alice, Ino: f, Name: "security.capability"})
+				return err
+			}, syscall.EPERM},
+			{"capabilities killed by a non-writer", func() error {
+				_, err := e.s.RemoveXattr(e.ctx, &metapb.RemoveXattrRequest{Caller: carol, Ino: f, Name: "security.capability", KillPriv: true})
+				return err
+			}, syscall.EPERM},
+			{"capabilities killed by a writer", func() error {
+				_, err := e.s.RemoveXattr(e.ctx, &metapb.RemoveXattrRequest{Caller: alice, Ino: f, Name: "security.capability", KillPriv: true})
+				return err
+			}, 0},
+			{"capabilities gone", func() error { _, err := get(root, f, "security.capability"); return err }, syscall.ENODATA},
+			{"no capabilities to kill", func() error {
+				_, err := e.s.RemoveXattr(e.ctx, &metapb.RemoveXattrRequest{Caller: alice, Ino: f, Name: "security.capability", KillPriv: true})
+				return err
+			}, syscall.ENODATA},
+			{"kill_priv of another attribute", func() error {
+				_, err := e.s.RemoveXattr(e.ctx, &metapb.RemoveXattrRequest{Caller: alice, Ino: f, Name: "user.a", KillPriv: true})
+				return err
+			}, syscall.EINVAL},
 		}
 		for _, st := range steps {
 			t.Run(st.name, func(t *testing.T) { wantErrno(t, st.op(), st.want) })

@@ -391,11 +391,8 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 			a.MtimeNs = now
 		}
 		a.CtimeNs = now
-		// A write clears set-user-ID and set-group-ID (with group execute).
-		a.Mode &^= syscall.S_ISUID
-		if a.Mode&syscall.S_IXGRP != 0 {
-			a.Mode &^= syscall.S_ISGID
-		}
+		// Set-user-ID and set-group-ID stay: the mount clears them when
+		// the writer lacks CAP_FSETID, as the kernel asks (fs/killpriv.go).
 		if err := putInode(t, rec); err != nil {
 			return err
 		}

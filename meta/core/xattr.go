@@ -178,6 +178,9 @@ func (s *Service) ListXattr(ctx context.Context, req *metapb.ListXattrRequest) (
 
 // RemoveXattr implements metapb.MetaServer.
 func (s *Service) RemoveXattr(ctx context.Context, req *metapb.RemoveXattrRequest) (*metapb.Empty, error) {
+	if req.KillPriv {
+		return s.killCaps(ctx, req)
+	}
 	ns, err := xattrNamespace(req.Name)
 	if err != nil {
 		return nil, err
@@ -188,4 +191,52 @@ func (s *Service) RemoveXattr(ctx context.Context, req *metapb.RemoveXattrReques
 		}
 		return t.Delete(key)
 	})
+}
+
+// capsXattr holds a file's capabilities (capabilities(7)).
+const capsXattr = "security.capability"
+
+// killCaps removes a file's capabilities for a writer (RemoveXattrRequest
+// kill_priv): allowed to root, to a caller who may write the file and to
+// a session that has it open, as the kernel drops them with its own
+// privilege when a file is written or truncated. ENODATA when it has none.
+func (s *Service) killCaps(ctx context.Context, req *metapb.RemoveXattrRequest) (*metapb.Empty, error) {
+	if req.Name != capsXattr {
+		return nil, metaerr.New(syscall.EINVAL, "kill_priv removes %s only, not %q", capsXattr, req.Name)
+	}
+	c := caller(req.Caller)
+	out := &metapb.Empty{}
+	if _, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
+		rec, err := getInode(t, req.Ino)
+		if err != nil {
+			return err
+		}
+		if !isRoot(c) && checkAccess(c, rec.Attr, mayWrite) != nil {
+			open := false
+			if c.Session != 0 {
+				if open, err = openedBy(t, req.Ino, c.Session); err != nil {
+					return err
+				}
+			}
+			if !open {
+				return metaerr.New(syscall.EPERM, "uid %d may not write inode %d: its capabilities stay", c.Uid, req.Ino)
+			}
+		}
+		key := keys.Xattr(req.Ino, capsXattr)
+		_, ok, err := t.Get(key)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return metaerr.New(syscall.ENODATA, "inode %d has no capabilities", req.Ino)
+		}
+		if err := t.Delete(key); err != nil {
+			return err
+		}
+		rec.Attr.CtimeNs = s.now().UnixNano()
+		return putInode(t, rec)
+	}); err != nil {
+		return nil, err
+	}
+	return out, nil
 }

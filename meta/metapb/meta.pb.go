@@ -2524,10 +2524,14 @@ func (x *ListXattrReply) GetNames() []string {
 }
 
 type RemoveXattrRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
-	Ino           uint64                 `protobuf:"varint,2,opt,name=ino,proto3" json:"ino,omitempty"`
-	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Caller *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	Ino    uint64                 `protobuf:"varint,2,opt,name=ino,proto3" json:"ino,omitempty"`
+	Name   string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// kill_priv removes security.capability (the only name allowed) as a
+	// write or truncate does on a local file system: for any caller who may
+	// write the file or whose session has it open, not only root.
+	KillPriv      bool `protobuf:"varint,4,opt,name=kill_priv,json=killPriv,proto3" json:"kill_priv,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2581,6 +2585,13 @@ func (x *RemoveXattrRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *RemoveXattrRequest) GetKillPriv() bool {
+	if x != nil {
+		return x.KillPriv
+	}
+	return false
 }
 
 type StatFSRequest struct {
@@ -8331,11 +8342,12 @@ const file_meta_proto_rawDesc = "" +
 	"\x06caller\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03ino\x18\x02 \x01(\x04R\x03ino\"&\n" +
 	"\x0eListXattrReply\x12\x14\n" +
-	"\x05names\x18\x01 \x03(\tR\x05names\"j\n" +
+	"\x05names\x18\x01 \x03(\tR\x05names\"\x87\x01\n" +
 	"\x12RemoveXattrRequest\x12.\n" +
 	"\x06caller\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name\"\x0f\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x1b\n" +
+	"\tkill_priv\x18\x04 \x01(\bR\bkillPriv\"\x0f\n" +
 	"\rStatFSRequest\"\xd8\x01\n" +
 	"\vStatFSReply\x12\x1d\n" +
 	"\n" +
