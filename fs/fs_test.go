@@ -35,6 +35,15 @@ func mount(t *testing.T) string {
 // mountData is mount with data as the file I/O engine (nil: none).
 func mountData(t *testing.T, data fs.Data) string {
 	t.Helper()
+	dir, _ := mountEarly(t, data, false)
+	return dir
+}
+
+// mountEarly is mountData, with creates and unlinks answered early (and
+// directory leases, ready when it returns) if early is set; it returns the
+// file system too.
+func mountEarly(t *testing.T, data fs.Data, early bool) (string, *fs.FS) {
+	t.Helper()
 	fstest.NeedFUSE(t)
 	m := metatest.Start(t, metatest.Options{})
 	c := m.Client(t)
@@ -44,8 +53,21 @@ func mountData(t *testing.T, data fs.Data) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sess.Close(ctx) })
-	_, root := fs.New(fs.Options{Meta: c, Session: sess.ID(), Data: data})
-	return fstest.MountRoot(t, root)
+	opts := fs.Options{Meta: c, Session: sess.ID(), Data: data}
+	if early {
+		opts.Early = sess
+	}
+	fsys, root := fs.New(opts)
+	t.Cleanup(fsys.Close)
+	dir := fstest.MountRoot(t, root)
+	if early {
+		select {
+		case <-fsys.LeasesReady():
+		case <-time.After(10 * time.Second):
+			t.Fatal("the mount heard nothing from meta's Recalls in 10s")
+		}
+	}
+	return dir, fsys
 }
 
 // mounted mounts the file system (see mount) and returns p, which gives

@@ -7,14 +7,10 @@ import (
 	"sync"
 	"syscall"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/rdmafs/rdmafs/fs"
-	"github.com/rdmafs/rdmafs/fs/fstest"
 	"github.com/rdmafs/rdmafs/meta/metapb"
-	"github.com/rdmafs/rdmafs/meta/metatest"
 )
 
 // commitInSize is a file I/O engine that keeps written bytes in memory as
@@ -98,24 +94,8 @@ func (d *commitInSize) WriteErrors(uint64) (uint64, error)             { return 
 // from before the commit with an engine that no longer holds the writes:
 // size 0, which the kernel then caches, and a read returns nothing.
 func TestStatWhileCommitEnds(t *testing.T) {
-	fstest.NeedFUSE(t)
-	m := metatest.Start(t, metatest.Options{})
-	c := m.Client(t)
-	ctx := context.Background()
-	sess, err := c.StartSession(ctx, "fs-test", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sess.Close(ctx) })
 	data := &commitInSize{data: map[uint64][]byte{}, dirty: map[uint64]bool{}, committed: make(chan uint64, 1)}
-	fsys, root := fs.New(fs.Options{Meta: c, Session: sess.ID(), Data: data, Early: sess})
-	t.Cleanup(fsys.Close)
-	dir := fstest.MountRoot(t, root)
-	select {
-	case <-fsys.LeasesReady():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the mount heard nothing from meta's Recalls in 10s")
-	}
+	dir, _ := mountEarly(t, data, true)
 	sub := filepath.Join(dir, "d")
 	if err := os.Mkdir(sub, 0o755); err != nil {
 		t.Fatal(err)

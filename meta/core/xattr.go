@@ -130,13 +130,22 @@ func (s *Service) changeXattr(ctx context.Context, pc *metapb.Caller, ino uint64
 	if err := s.awaitDir(ctx, c.Session, ino); err != nil { // ACLs: as SetAttr's mode
 		return nil, err
 	}
-	out := &metapb.Empty{}
-	if _, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
+	return s.xattrTxn(ctx, func(t kv.Txn) (*metapb.InodeRecord, error) {
 		rec, _, exists, err := loadXattr(t, c, ino, name, ns, true)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if err := change(t, keys.Xattr(ino, name), exists); err != nil {
+		return rec, change(t, keys.Xattr(ino, name), exists)
+	})
+}
+
+// xattrTxn runs change, a change of an inode's extended attributes that
+// returns its record, in a transaction that then sets the inode's ctime.
+func (s *Service) xattrTxn(ctx context.Context, change func(t kv.Txn) (*metapb.InodeRecord, error)) (*metapb.Empty, error) {
+	out := &metapb.Empty{}
+	if _, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
+		rec, err := change(t)
+		if err != nil {
 			return err
 		}
 		rec.Attr.CtimeNs = s.now().UnixNano()
@@ -205,38 +214,30 @@ func (s *Service) killCaps(ctx context.Context, req *metapb.RemoveXattrRequest) 
 		return nil, metaerr.New(syscall.EINVAL, "kill_priv removes %s only, not %q", capsXattr, req.Name)
 	}
 	c := caller(req.Caller)
-	out := &metapb.Empty{}
-	if _, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
+	return s.xattrTxn(ctx, func(t kv.Txn) (*metapb.InodeRecord, error) {
 		rec, err := getInode(t, req.Ino)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if !isRoot(c) && checkAccess(c, rec.Attr, mayWrite) != nil {
 			open := false
 			if c.Session != 0 {
 				if open, err = openedBy(t, req.Ino, c.Session); err != nil {
-					return err
+					return nil, err
 				}
 			}
 			if !open {
-				return metaerr.New(syscall.EPERM, "uid %d may not write inode %d: its capabilities stay", c.Uid, req.Ino)
+				return nil, metaerr.New(syscall.EPERM, "uid %d may not write inode %d: its capabilities stay", c.Uid, req.Ino)
 			}
 		}
 		key := keys.Xattr(req.Ino, capsXattr)
 		_, ok, err := t.Get(key)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if !ok {
-			return metaerr.New(syscall.ENODATA, "inode %d has no capabilities", req.Ino)
+			return nil, metaerr.New(syscall.ENODATA, "inode %d has no capabilities", req.Ino)
 		}
-		if err := t.Delete(key); err != nil {
-			return err
-		}
-		rec.Attr.CtimeNs = s.now().UnixNano()
-		return putInode(t, rec)
-	}); err != nil {
-		return nil, err
-	}
-	return out, nil
+		return rec, t.Delete(key)
+	})
 }
