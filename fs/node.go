@@ -113,8 +113,9 @@ type FS struct {
 	releases  releaser      // closed files' opens, on their way to meta
 	locks     lockTable     // the file locks this mount's processes hold
 	kill      killFlags     // requests to clear set-user-ID (killpriv.go)
-	leases    leaseTable    // the directory leases the mount holds (lease.go)
-	owned     ownTable      // the files whose attributes the mount knows (own.go)
+	stats     Stats
+	leases    leaseTable // the directory leases the mount holds (lease.go)
+	owned     ownTable   // the files whose attributes the mount knows (own.go)
 
 	// Read replies, so that a read costs no allocation.
 	inPlace      sync.Pool // of *inPlaceResult
@@ -593,12 +594,15 @@ func (n *Node) filledEntry(ctx context.Context, a *metapb.Attr, out *fuse.EntryO
 func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	early := n.fsys.opts.Early != nil
 	if early && n.leaseSaysMissing(name) {
+		n.fsys.stats.KeptAnswers.Add(1)
 		return nil, syscall.ENOENT
 	}
 	if _, o := n.ownedChild(name); o.attr != nil {
+		n.fsys.stats.KeptAnswers.Add(1)
 		n.fsys.fillAttrSized(o.attr, &out.Attr, o.size, o.dirty)
 		return n.filledEntry(ctx, o.attr, out), 0
 	}
+	n.fsys.stats.MetaAnswers.Add(1)
 	ctx, done := killable(ctx)
 	defer done()
 	lease := early && n.wantLease()
@@ -645,20 +649,24 @@ func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 // Getattr implements gofs.NodeGetattrer.
 func (n *Node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	if a := n.cachedDirAttr(); a != nil {
+		n.fsys.stats.KeptAnswers.Add(1)
 		n.fsys.fillAttr(a, &out.Attr)
 		out.SetTimeout(n.fsys.opts.AttrTimeout)
 		return 0
 	}
 	if a := n.leaseAttr(); a != nil {
+		n.fsys.stats.KeptAnswers.Add(1)
 		n.fsys.fillAttr(a, &out.Attr)
 		out.SetTimeout(n.fsys.opts.AttrTimeout)
 		return 0
 	}
 	if o := n.ownedAttr(); o.attr != nil {
+		n.fsys.stats.KeptAnswers.Add(1)
 		n.fsys.fillAttrSized(o.attr, &out.Attr, o.size, o.dirty)
 		out.SetTimeout(n.fsys.opts.AttrTimeout)
 		return 0
 	}
+	n.fsys.stats.MetaAnswers.Add(1)
 	ctx, done := killable(ctx)
 	defer done()
 	dirty := n.fsys.uncommitted(n.ino)

@@ -95,7 +95,7 @@ func (d *commitInSize) WriteErrors(uint64) (uint64, error)             { return 
 // size 0, which the kernel then caches, and a read returns nothing.
 func TestStatWhileCommitEnds(t *testing.T) {
 	data := &commitInSize{data: map[uint64][]byte{}, dirty: map[uint64]bool{}, committed: make(chan uint64, 1)}
-	dir, _ := mountEarly(t, data, true)
+	dir, fsys := mountEarly(t, data, true)
 	sub := filepath.Join(dir, "d")
 	if err := os.Mkdir(sub, 0o755); err != nil {
 		t.Fatal(err)
@@ -136,5 +136,9 @@ func TestStatWhileCommitEnds(t *testing.T) {
 		if stx.Size != uint64(want) {
 			t.Fatalf("%s: stat while its writes were committed: size %d, want %d", path, stx.Size, want)
 		}
+	}
+	// The stats of owned files were answered from the kept attributes.
+	if kept := fsys.Stats().KeptAnswers.Load(); kept < 5 {
+		t.Errorf("%d lookups and getattrs answered from kept attributes, want at least the 5 stats", kept)
 	}
 }

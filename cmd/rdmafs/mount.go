@@ -467,6 +467,14 @@ func (c *mountConfig) mountFS(m *mountMeta, eng *fileio.Engine, reg prometheus.R
 		opts.Early = m.session
 	}
 	fsys, root := fs.New(opts)
+	st := fsys.Stats()
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "rdmafs", Subsystem: "client", Name: "kept_answers_total",
+			Help: "Lookups and getattrs answered from what the mount keeps (directory leases, attributes of files it owns), without a call to meta."},
+			func() float64 { return float64(st.KeptAnswers.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "rdmafs", Subsystem: "client", Name: "meta_answers_total",
+			Help: "Lookups and getattrs that asked the metadata service."},
+			func() float64 { return float64(st.MetaAnswers.Load()) }))
 	srv, err := fs.Mount(c.mountpoint, root, fs.MountOptions{Debug: c.debug, MaxReadAhead: c.kernelReadahead, Metrics: reg})
 	if err != nil {
 		return nil, nil, err
