@@ -55,9 +55,22 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	killSuid := n.fsys.kill.asked(ctx) // the request's own context only
 	ctx, done := killable(ctx)
 	defer done()
+	d := n.fsys.opts.Data
+	trunc := flags&syscall.O_TRUNC != 0 && d != nil
+	if trunc {
+		// The kernel passes O_TRUNC with the open (ATOMIC_O_TRUNC) and
+		// meta truncates in the open's transaction: commits of this
+		// mount's writes in flight land before it, its dirty data goes.
+		if err := d.Truncate(ctx, n.ino, 0); err != nil {
+			return nil, 0, dataErrno(err)
+		}
+	}
 	n.beginChange() // O_TRUNC changes the size and times
 	r, err := n.fsys.meta.Open(ctx, &metapb.OpenRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, SessionId: n.fsys.opts.Session, Flags: flags})
 	n.endChange(r.GetAttr())
+	if trunc {
+		d.Truncated(n.ino)
+	}
 	if err != nil {
 		return nil, 0, errno(err)
 	}
@@ -74,16 +87,9 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	} else {
 		n.NotifyContent(-1, 0) // attributes only: takes no page locks
 	}
-	if d := n.fsys.opts.Data; d != nil {
+	if d != nil {
 		if err := d.Open(ctx, n.ino); err != nil {
 			return nil, 0, errno(err)
-		}
-		if flags&syscall.O_TRUNC != 0 {
-			err := d.Truncate(ctx, n.ino, 0)
-			d.Truncated(n.ino) // the open has truncated the file in meta
-			if err != nil {
-				return nil, 0, errno(err)
-			}
 		}
 	}
 	h := n.fsys.newHandle(n, n.ino, flags)

@@ -59,7 +59,9 @@ func Mount(mountpoint string, root *Node, opts MountOptions) (*fuse.Server, erro
 			// instead of one at a time.
 			// HANDLE_KILLPRIV_V2: the file system drops privileges on
 			// write (killpriv.go), sparing a GETXATTR round trip per write.
-			ExtraCapabilities: fuse.CAP_ASYNC_DIO | fuse.CAP_HANDLE_KILLPRIV_V2,
+			// ATOMIC_O_TRUNC: an open with O_TRUNC is one request, which
+			// meta answers in one transaction, not a SETATTR before it.
+			ExtraCapabilities: fuse.CAP_ASYNC_DIO | fuse.CAP_HANDLE_KILLPRIV_V2 | fuse.CAP_ATOMIC_O_TRUNC,
 		},
 		EntryTimeout:    &timeout,
 		AttrTimeout:     &attrTimeout,

@@ -206,10 +206,36 @@ func (s *Service) Open(ctx context.Context, req *metapb.OpenRequest) (*metapb.At
 		if err := s.openInTxn(t, c, rec, req.SessionId, req.Flags); err != nil {
 			return err
 		}
+		if req.Flags&syscall.O_TRUNC != 0 && isReg(rec.Attr) {
+			if err := s.truncateOnOpen(t, rec); err != nil {
+				return err
+			}
+		}
 		out = &metapb.AttrReply{Attr: rec.Attr}
 		return nil
 	})
 	return out, err
+}
+
+// truncateOnOpen truncates rec to 0 for an open with O_TRUNC, as
+// truncate(2) would, in the open's transaction: its times change, and its
+// capabilities go as a truncate drops them (the mount asks the kernel to
+// pass O_TRUNC with the open instead of a truncate before it).
+func (s *Service) truncateOnOpen(t kv.Txn, rec *metapb.InodeRecord) error {
+	if err := truncateStripes(t, rec, 0, false); err != nil {
+		return err
+	}
+	now := s.now().UnixNano()
+	rec.Attr.Size, rec.Attr.MtimeNs, rec.Attr.CtimeNs = 0, now, now
+	caps := keys.Xattr(rec.Attr.Ino, capsXattr)
+	if _, ok, err := t.Get(caps); err != nil {
+		return err
+	} else if ok {
+		if err := t.Delete(caps); err != nil {
+			return err
+		}
+	}
+	return putInode(t, rec)
 }
 
 // openInTxn checks the access mode of flags and records the open.
