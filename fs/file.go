@@ -52,7 +52,7 @@ var (
 // Open implements gofs.NodeOpener: the service checks the access mode and
 // records the open in the session.
 func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	killSuid := n.fsys.kill.asked(ctx) // the request's own context only
+	killSuid, _ := n.fsys.kill.of(ctx) // the request's own context only
 	ctx, done := killable(ctx)
 	defer done()
 	d := n.fsys.opts.Data
@@ -238,7 +238,7 @@ func (r *inPlaceResult) Slices() ([][]byte, fuse.Status) { return r.data[:], fus
 
 // Write implements gofs.FileWriter.
 func (f *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
-	killSuid := f.fsys.kill.asked(ctx) // the request's own context only
+	killSuid, _ := f.fsys.kill.of(ctx) // the request's own context only
 	ctx, done := killable(ctx)         // a write may wait for flushes, up to the write timeout
 	defer done()
 	d, e := f.data()

@@ -2,7 +2,6 @@ package fs
 
 import (
 	"context"
-	"sync"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -20,30 +19,10 @@ import (
 // make (killSuidgid). Capabilities the kernel still drops itself, with a
 // REMOVEXATTR on the writer's behalf (Removexattr).
 
-// killFlags maps the cancel channel of a WRITE or OPEN request, unique
-// while it runs, to the kernel's request to clear set-user-ID and
-// set-group-ID: go-fuse's node API does not pass the request's flags on.
-type killFlags struct{ m sync.Map }
-
-func (k *killFlags) set(cancel <-chan struct{}) func() {
-	k.m.Store(cancel, true)
-	return func() { k.m.Delete(cancel) }
-}
-
-// asked reports whether the request of ctx asked to clear the bits.
-func (k *killFlags) asked(ctx context.Context) bool {
-	fc, ok := ctx.(*fuse.Context)
-	if !ok {
-		return false
-	}
-	_, ok = k.m.Load(fc.Cancel)
-	return ok
-}
-
 // Writev notes the kernel's request to clear set-user-ID with the write.
 func (r *rawFS) Writev(cancel <-chan struct{}, in *fuse.WriteIn, data [][]byte) (uint32, fuse.Status) {
 	if in.WriteFlags&fuse.WRITE_KILL_SUIDGID != 0 {
-		defer r.kill.set(cancel)()
+		defer r.kill.note(cancel, true)()
 	}
 	return r.RawFileSystem.Writev(cancel, in, data)
 }
@@ -51,7 +30,7 @@ func (r *rawFS) Writev(cancel <-chan struct{}, in *fuse.WriteIn, data [][]byte) 
 // Write is Writev for go-fuse's fallback.
 func (r *rawFS) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {
 	if in.WriteFlags&fuse.WRITE_KILL_SUIDGID != 0 {
-		defer r.kill.set(cancel)()
+		defer r.kill.note(cancel, true)()
 	}
 	return r.RawFileSystem.Write(cancel, in, data)
 }
@@ -60,7 +39,7 @@ func (r *rawFS) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (ui
 // open.
 func (r *rawFS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
 	if in.Mode&fuse.OPEN_KILL_SUIDGID != 0 {
-		defer r.kill.set(cancel)()
+		defer r.kill.note(cancel, true)()
 	}
 	return r.RawFileSystem.Open(cancel, in, out)
 }

@@ -33,9 +33,9 @@ var (
 type lockTable struct {
 	mu    sync.Mutex
 	posix map[uint64]map[uint64]bool // owner -> inodes it holds record locks on
-	// flushing maps a FLUSH request's cancel channel, unique while it runs,
-	// to its lock owner: go-fuse's node API does not pass the owner on.
-	flushing sync.Map
+	// flushing holds the lock owner of each FLUSH request being served:
+	// go-fuse's node API does not pass it on.
+	flushing reqNotes[uint64]
 }
 
 // held records that owner holds (or, with held false, released) record
@@ -198,15 +198,10 @@ func (f *fileHandle) revalidateSiblings() {
 // process's record locks on the file go, as POSIX wants. The caller holds
 // the request's own context.
 func (f *fileHandle) releaseLocks(ctx context.Context) {
-	fc, ok := ctx.(*fuse.Context)
+	owner, ok := f.fsys.locks.flushing.of(ctx)
 	if !ok {
 		return
 	}
-	v, ok := f.fsys.locks.flushing.Load(fc.Cancel)
-	if !ok {
-		return
-	}
-	owner := v.(uint64)
 	if !f.fsys.locks.holds(owner, f.ino) {
 		return
 	}
@@ -260,15 +255,14 @@ func (f *fileHandle) unlockAll(owner uint64, flock bool) {
 type rawFS struct {
 	fuse.RawFileSystem
 	locks *lockTable
-	kill  *killFlags
+	kill  *reqNotes[bool] // requests to clear set-user-ID (killpriv.go)
 }
 
 // Flush hands the request's lock owner to fileHandle.Flush when it holds
 // record locks.
 func (r *rawFS) Flush(cancel <-chan struct{}, in *fuse.FlushIn) fuse.Status {
 	if r.locks.holds(in.LockOwner, 0) {
-		r.locks.flushing.Store(cancel, in.LockOwner)
-		defer r.locks.flushing.Delete(cancel)
+		defer r.locks.flushing.note(cancel, in.LockOwner)()
 	}
 	return r.RawFileSystem.Flush(cancel, in)
 }

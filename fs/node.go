@@ -108,11 +108,11 @@ type FS struct {
 	callers *callers
 	log     *slog.Logger
 
-	dropping  atomic.Int32  // page cache invalidations in flight (drop-behind)
-	earlyLost atomic.Uint64 // changes answered early that meta refused (early.go)
-	releases  releaser      // closed files' opens, on their way to meta
-	locks     lockTable     // the file locks this mount's processes hold
-	kill      killFlags     // requests to clear set-user-ID (killpriv.go)
+	dropping  atomic.Int32   // page cache invalidations in flight (drop-behind)
+	earlyLost atomic.Uint64  // changes answered early that meta refused (early.go)
+	releases  releaser       // closed files' opens, on their way to meta
+	locks     lockTable      // the file locks this mount's processes hold
+	kill      reqNotes[bool] // requests to clear set-user-ID (killpriv.go)
 	stats     Stats
 	leases    leaseTable // the directory leases the mount holds (lease.go)
 	owned     ownTable   // the files whose attributes the mount knows (own.go)

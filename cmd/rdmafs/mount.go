@@ -475,7 +475,11 @@ func (c *mountConfig) mountFS(m *mountMeta, eng *fileio.Engine, reg prometheus.R
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "rdmafs", Subsystem: "client", Name: "meta_answers_total",
 			Help: "Lookups and getattrs that asked the metadata service."},
 			func() float64 { return float64(st.MetaAnswers.Load()) }))
-	srv, err := fs.Mount(c.mountpoint, root, fs.MountOptions{Debug: c.debug, MaxReadAhead: c.kernelReadahead, Metrics: reg})
+	mopts := fs.MountOptions{Debug: c.debug, MaxReadAhead: c.kernelReadahead}
+	if metricsAddr != "" {
+		mopts.Metrics = reg // with metrics off, requests are not timed
+	}
+	srv, err := fs.Mount(c.mountpoint, root, mopts)
 	if err != nil {
 		return nil, nil, err
 	}
