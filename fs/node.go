@@ -994,6 +994,9 @@ func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 	if size, e, ok := n.relayoutXattr(ctx, attr, dest); ok {
 		return size, e
 	}
+	if size, e, ok := n.snapshotXattr(ctx, attr, dest); ok {
+		return size, e
+	}
 	if attr == MetricsXattr {
 		return n.metricsXattr(dest)
 	}
@@ -1046,8 +1049,13 @@ func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	n.dropLease()
 	ctx, done := killable(ctx)
 	defer done()
-	if attr == RelayoutXattr {
+	switch attr {
+	case RelayoutXattr:
 		return n.setRelayout(ctx, data)
+	case SnapshotXattr:
+		return n.setSnapshot(ctx, data)
+	case RmrXattr:
+		return n.setRmr(ctx, data)
 	}
 	if attr == LayoutXattr {
 		l, err := stripe.ParseLayout(string(data))

@@ -61,6 +61,8 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(newLayoutCommand())
 	root.AddCommand(newRelayoutCommand())
 	root.AddCommand(newInfoCommand())
+	root.AddCommand(newSnapshotCommand())
+	root.AddCommand(newRmrCommand())
 	root.AddCommand(newStatusCommand())
 	root.AddCommand(newStatsCommand())
 	root.AddCommand(newMountCommand())

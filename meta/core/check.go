@@ -415,7 +415,7 @@ func (s *Service) fixStrayStripe(ino, stripe uint64) func(context.Context) (stri
 				return "", err
 			}
 			if st.Version > 0 {
-				if err := queueGC(t, st.Shards, st.Version); err != nil {
+				if err := dropVersion(t, st.Shards, st.Version, st.Shared); err != nil {
 					return "", err
 				}
 			}

@@ -417,64 +417,73 @@ func (s *Service) remove(ctx context.Context, c *metapb.Caller, parent uint64, n
 	var purged int64
 	out := &metapb.DirReply{}
 	_, err := updateOnce(s, ctx, &out, func(t kv.Txn) error {
-		purged = 0
 		now := s.now().UnixNano()
 		if timeNs != 0 {
 			now = timeNs
 		}
-		p, err := getDir(t, parent)
+		p, n, err := s.removeTxn(t, c, parent, name, dir, ino, now)
+		purged = n
 		if err != nil {
-			return err
-		}
-		if err := checkAccess(c, p.Attr, mayWrite|mayExec); err != nil {
-			return err
-		}
-		d, ok, err := getDentry(t, parent, name)
-		if err != nil {
-			return err
-		}
-		if !ok || (ino != 0 && d.Ino != ino) {
-			return metaerr.New(syscall.ENOENT, "%q not found in directory %d", name, parent)
-		}
-		child, err := getInode(t, d.Ino)
-		if err != nil {
-			return err
-		}
-		if dir {
-			if !isDir(child.Attr) {
-				return metaerr.New(syscall.ENOTDIR, "%q is not a directory", name)
-			}
-			if empty, err := dirEmpty(t, child.Attr.Ino); err != nil {
-				return err
-			} else if !empty {
-				return metaerr.New(syscall.ENOTEMPTY, "directory %q is not empty", name)
-			}
-		} else if isDir(child.Attr) {
-			return metaerr.New(syscall.EISDIR, "%q is a directory", name)
-		}
-		if err := checkSticky(c, p.Attr, child.Attr); err != nil {
-			return err
-		}
-		if err := removeEntry(t, parent, name, d); err != nil {
-			return err
-		}
-		if dir {
-			p.Attr.Nlink--
-		}
-		p.Attr.MtimeNs, p.Attr.CtimeNs = now, now
-		if err := putInode(t, p); err != nil {
 			return err
 		}
 		out = &metapb.DirReply{Parent: p.Attr}
-		n, err := s.dropLink(t, child, now)
-		purged = n
-		return err
+		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	s.inodes.Add(-purged)
 	return out, nil
+}
+
+// removeTxn removes name from parent in t as remove describes, at time now.
+// It returns the parent's record and the number of inodes deleted.
+func (s *Service) removeTxn(t kv.Txn, c *metapb.Caller, parent uint64, name string, dir bool, ino uint64, now int64) (*metapb.InodeRecord, int64, error) {
+	p, err := getDir(t, parent)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := checkAccess(c, p.Attr, mayWrite|mayExec); err != nil {
+		return nil, 0, err
+	}
+	d, ok, err := getDentry(t, parent, name)
+	if err != nil {
+		return nil, 0, err
+	}
+	if !ok || (ino != 0 && d.Ino != ino) {
+		return nil, 0, metaerr.New(syscall.ENOENT, "%q not found in directory %d", name, parent)
+	}
+	child, err := getInode(t, d.Ino)
+	if err != nil {
+		return nil, 0, err
+	}
+	if dir {
+		if !isDir(child.Attr) {
+			return nil, 0, metaerr.New(syscall.ENOTDIR, "%q is not a directory", name)
+		}
+		if empty, err := dirEmpty(t, child.Attr.Ino); err != nil {
+			return nil, 0, err
+		} else if !empty {
+			return nil, 0, metaerr.New(syscall.ENOTEMPTY, "directory %q is not empty", name)
+		}
+	} else if isDir(child.Attr) {
+		return nil, 0, metaerr.New(syscall.EISDIR, "%q is a directory", name)
+	}
+	if err := checkSticky(c, p.Attr, child.Attr); err != nil {
+		return nil, 0, err
+	}
+	if err := removeEntry(t, parent, name, d); err != nil {
+		return nil, 0, err
+	}
+	if dir {
+		p.Attr.Nlink--
+	}
+	p.Attr.MtimeNs, p.Attr.CtimeNs = now, now
+	if err := putInode(t, p); err != nil {
+		return nil, 0, err
+	}
+	purged, err := s.dropLink(t, child, now)
+	return p, purged, err
 }
 
 // dropLink removes one link of child (a directory loses all of them) and

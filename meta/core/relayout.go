@@ -675,10 +675,10 @@ func commitRelayout(tx kv.Txn, j *relayoutJob) (stale bool, err error) {
 	if !ok || !gok || st.Version != j.version {
 		return true, dropRelayoutGrant(tx, j)
 	}
-	if err := queueGC(tx, st.Shards, st.Version); err != nil {
+	if err := dropVersion(tx, st.Shards, st.Version, st.Shared); err != nil {
 		return false, err
 	}
-	st.Version, st.Layout, st.Shards, st.InlineData = j.newVersion, g.Layout, g.Shards, nil
+	st.Version, st.Layout, st.Shards, st.InlineData, st.Shared = j.newVersion, g.Layout, g.Shards, nil, false
 	st.NextVersion = max(st.NextVersion, j.newVersion+1)
 	if err := putMsg(tx, keys.Stripe(j.key.ino, j.key.stripe), st); err != nil {
 		return false, err

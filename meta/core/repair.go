@@ -768,7 +768,7 @@ func commitRepair(tx kv.Txn, t *repairTask) (stale bool, err error) {
 	// The old copy is garbage: its chunkserver deletes it when it heartbeats
 	// again (at once if it is live, e.g. retiring or rebalanced). A shard
 	// written degraded had no chunkserver and left nothing.
-	return false, queueGC(tx, []*metapb.Shard{{ServerId: t.oldServer, ChunkId: t.oldChunk}}, t.version)
+	return false, dropVersion(tx, []*metapb.Shard{{ServerId: t.oldServer, ChunkId: t.oldChunk}}, t.version, st.Shared)
 }
 
 // Drain implements metapb.MetaServer: it marks a chunkserver retiring (no new

@@ -37,6 +37,7 @@ var tokenRules = map[string]tokenRule{
 	"SetAttr": tokenWrite, "Create": tokenWrite, "Mknod": tokenWrite, "Mkdir": tokenWrite,
 	"Symlink": tokenWrite, "Link": tokenWrite, "Unlink": tokenWrite, "Rmdir": tokenWrite,
 	"Rename": tokenWrite, "SetXattr": tokenWrite, "RemoveXattr": tokenWrite,
+	"Snapshot": tokenWrite, "RemoveTree": tokenWrite,
 	"GrantWrite": tokenDataWrite, "CommitStripes": tokenDataWrite, "ReplaceShards": tokenDataWrite,
 	"OpenSession": tokenSession, "KeepAlive": tokenSession, "CloseSession": tokenSession,
 	"StatFS": tokenSession, "Sync": tokenSession,
@@ -44,7 +45,7 @@ var tokenRules = map[string]tokenRule{
 
 // inodeFields are the request fields that name an inode a token's mount
 // must be allowed to use.
-var inodeFields = []protoreflect.Name{"ino", "parent", "new_parent"}
+var inodeFields = []protoreflect.Name{"ino", "parent", "new_parent", "src", "dst_parent"}
 
 // maxDepth bounds the walk from an inode up to its token's subdirectory.
 const maxDepth = 4096

@@ -412,6 +412,11 @@ func purgeInode(t kv.Txn, rec *metapb.InodeRecord) error {
 	if err := t.Delete(keys.Orphan(ino)); err != nil {
 		return err
 	}
+	if isDir(rec.Attr) {
+		if err := t.Delete(keys.Snapshot(ino)); err != nil { // a snapshot's record
+			return err
+		}
+	}
 	return t.Delete(keys.Inode(ino))
 }
 

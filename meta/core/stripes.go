@@ -133,7 +133,7 @@ func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest)
 				return err
 			}
 			var shards []*metapb.Shard
-			keep := inPlace[idx] && st.Version > 0 && len(st.Shards) == n && proto.Equal(st.Layout, l) &&
+			keep := inPlace[idx] && st.Version > 0 && !st.Shared && len(st.Shards) == n && proto.Equal(st.Layout, l) &&
 				s.members.canKeep(st.Shards, l.Unit, exclude)
 			if keep {
 				shards = st.Shards
@@ -353,10 +353,11 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 		}
 		for _, p := range todo {
 			if p.st.Version > 0 {
-				if err := queueGC(t, p.st.Shards, p.st.Version); err != nil {
+				if err := dropVersion(t, p.st.Shards, p.st.Version, p.st.Shared); err != nil {
 					return err
 				}
 			}
+			p.st.Shared = false // the new version's chunks are this stripe's alone
 			if p.st.Version > 0 {
 				rec.Attr.Stored -= min(rec.Attr.Stored, p.st.Length)
 			}
@@ -567,7 +568,7 @@ func truncateStripes(t kv.Txn, rec *metapb.InodeRecord, size uint64, purge bool)
 		}
 		if it.st.Version > 0 {
 			rec.Attr.Stored -= min(rec.Attr.Stored, it.st.Length)
-			if err := queueGC(t, it.st.Shards, it.st.Version); err != nil {
+			if err := dropVersion(t, it.st.Shards, it.st.Version, it.st.Shared); err != nil {
 				return err
 			}
 		}

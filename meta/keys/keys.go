@@ -29,6 +29,10 @@ const (
 	PrefixLock        = 'l' // l ino -> LockRecord
 	PrefixSessionLock = 'm' // m session ino -> empty (index of locks by session)
 	PrefixRelayout    = 'y' // y ino -> empty (a file being converted to its layout)
+	PrefixShared      = 'c' // c chunk version -> uint64 (references beyond the first)
+	PrefixSnapshot    = 'j' // j dst -> SnapshotJob (a tree snapshot, in progress or done)
+	PrefixSnapTask    = 'J' // J dst seq -> SnapshotTask (a directory still to copy)
+	PrefixSnapLink    = 'h' // h dst src -> uint64 (the copy of a hard-linked file)
 )
 
 // ErrMalformed reports a key that does not have the expected shape.
@@ -153,6 +157,45 @@ func ParseRelayout(key []byte) (uint64, error) {
 	}
 	return v[0], nil
 }
+
+// Shared is the key counting the references to version of chunk beyond the
+// first: stripes that share it since a snapshot. No key means one reference.
+func Shared(chunk, version uint64) []byte { return u64s(PrefixShared, chunk, version) }
+
+// ParseShared returns the chunk and version of a Shared key.
+func ParseShared(key []byte) (chunk, version uint64, err error) {
+	v, err := fixed(key, PrefixShared, 2)
+	if err != nil {
+		return 0, 0, err
+	}
+	return v[0], v[1], nil
+}
+
+// Snapshot is the key of the tree snapshot being made at directory dst.
+func Snapshot(dst uint64) []byte { return u64s(PrefixSnapshot, dst) }
+
+// SnapTask is the key of task seq of the tree snapshot at dst: a source
+// directory whose entries are still to be copied.
+func SnapTask(dst, seq uint64) []byte { return u64s(PrefixSnapTask, dst, seq) }
+
+// SnapTaskPrefix is the prefix of all tasks of the tree snapshot at dst.
+func SnapTaskPrefix(dst uint64) []byte { return u64s(PrefixSnapTask, dst) }
+
+// ParseSnapTask returns the snapshot and sequence number of a SnapTask key.
+func ParseSnapTask(key []byte) (dst, seq uint64, err error) {
+	v, err := fixed(key, PrefixSnapTask, 2)
+	if err != nil {
+		return 0, 0, err
+	}
+	return v[0], v[1], nil
+}
+
+// SnapLink is the key of the copy made of hard-linked file src by the tree
+// snapshot at dst, so that its other links point at the same copy.
+func SnapLink(dst, src uint64) []byte { return u64s(PrefixSnapLink, dst, src) }
+
+// SnapLinkPrefix is the prefix of all hard-link copies of the snapshot at dst.
+func SnapLinkPrefix(dst uint64) []byte { return u64s(PrefixSnapLink, dst) }
 
 func u64s(prefix byte, vs ...uint64) []byte {
 	k := make([]byte, 1, 1+8*len(vs))

@@ -2594,6 +2594,319 @@ func (x *RemoveXattrRequest) GetKillPriv() bool {
 	return false
 }
 
+// SnapshotRequest copies src, a file or a directory tree, to the new entry
+// name in dst_parent. Only metadata is copied: every stripe of the copy
+// references the same chunk versions as the source's, and the first write
+// to either side writes new versions (copy-on-write per stripe). A file is
+// copied in one call; a tree in batches of at most batch inodes (0: 1000) per
+// call and transaction: call again with the same arguments until done. A
+// resumed snapshot (after an interruption or a restart) goes on where it
+// stopped. Needs root (a snapshot keeps owners and modes) or the cluster
+// secret.
+type SnapshotRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Caller    *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	Src       uint64                 `protobuf:"varint,2,opt,name=src,proto3" json:"src,omitempty"`
+	DstParent uint64                 `protobuf:"varint,3,opt,name=dst_parent,json=dstParent,proto3" json:"dst_parent,omitempty"`
+	Name      string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	Batch     uint32                 `protobuf:"varint,5,opt,name=batch,proto3" json:"batch,omitempty"`
+	// progress only reports the snapshot at dst_parent/name (done when it is
+	// complete), copying nothing.
+	Progress      bool `protobuf:"varint,6,opt,name=progress,proto3" json:"progress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotRequest) Reset() {
+	*x = SnapshotRequest{}
+	mi := &file_meta_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotRequest) ProtoMessage() {}
+
+func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *SnapshotRequest) GetCaller() *Caller {
+	if x != nil {
+		return x.Caller
+	}
+	return nil
+}
+
+func (x *SnapshotRequest) GetSrc() uint64 {
+	if x != nil {
+		return x.Src
+	}
+	return 0
+}
+
+func (x *SnapshotRequest) GetDstParent() uint64 {
+	if x != nil {
+		return x.DstParent
+	}
+	return 0
+}
+
+func (x *SnapshotRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SnapshotRequest) GetBatch() uint32 {
+	if x != nil {
+		return x.Batch
+	}
+	return 0
+}
+
+func (x *SnapshotRequest) GetProgress() bool {
+	if x != nil {
+		return x.Progress
+	}
+	return false
+}
+
+// SnapshotReply reports a snapshot: totals since it began.
+type SnapshotReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Dst           uint64                 `protobuf:"varint,1,opt,name=dst,proto3" json:"dst,omitempty"` // the copy's inode
+	Done          bool                   `protobuf:"varint,2,opt,name=done,proto3" json:"done,omitempty"`
+	Files         uint64                 `protobuf:"varint,3,opt,name=files,proto3" json:"files,omitempty"`                                      // inodes other than directories copied
+	Dirs          uint64                 `protobuf:"varint,4,opt,name=dirs,proto3" json:"dirs,omitempty"`                                        // directories copied (the root included)
+	Bytes         uint64                 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`                                      // bytes of file data now shared
+	SharedStripes uint64                 `protobuf:"varint,6,opt,name=shared_stripes,json=sharedStripes,proto3" json:"shared_stripes,omitempty"` // stripes now shared with the source
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotReply) Reset() {
+	*x = SnapshotReply{}
+	mi := &file_meta_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotReply) ProtoMessage() {}
+
+func (x *SnapshotReply) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotReply.ProtoReflect.Descriptor instead.
+func (*SnapshotReply) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *SnapshotReply) GetDst() uint64 {
+	if x != nil {
+		return x.Dst
+	}
+	return 0
+}
+
+func (x *SnapshotReply) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *SnapshotReply) GetFiles() uint64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *SnapshotReply) GetDirs() uint64 {
+	if x != nil {
+		return x.Dirs
+	}
+	return 0
+}
+
+func (x *SnapshotReply) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *SnapshotReply) GetSharedStripes() uint64 {
+	if x != nil {
+		return x.SharedStripes
+	}
+	return 0
+}
+
+// RemoveTreeRequest removes name in parent and, for a directory, everything
+// below it, on the server: each call removes at most batch entries (0:
+// 1000) in one transaction, deepest first, with the permission checks of
+// unlink and rmdir for the caller. Call again until done.
+type RemoveTreeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	Parent        uint64                 `protobuf:"varint,2,opt,name=parent,proto3" json:"parent,omitempty"`
+	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Batch         uint32                 `protobuf:"varint,4,opt,name=batch,proto3" json:"batch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveTreeRequest) Reset() {
+	*x = RemoveTreeRequest{}
+	mi := &file_meta_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveTreeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveTreeRequest) ProtoMessage() {}
+
+func (x *RemoveTreeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveTreeRequest.ProtoReflect.Descriptor instead.
+func (*RemoveTreeRequest) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *RemoveTreeRequest) GetCaller() *Caller {
+	if x != nil {
+		return x.Caller
+	}
+	return nil
+}
+
+func (x *RemoveTreeRequest) GetParent() uint64 {
+	if x != nil {
+		return x.Parent
+	}
+	return 0
+}
+
+func (x *RemoveTreeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RemoveTreeRequest) GetBatch() uint32 {
+	if x != nil {
+		return x.Batch
+	}
+	return 0
+}
+
+// RemoveTreeReply counts what one call removed.
+type RemoveTreeReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Done          bool                   `protobuf:"varint,1,opt,name=done,proto3" json:"done,omitempty"`
+	Files         uint64                 `protobuf:"varint,2,opt,name=files,proto3" json:"files,omitempty"`
+	Dirs          uint64                 `protobuf:"varint,3,opt,name=dirs,proto3" json:"dirs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveTreeReply) Reset() {
+	*x = RemoveTreeReply{}
+	mi := &file_meta_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveTreeReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveTreeReply) ProtoMessage() {}
+
+func (x *RemoveTreeReply) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveTreeReply.ProtoReflect.Descriptor instead.
+func (*RemoveTreeReply) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *RemoveTreeReply) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *RemoveTreeReply) GetFiles() uint64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *RemoveTreeReply) GetDirs() uint64 {
+	if x != nil {
+		return x.Dirs
+	}
+	return 0
+}
+
 type StatFSRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2602,7 +2915,7 @@ type StatFSRequest struct {
 
 func (x *StatFSRequest) Reset() {
 	*x = StatFSRequest{}
-	mi := &file_meta_proto_msgTypes[34]
+	mi := &file_meta_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2614,7 +2927,7 @@ func (x *StatFSRequest) String() string {
 func (*StatFSRequest) ProtoMessage() {}
 
 func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[34]
+	mi := &file_meta_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2627,7 +2940,7 @@ func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSRequest.ProtoReflect.Descriptor instead.
 func (*StatFSRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{34}
+	return file_meta_proto_rawDescGZIP(), []int{38}
 }
 
 type StatFSReply struct {
@@ -2645,7 +2958,7 @@ type StatFSReply struct {
 
 func (x *StatFSReply) Reset() {
 	*x = StatFSReply{}
-	mi := &file_meta_proto_msgTypes[35]
+	mi := &file_meta_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2657,7 +2970,7 @@ func (x *StatFSReply) String() string {
 func (*StatFSReply) ProtoMessage() {}
 
 func (x *StatFSReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[35]
+	mi := &file_meta_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2670,7 +2983,7 @@ func (x *StatFSReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSReply.ProtoReflect.Descriptor instead.
 func (*StatFSReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{35}
+	return file_meta_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *StatFSReply) GetBlockSize() uint64 {
@@ -2732,7 +3045,7 @@ type OpenSessionRequest struct {
 
 func (x *OpenSessionRequest) Reset() {
 	*x = OpenSessionRequest{}
-	mi := &file_meta_proto_msgTypes[36]
+	mi := &file_meta_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2744,7 +3057,7 @@ func (x *OpenSessionRequest) String() string {
 func (*OpenSessionRequest) ProtoMessage() {}
 
 func (x *OpenSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[36]
+	mi := &file_meta_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2757,7 +3070,7 @@ func (x *OpenSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenSessionRequest.ProtoReflect.Descriptor instead.
 func (*OpenSessionRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{36}
+	return file_meta_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *OpenSessionRequest) GetClient() string {
@@ -2787,7 +3100,7 @@ type OpenSessionReply struct {
 
 func (x *OpenSessionReply) Reset() {
 	*x = OpenSessionReply{}
-	mi := &file_meta_proto_msgTypes[37]
+	mi := &file_meta_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2799,7 +3112,7 @@ func (x *OpenSessionReply) String() string {
 func (*OpenSessionReply) ProtoMessage() {}
 
 func (x *OpenSessionReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[37]
+	mi := &file_meta_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2812,7 +3125,7 @@ func (x *OpenSessionReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenSessionReply.ProtoReflect.Descriptor instead.
 func (*OpenSessionReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{37}
+	return file_meta_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *OpenSessionReply) GetSessionId() uint64 {
@@ -2849,7 +3162,7 @@ type BatchRequest struct {
 
 func (x *BatchRequest) Reset() {
 	*x = BatchRequest{}
-	mi := &file_meta_proto_msgTypes[38]
+	mi := &file_meta_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2861,7 +3174,7 @@ func (x *BatchRequest) String() string {
 func (*BatchRequest) ProtoMessage() {}
 
 func (x *BatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[38]
+	mi := &file_meta_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2874,7 +3187,7 @@ func (x *BatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRequest.ProtoReflect.Descriptor instead.
 func (*BatchRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{38}
+	return file_meta_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *BatchRequest) GetCalls() []*BatchCall {
@@ -2901,7 +3214,7 @@ type BatchCall struct {
 
 func (x *BatchCall) Reset() {
 	*x = BatchCall{}
-	mi := &file_meta_proto_msgTypes[39]
+	mi := &file_meta_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2913,7 +3226,7 @@ func (x *BatchCall) String() string {
 func (*BatchCall) ProtoMessage() {}
 
 func (x *BatchCall) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[39]
+	mi := &file_meta_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2926,7 +3239,7 @@ func (x *BatchCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCall.ProtoReflect.Descriptor instead.
 func (*BatchCall) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{39}
+	return file_meta_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *BatchCall) GetMethod() string {
@@ -2980,7 +3293,7 @@ type BatchReply struct {
 
 func (x *BatchReply) Reset() {
 	*x = BatchReply{}
-	mi := &file_meta_proto_msgTypes[40]
+	mi := &file_meta_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2992,7 +3305,7 @@ func (x *BatchReply) String() string {
 func (*BatchReply) ProtoMessage() {}
 
 func (x *BatchReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[40]
+	mi := &file_meta_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3005,7 +3318,7 @@ func (x *BatchReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchReply.ProtoReflect.Descriptor instead.
 func (*BatchReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{40}
+	return file_meta_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *BatchReply) GetResults() []*BatchResult {
@@ -3027,7 +3340,7 @@ type BatchResult struct {
 
 func (x *BatchResult) Reset() {
 	*x = BatchResult{}
-	mi := &file_meta_proto_msgTypes[41]
+	mi := &file_meta_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3039,7 +3352,7 @@ func (x *BatchResult) String() string {
 func (*BatchResult) ProtoMessage() {}
 
 func (x *BatchResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[41]
+	mi := &file_meta_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3052,7 +3365,7 @@ func (x *BatchResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchResult.ProtoReflect.Descriptor instead.
 func (*BatchResult) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{41}
+	return file_meta_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *BatchResult) GetReply() []byte {
@@ -3081,7 +3394,7 @@ type AllocInodesRequest struct {
 
 func (x *AllocInodesRequest) Reset() {
 	*x = AllocInodesRequest{}
-	mi := &file_meta_proto_msgTypes[42]
+	mi := &file_meta_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3093,7 +3406,7 @@ func (x *AllocInodesRequest) String() string {
 func (*AllocInodesRequest) ProtoMessage() {}
 
 func (x *AllocInodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[42]
+	mi := &file_meta_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3106,7 +3419,7 @@ func (x *AllocInodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocInodesRequest.ProtoReflect.Descriptor instead.
 func (*AllocInodesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{42}
+	return file_meta_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *AllocInodesRequest) GetSessionId() uint64 {
@@ -3135,7 +3448,7 @@ type AllocInodesReply struct {
 
 func (x *AllocInodesReply) Reset() {
 	*x = AllocInodesReply{}
-	mi := &file_meta_proto_msgTypes[43]
+	mi := &file_meta_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3147,7 +3460,7 @@ func (x *AllocInodesReply) String() string {
 func (*AllocInodesReply) ProtoMessage() {}
 
 func (x *AllocInodesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[43]
+	mi := &file_meta_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3160,7 +3473,7 @@ func (x *AllocInodesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocInodesReply.ProtoReflect.Descriptor instead.
 func (*AllocInodesReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{43}
+	return file_meta_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AllocInodesReply) GetFirst() uint64 {
@@ -3186,7 +3499,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_meta_proto_msgTypes[44]
+	mi := &file_meta_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3198,7 +3511,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[44]
+	mi := &file_meta_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3211,7 +3524,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{44}
+	return file_meta_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *KeepAliveRequest) GetSessionId() uint64 {
@@ -3230,7 +3543,7 @@ type CloseSessionRequest struct {
 
 func (x *CloseSessionRequest) Reset() {
 	*x = CloseSessionRequest{}
-	mi := &file_meta_proto_msgTypes[45]
+	mi := &file_meta_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3242,7 +3555,7 @@ func (x *CloseSessionRequest) String() string {
 func (*CloseSessionRequest) ProtoMessage() {}
 
 func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[45]
+	mi := &file_meta_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3255,7 +3568,7 @@ func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
 func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{45}
+	return file_meta_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CloseSessionRequest) GetSessionId() uint64 {
@@ -3279,7 +3592,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_meta_proto_msgTypes[46]
+	mi := &file_meta_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3291,7 +3604,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[46]
+	mi := &file_meta_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3304,7 +3617,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{46}
+	return file_meta_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *OpenRequest) GetCaller() *Caller {
@@ -3350,7 +3663,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_meta_proto_msgTypes[47]
+	mi := &file_meta_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3362,7 +3675,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[47]
+	mi := &file_meta_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3375,7 +3688,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{47}
+	return file_meta_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ReleaseRequest) GetIno() uint64 {
@@ -3410,7 +3723,7 @@ type SetLayoutRequest struct {
 
 func (x *SetLayoutRequest) Reset() {
 	*x = SetLayoutRequest{}
-	mi := &file_meta_proto_msgTypes[48]
+	mi := &file_meta_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3422,7 +3735,7 @@ func (x *SetLayoutRequest) String() string {
 func (*SetLayoutRequest) ProtoMessage() {}
 
 func (x *SetLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[48]
+	mi := &file_meta_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3435,7 +3748,7 @@ func (x *SetLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetLayoutRequest.ProtoReflect.Descriptor instead.
 func (*SetLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{48}
+	return file_meta_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *SetLayoutRequest) GetCaller() *Caller {
@@ -3468,7 +3781,7 @@ type GetLayoutRequest struct {
 
 func (x *GetLayoutRequest) Reset() {
 	*x = GetLayoutRequest{}
-	mi := &file_meta_proto_msgTypes[49]
+	mi := &file_meta_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3480,7 +3793,7 @@ func (x *GetLayoutRequest) String() string {
 func (*GetLayoutRequest) ProtoMessage() {}
 
 func (x *GetLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[49]
+	mi := &file_meta_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3493,7 +3806,7 @@ func (x *GetLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLayoutRequest.ProtoReflect.Descriptor instead.
 func (*GetLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{49}
+	return file_meta_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *GetLayoutRequest) GetIno() uint64 {
@@ -3521,7 +3834,7 @@ type RelayoutRequest struct {
 
 func (x *RelayoutRequest) Reset() {
 	*x = RelayoutRequest{}
-	mi := &file_meta_proto_msgTypes[50]
+	mi := &file_meta_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3533,7 +3846,7 @@ func (x *RelayoutRequest) String() string {
 func (*RelayoutRequest) ProtoMessage() {}
 
 func (x *RelayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[50]
+	mi := &file_meta_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3546,7 +3859,7 @@ func (x *RelayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayoutRequest.ProtoReflect.Descriptor instead.
 func (*RelayoutRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{50}
+	return file_meta_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RelayoutRequest) GetCaller() *Caller {
@@ -3591,7 +3904,7 @@ type RelayoutReply struct {
 
 func (x *RelayoutReply) Reset() {
 	*x = RelayoutReply{}
-	mi := &file_meta_proto_msgTypes[51]
+	mi := &file_meta_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3603,7 +3916,7 @@ func (x *RelayoutReply) String() string {
 func (*RelayoutReply) ProtoMessage() {}
 
 func (x *RelayoutReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[51]
+	mi := &file_meta_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3616,7 +3929,7 @@ func (x *RelayoutReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayoutReply.ProtoReflect.Descriptor instead.
 func (*RelayoutReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{51}
+	return file_meta_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RelayoutReply) GetFilesQueued() uint64 {
@@ -3677,7 +3990,7 @@ type RelayoutStatus struct {
 
 func (x *RelayoutStatus) Reset() {
 	*x = RelayoutStatus{}
-	mi := &file_meta_proto_msgTypes[52]
+	mi := &file_meta_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3689,7 +4002,7 @@ func (x *RelayoutStatus) String() string {
 func (*RelayoutStatus) ProtoMessage() {}
 
 func (x *RelayoutStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[52]
+	mi := &file_meta_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3702,7 +4015,7 @@ func (x *RelayoutStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayoutStatus.ProtoReflect.Descriptor instead.
 func (*RelayoutStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{52}
+	return file_meta_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RelayoutStatus) GetFilesPending() uint64 {
@@ -3763,7 +4076,7 @@ type LayoutReply struct {
 
 func (x *LayoutReply) Reset() {
 	*x = LayoutReply{}
-	mi := &file_meta_proto_msgTypes[53]
+	mi := &file_meta_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3775,7 +4088,7 @@ func (x *LayoutReply) String() string {
 func (*LayoutReply) ProtoMessage() {}
 
 func (x *LayoutReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[53]
+	mi := &file_meta_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3788,7 +4101,7 @@ func (x *LayoutReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayoutReply.ProtoReflect.Descriptor instead.
 func (*LayoutReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{53}
+	return file_meta_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *LayoutReply) GetLayout() *Layout {
@@ -3818,7 +4131,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_meta_proto_msgTypes[54]
+	mi := &file_meta_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3830,7 +4143,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[54]
+	mi := &file_meta_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3843,7 +4156,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{54}
+	return file_meta_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *Shard) GetChunkId() uint64 {
@@ -3910,7 +4223,7 @@ type GrantWriteRequest struct {
 
 func (x *GrantWriteRequest) Reset() {
 	*x = GrantWriteRequest{}
-	mi := &file_meta_proto_msgTypes[55]
+	mi := &file_meta_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3922,7 +4235,7 @@ func (x *GrantWriteRequest) String() string {
 func (*GrantWriteRequest) ProtoMessage() {}
 
 func (x *GrantWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[55]
+	mi := &file_meta_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3935,7 +4248,7 @@ func (x *GrantWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantWriteRequest.ProtoReflect.Descriptor instead.
 func (*GrantWriteRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{55}
+	return file_meta_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GrantWriteRequest) GetIno() uint64 {
@@ -3985,7 +4298,7 @@ type StripeGrant struct {
 
 func (x *StripeGrant) Reset() {
 	*x = StripeGrant{}
-	mi := &file_meta_proto_msgTypes[56]
+	mi := &file_meta_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3997,7 +4310,7 @@ func (x *StripeGrant) String() string {
 func (*StripeGrant) ProtoMessage() {}
 
 func (x *StripeGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[56]
+	mi := &file_meta_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4010,7 +4323,7 @@ func (x *StripeGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeGrant.ProtoReflect.Descriptor instead.
 func (*StripeGrant) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{56}
+	return file_meta_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *StripeGrant) GetStripe() uint64 {
@@ -4064,7 +4377,7 @@ type GrantWriteReply struct {
 
 func (x *GrantWriteReply) Reset() {
 	*x = GrantWriteReply{}
-	mi := &file_meta_proto_msgTypes[57]
+	mi := &file_meta_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4076,7 +4389,7 @@ func (x *GrantWriteReply) String() string {
 func (*GrantWriteReply) ProtoMessage() {}
 
 func (x *GrantWriteReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[57]
+	mi := &file_meta_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4089,7 +4402,7 @@ func (x *GrantWriteReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantWriteReply.ProtoReflect.Descriptor instead.
 func (*GrantWriteReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{57}
+	return file_meta_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *GrantWriteReply) GetGrants() []*StripeGrant {
@@ -4121,7 +4434,7 @@ type StripeCommit struct {
 
 func (x *StripeCommit) Reset() {
 	*x = StripeCommit{}
-	mi := &file_meta_proto_msgTypes[58]
+	mi := &file_meta_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4133,7 +4446,7 @@ func (x *StripeCommit) String() string {
 func (*StripeCommit) ProtoMessage() {}
 
 func (x *StripeCommit) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[58]
+	mi := &file_meta_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4146,7 +4459,7 @@ func (x *StripeCommit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeCommit.ProtoReflect.Descriptor instead.
 func (*StripeCommit) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{58}
+	return file_meta_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *StripeCommit) GetStripe() uint64 {
@@ -4222,7 +4535,7 @@ type ReplaceShardsRequest struct {
 
 func (x *ReplaceShardsRequest) Reset() {
 	*x = ReplaceShardsRequest{}
-	mi := &file_meta_proto_msgTypes[59]
+	mi := &file_meta_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4234,7 +4547,7 @@ func (x *ReplaceShardsRequest) String() string {
 func (*ReplaceShardsRequest) ProtoMessage() {}
 
 func (x *ReplaceShardsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[59]
+	mi := &file_meta_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4247,7 +4560,7 @@ func (x *ReplaceShardsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceShardsRequest.ProtoReflect.Descriptor instead.
 func (*ReplaceShardsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{59}
+	return file_meta_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ReplaceShardsRequest) GetIno() uint64 {
@@ -4295,7 +4608,7 @@ type ReplaceShardsReply struct {
 
 func (x *ReplaceShardsReply) Reset() {
 	*x = ReplaceShardsReply{}
-	mi := &file_meta_proto_msgTypes[60]
+	mi := &file_meta_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4307,7 +4620,7 @@ func (x *ReplaceShardsReply) String() string {
 func (*ReplaceShardsReply) ProtoMessage() {}
 
 func (x *ReplaceShardsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[60]
+	mi := &file_meta_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4320,7 +4633,7 @@ func (x *ReplaceShardsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceShardsReply.ProtoReflect.Descriptor instead.
 func (*ReplaceShardsReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{60}
+	return file_meta_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ReplaceShardsReply) GetShards() []*Shard {
@@ -4350,7 +4663,7 @@ type CommitStripesRequest struct {
 
 func (x *CommitStripesRequest) Reset() {
 	*x = CommitStripesRequest{}
-	mi := &file_meta_proto_msgTypes[61]
+	mi := &file_meta_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4362,7 +4675,7 @@ func (x *CommitStripesRequest) String() string {
 func (*CommitStripesRequest) ProtoMessage() {}
 
 func (x *CommitStripesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[61]
+	mi := &file_meta_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4375,7 +4688,7 @@ func (x *CommitStripesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitStripesRequest.ProtoReflect.Descriptor instead.
 func (*CommitStripesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{61}
+	return file_meta_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *CommitStripesRequest) GetIno() uint64 {
@@ -4429,7 +4742,7 @@ type CommitStripesReply struct {
 
 func (x *CommitStripesReply) Reset() {
 	*x = CommitStripesReply{}
-	mi := &file_meta_proto_msgTypes[62]
+	mi := &file_meta_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4441,7 +4754,7 @@ func (x *CommitStripesReply) String() string {
 func (*CommitStripesReply) ProtoMessage() {}
 
 func (x *CommitStripesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[62]
+	mi := &file_meta_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4454,7 +4767,7 @@ func (x *CommitStripesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitStripesReply.ProtoReflect.Descriptor instead.
 func (*CommitStripesReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{62}
+	return file_meta_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *CommitStripesReply) GetAttr() *Attr {
@@ -4489,7 +4802,7 @@ type GetStripesRequest struct {
 
 func (x *GetStripesRequest) Reset() {
 	*x = GetStripesRequest{}
-	mi := &file_meta_proto_msgTypes[63]
+	mi := &file_meta_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4501,7 +4814,7 @@ func (x *GetStripesRequest) String() string {
 func (*GetStripesRequest) ProtoMessage() {}
 
 func (x *GetStripesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[63]
+	mi := &file_meta_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4514,7 +4827,7 @@ func (x *GetStripesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStripesRequest.ProtoReflect.Descriptor instead.
 func (*GetStripesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{63}
+	return file_meta_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *GetStripesRequest) GetIno() uint64 {
@@ -4556,7 +4869,7 @@ type StripeInfo struct {
 
 func (x *StripeInfo) Reset() {
 	*x = StripeInfo{}
-	mi := &file_meta_proto_msgTypes[64]
+	mi := &file_meta_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4568,7 +4881,7 @@ func (x *StripeInfo) String() string {
 func (*StripeInfo) ProtoMessage() {}
 
 func (x *StripeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[64]
+	mi := &file_meta_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4581,7 +4894,7 @@ func (x *StripeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeInfo.ProtoReflect.Descriptor instead.
 func (*StripeInfo) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{64}
+	return file_meta_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *StripeInfo) GetStripe() uint64 {
@@ -4637,7 +4950,7 @@ type GetStripesReply struct {
 
 func (x *GetStripesReply) Reset() {
 	*x = GetStripesReply{}
-	mi := &file_meta_proto_msgTypes[65]
+	mi := &file_meta_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4649,7 +4962,7 @@ func (x *GetStripesReply) String() string {
 func (*GetStripesReply) ProtoMessage() {}
 
 func (x *GetStripesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[65]
+	mi := &file_meta_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4662,7 +4975,7 @@ func (x *GetStripesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStripesReply.ProtoReflect.Descriptor instead.
 func (*GetStripesReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{65}
+	return file_meta_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *GetStripesReply) GetStripes() []*StripeInfo {
@@ -4700,7 +5013,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_meta_proto_msgTypes[66]
+	mi := &file_meta_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4712,7 +5025,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[66]
+	mi := &file_meta_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4725,7 +5038,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{66}
+	return file_meta_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *RegisterRequest) GetId() string {
@@ -4780,7 +5093,7 @@ type RegisterReply struct {
 
 func (x *RegisterReply) Reset() {
 	*x = RegisterReply{}
-	mi := &file_meta_proto_msgTypes[67]
+	mi := &file_meta_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4792,7 +5105,7 @@ func (x *RegisterReply) String() string {
 func (*RegisterReply) ProtoMessage() {}
 
 func (x *RegisterReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[67]
+	mi := &file_meta_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4805,7 +5118,7 @@ func (x *RegisterReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterReply.ProtoReflect.Descriptor instead.
 func (*RegisterReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{67}
+	return file_meta_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *RegisterReply) GetHeartbeatIntervalMs() int64 {
@@ -4833,7 +5146,7 @@ type ChunkRef struct {
 
 func (x *ChunkRef) Reset() {
 	*x = ChunkRef{}
-	mi := &file_meta_proto_msgTypes[68]
+	mi := &file_meta_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4845,7 +5158,7 @@ func (x *ChunkRef) String() string {
 func (*ChunkRef) ProtoMessage() {}
 
 func (x *ChunkRef) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[68]
+	mi := &file_meta_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4858,7 +5171,7 @@ func (x *ChunkRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkRef.ProtoReflect.Descriptor instead.
 func (*ChunkRef) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{68}
+	return file_meta_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ChunkRef) GetChunkId() uint64 {
@@ -4890,7 +5203,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_meta_proto_msgTypes[69]
+	mi := &file_meta_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4902,7 +5215,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[69]
+	mi := &file_meta_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4915,7 +5228,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{69}
+	return file_meta_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *HeartbeatRequest) GetId() string {
@@ -4986,7 +5299,7 @@ type ScrubReport struct {
 
 func (x *ScrubReport) Reset() {
 	*x = ScrubReport{}
-	mi := &file_meta_proto_msgTypes[70]
+	mi := &file_meta_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4998,7 +5311,7 @@ func (x *ScrubReport) String() string {
 func (*ScrubReport) ProtoMessage() {}
 
 func (x *ScrubReport) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[70]
+	mi := &file_meta_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5011,7 +5324,7 @@ func (x *ScrubReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubReport.ProtoReflect.Descriptor instead.
 func (*ScrubReport) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{70}
+	return file_meta_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ScrubReport) GetRequestedNs() int64 {
@@ -5082,7 +5395,7 @@ type HeartbeatReply struct {
 
 func (x *HeartbeatReply) Reset() {
 	*x = HeartbeatReply{}
-	mi := &file_meta_proto_msgTypes[71]
+	mi := &file_meta_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5094,7 +5407,7 @@ func (x *HeartbeatReply) String() string {
 func (*HeartbeatReply) ProtoMessage() {}
 
 func (x *HeartbeatReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[71]
+	mi := &file_meta_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5107,7 +5420,7 @@ func (x *HeartbeatReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatReply.ProtoReflect.Descriptor instead.
 func (*HeartbeatReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{71}
+	return file_meta_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *HeartbeatReply) GetDelete() []*ChunkRef {
@@ -5153,7 +5466,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_meta_proto_msgTypes[72]
+	mi := &file_meta_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5165,7 +5478,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[72]
+	mi := &file_meta_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5178,7 +5491,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{72}
+	return file_meta_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *InventoryRequest) GetId() string {
@@ -5221,7 +5534,7 @@ type ScrubRequest struct {
 
 func (x *ScrubRequest) Reset() {
 	*x = ScrubRequest{}
-	mi := &file_meta_proto_msgTypes[73]
+	mi := &file_meta_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5233,7 +5546,7 @@ func (x *ScrubRequest) String() string {
 func (*ScrubRequest) ProtoMessage() {}
 
 func (x *ScrubRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[73]
+	mi := &file_meta_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5246,7 +5559,7 @@ func (x *ScrubRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubRequest.ProtoReflect.Descriptor instead.
 func (*ScrubRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{73}
+	return file_meta_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ScrubRequest) GetIno() uint64 {
@@ -5265,7 +5578,7 @@ type ScrubReply struct {
 
 func (x *ScrubReply) Reset() {
 	*x = ScrubReply{}
-	mi := &file_meta_proto_msgTypes[74]
+	mi := &file_meta_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5277,7 +5590,7 @@ func (x *ScrubReply) String() string {
 func (*ScrubReply) ProtoMessage() {}
 
 func (x *ScrubReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[74]
+	mi := &file_meta_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5290,7 +5603,7 @@ func (x *ScrubReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubReply.ProtoReflect.Descriptor instead.
 func (*ScrubReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{74}
+	return file_meta_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ScrubReply) GetRequestedNs() int64 {
@@ -5314,7 +5627,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_meta_proto_msgTypes[75]
+	mi := &file_meta_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5326,7 +5639,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[75]
+	mi := &file_meta_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5339,7 +5652,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{75}
+	return file_meta_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *InfoRequest) GetIno() uint64 {
@@ -5387,7 +5700,7 @@ type ShardInfo struct {
 
 func (x *ShardInfo) Reset() {
 	*x = ShardInfo{}
-	mi := &file_meta_proto_msgTypes[76]
+	mi := &file_meta_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5399,7 +5712,7 @@ func (x *ShardInfo) String() string {
 func (*ShardInfo) ProtoMessage() {}
 
 func (x *ShardInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[76]
+	mi := &file_meta_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5412,7 +5725,7 @@ func (x *ShardInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardInfo.ProtoReflect.Descriptor instead.
 func (*ShardInfo) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{76}
+	return file_meta_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ShardInfo) GetChunkId() uint64 {
@@ -5466,7 +5779,7 @@ type StripeDetail struct {
 
 func (x *StripeDetail) Reset() {
 	*x = StripeDetail{}
-	mi := &file_meta_proto_msgTypes[77]
+	mi := &file_meta_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5478,7 +5791,7 @@ func (x *StripeDetail) String() string {
 func (*StripeDetail) ProtoMessage() {}
 
 func (x *StripeDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[77]
+	mi := &file_meta_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5491,7 +5804,7 @@ func (x *StripeDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeDetail.ProtoReflect.Descriptor instead.
 func (*StripeDetail) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{77}
+	return file_meta_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *StripeDetail) GetStripe() uint64 {
@@ -5559,7 +5872,7 @@ type TreeTotals struct {
 
 func (x *TreeTotals) Reset() {
 	*x = TreeTotals{}
-	mi := &file_meta_proto_msgTypes[78]
+	mi := &file_meta_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5571,7 +5884,7 @@ func (x *TreeTotals) String() string {
 func (*TreeTotals) ProtoMessage() {}
 
 func (x *TreeTotals) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[78]
+	mi := &file_meta_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5584,7 +5897,7 @@ func (x *TreeTotals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeTotals.ProtoReflect.Descriptor instead.
 func (*TreeTotals) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{78}
+	return file_meta_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *TreeTotals) GetFiles() uint64 {
@@ -5650,7 +5963,7 @@ type InfoReply struct {
 
 func (x *InfoReply) Reset() {
 	*x = InfoReply{}
-	mi := &file_meta_proto_msgTypes[79]
+	mi := &file_meta_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5662,7 +5975,7 @@ func (x *InfoReply) String() string {
 func (*InfoReply) ProtoMessage() {}
 
 func (x *InfoReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[79]
+	mi := &file_meta_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5675,7 +5988,7 @@ func (x *InfoReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoReply.ProtoReflect.Descriptor instead.
 func (*InfoReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{79}
+	return file_meta_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *InfoReply) GetAttr() *Attr {
@@ -5723,7 +6036,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_meta_proto_msgTypes[80]
+	mi := &file_meta_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5735,7 +6048,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[80]
+	mi := &file_meta_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5748,7 +6061,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{80}
+	return file_meta_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *CheckRequest) GetRepair() bool {
@@ -5770,7 +6083,7 @@ type CheckReply struct {
 
 func (x *CheckReply) Reset() {
 	*x = CheckReply{}
-	mi := &file_meta_proto_msgTypes[81]
+	mi := &file_meta_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5782,7 +6095,7 @@ func (x *CheckReply) String() string {
 func (*CheckReply) ProtoMessage() {}
 
 func (x *CheckReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[81]
+	mi := &file_meta_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5795,7 +6108,7 @@ func (x *CheckReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckReply.ProtoReflect.Descriptor instead.
 func (*CheckReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{81}
+	return file_meta_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *CheckReply) GetProblems() []string {
@@ -5839,7 +6152,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_meta_proto_msgTypes[82]
+	mi := &file_meta_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5851,7 +6164,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[82]
+	mi := &file_meta_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5864,7 +6177,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{82}
+	return file_meta_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *StatusRequest) GetBrief() bool {
@@ -5897,7 +6210,7 @@ type ChunkserverStatus struct {
 
 func (x *ChunkserverStatus) Reset() {
 	*x = ChunkserverStatus{}
-	mi := &file_meta_proto_msgTypes[83]
+	mi := &file_meta_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5909,7 +6222,7 @@ func (x *ChunkserverStatus) String() string {
 func (*ChunkserverStatus) ProtoMessage() {}
 
 func (x *ChunkserverStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[83]
+	mi := &file_meta_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5922,7 +6235,7 @@ func (x *ChunkserverStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkserverStatus.ProtoReflect.Descriptor instead.
 func (*ChunkserverStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{83}
+	return file_meta_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ChunkserverStatus) GetId() string {
@@ -6050,7 +6363,7 @@ type StatusReply struct {
 
 func (x *StatusReply) Reset() {
 	*x = StatusReply{}
-	mi := &file_meta_proto_msgTypes[84]
+	mi := &file_meta_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6062,7 +6375,7 @@ func (x *StatusReply) String() string {
 func (*StatusReply) ProtoMessage() {}
 
 func (x *StatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[84]
+	mi := &file_meta_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6075,7 +6388,7 @@ func (x *StatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReply.ProtoReflect.Descriptor instead.
 func (*StatusReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{84}
+	return file_meta_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *StatusReply) GetClusterId() string {
@@ -6187,7 +6500,7 @@ type ScrubStatus struct {
 
 func (x *ScrubStatus) Reset() {
 	*x = ScrubStatus{}
-	mi := &file_meta_proto_msgTypes[85]
+	mi := &file_meta_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6199,7 +6512,7 @@ func (x *ScrubStatus) String() string {
 func (*ScrubStatus) ProtoMessage() {}
 
 func (x *ScrubStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[85]
+	mi := &file_meta_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6212,7 +6525,7 @@ func (x *ScrubStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubStatus.ProtoReflect.Descriptor instead.
 func (*ScrubStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{85}
+	return file_meta_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ScrubStatus) GetIntervalNs() int64 {
@@ -6324,7 +6637,7 @@ type InodeRecord struct {
 
 func (x *InodeRecord) Reset() {
 	*x = InodeRecord{}
-	mi := &file_meta_proto_msgTypes[86]
+	mi := &file_meta_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6336,7 +6649,7 @@ func (x *InodeRecord) String() string {
 func (*InodeRecord) ProtoMessage() {}
 
 func (x *InodeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[86]
+	mi := &file_meta_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6349,7 +6662,7 @@ func (x *InodeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InodeRecord.ProtoReflect.Descriptor instead.
 func (*InodeRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{86}
+	return file_meta_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *InodeRecord) GetAttr() *Attr {
@@ -6406,7 +6719,7 @@ type DentryRecord struct {
 
 func (x *DentryRecord) Reset() {
 	*x = DentryRecord{}
-	mi := &file_meta_proto_msgTypes[87]
+	mi := &file_meta_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6418,7 +6731,7 @@ func (x *DentryRecord) String() string {
 func (*DentryRecord) ProtoMessage() {}
 
 func (x *DentryRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[87]
+	mi := &file_meta_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6431,7 +6744,7 @@ func (x *DentryRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DentryRecord.ProtoReflect.Descriptor instead.
 func (*DentryRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{87}
+	return file_meta_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *DentryRecord) GetIno() uint64 {
@@ -6467,7 +6780,7 @@ type CookieRecord struct {
 
 func (x *CookieRecord) Reset() {
 	*x = CookieRecord{}
-	mi := &file_meta_proto_msgTypes[88]
+	mi := &file_meta_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6479,7 +6792,7 @@ func (x *CookieRecord) String() string {
 func (*CookieRecord) ProtoMessage() {}
 
 func (x *CookieRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[88]
+	mi := &file_meta_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6492,7 +6805,7 @@ func (x *CookieRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CookieRecord.ProtoReflect.Descriptor instead.
 func (*CookieRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{88}
+	return file_meta_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *CookieRecord) GetName() string {
@@ -6518,20 +6831,25 @@ func (x *CookieRecord) GetType() uint32 {
 
 // StripeRecord is the stored form of a stripe (key: inode, stripe).
 type StripeRecord struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
-	Length        uint64                 `protobuf:"varint,2,opt,name=length,proto3" json:"length,omitempty"`
-	Layout        *Layout                `protobuf:"bytes,3,opt,name=layout,proto3" json:"layout,omitempty"`
-	Shards        []*Shard               `protobuf:"bytes,4,rep,name=shards,proto3" json:"shards,omitempty"`                               // addresses are not stored, only chunk and server ids
-	NextVersion   uint64                 `protobuf:"varint,5,opt,name=next_version,json=nextVersion,proto3" json:"next_version,omitempty"` // the next version to grant
-	InlineData    []byte                 `protobuf:"bytes,6,opt,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`     // an inline stripe's bytes (it has no shards)
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Version     uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Length      uint64                 `protobuf:"varint,2,opt,name=length,proto3" json:"length,omitempty"`
+	Layout      *Layout                `protobuf:"bytes,3,opt,name=layout,proto3" json:"layout,omitempty"`
+	Shards      []*Shard               `protobuf:"bytes,4,rep,name=shards,proto3" json:"shards,omitempty"`                               // addresses are not stored, only chunk and server ids
+	NextVersion uint64                 `protobuf:"varint,5,opt,name=next_version,json=nextVersion,proto3" json:"next_version,omitempty"` // the next version to grant
+	InlineData  []byte                 `protobuf:"bytes,6,opt,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`     // an inline stripe's bytes (it has no shards)
+	// shared says that this version's chunks may be referenced by other
+	// stripes too (a snapshot copied them): dropping them consults their
+	// reference counts (keys.Shared), and the version is never written in
+	// place.
+	Shared        bool `protobuf:"varint,7,opt,name=shared,proto3" json:"shared,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StripeRecord) Reset() {
 	*x = StripeRecord{}
-	mi := &file_meta_proto_msgTypes[89]
+	mi := &file_meta_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6543,7 +6861,7 @@ func (x *StripeRecord) String() string {
 func (*StripeRecord) ProtoMessage() {}
 
 func (x *StripeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[89]
+	mi := &file_meta_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6556,7 +6874,7 @@ func (x *StripeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeRecord.ProtoReflect.Descriptor instead.
 func (*StripeRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{89}
+	return file_meta_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *StripeRecord) GetVersion() uint64 {
@@ -6601,6 +6919,168 @@ func (x *StripeRecord) GetInlineData() []byte {
 	return nil
 }
 
+func (x *StripeRecord) GetShared() bool {
+	if x != nil {
+		return x.Shared
+	}
+	return false
+}
+
+// SnapshotJob is a tree snapshot in progress (key: its root directory).
+type SnapshotJob struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Src           uint64                 `protobuf:"varint,1,opt,name=src,proto3" json:"src,omitempty"`                           // the source directory
+	NextTask      uint64                 `protobuf:"varint,2,opt,name=next_task,json=nextTask,proto3" json:"next_task,omitempty"` // the sequence number of the next task
+	Totals        *SnapshotReply         `protobuf:"bytes,3,opt,name=totals,proto3" json:"totals,omitempty"`                      // what has been copied so far
+	StartedNs     int64                  `protobuf:"varint,4,opt,name=started_ns,json=startedNs,proto3" json:"started_ns,omitempty"`
+	DstParent     uint64                 `protobuf:"varint,5,opt,name=dst_parent,json=dstParent,proto3" json:"dst_parent,omitempty"` // where the copy was made, to check a resumption
+	Name          string                 `protobuf:"bytes,6,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotJob) Reset() {
+	*x = SnapshotJob{}
+	mi := &file_meta_proto_msgTypes[94]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotJob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotJob) ProtoMessage() {}
+
+func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[94]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotJob.ProtoReflect.Descriptor instead.
+func (*SnapshotJob) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{94}
+}
+
+func (x *SnapshotJob) GetSrc() uint64 {
+	if x != nil {
+		return x.Src
+	}
+	return 0
+}
+
+func (x *SnapshotJob) GetNextTask() uint64 {
+	if x != nil {
+		return x.NextTask
+	}
+	return 0
+}
+
+func (x *SnapshotJob) GetTotals() *SnapshotReply {
+	if x != nil {
+		return x.Totals
+	}
+	return nil
+}
+
+func (x *SnapshotJob) GetStartedNs() int64 {
+	if x != nil {
+		return x.StartedNs
+	}
+	return 0
+}
+
+func (x *SnapshotJob) GetDstParent() uint64 {
+	if x != nil {
+		return x.DstParent
+	}
+	return 0
+}
+
+func (x *SnapshotJob) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// SnapshotTask is a source directory whose entries after `after` are still
+// to be copied into dst_dir.
+type SnapshotTask struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SrcDir        uint64                 `protobuf:"varint,1,opt,name=src_dir,json=srcDir,proto3" json:"src_dir,omitempty"`
+	DstDir        uint64                 `protobuf:"varint,2,opt,name=dst_dir,json=dstDir,proto3" json:"dst_dir,omitempty"`
+	After         string                 `protobuf:"bytes,3,opt,name=after,proto3" json:"after,omitempty"`
+	Started       bool                   `protobuf:"varint,4,opt,name=started,proto3" json:"started,omitempty"` // after is meaningful (the empty name was copied past)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotTask) Reset() {
+	*x = SnapshotTask{}
+	mi := &file_meta_proto_msgTypes[95]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotTask) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotTask) ProtoMessage() {}
+
+func (x *SnapshotTask) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[95]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotTask.ProtoReflect.Descriptor instead.
+func (*SnapshotTask) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{95}
+}
+
+func (x *SnapshotTask) GetSrcDir() uint64 {
+	if x != nil {
+		return x.SrcDir
+	}
+	return 0
+}
+
+func (x *SnapshotTask) GetDstDir() uint64 {
+	if x != nil {
+		return x.DstDir
+	}
+	return 0
+}
+
+func (x *SnapshotTask) GetAfter() string {
+	if x != nil {
+		return x.After
+	}
+	return ""
+}
+
+func (x *SnapshotTask) GetStarted() bool {
+	if x != nil {
+		return x.Started
+	}
+	return false
+}
+
 // GrantRecord remembers a grant until it is committed or expires.
 type GrantRecord struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -6616,7 +7096,7 @@ type GrantRecord struct {
 
 func (x *GrantRecord) Reset() {
 	*x = GrantRecord{}
-	mi := &file_meta_proto_msgTypes[90]
+	mi := &file_meta_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6628,7 +7108,7 @@ func (x *GrantRecord) String() string {
 func (*GrantRecord) ProtoMessage() {}
 
 func (x *GrantRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[90]
+	mi := &file_meta_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6641,7 +7121,7 @@ func (x *GrantRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRecord.ProtoReflect.Descriptor instead.
 func (*GrantRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{90}
+	return file_meta_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *GrantRecord) GetShards() []*Shard {
@@ -6689,7 +7169,7 @@ type ChunkserverRecord struct {
 
 func (x *ChunkserverRecord) Reset() {
 	*x = ChunkserverRecord{}
-	mi := &file_meta_proto_msgTypes[91]
+	mi := &file_meta_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6701,7 +7181,7 @@ func (x *ChunkserverRecord) String() string {
 func (*ChunkserverRecord) ProtoMessage() {}
 
 func (x *ChunkserverRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[91]
+	mi := &file_meta_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6714,7 +7194,7 @@ func (x *ChunkserverRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkserverRecord.ProtoReflect.Descriptor instead.
 func (*ChunkserverRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{91}
+	return file_meta_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *ChunkserverRecord) GetId() string {
@@ -6791,7 +7271,7 @@ type SessionRecord struct {
 
 func (x *SessionRecord) Reset() {
 	*x = SessionRecord{}
-	mi := &file_meta_proto_msgTypes[92]
+	mi := &file_meta_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6803,7 +7283,7 @@ func (x *SessionRecord) String() string {
 func (*SessionRecord) ProtoMessage() {}
 
 func (x *SessionRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[92]
+	mi := &file_meta_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6816,7 +7296,7 @@ func (x *SessionRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRecord.ProtoReflect.Descriptor instead.
 func (*SessionRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{92}
+	return file_meta_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *SessionRecord) GetClient() string {
@@ -6865,7 +7345,7 @@ type InoRange struct {
 
 func (x *InoRange) Reset() {
 	*x = InoRange{}
-	mi := &file_meta_proto_msgTypes[93]
+	mi := &file_meta_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6877,7 +7357,7 @@ func (x *InoRange) String() string {
 func (*InoRange) ProtoMessage() {}
 
 func (x *InoRange) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[93]
+	mi := &file_meta_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6890,7 +7370,7 @@ func (x *InoRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InoRange.ProtoReflect.Descriptor instead.
 func (*InoRange) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{93}
+	return file_meta_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *InoRange) GetFirst() uint64 {
@@ -6919,7 +7399,7 @@ type ClusterRecord struct {
 
 func (x *ClusterRecord) Reset() {
 	*x = ClusterRecord{}
-	mi := &file_meta_proto_msgTypes[94]
+	mi := &file_meta_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6931,7 +7411,7 @@ func (x *ClusterRecord) String() string {
 func (*ClusterRecord) ProtoMessage() {}
 
 func (x *ClusterRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[94]
+	mi := &file_meta_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6944,7 +7424,7 @@ func (x *ClusterRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterRecord.ProtoReflect.Descriptor instead.
 func (*ClusterRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{94}
+	return file_meta_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *ClusterRecord) GetClusterId() string {
@@ -7000,7 +7480,7 @@ type RepairTask struct {
 
 func (x *RepairTask) Reset() {
 	*x = RepairTask{}
-	mi := &file_meta_proto_msgTypes[95]
+	mi := &file_meta_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7012,7 +7492,7 @@ func (x *RepairTask) String() string {
 func (*RepairTask) ProtoMessage() {}
 
 func (x *RepairTask) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[95]
+	mi := &file_meta_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7025,7 +7505,7 @@ func (x *RepairTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairTask.ProtoReflect.Descriptor instead.
 func (*RepairTask) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{95}
+	return file_meta_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *RepairTask) GetTaskId() uint64 {
@@ -7144,7 +7624,7 @@ type RepairResult struct {
 
 func (x *RepairResult) Reset() {
 	*x = RepairResult{}
-	mi := &file_meta_proto_msgTypes[96]
+	mi := &file_meta_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7156,7 +7636,7 @@ func (x *RepairResult) String() string {
 func (*RepairResult) ProtoMessage() {}
 
 func (x *RepairResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[96]
+	mi := &file_meta_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7169,7 +7649,7 @@ func (x *RepairResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairResult.ProtoReflect.Descriptor instead.
 func (*RepairResult) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{96}
+	return file_meta_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *RepairResult) GetTaskId() uint64 {
@@ -7249,7 +7729,7 @@ type RepairPollRequest struct {
 
 func (x *RepairPollRequest) Reset() {
 	*x = RepairPollRequest{}
-	mi := &file_meta_proto_msgTypes[97]
+	mi := &file_meta_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7261,7 +7741,7 @@ func (x *RepairPollRequest) String() string {
 func (*RepairPollRequest) ProtoMessage() {}
 
 func (x *RepairPollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[97]
+	mi := &file_meta_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7274,7 +7754,7 @@ func (x *RepairPollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPollRequest.ProtoReflect.Descriptor instead.
 func (*RepairPollRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{97}
+	return file_meta_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *RepairPollRequest) GetId() string {
@@ -7315,7 +7795,7 @@ type RepairPollReply struct {
 
 func (x *RepairPollReply) Reset() {
 	*x = RepairPollReply{}
-	mi := &file_meta_proto_msgTypes[98]
+	mi := &file_meta_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7327,7 +7807,7 @@ func (x *RepairPollReply) String() string {
 func (*RepairPollReply) ProtoMessage() {}
 
 func (x *RepairPollReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[98]
+	mi := &file_meta_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7340,7 +7820,7 @@ func (x *RepairPollReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPollReply.ProtoReflect.Descriptor instead.
 func (*RepairPollReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{98}
+	return file_meta_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *RepairPollReply) GetTasks() []*RepairTask {
@@ -7369,7 +7849,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_meta_proto_msgTypes[99]
+	mi := &file_meta_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7381,7 +7861,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[99]
+	mi := &file_meta_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7394,7 +7874,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{99}
+	return file_meta_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *DrainRequest) GetId() string {
@@ -7421,7 +7901,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_meta_proto_msgTypes[100]
+	mi := &file_meta_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7433,7 +7913,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[100]
+	mi := &file_meta_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7446,7 +7926,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{100}
+	return file_meta_proto_rawDescGZIP(), []int{106}
 }
 
 type RebalanceReply struct {
@@ -7458,7 +7938,7 @@ type RebalanceReply struct {
 
 func (x *RebalanceReply) Reset() {
 	*x = RebalanceReply{}
-	mi := &file_meta_proto_msgTypes[101]
+	mi := &file_meta_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7470,7 +7950,7 @@ func (x *RebalanceReply) String() string {
 func (*RebalanceReply) ProtoMessage() {}
 
 func (x *RebalanceReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[101]
+	mi := &file_meta_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7483,7 +7963,7 @@ func (x *RebalanceReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceReply.ProtoReflect.Descriptor instead.
 func (*RebalanceReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{101}
+	return file_meta_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *RebalanceReply) GetMovesPlanned() uint64 {
@@ -7515,7 +7995,7 @@ type RepairStatus struct {
 
 func (x *RepairStatus) Reset() {
 	*x = RepairStatus{}
-	mi := &file_meta_proto_msgTypes[102]
+	mi := &file_meta_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7527,7 +8007,7 @@ func (x *RepairStatus) String() string {
 func (*RepairStatus) ProtoMessage() {}
 
 func (x *RepairStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[102]
+	mi := &file_meta_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7540,7 +8020,7 @@ func (x *RepairStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairStatus.ProtoReflect.Descriptor instead.
 func (*RepairStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{102}
+	return file_meta_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *RepairStatus) GetHealthyStripes() uint64 {
@@ -7648,7 +8128,7 @@ type RequestRecord struct {
 
 func (x *RequestRecord) Reset() {
 	*x = RequestRecord{}
-	mi := &file_meta_proto_msgTypes[103]
+	mi := &file_meta_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7660,7 +8140,7 @@ func (x *RequestRecord) String() string {
 func (*RequestRecord) ProtoMessage() {}
 
 func (x *RequestRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[103]
+	mi := &file_meta_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7673,7 +8153,7 @@ func (x *RequestRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRecord.ProtoReflect.Descriptor instead.
 func (*RequestRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{103}
+	return file_meta_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *RequestRecord) GetCommittedNs() int64 {
@@ -7706,7 +8186,7 @@ type DumpRecord struct {
 
 func (x *DumpRecord) Reset() {
 	*x = DumpRecord{}
-	mi := &file_meta_proto_msgTypes[104]
+	mi := &file_meta_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7718,7 +8198,7 @@ func (x *DumpRecord) String() string {
 func (*DumpRecord) ProtoMessage() {}
 
 func (x *DumpRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[104]
+	mi := &file_meta_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7731,7 +8211,7 @@ func (x *DumpRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpRecord.ProtoReflect.Descriptor instead.
 func (*DumpRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{104}
+	return file_meta_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *DumpRecord) GetHeader() *DumpHeader {
@@ -7776,7 +8256,7 @@ type DumpTrailer struct {
 
 func (x *DumpTrailer) Reset() {
 	*x = DumpTrailer{}
-	mi := &file_meta_proto_msgTypes[105]
+	mi := &file_meta_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7788,7 +8268,7 @@ func (x *DumpTrailer) String() string {
 func (*DumpTrailer) ProtoMessage() {}
 
 func (x *DumpTrailer) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[105]
+	mi := &file_meta_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7801,7 +8281,7 @@ func (x *DumpTrailer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpTrailer.ProtoReflect.Descriptor instead.
 func (*DumpTrailer) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{105}
+	return file_meta_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *DumpTrailer) GetRecords() uint64 {
@@ -7831,7 +8311,7 @@ type DumpHeader struct {
 
 func (x *DumpHeader) Reset() {
 	*x = DumpHeader{}
-	mi := &file_meta_proto_msgTypes[106]
+	mi := &file_meta_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7843,7 +8323,7 @@ func (x *DumpHeader) String() string {
 func (*DumpHeader) ProtoMessage() {}
 
 func (x *DumpHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[106]
+	mi := &file_meta_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7856,7 +8336,7 @@ func (x *DumpHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpHeader.ProtoReflect.Descriptor instead.
 func (*DumpHeader) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{106}
+	return file_meta_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *DumpHeader) GetFormatVersion() uint32 {
@@ -7904,7 +8384,7 @@ type FileLock struct {
 
 func (x *FileLock) Reset() {
 	*x = FileLock{}
-	mi := &file_meta_proto_msgTypes[107]
+	mi := &file_meta_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7916,7 +8396,7 @@ func (x *FileLock) String() string {
 func (*FileLock) ProtoMessage() {}
 
 func (x *FileLock) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[107]
+	mi := &file_meta_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7929,7 +8409,7 @@ func (x *FileLock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileLock.ProtoReflect.Descriptor instead.
 func (*FileLock) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{107}
+	return file_meta_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *FileLock) GetSession() uint64 {
@@ -7991,7 +8471,7 @@ type LockRecord struct {
 
 func (x *LockRecord) Reset() {
 	*x = LockRecord{}
-	mi := &file_meta_proto_msgTypes[108]
+	mi := &file_meta_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8003,7 +8483,7 @@ func (x *LockRecord) String() string {
 func (*LockRecord) ProtoMessage() {}
 
 func (x *LockRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[108]
+	mi := &file_meta_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8016,7 +8496,7 @@ func (x *LockRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecord.ProtoReflect.Descriptor instead.
 func (*LockRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{108}
+	return file_meta_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *LockRecord) GetLocks() []*FileLock {
@@ -8047,7 +8527,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_meta_proto_msgTypes[109]
+	mi := &file_meta_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8059,7 +8539,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[109]
+	mi := &file_meta_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8072,7 +8552,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{109}
+	return file_meta_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *LockRequest) GetIno() uint64 {
@@ -8113,7 +8593,7 @@ type LockReply struct {
 
 func (x *LockReply) Reset() {
 	*x = LockReply{}
-	mi := &file_meta_proto_msgTypes[110]
+	mi := &file_meta_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8125,7 +8605,7 @@ func (x *LockReply) String() string {
 func (*LockReply) ProtoMessage() {}
 
 func (x *LockReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[110]
+	mi := &file_meta_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8138,7 +8618,7 @@ func (x *LockReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockReply.ProtoReflect.Descriptor instead.
 func (*LockReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{110}
+	return file_meta_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *LockReply) GetGranted() bool {
@@ -8347,7 +8827,31 @@ const file_meta_proto_rawDesc = "" +
 	"\x06caller\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x1b\n" +
-	"\tkill_priv\x18\x04 \x01(\bR\bkillPriv\"\x0f\n" +
+	"\tkill_priv\x18\x04 \x01(\bR\bkillPriv\"\xb8\x01\n" +
+	"\x0fSnapshotRequest\x12.\n" +
+	"\x06caller\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.CallerR\x06caller\x12\x10\n" +
+	"\x03src\x18\x02 \x01(\x04R\x03src\x12\x1d\n" +
+	"\n" +
+	"dst_parent\x18\x03 \x01(\x04R\tdstParent\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12\x14\n" +
+	"\x05batch\x18\x05 \x01(\rR\x05batch\x12\x1a\n" +
+	"\bprogress\x18\x06 \x01(\bR\bprogress\"\x9c\x01\n" +
+	"\rSnapshotReply\x12\x10\n" +
+	"\x03dst\x18\x01 \x01(\x04R\x03dst\x12\x12\n" +
+	"\x04done\x18\x02 \x01(\bR\x04done\x12\x14\n" +
+	"\x05files\x18\x03 \x01(\x04R\x05files\x12\x12\n" +
+	"\x04dirs\x18\x04 \x01(\x04R\x04dirs\x12\x14\n" +
+	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12%\n" +
+	"\x0eshared_stripes\x18\x06 \x01(\x04R\rsharedStripes\"\x85\x01\n" +
+	"\x11RemoveTreeRequest\x12.\n" +
+	"\x06caller\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.CallerR\x06caller\x12\x16\n" +
+	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x14\n" +
+	"\x05batch\x18\x04 \x01(\rR\x05batch\"O\n" +
+	"\x0fRemoveTreeReply\x12\x12\n" +
+	"\x04done\x18\x01 \x01(\bR\x04done\x12\x14\n" +
+	"\x05files\x18\x02 \x01(\x04R\x05files\x12\x12\n" +
+	"\x04dirs\x18\x03 \x01(\x04R\x04dirs\"\x0f\n" +
 	"\rStatFSRequest\"\xd8\x01\n" +
 	"\vStatFSReply\x12\x1d\n" +
 	"\n" +
@@ -8671,7 +9175,7 @@ const file_meta_proto_rawDesc = "" +
 	"\fCookieRecord\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12\x12\n" +
-	"\x04type\x18\x03 \x01(\rR\x04type\"\xe3\x01\n" +
+	"\x04type\x18\x03 \x01(\rR\x04type\"\xfb\x01\n" +
 	"\fStripeRecord\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x04R\x06length\x12.\n" +
@@ -8679,7 +9183,22 @@ const file_meta_proto_rawDesc = "" +
 	"\x06shards\x18\x04 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\x12!\n" +
 	"\fnext_version\x18\x05 \x01(\x04R\vnextVersion\x12\x1f\n" +
 	"\vinline_data\x18\x06 \x01(\fR\n" +
-	"inlineData\"\xa7\x01\n" +
+	"inlineData\x12\x16\n" +
+	"\x06shared\x18\a \x01(\bR\x06shared\"\xc5\x01\n" +
+	"\vSnapshotJob\x12\x10\n" +
+	"\x03src\x18\x01 \x01(\x04R\x03src\x12\x1b\n" +
+	"\tnext_task\x18\x02 \x01(\x04R\bnextTask\x125\n" +
+	"\x06totals\x18\x03 \x01(\v2\x1d.rdmafs.meta.v1.SnapshotReplyR\x06totals\x12\x1d\n" +
+	"\n" +
+	"started_ns\x18\x04 \x01(\x03R\tstartedNs\x12\x1d\n" +
+	"\n" +
+	"dst_parent\x18\x05 \x01(\x04R\tdstParent\x12\x12\n" +
+	"\x04name\x18\x06 \x01(\tR\x04name\"p\n" +
+	"\fSnapshotTask\x12\x17\n" +
+	"\asrc_dir\x18\x01 \x01(\x04R\x06srcDir\x12\x17\n" +
+	"\adst_dir\x18\x02 \x01(\x04R\x06dstDir\x12\x14\n" +
+	"\x05after\x18\x03 \x01(\tR\x05after\x12\x18\n" +
+	"\astarted\x18\x04 \x01(\bR\astarted\"\xa7\x01\n" +
 	"\vGrantRecord\x12-\n" +
 	"\x06shards\x18\x01 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\x12\x1d\n" +
 	"\n" +
@@ -8831,7 +9350,7 @@ const file_meta_proto_rawDesc = "" +
 	"\tLOCK_READ\x10\x00\x12\x0e\n" +
 	"\n" +
 	"LOCK_WRITE\x10\x01\x12\x0f\n" +
-	"\vLOCK_UNLOCK\x10\x022\xbc\x19\n" +
+	"\vLOCK_UNLOCK\x10\x022\xda\x1a\n" +
 	"\x04Meta\x12C\n" +
 	"\x06Lookup\x12\x1d.rdmafs.meta.v1.LookupRequest\x1a\x1a.rdmafs.meta.v1.EntryReply\x12D\n" +
 	"\aGetAttr\x12\x1e.rdmafs.meta.v1.GetAttrRequest\x1a\x19.rdmafs.meta.v1.AttrReply\x12D\n" +
@@ -8870,7 +9389,10 @@ const file_meta_proto_rawDesc = "" +
 	"\rReplaceShards\x12$.rdmafs.meta.v1.ReplaceShardsRequest\x1a\".rdmafs.meta.v1.ReplaceShardsReply\x12P\n" +
 	"\n" +
 	"GetStripes\x12!.rdmafs.meta.v1.GetStripesRequest\x1a\x1f.rdmafs.meta.v1.GetStripesReply\x12>\n" +
-	"\x04Info\x12\x1b.rdmafs.meta.v1.InfoRequest\x1a\x19.rdmafs.meta.v1.InfoReply\x12A\n" +
+	"\x04Info\x12\x1b.rdmafs.meta.v1.InfoRequest\x1a\x19.rdmafs.meta.v1.InfoReply\x12J\n" +
+	"\bSnapshot\x12\x1f.rdmafs.meta.v1.SnapshotRequest\x1a\x1d.rdmafs.meta.v1.SnapshotReply\x12P\n" +
+	"\n" +
+	"RemoveTree\x12!.rdmafs.meta.v1.RemoveTreeRequest\x1a\x1f.rdmafs.meta.v1.RemoveTreeReply\x12A\n" +
 	"\x05Check\x12\x1c.rdmafs.meta.v1.CheckRequest\x1a\x1a.rdmafs.meta.v1.CheckReply\x12J\n" +
 	"\bRegister\x12\x1f.rdmafs.meta.v1.RegisterRequest\x1a\x1d.rdmafs.meta.v1.RegisterReply\x12M\n" +
 	"\tHeartbeat\x12 .rdmafs.meta.v1.HeartbeatRequest\x1a\x1e.rdmafs.meta.v1.HeartbeatReply\x12D\n" +
@@ -8895,7 +9417,7 @@ func file_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 111)
+var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 117)
 var file_meta_proto_goTypes = []any{
 	(RenameFlag)(0),              // 0: rdmafs.meta.v1.RenameFlag
 	(XattrFlag)(0),               // 1: rdmafs.meta.v1.XattrFlag
@@ -8934,83 +9456,89 @@ var file_meta_proto_goTypes = []any{
 	(*ListXattrRequest)(nil),     // 34: rdmafs.meta.v1.ListXattrRequest
 	(*ListXattrReply)(nil),       // 35: rdmafs.meta.v1.ListXattrReply
 	(*RemoveXattrRequest)(nil),   // 36: rdmafs.meta.v1.RemoveXattrRequest
-	(*StatFSRequest)(nil),        // 37: rdmafs.meta.v1.StatFSRequest
-	(*StatFSReply)(nil),          // 38: rdmafs.meta.v1.StatFSReply
-	(*OpenSessionRequest)(nil),   // 39: rdmafs.meta.v1.OpenSessionRequest
-	(*OpenSessionReply)(nil),     // 40: rdmafs.meta.v1.OpenSessionReply
-	(*BatchRequest)(nil),         // 41: rdmafs.meta.v1.BatchRequest
-	(*BatchCall)(nil),            // 42: rdmafs.meta.v1.BatchCall
-	(*BatchReply)(nil),           // 43: rdmafs.meta.v1.BatchReply
-	(*BatchResult)(nil),          // 44: rdmafs.meta.v1.BatchResult
-	(*AllocInodesRequest)(nil),   // 45: rdmafs.meta.v1.AllocInodesRequest
-	(*AllocInodesReply)(nil),     // 46: rdmafs.meta.v1.AllocInodesReply
-	(*KeepAliveRequest)(nil),     // 47: rdmafs.meta.v1.KeepAliveRequest
-	(*CloseSessionRequest)(nil),  // 48: rdmafs.meta.v1.CloseSessionRequest
-	(*OpenRequest)(nil),          // 49: rdmafs.meta.v1.OpenRequest
-	(*ReleaseRequest)(nil),       // 50: rdmafs.meta.v1.ReleaseRequest
-	(*SetLayoutRequest)(nil),     // 51: rdmafs.meta.v1.SetLayoutRequest
-	(*GetLayoutRequest)(nil),     // 52: rdmafs.meta.v1.GetLayoutRequest
-	(*RelayoutRequest)(nil),      // 53: rdmafs.meta.v1.RelayoutRequest
-	(*RelayoutReply)(nil),        // 54: rdmafs.meta.v1.RelayoutReply
-	(*RelayoutStatus)(nil),       // 55: rdmafs.meta.v1.RelayoutStatus
-	(*LayoutReply)(nil),          // 56: rdmafs.meta.v1.LayoutReply
-	(*Shard)(nil),                // 57: rdmafs.meta.v1.Shard
-	(*GrantWriteRequest)(nil),    // 58: rdmafs.meta.v1.GrantWriteRequest
-	(*StripeGrant)(nil),          // 59: rdmafs.meta.v1.StripeGrant
-	(*GrantWriteReply)(nil),      // 60: rdmafs.meta.v1.GrantWriteReply
-	(*StripeCommit)(nil),         // 61: rdmafs.meta.v1.StripeCommit
-	(*ReplaceShardsRequest)(nil), // 62: rdmafs.meta.v1.ReplaceShardsRequest
-	(*ReplaceShardsReply)(nil),   // 63: rdmafs.meta.v1.ReplaceShardsReply
-	(*CommitStripesRequest)(nil), // 64: rdmafs.meta.v1.CommitStripesRequest
-	(*CommitStripesReply)(nil),   // 65: rdmafs.meta.v1.CommitStripesReply
-	(*GetStripesRequest)(nil),    // 66: rdmafs.meta.v1.GetStripesRequest
-	(*StripeInfo)(nil),           // 67: rdmafs.meta.v1.StripeInfo
-	(*GetStripesReply)(nil),      // 68: rdmafs.meta.v1.GetStripesReply
-	(*RegisterRequest)(nil),      // 69: rdmafs.meta.v1.RegisterRequest
-	(*RegisterReply)(nil),        // 70: rdmafs.meta.v1.RegisterReply
-	(*ChunkRef)(nil),             // 71: rdmafs.meta.v1.ChunkRef
-	(*HeartbeatRequest)(nil),     // 72: rdmafs.meta.v1.HeartbeatRequest
-	(*ScrubReport)(nil),          // 73: rdmafs.meta.v1.ScrubReport
-	(*HeartbeatReply)(nil),       // 74: rdmafs.meta.v1.HeartbeatReply
-	(*InventoryRequest)(nil),     // 75: rdmafs.meta.v1.InventoryRequest
-	(*ScrubRequest)(nil),         // 76: rdmafs.meta.v1.ScrubRequest
-	(*ScrubReply)(nil),           // 77: rdmafs.meta.v1.ScrubReply
-	(*InfoRequest)(nil),          // 78: rdmafs.meta.v1.InfoRequest
-	(*ShardInfo)(nil),            // 79: rdmafs.meta.v1.ShardInfo
-	(*StripeDetail)(nil),         // 80: rdmafs.meta.v1.StripeDetail
-	(*TreeTotals)(nil),           // 81: rdmafs.meta.v1.TreeTotals
-	(*InfoReply)(nil),            // 82: rdmafs.meta.v1.InfoReply
-	(*CheckRequest)(nil),         // 83: rdmafs.meta.v1.CheckRequest
-	(*CheckReply)(nil),           // 84: rdmafs.meta.v1.CheckReply
-	(*StatusRequest)(nil),        // 85: rdmafs.meta.v1.StatusRequest
-	(*ChunkserverStatus)(nil),    // 86: rdmafs.meta.v1.ChunkserverStatus
-	(*StatusReply)(nil),          // 87: rdmafs.meta.v1.StatusReply
-	(*ScrubStatus)(nil),          // 88: rdmafs.meta.v1.ScrubStatus
-	(*InodeRecord)(nil),          // 89: rdmafs.meta.v1.InodeRecord
-	(*DentryRecord)(nil),         // 90: rdmafs.meta.v1.DentryRecord
-	(*CookieRecord)(nil),         // 91: rdmafs.meta.v1.CookieRecord
-	(*StripeRecord)(nil),         // 92: rdmafs.meta.v1.StripeRecord
-	(*GrantRecord)(nil),          // 93: rdmafs.meta.v1.GrantRecord
-	(*ChunkserverRecord)(nil),    // 94: rdmafs.meta.v1.ChunkserverRecord
-	(*SessionRecord)(nil),        // 95: rdmafs.meta.v1.SessionRecord
-	(*InoRange)(nil),             // 96: rdmafs.meta.v1.InoRange
-	(*ClusterRecord)(nil),        // 97: rdmafs.meta.v1.ClusterRecord
-	(*RepairTask)(nil),           // 98: rdmafs.meta.v1.RepairTask
-	(*RepairResult)(nil),         // 99: rdmafs.meta.v1.RepairResult
-	(*RepairPollRequest)(nil),    // 100: rdmafs.meta.v1.RepairPollRequest
-	(*RepairPollReply)(nil),      // 101: rdmafs.meta.v1.RepairPollReply
-	(*DrainRequest)(nil),         // 102: rdmafs.meta.v1.DrainRequest
-	(*RebalanceRequest)(nil),     // 103: rdmafs.meta.v1.RebalanceRequest
-	(*RebalanceReply)(nil),       // 104: rdmafs.meta.v1.RebalanceReply
-	(*RepairStatus)(nil),         // 105: rdmafs.meta.v1.RepairStatus
-	(*RequestRecord)(nil),        // 106: rdmafs.meta.v1.RequestRecord
-	(*DumpRecord)(nil),           // 107: rdmafs.meta.v1.DumpRecord
-	(*DumpTrailer)(nil),          // 108: rdmafs.meta.v1.DumpTrailer
-	(*DumpHeader)(nil),           // 109: rdmafs.meta.v1.DumpHeader
-	(*FileLock)(nil),             // 110: rdmafs.meta.v1.FileLock
-	(*LockRecord)(nil),           // 111: rdmafs.meta.v1.LockRecord
-	(*LockRequest)(nil),          // 112: rdmafs.meta.v1.LockRequest
-	(*LockReply)(nil),            // 113: rdmafs.meta.v1.LockReply
+	(*SnapshotRequest)(nil),      // 37: rdmafs.meta.v1.SnapshotRequest
+	(*SnapshotReply)(nil),        // 38: rdmafs.meta.v1.SnapshotReply
+	(*RemoveTreeRequest)(nil),    // 39: rdmafs.meta.v1.RemoveTreeRequest
+	(*RemoveTreeReply)(nil),      // 40: rdmafs.meta.v1.RemoveTreeReply
+	(*StatFSRequest)(nil),        // 41: rdmafs.meta.v1.StatFSRequest
+	(*StatFSReply)(nil),          // 42: rdmafs.meta.v1.StatFSReply
+	(*OpenSessionRequest)(nil),   // 43: rdmafs.meta.v1.OpenSessionRequest
+	(*OpenSessionReply)(nil),     // 44: rdmafs.meta.v1.OpenSessionReply
+	(*BatchRequest)(nil),         // 45: rdmafs.meta.v1.BatchRequest
+	(*BatchCall)(nil),            // 46: rdmafs.meta.v1.BatchCall
+	(*BatchReply)(nil),           // 47: rdmafs.meta.v1.BatchReply
+	(*BatchResult)(nil),          // 48: rdmafs.meta.v1.BatchResult
+	(*AllocInodesRequest)(nil),   // 49: rdmafs.meta.v1.AllocInodesRequest
+	(*AllocInodesReply)(nil),     // 50: rdmafs.meta.v1.AllocInodesReply
+	(*KeepAliveRequest)(nil),     // 51: rdmafs.meta.v1.KeepAliveRequest
+	(*CloseSessionRequest)(nil),  // 52: rdmafs.meta.v1.CloseSessionRequest
+	(*OpenRequest)(nil),          // 53: rdmafs.meta.v1.OpenRequest
+	(*ReleaseRequest)(nil),       // 54: rdmafs.meta.v1.ReleaseRequest
+	(*SetLayoutRequest)(nil),     // 55: rdmafs.meta.v1.SetLayoutRequest
+	(*GetLayoutRequest)(nil),     // 56: rdmafs.meta.v1.GetLayoutRequest
+	(*RelayoutRequest)(nil),      // 57: rdmafs.meta.v1.RelayoutRequest
+	(*RelayoutReply)(nil),        // 58: rdmafs.meta.v1.RelayoutReply
+	(*RelayoutStatus)(nil),       // 59: rdmafs.meta.v1.RelayoutStatus
+	(*LayoutReply)(nil),          // 60: rdmafs.meta.v1.LayoutReply
+	(*Shard)(nil),                // 61: rdmafs.meta.v1.Shard
+	(*GrantWriteRequest)(nil),    // 62: rdmafs.meta.v1.GrantWriteRequest
+	(*StripeGrant)(nil),          // 63: rdmafs.meta.v1.StripeGrant
+	(*GrantWriteReply)(nil),      // 64: rdmafs.meta.v1.GrantWriteReply
+	(*StripeCommit)(nil),         // 65: rdmafs.meta.v1.StripeCommit
+	(*ReplaceShardsRequest)(nil), // 66: rdmafs.meta.v1.ReplaceShardsRequest
+	(*ReplaceShardsReply)(nil),   // 67: rdmafs.meta.v1.ReplaceShardsReply
+	(*CommitStripesRequest)(nil), // 68: rdmafs.meta.v1.CommitStripesRequest
+	(*CommitStripesReply)(nil),   // 69: rdmafs.meta.v1.CommitStripesReply
+	(*GetStripesRequest)(nil),    // 70: rdmafs.meta.v1.GetStripesRequest
+	(*StripeInfo)(nil),           // 71: rdmafs.meta.v1.StripeInfo
+	(*GetStripesReply)(nil),      // 72: rdmafs.meta.v1.GetStripesReply
+	(*RegisterRequest)(nil),      // 73: rdmafs.meta.v1.RegisterRequest
+	(*RegisterReply)(nil),        // 74: rdmafs.meta.v1.RegisterReply
+	(*ChunkRef)(nil),             // 75: rdmafs.meta.v1.ChunkRef
+	(*HeartbeatRequest)(nil),     // 76: rdmafs.meta.v1.HeartbeatRequest
+	(*ScrubReport)(nil),          // 77: rdmafs.meta.v1.ScrubReport
+	(*HeartbeatReply)(nil),       // 78: rdmafs.meta.v1.HeartbeatReply
+	(*InventoryRequest)(nil),     // 79: rdmafs.meta.v1.InventoryRequest
+	(*ScrubRequest)(nil),         // 80: rdmafs.meta.v1.ScrubRequest
+	(*ScrubReply)(nil),           // 81: rdmafs.meta.v1.ScrubReply
+	(*InfoRequest)(nil),          // 82: rdmafs.meta.v1.InfoRequest
+	(*ShardInfo)(nil),            // 83: rdmafs.meta.v1.ShardInfo
+	(*StripeDetail)(nil),         // 84: rdmafs.meta.v1.StripeDetail
+	(*TreeTotals)(nil),           // 85: rdmafs.meta.v1.TreeTotals
+	(*InfoReply)(nil),            // 86: rdmafs.meta.v1.InfoReply
+	(*CheckRequest)(nil),         // 87: rdmafs.meta.v1.CheckRequest
+	(*CheckReply)(nil),           // 88: rdmafs.meta.v1.CheckReply
+	(*StatusRequest)(nil),        // 89: rdmafs.meta.v1.StatusRequest
+	(*ChunkserverStatus)(nil),    // 90: rdmafs.meta.v1.ChunkserverStatus
+	(*StatusReply)(nil),          // 91: rdmafs.meta.v1.StatusReply
+	(*ScrubStatus)(nil),          // 92: rdmafs.meta.v1.ScrubStatus
+	(*InodeRecord)(nil),          // 93: rdmafs.meta.v1.InodeRecord
+	(*DentryRecord)(nil),         // 94: rdmafs.meta.v1.DentryRecord
+	(*CookieRecord)(nil),         // 95: rdmafs.meta.v1.CookieRecord
+	(*StripeRecord)(nil),         // 96: rdmafs.meta.v1.StripeRecord
+	(*SnapshotJob)(nil),          // 97: rdmafs.meta.v1.SnapshotJob
+	(*SnapshotTask)(nil),         // 98: rdmafs.meta.v1.SnapshotTask
+	(*GrantRecord)(nil),          // 99: rdmafs.meta.v1.GrantRecord
+	(*ChunkserverRecord)(nil),    // 100: rdmafs.meta.v1.ChunkserverRecord
+	(*SessionRecord)(nil),        // 101: rdmafs.meta.v1.SessionRecord
+	(*InoRange)(nil),             // 102: rdmafs.meta.v1.InoRange
+	(*ClusterRecord)(nil),        // 103: rdmafs.meta.v1.ClusterRecord
+	(*RepairTask)(nil),           // 104: rdmafs.meta.v1.RepairTask
+	(*RepairResult)(nil),         // 105: rdmafs.meta.v1.RepairResult
+	(*RepairPollRequest)(nil),    // 106: rdmafs.meta.v1.RepairPollRequest
+	(*RepairPollReply)(nil),      // 107: rdmafs.meta.v1.RepairPollReply
+	(*DrainRequest)(nil),         // 108: rdmafs.meta.v1.DrainRequest
+	(*RebalanceRequest)(nil),     // 109: rdmafs.meta.v1.RebalanceRequest
+	(*RebalanceReply)(nil),       // 110: rdmafs.meta.v1.RebalanceReply
+	(*RepairStatus)(nil),         // 111: rdmafs.meta.v1.RepairStatus
+	(*RequestRecord)(nil),        // 112: rdmafs.meta.v1.RequestRecord
+	(*DumpRecord)(nil),           // 113: rdmafs.meta.v1.DumpRecord
+	(*DumpTrailer)(nil),          // 114: rdmafs.meta.v1.DumpTrailer
+	(*DumpHeader)(nil),           // 115: rdmafs.meta.v1.DumpHeader
+	(*FileLock)(nil),             // 116: rdmafs.meta.v1.FileLock
+	(*LockRecord)(nil),           // 117: rdmafs.meta.v1.LockRecord
+	(*LockRequest)(nil),          // 118: rdmafs.meta.v1.LockRequest
+	(*LockReply)(nil),            // 119: rdmafs.meta.v1.LockReply
 }
 var file_meta_proto_depIdxs = []int32{
 	4,   // 0: rdmafs.meta.v1.Attr.layout:type_name -> rdmafs.meta.v1.Layout
@@ -9037,156 +9565,163 @@ var file_meta_proto_depIdxs = []int32{
 	3,   // 21: rdmafs.meta.v1.SetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
 	3,   // 22: rdmafs.meta.v1.ListXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
 	3,   // 23: rdmafs.meta.v1.RemoveXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	42,  // 24: rdmafs.meta.v1.BatchRequest.calls:type_name -> rdmafs.meta.v1.BatchCall
-	44,  // 25: rdmafs.meta.v1.BatchReply.results:type_name -> rdmafs.meta.v1.BatchResult
-	3,   // 26: rdmafs.meta.v1.OpenRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 27: rdmafs.meta.v1.SetLayoutRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 28: rdmafs.meta.v1.SetLayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
-	3,   // 29: rdmafs.meta.v1.RelayoutRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 30: rdmafs.meta.v1.RelayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 31: rdmafs.meta.v1.LayoutReply.layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 32: rdmafs.meta.v1.StripeGrant.layout:type_name -> rdmafs.meta.v1.Layout
-	57,  // 33: rdmafs.meta.v1.StripeGrant.shards:type_name -> rdmafs.meta.v1.Shard
-	59,  // 34: rdmafs.meta.v1.GrantWriteReply.grants:type_name -> rdmafs.meta.v1.StripeGrant
-	57,  // 35: rdmafs.meta.v1.StripeCommit.shards:type_name -> rdmafs.meta.v1.Shard
-	57,  // 36: rdmafs.meta.v1.ReplaceShardsReply.shards:type_name -> rdmafs.meta.v1.Shard
-	61,  // 37: rdmafs.meta.v1.CommitStripesRequest.stripes:type_name -> rdmafs.meta.v1.StripeCommit
-	5,   // 38: rdmafs.meta.v1.CommitStripesReply.attr:type_name -> rdmafs.meta.v1.Attr
-	4,   // 39: rdmafs.meta.v1.StripeInfo.layout:type_name -> rdmafs.meta.v1.Layout
-	57,  // 40: rdmafs.meta.v1.StripeInfo.shards:type_name -> rdmafs.meta.v1.Shard
-	67,  // 41: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
-	4,   // 42: rdmafs.meta.v1.GetStripesReply.layout:type_name -> rdmafs.meta.v1.Layout
-	71,  // 43: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
-	73,  // 44: rdmafs.meta.v1.HeartbeatRequest.scrub:type_name -> rdmafs.meta.v1.ScrubReport
-	71,  // 45: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
-	71,  // 46: rdmafs.meta.v1.InventoryRequest.chunks:type_name -> rdmafs.meta.v1.ChunkRef
-	4,   // 47: rdmafs.meta.v1.StripeDetail.layout:type_name -> rdmafs.meta.v1.Layout
-	79,  // 48: rdmafs.meta.v1.StripeDetail.shards:type_name -> rdmafs.meta.v1.ShardInfo
-	5,   // 49: rdmafs.meta.v1.InfoReply.attr:type_name -> rdmafs.meta.v1.Attr
-	4,   // 50: rdmafs.meta.v1.InfoReply.layout:type_name -> rdmafs.meta.v1.Layout
-	80,  // 51: rdmafs.meta.v1.InfoReply.stripes:type_name -> rdmafs.meta.v1.StripeDetail
-	81,  // 52: rdmafs.meta.v1.InfoReply.totals:type_name -> rdmafs.meta.v1.TreeTotals
-	73,  // 53: rdmafs.meta.v1.ChunkserverStatus.scrub:type_name -> rdmafs.meta.v1.ScrubReport
-	4,   // 54: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
-	86,  // 55: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
-	105, // 56: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
-	88,  // 57: rdmafs.meta.v1.StatusReply.scrub:type_name -> rdmafs.meta.v1.ScrubStatus
-	55,  // 58: rdmafs.meta.v1.StatusReply.relayout:type_name -> rdmafs.meta.v1.RelayoutStatus
-	5,   // 59: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
-	4,   // 60: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 61: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	57,  // 62: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	57,  // 63: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	4,   // 64: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	96,  // 65: rdmafs.meta.v1.SessionRecord.ino_ranges:type_name -> rdmafs.meta.v1.InoRange
-	4,   // 66: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 67: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
-	57,  // 68: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
-	4,   // 69: rdmafs.meta.v1.RepairTask.relayout_to:type_name -> rdmafs.meta.v1.Layout
-	99,  // 70: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
-	71,  // 71: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
-	98,  // 72: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
-	109, // 73: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
-	108, // 74: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
-	2,   // 75: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
-	110, // 76: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
-	110, // 77: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
-	110, // 78: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
-	7,   // 79: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
-	13,  // 80: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
-	15,  // 81: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
-	16,  // 82: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
-	17,  // 83: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
-	18,  // 84: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
-	19,  // 85: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
-	20,  // 86: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
-	22,  // 87: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
-	23,  // 88: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
-	24,  // 89: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
-	27,  // 90: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
-	28,  // 91: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
-	31,  // 92: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
-	33,  // 93: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
-	34,  // 94: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
-	36,  // 95: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
-	37,  // 96: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
-	26,  // 97: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
-	39,  // 98: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
-	45,  // 99: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
-	41,  // 100: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
-	47,  // 101: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
-	10,  // 102: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
-	48,  // 103: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
-	49,  // 104: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
-	50,  // 105: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
-	112, // 106: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
-	51,  // 107: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
-	52,  // 108: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
-	53,  // 109: rdmafs.meta.v1.Meta.Relayout:input_type -> rdmafs.meta.v1.RelayoutRequest
-	58,  // 110: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
-	64,  // 111: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
-	62,  // 112: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
-	66,  // 113: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
-	78,  // 114: rdmafs.meta.v1.Meta.Info:input_type -> rdmafs.meta.v1.InfoRequest
-	83,  // 115: rdmafs.meta.v1.Meta.Check:input_type -> rdmafs.meta.v1.CheckRequest
-	69,  // 116: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
-	72,  // 117: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
-	85,  // 118: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
-	100, // 119: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
-	102, // 120: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
-	76,  // 121: rdmafs.meta.v1.Meta.Scrub:input_type -> rdmafs.meta.v1.ScrubRequest
-	75,  // 122: rdmafs.meta.v1.Meta.Inventory:input_type -> rdmafs.meta.v1.InventoryRequest
-	103, // 123: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
-	8,   // 124: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
-	14,  // 125: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	14,  // 126: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	8,   // 127: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
-	8,   // 128: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
-	8,   // 129: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
-	8,   // 130: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
-	21,  // 131: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
-	8,   // 132: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
-	12,  // 133: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
-	12,  // 134: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
-	25,  // 135: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
-	30,  // 136: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
-	32,  // 137: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
-	25,  // 138: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
-	35,  // 139: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
-	25,  // 140: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
-	38,  // 141: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
-	25,  // 142: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
-	40,  // 143: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
-	46,  // 144: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
-	43,  // 145: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
-	25,  // 146: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
-	11,  // 147: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
-	25,  // 148: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
-	14,  // 149: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
-	25,  // 150: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
-	113, // 151: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
-	25,  // 152: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
-	56,  // 153: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
-	54,  // 154: rdmafs.meta.v1.Meta.Relayout:output_type -> rdmafs.meta.v1.RelayoutReply
-	60,  // 155: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
-	65,  // 156: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
-	63,  // 157: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
-	68,  // 158: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
-	82,  // 159: rdmafs.meta.v1.Meta.Info:output_type -> rdmafs.meta.v1.InfoReply
-	84,  // 160: rdmafs.meta.v1.Meta.Check:output_type -> rdmafs.meta.v1.CheckReply
-	70,  // 161: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
-	74,  // 162: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
-	87,  // 163: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
-	101, // 164: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
-	25,  // 165: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
-	77,  // 166: rdmafs.meta.v1.Meta.Scrub:output_type -> rdmafs.meta.v1.ScrubReply
-	25,  // 167: rdmafs.meta.v1.Meta.Inventory:output_type -> rdmafs.meta.v1.Empty
-	104, // 168: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
-	124, // [124:169] is the sub-list for method output_type
-	79,  // [79:124] is the sub-list for method input_type
-	79,  // [79:79] is the sub-list for extension type_name
-	79,  // [79:79] is the sub-list for extension extendee
-	0,   // [0:79] is the sub-list for field type_name
+	3,   // 24: rdmafs.meta.v1.SnapshotRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,   // 25: rdmafs.meta.v1.RemoveTreeRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	46,  // 26: rdmafs.meta.v1.BatchRequest.calls:type_name -> rdmafs.meta.v1.BatchCall
+	48,  // 27: rdmafs.meta.v1.BatchReply.results:type_name -> rdmafs.meta.v1.BatchResult
+	3,   // 28: rdmafs.meta.v1.OpenRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,   // 29: rdmafs.meta.v1.SetLayoutRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 30: rdmafs.meta.v1.SetLayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
+	3,   // 31: rdmafs.meta.v1.RelayoutRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 32: rdmafs.meta.v1.RelayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
+	4,   // 33: rdmafs.meta.v1.LayoutReply.layout:type_name -> rdmafs.meta.v1.Layout
+	4,   // 34: rdmafs.meta.v1.StripeGrant.layout:type_name -> rdmafs.meta.v1.Layout
+	61,  // 35: rdmafs.meta.v1.StripeGrant.shards:type_name -> rdmafs.meta.v1.Shard
+	63,  // 36: rdmafs.meta.v1.GrantWriteReply.grants:type_name -> rdmafs.meta.v1.StripeGrant
+	61,  // 37: rdmafs.meta.v1.StripeCommit.shards:type_name -> rdmafs.meta.v1.Shard
+	61,  // 38: rdmafs.meta.v1.ReplaceShardsReply.shards:type_name -> rdmafs.meta.v1.Shard
+	65,  // 39: rdmafs.meta.v1.CommitStripesRequest.stripes:type_name -> rdmafs.meta.v1.StripeCommit
+	5,   // 40: rdmafs.meta.v1.CommitStripesReply.attr:type_name -> rdmafs.meta.v1.Attr
+	4,   // 41: rdmafs.meta.v1.StripeInfo.layout:type_name -> rdmafs.meta.v1.Layout
+	61,  // 42: rdmafs.meta.v1.StripeInfo.shards:type_name -> rdmafs.meta.v1.Shard
+	71,  // 43: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
+	4,   // 44: rdmafs.meta.v1.GetStripesReply.layout:type_name -> rdmafs.meta.v1.Layout
+	75,  // 45: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
+	77,  // 46: rdmafs.meta.v1.HeartbeatRequest.scrub:type_name -> rdmafs.meta.v1.ScrubReport
+	75,  // 47: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
+	75,  // 48: rdmafs.meta.v1.InventoryRequest.chunks:type_name -> rdmafs.meta.v1.ChunkRef
+	4,   // 49: rdmafs.meta.v1.StripeDetail.layout:type_name -> rdmafs.meta.v1.Layout
+	83,  // 50: rdmafs.meta.v1.StripeDetail.shards:type_name -> rdmafs.meta.v1.ShardInfo
+	5,   // 51: rdmafs.meta.v1.InfoReply.attr:type_name -> rdmafs.meta.v1.Attr
+	4,   // 52: rdmafs.meta.v1.InfoReply.layout:type_name -> rdmafs.meta.v1.Layout
+	84,  // 53: rdmafs.meta.v1.InfoReply.stripes:type_name -> rdmafs.meta.v1.StripeDetail
+	85,  // 54: rdmafs.meta.v1.InfoReply.totals:type_name -> rdmafs.meta.v1.TreeTotals
+	77,  // 55: rdmafs.meta.v1.ChunkserverStatus.scrub:type_name -> rdmafs.meta.v1.ScrubReport
+	4,   // 56: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
+	90,  // 57: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
+	111, // 58: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
+	92,  // 59: rdmafs.meta.v1.StatusReply.scrub:type_name -> rdmafs.meta.v1.ScrubStatus
+	59,  // 60: rdmafs.meta.v1.StatusReply.relayout:type_name -> rdmafs.meta.v1.RelayoutStatus
+	5,   // 61: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
+	4,   // 62: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
+	4,   // 63: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	61,  // 64: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	38,  // 65: rdmafs.meta.v1.SnapshotJob.totals:type_name -> rdmafs.meta.v1.SnapshotReply
+	61,  // 66: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	4,   // 67: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	102, // 68: rdmafs.meta.v1.SessionRecord.ino_ranges:type_name -> rdmafs.meta.v1.InoRange
+	4,   // 69: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
+	4,   // 70: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
+	61,  // 71: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
+	4,   // 72: rdmafs.meta.v1.RepairTask.relayout_to:type_name -> rdmafs.meta.v1.Layout
+	105, // 73: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
+	75,  // 74: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
+	104, // 75: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
+	115, // 76: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
+	114, // 77: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
+	2,   // 78: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
+	116, // 79: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
+	116, // 80: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
+	116, // 81: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
+	7,   // 82: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
+	13,  // 83: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
+	15,  // 84: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
+	16,  // 85: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
+	17,  // 86: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
+	18,  // 87: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
+	19,  // 88: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
+	20,  // 89: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
+	22,  // 90: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
+	23,  // 91: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
+	24,  // 92: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
+	27,  // 93: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
+	28,  // 94: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
+	31,  // 95: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
+	33,  // 96: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
+	34,  // 97: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
+	36,  // 98: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
+	41,  // 99: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
+	26,  // 100: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
+	43,  // 101: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
+	49,  // 102: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
+	45,  // 103: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
+	51,  // 104: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
+	10,  // 105: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
+	52,  // 106: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
+	53,  // 107: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
+	54,  // 108: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
+	118, // 109: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
+	55,  // 110: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
+	56,  // 111: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
+	57,  // 112: rdmafs.meta.v1.Meta.Relayout:input_type -> rdmafs.meta.v1.RelayoutRequest
+	62,  // 113: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
+	68,  // 114: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
+	66,  // 115: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
+	70,  // 116: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
+	82,  // 117: rdmafs.meta.v1.Meta.Info:input_type -> rdmafs.meta.v1.InfoRequest
+	37,  // 118: rdmafs.meta.v1.Meta.Snapshot:input_type -> rdmafs.meta.v1.SnapshotRequest
+	39,  // 119: rdmafs.meta.v1.Meta.RemoveTree:input_type -> rdmafs.meta.v1.RemoveTreeRequest
+	87,  // 120: rdmafs.meta.v1.Meta.Check:input_type -> rdmafs.meta.v1.CheckRequest
+	73,  // 121: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
+	76,  // 122: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
+	89,  // 123: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
+	106, // 124: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
+	108, // 125: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
+	80,  // 126: rdmafs.meta.v1.Meta.Scrub:input_type -> rdmafs.meta.v1.ScrubRequest
+	79,  // 127: rdmafs.meta.v1.Meta.Inventory:input_type -> rdmafs.meta.v1.InventoryRequest
+	109, // 128: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
+	8,   // 129: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
+	14,  // 130: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	14,  // 131: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	8,   // 132: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
+	8,   // 133: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
+	8,   // 134: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
+	8,   // 135: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
+	21,  // 136: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
+	8,   // 137: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
+	12,  // 138: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
+	12,  // 139: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
+	25,  // 140: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
+	30,  // 141: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
+	32,  // 142: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
+	25,  // 143: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
+	35,  // 144: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
+	25,  // 145: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
+	42,  // 146: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
+	25,  // 147: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
+	44,  // 148: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
+	50,  // 149: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
+	47,  // 150: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
+	25,  // 151: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
+	11,  // 152: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
+	25,  // 153: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
+	14,  // 154: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
+	25,  // 155: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
+	119, // 156: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
+	25,  // 157: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
+	60,  // 158: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
+	58,  // 159: rdmafs.meta.v1.Meta.Relayout:output_type -> rdmafs.meta.v1.RelayoutReply
+	64,  // 160: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
+	69,  // 161: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
+	67,  // 162: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
+	72,  // 163: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
+	86,  // 164: rdmafs.meta.v1.Meta.Info:output_type -> rdmafs.meta.v1.InfoReply
+	38,  // 165: rdmafs.meta.v1.Meta.Snapshot:output_type -> rdmafs.meta.v1.SnapshotReply
+	40,  // 166: rdmafs.meta.v1.Meta.RemoveTree:output_type -> rdmafs.meta.v1.RemoveTreeReply
+	88,  // 167: rdmafs.meta.v1.Meta.Check:output_type -> rdmafs.meta.v1.CheckReply
+	74,  // 168: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
+	78,  // 169: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
+	91,  // 170: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
+	107, // 171: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
+	25,  // 172: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
+	81,  // 173: rdmafs.meta.v1.Meta.Scrub:output_type -> rdmafs.meta.v1.ScrubReply
+	25,  // 174: rdmafs.meta.v1.Meta.Inventory:output_type -> rdmafs.meta.v1.Empty
+	110, // 175: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
+	129, // [129:176] is the sub-list for method output_type
+	82,  // [82:129] is the sub-list for method input_type
+	82,  // [82:82] is the sub-list for extension type_name
+	82,  // [82:82] is the sub-list for extension extendee
+	0,   // [0:82] is the sub-list for field type_name
 }
 
 func init() { file_meta_proto_init() }
@@ -9200,7 +9735,7 @@ func file_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_proto_rawDesc), len(file_meta_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   111,
+			NumMessages:   117,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -59,6 +59,8 @@ const (
 	Meta_ReplaceShards_FullMethodName = "/rdmafs.meta.v1.Meta/ReplaceShards"
 	Meta_GetStripes_FullMethodName    = "/rdmafs.meta.v1.Meta/GetStripes"
 	Meta_Info_FullMethodName          = "/rdmafs.meta.v1.Meta/Info"
+	Meta_Snapshot_FullMethodName      = "/rdmafs.meta.v1.Meta/Snapshot"
+	Meta_RemoveTree_FullMethodName    = "/rdmafs.meta.v1.Meta/RemoveTree"
 	Meta_Check_FullMethodName         = "/rdmafs.meta.v1.Meta/Check"
 	Meta_Register_FullMethodName      = "/rdmafs.meta.v1.Meta/Register"
 	Meta_Heartbeat_FullMethodName     = "/rdmafs.meta.v1.Meta/Heartbeat"
@@ -120,6 +122,10 @@ type MetaClient interface {
 	// Info: where a file's data is, or a directory's layout and totals
 	// (rdmafs info).
 	Info(ctx context.Context, in *InfoRequest, opts ...grpc.CallOption) (*InfoReply, error)
+	// Snapshot copies a file or a tree sharing its data (rdmafs snapshot).
+	Snapshot(ctx context.Context, in *SnapshotRequest, opts ...grpc.CallOption) (*SnapshotReply, error)
+	// RemoveTree removes a tree on the server (rdmafs rmr).
+	RemoveTree(ctx context.Context, in *RemoveTreeRequest, opts ...grpc.CallOption) (*RemoveTreeReply, error)
 	// Check: the metadata consistency check, and with repair its safe fixes
 	// (rdmafs admin check).
 	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckReply, error)
@@ -503,6 +509,26 @@ func (c *metaClient) Info(ctx context.Context, in *InfoRequest, opts ...grpc.Cal
 	return out, nil
 }
 
+func (c *metaClient) Snapshot(ctx context.Context, in *SnapshotRequest, opts ...grpc.CallOption) (*SnapshotReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SnapshotReply)
+	err := c.cc.Invoke(ctx, Meta_Snapshot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *metaClient) RemoveTree(ctx context.Context, in *RemoveTreeRequest, opts ...grpc.CallOption) (*RemoveTreeReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveTreeReply)
+	err := c.cc.Invoke(ctx, Meta_RemoveTree_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *metaClient) Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckReply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CheckReply)
@@ -643,6 +669,10 @@ type MetaServer interface {
 	// Info: where a file's data is, or a directory's layout and totals
 	// (rdmafs info).
 	Info(context.Context, *InfoRequest) (*InfoReply, error)
+	// Snapshot copies a file or a tree sharing its data (rdmafs snapshot).
+	Snapshot(context.Context, *SnapshotRequest) (*SnapshotReply, error)
+	// RemoveTree removes a tree on the server (rdmafs rmr).
+	RemoveTree(context.Context, *RemoveTreeRequest) (*RemoveTreeReply, error)
 	// Check: the metadata consistency check, and with repair its safe fixes
 	// (rdmafs admin check).
 	Check(context.Context, *CheckRequest) (*CheckReply, error)
@@ -773,6 +803,12 @@ func (UnimplementedMetaServer) GetStripes(context.Context, *GetStripesRequest) (
 }
 func (UnimplementedMetaServer) Info(context.Context, *InfoRequest) (*InfoReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Info not implemented")
+}
+func (UnimplementedMetaServer) Snapshot(context.Context, *SnapshotRequest) (*SnapshotReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Snapshot not implemented")
+}
+func (UnimplementedMetaServer) RemoveTree(context.Context, *RemoveTreeRequest) (*RemoveTreeReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveTree not implemented")
 }
 func (UnimplementedMetaServer) Check(context.Context, *CheckRequest) (*CheckReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Check not implemented")
@@ -1470,6 +1506,42 @@ func _Meta_Info_Handler(srv interface{}, ctx context.Context, dec func(interface
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Meta_Snapshot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SnapshotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).Snapshot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_Snapshot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).Snapshot(ctx, req.(*SnapshotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Meta_RemoveTree_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveTreeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).RemoveTree(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_RemoveTree_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).RemoveTree(ctx, req.(*RemoveTreeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Meta_Check_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CheckRequest)
 	if err := dec(in); err != nil {
@@ -1782,6 +1854,14 @@ var Meta_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Info",
 			Handler:    _Meta_Info_Handler,
+		},
+		{
+			MethodName: "Snapshot",
+			Handler:    _Meta_Snapshot_Handler,
+		},
+		{
+			MethodName: "RemoveTree",
+			Handler:    _Meta_RemoveTree_Handler,
 		},
 		{
 			MethodName: "Check",
