@@ -997,6 +997,9 @@ func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 	if size, e, ok := n.snapshotXattr(ctx, attr, dest); ok {
 		return size, e
 	}
+	if size, e, ok := n.trashXattr(ctx, attr, dest); ok {
+		return size, e
+	}
 	if attr == MetricsXattr {
 		return n.metricsXattr(dest)
 	}
@@ -1056,6 +1059,8 @@ func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 		return n.setSnapshot(ctx, data)
 	case RmrXattr:
 		return n.setRmr(ctx, data)
+	case TrashXattr:
+		return n.setTrash(ctx, data)
 	}
 	if attr == LayoutXattr {
 		l, err := stripe.ParseLayout(string(data))
@@ -1137,7 +1142,7 @@ func (n *Node) forgetNoCaps() {
 func (n *Node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	ctx, done := killable(ctx)
 	defer done()
-	r, err := n.fsys.meta.StatFS(ctx, &metapb.StatFSRequest{})
+	r, err := n.fsys.meta.StatFS(ctx, &metapb.StatFSRequest{Ino: n.ino})
 	if err != nil {
 		return errno(err)
 	}

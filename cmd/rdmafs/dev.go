@@ -48,6 +48,7 @@ func newDevCommand() *cobra.Command {
 	fl.IntVar(&cfg.Chunkservers, "chunkservers", 6, "chunkd processes to start")
 	fl.StringVar(&cfg.EC, "ec", "4+2", "erasure coding k+m")
 	fl.StringVar(&cfg.Unit, "unit", "1MiB", "shard unit size")
+	fl.StringVar(&cfg.TrashDays, "trash-days", "1", "days deleted files are kept in the trash (0: none)")
 	fl.StringVar(&cfg.Transport, "transport", "auto", "rdma transport: auto, tcp, shm or verbs")
 	fl.StringVar(&cfg.ChunkdMem, "chunkd-mem", "256MiB", "registered memory per chunkd")
 	fl.StringVar(&cfg.ClientMem, "client-mem", "256MiB", "client buffer memory")

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -16,6 +17,7 @@ import (
 func newFormatCommand() *cobra.Command {
 	var ec, unit, inline, secretFile, kvURL string
 	var minWrite uint32
+	var trashDays float64
 	cmd := &cobra.Command{
 		Use:   "format [META-DATA-DIR]",
 		Short: "Create a new file system in a metadata data directory",
@@ -41,6 +43,9 @@ func newFormatCommand() *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if err := formatTrash(cmd, "", kvURL, trashDays); err != nil {
+					return err
+				}
 				fmt.Fprintf(cmd.OutOrStdout(), "formatted %s: cluster %s, layout %d+%d, unit %d bytes, secret in %s\n",
 					kvURL, id, l.K, l.M, l.Unit, secretFile)
 				return nil
@@ -59,6 +64,9 @@ func newFormatCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := formatTrash(cmd, args[0], "", trashDays); err != nil {
+				return err
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "formatted %s: cluster %s, layout %d+%d, unit %d bytes, secret in %s\n",
 				args[0], id, l.K, l.M, l.Unit, secretFile)
 			return nil
@@ -68,9 +76,21 @@ func newFormatCommand() *cobra.Command {
 	cmd.Flags().StringVar(&unit, "unit", "1MiB", "shard unit size (multiple of 4KiB)")
 	cmd.Flags().StringVar(&inline, "inline-max", "64KiB", "files up to this size keep their data in metadata, written with one commit and no chunkserver writes (0: never; at most 256KiB)")
 	cmd.Flags().Uint32Var(&minWrite, "min-write-shards", 0, "shards of a stripe that must be durable for a write to succeed while chunkservers are down (k..k+m; default k+1); the others are rebuilt by repair")
+	cmd.Flags().Float64Var(&trashDays, "trash-days", 1, "days deleted files are kept in the trash (.trash at the root) before they are purged (0: no trash; rdmafs config set trash-days changes it later)")
 	cmd.Flags().StringVar(&kvURL, "kv", "", "create the file system in etcd: etcd://host:port[,host:port]/prefix")
 	cmd.Flags().StringVar(&secretFile, "secret-file", "", "where to write the cluster secret (default META-DATA-DIR/secret)")
 	return cmd
+}
+
+// formatTrash records --trash-days unless it is the default.
+func formatTrash(cmd *cobra.Command, dataDir, kvURL string, days float64) error {
+	if !cmd.Flags().Changed("trash-days") {
+		return nil
+	}
+	if days < 0 || days > 36500 {
+		return fmt.Errorf("format: --trash-days must be from 0 to 36500")
+	}
+	return server.SetTrash(cmd.Context(), dataDir, kvURL, time.Duration(days*24*float64(time.Hour)))
 }
 
 // parseEC parses the --ec flag's k+m.

@@ -63,6 +63,8 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(newInfoCommand())
 	root.AddCommand(newSnapshotCommand())
 	root.AddCommand(newRmrCommand())
+	root.AddCommand(newTrashCommand())
+	root.AddCommand(newConfigCommand())
 	root.AddCommand(newStatusCommand())
 	root.AddCommand(newStatsCommand())
 	root.AddCommand(newMountCommand())

@@ -49,8 +49,16 @@ func printStatus(cmd *cobra.Command, st *metapb.StatusReply) {
 	w := cmd.OutOrStdout()
 	l := st.DefaultLayout
 	fmt.Fprintf(w, "cluster %s  default layout %d+%d unit %s\n", st.ClusterId, l.GetK(), l.GetM(), humanBytes(l.GetUnit()))
-	fmt.Fprintf(w, "files %d  directories %d  stripes %d  degraded stripes %d  sessions %d  pending chunk deletes %d\n\n",
+	fmt.Fprintf(w, "files %d  directories %d  stripes %d  degraded stripes %d  sessions %d  pending chunk deletes %d\n",
 		st.Files, st.Directories, st.Stripes, st.DegradedStripes, st.Sessions, st.PendingDeletes)
+	if st.SharedBytes > 0 {
+		fmt.Fprintf(w, "file data in stripes: %s shared with snapshots (counted once per file), %s unshared\n", humanBytes(st.SharedBytes), humanBytes(st.UniqueBytes))
+	}
+	if st.TrashSeconds > 0 {
+		fmt.Fprintf(w, "trash: %d files, %s, kept %s\n\n", st.TrashFiles, humanBytes(st.TrashBytes), time.Duration(st.TrashSeconds)*time.Second)
+	} else {
+		fmt.Fprintf(w, "trash: off (%d files, %s)\n\n", st.TrashFiles, humanBytes(st.TrashBytes))
+	}
 	printRepair(w, st)
 	printScrub(w, st.GetScrub())
 	printRelayout(w, st.GetRelayout())

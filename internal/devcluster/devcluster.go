@@ -28,6 +28,14 @@ import (
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
+// trashDays is format's --trash-days for the cluster.
+func (cfg Config) trashDays() string {
+	if cfg.TrashDays == "" {
+		return "0"
+	}
+	return cfg.TrashDays
+}
+
 // Config describes a cluster to bring up.
 type Config struct {
 	Dir          string // everything lives here (created)
@@ -35,6 +43,9 @@ type Config struct {
 	Chunkservers int    // default 6; negative: none (metadata-only tests)
 	EC           string // default "4+2"
 	Unit         string // default "1MiB"
+	// TrashDays is format's --trash-days; default "0": deletes free space
+	// at once, as the tests of deletion expect (rdmafs dev up passes 1).
+	TrashDays string
 	Transport    string // rdma transport for chunkd and the client (default "auto")
 	ChunkdMem    string // registered memory per chunkd (default "256MiB")
 	ClientMem    string // client buffer memory (default "256MiB")
@@ -215,7 +226,7 @@ func Up(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	metaData := filepath.Join(dir, "meta")
 	c.SecretFile = filepath.Join(metaData, "secret")
 	if _, err := os.Stat(c.SecretFile); errors.Is(err, os.ErrNotExist) {
-		out, err := exec.CommandContext(ctx, c.bin("rdmafs"), "format", metaData, "--ec", cfg.EC, "--unit", cfg.Unit).CombinedOutput()
+		out, err := exec.CommandContext(ctx, c.bin("rdmafs"), "format", metaData, "--ec", cfg.EC, "--unit", cfg.Unit, "--trash-days", cfg.trashDays()).CombinedOutput()
 		if err != nil {
 			return c, fmt.Errorf("devcluster: rdmafs format: %v: %s", err, out)
 		}

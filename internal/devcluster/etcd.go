@@ -22,7 +22,7 @@ func (c *Cluster) upEtcd(ctx context.Context, cfg Config) error {
 	}
 	c.SecretFile = filepath.Join(c.Dir, "secret")
 	out, err := exec.CommandContext(ctx, c.bin("rdmafs"), "format", "--kv", cfg.KV, "--secret-file", c.SecretFile,
-		"--ec", cfg.EC, "--unit", cfg.Unit).CombinedOutput()
+		"--ec", cfg.EC, "--unit", cfg.Unit, "--trash-days", cfg.trashDays()).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("devcluster: rdmafs format --kv: %v: %s", err, out)
 	}

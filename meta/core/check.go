@@ -193,7 +193,11 @@ func (s *Service) check(ctx context.Context) ([]finding, []string, bool, error) 
 				}
 				report(fix, "inode %d: nlink %d with %d entries", ino, a.Nlink, links[ino])
 			}
-			if a.Nlink == 0 {
+			_, trashed, err := r.Get(keys.Trash(ino))
+			if err != nil {
+				return err
+			}
+			if a.Nlink == 0 && !trashed { // the trash keeps files with no links
 				_, orphan, err := r.Get(keys.Orphan(ino))
 				if err != nil {
 					return err

@@ -99,6 +99,10 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, e *env)) {
 			if _, err := Format(context.Background(), st, testLayout, time.Unix(1700000000, 0)); err != nil {
 				t.Fatal(err)
 			}
+			// Deletes free space at once unless a test turns the trash on.
+			if err := SetTrashTime(context.Background(), st, 0); err != nil {
+				t.Fatal(err)
+			}
 			e := &env{t: t, ctx: context.Background(), store: st, clock: fakeclock.New(time.Unix(1700000000, 0)), dir: dir, open: open, reserveGrace: time.Nanosecond}
 			e.start()
 			t.Cleanup(func() { e.store.Close() })
@@ -169,10 +173,16 @@ func (e *env) lookup(parent uint64, name string) (uint64, error) {
 
 func (e *env) names(dir uint64) []string {
 	e.t.Helper()
+	return e.namesAs(root, dir)
+}
+
+// namesAs lists dir as caller c.
+func (e *env) namesAs(c *metapb.Caller, dir uint64) []string {
+	e.t.Helper()
 	var out []string
 	cookie := uint64(0)
 	for {
-		r, err := e.s.ReadDir(e.ctx, &metapb.ReadDirRequest{Ino: dir, Cookie: cookie, Limit: 7})
+		r, err := e.s.ReadDir(e.ctx, &metapb.ReadDirRequest{Caller: c, Ino: dir, Cookie: cookie, Limit: 7})
 		if err != nil {
 			e.t.Fatal(err)
 		}

@@ -297,6 +297,18 @@ func (s *Service) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 // capacity scaled by the default layout's data fraction k/(k+m).
 func (s *Service) StatFS(ctx context.Context, req *metapb.StatFSRequest) (*metapb.StatFSReply, error) {
 	const bsize = 4096
+	if req.Ino == TrashIno {
+		// The trash reports the space of its files as its size, all used.
+		var files, bytes uint64
+		if err := s.view(ctx, func(r kv.Reader) error {
+			var err error
+			files, bytes, err = trashUsage(r)
+			return err
+		}); err != nil {
+			return nil, err
+		}
+		return &metapb.StatFSReply{BlockSize: bsize, Blocks: (bytes + bsize - 1) / bsize, Files: files, NameMax: NameMax}, nil
+	}
 	var capacity, free uint64
 	s.members.mu.Lock()
 	for _, mb := range s.members.byID {
@@ -317,7 +329,8 @@ func (s *Service) StatFS(ctx context.Context, req *metapb.StatFSRequest) (*metap
 // Status implements metapb.MetaServer: membership, counts and degraded
 // stripes; a brief request skips the scans (metapb.StatusRequest.Brief).
 func (s *Service) Status(ctx context.Context, req *metapb.StatusRequest) (*metapb.StatusReply, error) {
-	out := &metapb.StatusReply{ClusterId: s.cluster.ClusterId, DefaultLayout: metapb.LayoutOf(s.def), Sessions: uint64(s.Sessions())}
+	out := &metapb.StatusReply{ClusterId: s.cluster.ClusterId, DefaultLayout: metapb.LayoutOf(s.def), Sessions: uint64(s.Sessions()),
+		TrashSeconds: int64(s.trashTime() / time.Second)}
 	s.members.mu.Lock()
 	for id, mb := range s.members.byID {
 		var last int64
@@ -345,6 +358,11 @@ func (s *Service) Status(ctx context.Context, req *metapb.StatusRequest) (*metap
 	now := s.now()
 	err := s.view(ctx, func(r kv.Reader) error {
 		out.Files, out.Directories, out.Stripes, out.DegradedStripes, out.PendingDeletes = 0, 0, 0, 0, 0
+		out.SharedBytes, out.UniqueBytes = 0, 0
+		var err error
+		if out.TrashFiles, out.TrashBytes, err = trashUsage(r); err != nil {
+			return err
+		}
 		clear(pending)
 		clear(shards)
 		health = Health{}
@@ -377,6 +395,11 @@ func (s *Service) Status(ctx context.Context, req *metapb.StatusRequest) (*metap
 			if len(st.Shards) == 0 {
 				health.Healthy++ // inline: its bytes are in metadata
 				return nil
+			}
+			if st.Shared {
+				out.SharedBytes += st.Length
+			} else {
+				out.UniqueBytes += st.Length
 			}
 			s.lockRepair()
 			states := s.classifyLocked(st, now)

@@ -20,6 +20,12 @@ func (s *Service) Lookup(ctx context.Context, req *metapb.LookupRequest) (*metap
 		return nil, err
 	}
 	c := caller(req.Caller)
+	switch {
+	case req.Parent == RootIno && req.Name == TrashName:
+		return &metapb.EntryReply{Attr: s.trashDirAttr()}, nil
+	case req.Parent == TrashIno:
+		return s.lookupTrash(ctx, c, req.Name)
+	}
 	if err := s.awaitLease(ctx, c.Session, req.Parent); err != nil {
 		return nil, err
 	}
@@ -84,6 +90,9 @@ func (s *Service) Lookup(ctx context.Context, req *metapb.LookupRequest) (*metap
 
 // GetAttr implements metapb.MetaServer.
 func (s *Service) GetAttr(ctx context.Context, req *metapb.GetAttrRequest) (*metapb.AttrReply, error) {
+	if req.Ino == TrashIno {
+		return &metapb.AttrReply{Attr: s.trashDirAttr()}, nil
+	}
 	if err := s.awaitLease(ctx, req.LeaseSession, req.Ino); err != nil {
 		return nil, err
 	}
@@ -134,6 +143,9 @@ type newNode struct {
 // regular file whose name exists, it opens and returns the existing file.
 func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, name string, n newNode) (*metapb.EntryReply, error) {
 	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	if err := checkReserved(parent, name); err != nil {
 		return nil, err
 	}
 	if n.ino != 0 {
@@ -303,6 +315,9 @@ func (s *Service) Link(ctx context.Context, req *metapb.LinkRequest) (*metapb.En
 	if err := checkName(req.NewName); err != nil {
 		return nil, err
 	}
+	if err := checkReserved(req.NewParent, req.NewName); err != nil {
+		return nil, err
+	}
 	c := caller(req.Caller)
 	release, err := s.acquireName(ctx, c.Session, req.NewParent, req.NewName, false)
 	if err != nil {
@@ -385,6 +400,9 @@ func removeEntry(t kv.Txn, parent uint64, name string, d *metapb.DentryRecord) e
 
 // Unlink implements metapb.MetaServer.
 func (s *Service) Unlink(ctx context.Context, req *metapb.UnlinkRequest) (*metapb.DirReply, error) {
+	if req.Parent == TrashIno {
+		return s.unlinkTrashed(ctx, caller(req.Caller), req.Name)
+	}
 	return s.remove(ctx, caller(req.Caller), req.Parent, req.Name, false, req.Ino, req.TimeNs)
 }
 
@@ -482,14 +500,15 @@ func (s *Service) removeTxn(t kv.Txn, c *metapb.Caller, parent uint64, name stri
 	if err := putInode(t, p); err != nil {
 		return nil, 0, err
 	}
-	purged, err := s.dropLink(t, child, now)
+	purged, err := s.dropLink(t, child, parent, name, now)
 	return p, purged, err
 }
 
-// dropLink removes one link of child (a directory loses all of them) and
-// deletes the inode once no link and no open remains. It returns the number
-// of inodes deleted (0 or 1).
-func (s *Service) dropLink(t kv.Txn, child *metapb.InodeRecord, now int64) (int64, error) {
+// dropLink removes one link of child, its entry name in parent (a directory
+// loses all of them), and deletes the inode once no link and no open
+// remains, or keeps a regular file in the trash. It returns the number of
+// inodes deleted (0 or 1).
+func (s *Service) dropLink(t kv.Txn, child *metapb.InodeRecord, parent uint64, name string, now int64) (int64, error) {
 	if isDir(child.Attr) {
 		child.Attr.Nlink = 0
 	} else if child.Attr.Nlink > 0 {
@@ -498,6 +517,9 @@ func (s *Service) dropLink(t kv.Txn, child *metapb.InodeRecord, now int64) (int6
 	child.Attr.CtimeNs = now
 	if child.Attr.Nlink > 0 {
 		return 0, putInode(t, child)
+	}
+	if isReg(child.Attr) && s.trashTime() > 0 {
+		return 0, s.toTrash(t, child, parent, name, now)
 	}
 	open, err := isOpen(t, child.Attr.Ino)
 	if err != nil {
@@ -584,6 +606,9 @@ func checkNotUnder(r kv.Reader, dir, ino uint64) error {
 // ReadDir implements metapb.MetaServer.
 func (s *Service) ReadDir(ctx context.Context, req *metapb.ReadDirRequest) (*metapb.ReadDirReply, error) {
 	c := caller(req.Caller)
+	if req.Ino == TrashIno {
+		return s.readTrash(ctx, c, req)
+	}
 	if err := s.awaitLease(ctx, c.Session, req.Ino); err != nil {
 		return nil, err
 	}

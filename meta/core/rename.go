@@ -24,6 +24,9 @@ func (s *Service) Rename(ctx context.Context, req *metapb.RenameRequest) (*metap
 	if err := checkName(req.NewName); err != nil {
 		return nil, err
 	}
+	if err := checkReserved(req.NewParent, req.NewName); err != nil {
+		return nil, err
+	}
 	c := caller(req.Caller)
 	if err := s.awaitLease(ctx, c.Session, req.Parent); err != nil {
 		return nil, err
@@ -239,7 +242,7 @@ func (r *renameTx) moveEntry(t kv.Txn, s *Service) (purged int64, err error) {
 		if r.dstDir() {
 			r.dp.Attr.Nlink--
 		}
-		if purged, err = s.dropLink(t, r.dst, r.now); err != nil {
+		if purged, err = s.dropLink(t, r.dst, req.NewParent, req.NewName, r.now); err != nil {
 			return 0, err
 		}
 	}

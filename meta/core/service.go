@@ -132,7 +132,8 @@ type Service struct {
 	cluster *metapb.ClusterRecord
 	def     stripe.Layout
 
-	inodes atomic.Int64 // number of inodes, for statfs
+	inodes  atomic.Int64 // number of inodes, for statfs
+	trashNs atomic.Int64 // how long deleted files are kept (trash.go)
 
 	members members
 	scrub   scrubState // under members.mu
@@ -287,6 +288,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		}
 		s.cluster = cl
 		s.def = cl.DefaultLayout.Stripe()
+		s.loadTrashTime(cl)
 		if err := r.Scan([]byte{keys.PrefixChunkserver}, []byte{keys.PrefixChunkserver + 1}, 0, func(k, v []byte) error {
 			rec := &metapb.ChunkserverRecord{}
 			if err := proto.Unmarshal(v, rec); err != nil {
@@ -381,6 +383,7 @@ func (s *Service) Run(ctx context.Context) error {
 	lastGrantScan := time.Time{}
 	lastRepair := time.Time{}
 	lastRequestScan := time.Now()
+	var lastTrashScan time.Time
 	for {
 		kicked := false
 		select {
@@ -413,6 +416,12 @@ func (s *Service) Run(ctx context.Context) error {
 			lastGrantScan = time.Now()
 			if err := s.expireGrants(ctx); err != nil && ctx.Err() == nil {
 				s.log.Error("expire grants", "err", err)
+			}
+		}
+		if time.Since(lastTrashScan) > trashSweepEvery {
+			lastTrashScan = time.Now()
+			if err := s.expireTrash(ctx); err != nil && ctx.Err() == nil {
+				s.log.Error("purge expired trash", "err", err)
 			}
 		}
 		if time.Since(lastRequestScan) > s.requestSweepEvery() {

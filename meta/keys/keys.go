@@ -33,6 +33,8 @@ const (
 	PrefixSnapshot    = 'j' // j dst -> SnapshotJob (a tree snapshot, in progress or done)
 	PrefixSnapTask    = 'J' // J dst seq -> SnapshotTask (a directory still to copy)
 	PrefixSnapLink    = 'h' // h dst src -> uint64 (the copy of a hard-linked file)
+	PrefixTrash       = 'T' // T ino -> TrashRecord (a deleted file kept)
+	PrefixTrashTime   = 'U' // U deleted_ns ino -> empty (the trash by time, for expiry)
 )
 
 // ErrMalformed reports a key that does not have the expected shape.
@@ -196,6 +198,34 @@ func SnapLink(dst, src uint64) []byte { return u64s(PrefixSnapLink, dst, src) }
 
 // SnapLinkPrefix is the prefix of all hard-link copies of the snapshot at dst.
 func SnapLinkPrefix(dst uint64) []byte { return u64s(PrefixSnapLink, dst) }
+
+// Trash is the key of a file in the trash.
+func Trash(ino uint64) []byte { return u64s(PrefixTrash, ino) }
+
+// ParseTrash returns the inode of a Trash key.
+func ParseTrash(key []byte) (uint64, error) {
+	v, err := fixed(key, PrefixTrash, 1)
+	if err != nil {
+		return 0, err
+	}
+	return v[0], nil
+}
+
+// TrashTime is the key ordering the trash by deletion time (Unix ns).
+func TrashTime(deletedNs int64, ino uint64) []byte { return u64s(PrefixTrashTime, uint64(deletedNs), ino) }
+
+// TrashBefore is the end of the range of TrashTime keys of files deleted
+// before deletedNs.
+func TrashBefore(deletedNs int64) []byte { return u64s(PrefixTrashTime, uint64(deletedNs)) }
+
+// ParseTrashTime returns the deletion time and inode of a TrashTime key.
+func ParseTrashTime(key []byte) (deletedNs int64, ino uint64, err error) {
+	v, err := fixed(key, PrefixTrashTime, 2)
+	if err != nil {
+		return 0, 0, err
+	}
+	return int64(v[0]), v[1], nil
+}
 
 func u64s(prefix byte, vs ...uint64) []byte {
 	k := make([]byte, 1, 1+8*len(vs))

@@ -178,6 +178,55 @@ func (LockType) EnumDescriptor() ([]byte, []int) {
 	return file_meta_proto_rawDescGZIP(), []int{2}
 }
 
+type TrashRequest_Op int32
+
+const (
+	TrashRequest_LIST    TrashRequest_Op = 0
+	TrashRequest_RESTORE TrashRequest_Op = 1 // put inos back where they were deleted from
+	TrashRequest_PURGE   TrashRequest_Op = 2 // delete inos (all: every file the caller may see) now
+)
+
+// Enum value maps for TrashRequest_Op.
+var (
+	TrashRequest_Op_name = map[int32]string{
+		0: "LIST",
+		1: "RESTORE",
+		2: "PURGE",
+	}
+	TrashRequest_Op_value = map[string]int32{
+		"LIST":    0,
+		"RESTORE": 1,
+		"PURGE":   2,
+	}
+)
+
+func (x TrashRequest_Op) Enum() *TrashRequest_Op {
+	p := new(TrashRequest_Op)
+	*p = x
+	return p
+}
+
+func (x TrashRequest_Op) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TrashRequest_Op) Descriptor() protoreflect.EnumDescriptor {
+	return file_meta_proto_enumTypes[3].Descriptor()
+}
+
+func (TrashRequest_Op) Type() protoreflect.EnumType {
+	return &file_meta_proto_enumTypes[3]
+}
+
+func (x TrashRequest_Op) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TrashRequest_Op.Descriptor instead.
+func (TrashRequest_Op) EnumDescriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{38, 0}
+}
+
 // Caller identifies the user on whose behalf a namespace request runs; every
 // permission check uses it.
 type Caller struct {
@@ -2907,15 +2956,423 @@ func (x *RemoveTreeReply) GetDirs() uint64 {
 	return 0
 }
 
-type StatFSRequest struct {
+// TrashRequest lists, restores or purges files in the trash. A caller other
+// than root (or the cluster secret) sees and acts on only the files it owned.
+type TrashRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	Op            TrashRequest_Op        `protobuf:"varint,2,opt,name=op,proto3,enum=rdmafs.meta.v1.TrashRequest_Op" json:"op,omitempty"`
+	Inos          []uint64               `protobuf:"varint,3,rep,packed,name=inos,proto3" json:"inos,omitempty"`
+	All           bool                   `protobuf:"varint,4,opt,name=all,proto3" json:"all,omitempty"`
+	After         uint64                 `protobuf:"varint,5,opt,name=after,proto3" json:"after,omitempty"` // LIST: entries after this inode (paging)
+	Limit         uint32                 `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"` // LIST: at most this many (0: 1000)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrashRequest) Reset() {
+	*x = TrashRequest{}
+	mi := &file_meta_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrashRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrashRequest) ProtoMessage() {}
+
+func (x *TrashRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrashRequest.ProtoReflect.Descriptor instead.
+func (*TrashRequest) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *TrashRequest) GetCaller() *Caller {
+	if x != nil {
+		return x.Caller
+	}
+	return nil
+}
+
+func (x *TrashRequest) GetOp() TrashRequest_Op {
+	if x != nil {
+		return x.Op
+	}
+	return TrashRequest_LIST
+}
+
+func (x *TrashRequest) GetInos() []uint64 {
+	if x != nil {
+		return x.Inos
+	}
+	return nil
+}
+
+func (x *TrashRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+func (x *TrashRequest) GetAfter() uint64 {
+	if x != nil {
+		return x.After
+	}
+	return 0
+}
+
+func (x *TrashRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// TrashEntry is a file in the trash.
+type TrashEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"` // its entry in the .trash directory: "INO|NAME"
+	Path          string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"` // where it was, as far as still known
+	DeletedNs     int64                  `protobuf:"varint,4,opt,name=deleted_ns,json=deletedNs,proto3" json:"deleted_ns,omitempty"`
+	ExpiresNs     int64                  `protobuf:"varint,5,opt,name=expires_ns,json=expiresNs,proto3" json:"expires_ns,omitempty"` // when meta purges it
+	Bytes         uint64                 `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Uid           uint32                 `protobuf:"varint,7,opt,name=uid,proto3" json:"uid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrashEntry) Reset() {
+	*x = TrashEntry{}
+	mi := &file_meta_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrashEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrashEntry) ProtoMessage() {}
+
+func (x *TrashEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrashEntry.ProtoReflect.Descriptor instead.
+func (*TrashEntry) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *TrashEntry) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
+func (x *TrashEntry) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TrashEntry) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *TrashEntry) GetDeletedNs() int64 {
+	if x != nil {
+		return x.DeletedNs
+	}
+	return 0
+}
+
+func (x *TrashEntry) GetExpiresNs() int64 {
+	if x != nil {
+		return x.ExpiresNs
+	}
+	return 0
+}
+
+func (x *TrashEntry) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *TrashEntry) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+type TrashReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       []*TrashEntry          `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	Done          uint64                 `protobuf:"varint,2,opt,name=done,proto3" json:"done,omitempty"` // RESTORE, PURGE: files restored or purged
+	Next          uint64                 `protobuf:"varint,3,opt,name=next,proto3" json:"next,omitempty"` // LIST: the after of the next page (0: no more)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrashReply) Reset() {
+	*x = TrashReply{}
+	mi := &file_meta_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrashReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrashReply) ProtoMessage() {}
+
+func (x *TrashReply) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrashReply.ProtoReflect.Descriptor instead.
+func (*TrashReply) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *TrashReply) GetEntries() []*TrashEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *TrashReply) GetDone() uint64 {
+	if x != nil {
+		return x.Done
+	}
+	return 0
+}
+
+func (x *TrashReply) GetNext() uint64 {
+	if x != nil {
+		return x.Next
+	}
+	return 0
+}
+
+// ConfigRequest reads (set false) or changes one cluster setting; an empty
+// name with set false lists them all. Settings: trash-days.
+type ConfigRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Set           bool                   `protobuf:"varint,3,opt,name=set,proto3" json:"set,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfigRequest) Reset() {
+	*x = ConfigRequest{}
+	mi := &file_meta_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigRequest) ProtoMessage() {}
+
+func (x *ConfigRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigRequest.ProtoReflect.Descriptor instead.
+func (*ConfigRequest) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *ConfigRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ConfigRequest) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *ConfigRequest) GetSet() bool {
+	if x != nil {
+		return x.Set
+	}
+	return false
+}
+
+type ConfigItem struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	About         string                 `protobuf:"bytes,3,opt,name=about,proto3" json:"about,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfigItem) Reset() {
+	*x = ConfigItem{}
+	mi := &file_meta_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigItem) ProtoMessage() {}
+
+func (x *ConfigItem) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigItem.ProtoReflect.Descriptor instead.
+func (*ConfigItem) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ConfigItem) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ConfigItem) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *ConfigItem) GetAbout() string {
+	if x != nil {
+		return x.About
+	}
+	return ""
+}
+
+type ConfigReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Items         []*ConfigItem          `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfigReply) Reset() {
+	*x = ConfigReply{}
+	mi := &file_meta_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigReply) ProtoMessage() {}
+
+func (x *ConfigReply) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigReply.ProtoReflect.Descriptor instead.
+func (*ConfigReply) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ConfigReply) GetItems() []*ConfigItem {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+type StatFSRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ino is the inode statfs was called on (0: the file system). The trash
+	// directory reports the space of the files in it as its size.
+	Ino           uint64 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatFSRequest) Reset() {
 	*x = StatFSRequest{}
-	mi := &file_meta_proto_msgTypes[38]
+	mi := &file_meta_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2927,7 +3384,7 @@ func (x *StatFSRequest) String() string {
 func (*StatFSRequest) ProtoMessage() {}
 
 func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[38]
+	mi := &file_meta_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2940,7 +3397,14 @@ func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSRequest.ProtoReflect.Descriptor instead.
 func (*StatFSRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{38}
+	return file_meta_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *StatFSRequest) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
 }
 
 type StatFSReply struct {
@@ -2958,7 +3422,7 @@ type StatFSReply struct {
 
 func (x *StatFSReply) Reset() {
 	*x = StatFSReply{}
-	mi := &file_meta_proto_msgTypes[39]
+	mi := &file_meta_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2970,7 +3434,7 @@ func (x *StatFSReply) String() string {
 func (*StatFSReply) ProtoMessage() {}
 
 func (x *StatFSReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[39]
+	mi := &file_meta_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2983,7 +3447,7 @@ func (x *StatFSReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSReply.ProtoReflect.Descriptor instead.
 func (*StatFSReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{39}
+	return file_meta_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *StatFSReply) GetBlockSize() uint64 {
@@ -3045,7 +3509,7 @@ type OpenSessionRequest struct {
 
 func (x *OpenSessionRequest) Reset() {
 	*x = OpenSessionRequest{}
-	mi := &file_meta_proto_msgTypes[40]
+	mi := &file_meta_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3057,7 +3521,7 @@ func (x *OpenSessionRequest) String() string {
 func (*OpenSessionRequest) ProtoMessage() {}
 
 func (x *OpenSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[40]
+	mi := &file_meta_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3070,7 +3534,7 @@ func (x *OpenSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenSessionRequest.ProtoReflect.Descriptor instead.
 func (*OpenSessionRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{40}
+	return file_meta_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *OpenSessionRequest) GetClient() string {
@@ -3100,7 +3564,7 @@ type OpenSessionReply struct {
 
 func (x *OpenSessionReply) Reset() {
 	*x = OpenSessionReply{}
-	mi := &file_meta_proto_msgTypes[41]
+	mi := &file_meta_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3112,7 +3576,7 @@ func (x *OpenSessionReply) String() string {
 func (*OpenSessionReply) ProtoMessage() {}
 
 func (x *OpenSessionReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[41]
+	mi := &file_meta_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3125,7 +3589,7 @@ func (x *OpenSessionReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenSessionReply.ProtoReflect.Descriptor instead.
 func (*OpenSessionReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{41}
+	return file_meta_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *OpenSessionReply) GetSessionId() uint64 {
@@ -3162,7 +3626,7 @@ type BatchRequest struct {
 
 func (x *BatchRequest) Reset() {
 	*x = BatchRequest{}
-	mi := &file_meta_proto_msgTypes[42]
+	mi := &file_meta_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3174,7 +3638,7 @@ func (x *BatchRequest) String() string {
 func (*BatchRequest) ProtoMessage() {}
 
 func (x *BatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[42]
+	mi := &file_meta_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3187,7 +3651,7 @@ func (x *BatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRequest.ProtoReflect.Descriptor instead.
 func (*BatchRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{42}
+	return file_meta_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *BatchRequest) GetCalls() []*BatchCall {
@@ -3214,7 +3678,7 @@ type BatchCall struct {
 
 func (x *BatchCall) Reset() {
 	*x = BatchCall{}
-	mi := &file_meta_proto_msgTypes[43]
+	mi := &file_meta_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3226,7 +3690,7 @@ func (x *BatchCall) String() string {
 func (*BatchCall) ProtoMessage() {}
 
 func (x *BatchCall) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[43]
+	mi := &file_meta_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3239,7 +3703,7 @@ func (x *BatchCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCall.ProtoReflect.Descriptor instead.
 func (*BatchCall) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{43}
+	return file_meta_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *BatchCall) GetMethod() string {
@@ -3293,7 +3757,7 @@ type BatchReply struct {
 
 func (x *BatchReply) Reset() {
 	*x = BatchReply{}
-	mi := &file_meta_proto_msgTypes[44]
+	mi := &file_meta_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3305,7 +3769,7 @@ func (x *BatchReply) String() string {
 func (*BatchReply) ProtoMessage() {}
 
 func (x *BatchReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[44]
+	mi := &file_meta_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3318,7 +3782,7 @@ func (x *BatchReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchReply.ProtoReflect.Descriptor instead.
 func (*BatchReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{44}
+	return file_meta_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *BatchReply) GetResults() []*BatchResult {
@@ -3340,7 +3804,7 @@ type BatchResult struct {
 
 func (x *BatchResult) Reset() {
 	*x = BatchResult{}
-	mi := &file_meta_proto_msgTypes[45]
+	mi := &file_meta_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3352,7 +3816,7 @@ func (x *BatchResult) String() string {
 func (*BatchResult) ProtoMessage() {}
 
 func (x *BatchResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[45]
+	mi := &file_meta_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3365,7 +3829,7 @@ func (x *BatchResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchResult.ProtoReflect.Descriptor instead.
 func (*BatchResult) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{45}
+	return file_meta_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *BatchResult) GetReply() []byte {
@@ -3394,7 +3858,7 @@ type AllocInodesRequest struct {
 
 func (x *AllocInodesRequest) Reset() {
 	*x = AllocInodesRequest{}
-	mi := &file_meta_proto_msgTypes[46]
+	mi := &file_meta_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3406,7 +3870,7 @@ func (x *AllocInodesRequest) String() string {
 func (*AllocInodesRequest) ProtoMessage() {}
 
 func (x *AllocInodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[46]
+	mi := &file_meta_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3419,7 +3883,7 @@ func (x *AllocInodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocInodesRequest.ProtoReflect.Descriptor instead.
 func (*AllocInodesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{46}
+	return file_meta_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *AllocInodesRequest) GetSessionId() uint64 {
@@ -3448,7 +3912,7 @@ type AllocInodesReply struct {
 
 func (x *AllocInodesReply) Reset() {
 	*x = AllocInodesReply{}
-	mi := &file_meta_proto_msgTypes[47]
+	mi := &file_meta_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3460,7 +3924,7 @@ func (x *AllocInodesReply) String() string {
 func (*AllocInodesReply) ProtoMessage() {}
 
 func (x *AllocInodesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[47]
+	mi := &file_meta_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3473,7 +3937,7 @@ func (x *AllocInodesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocInodesReply.ProtoReflect.Descriptor instead.
 func (*AllocInodesReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{47}
+	return file_meta_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *AllocInodesReply) GetFirst() uint64 {
@@ -3499,7 +3963,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_meta_proto_msgTypes[48]
+	mi := &file_meta_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3511,7 +3975,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[48]
+	mi := &file_meta_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3524,7 +3988,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{48}
+	return file_meta_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *KeepAliveRequest) GetSessionId() uint64 {
@@ -3543,7 +4007,7 @@ type CloseSessionRequest struct {
 
 func (x *CloseSessionRequest) Reset() {
 	*x = CloseSessionRequest{}
-	mi := &file_meta_proto_msgTypes[49]
+	mi := &file_meta_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3555,7 +4019,7 @@ func (x *CloseSessionRequest) String() string {
 func (*CloseSessionRequest) ProtoMessage() {}
 
 func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[49]
+	mi := &file_meta_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3568,7 +4032,7 @@ func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
 func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{49}
+	return file_meta_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *CloseSessionRequest) GetSessionId() uint64 {
@@ -3592,7 +4056,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_meta_proto_msgTypes[50]
+	mi := &file_meta_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3604,7 +4068,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[50]
+	mi := &file_meta_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3617,7 +4081,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{50}
+	return file_meta_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *OpenRequest) GetCaller() *Caller {
@@ -3663,7 +4127,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_meta_proto_msgTypes[51]
+	mi := &file_meta_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3675,7 +4139,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[51]
+	mi := &file_meta_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3688,7 +4152,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{51}
+	return file_meta_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ReleaseRequest) GetIno() uint64 {
@@ -3723,7 +4187,7 @@ type SetLayoutRequest struct {
 
 func (x *SetLayoutRequest) Reset() {
 	*x = SetLayoutRequest{}
-	mi := &file_meta_proto_msgTypes[52]
+	mi := &file_meta_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3735,7 +4199,7 @@ func (x *SetLayoutRequest) String() string {
 func (*SetLayoutRequest) ProtoMessage() {}
 
 func (x *SetLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[52]
+	mi := &file_meta_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3748,7 +4212,7 @@ func (x *SetLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetLayoutRequest.ProtoReflect.Descriptor instead.
 func (*SetLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{52}
+	return file_meta_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *SetLayoutRequest) GetCaller() *Caller {
@@ -3781,7 +4245,7 @@ type GetLayoutRequest struct {
 
 func (x *GetLayoutRequest) Reset() {
 	*x = GetLayoutRequest{}
-	mi := &file_meta_proto_msgTypes[53]
+	mi := &file_meta_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3793,7 +4257,7 @@ func (x *GetLayoutRequest) String() string {
 func (*GetLayoutRequest) ProtoMessage() {}
 
 func (x *GetLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[53]
+	mi := &file_meta_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3806,7 +4270,7 @@ func (x *GetLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLayoutRequest.ProtoReflect.Descriptor instead.
 func (*GetLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{53}
+	return file_meta_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GetLayoutRequest) GetIno() uint64 {
@@ -3834,7 +4298,7 @@ type RelayoutRequest struct {
 
 func (x *RelayoutRequest) Reset() {
 	*x = RelayoutRequest{}
-	mi := &file_meta_proto_msgTypes[54]
+	mi := &file_meta_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3846,7 +4310,7 @@ func (x *RelayoutRequest) String() string {
 func (*RelayoutRequest) ProtoMessage() {}
 
 func (x *RelayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[54]
+	mi := &file_meta_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3859,7 +4323,7 @@ func (x *RelayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayoutRequest.ProtoReflect.Descriptor instead.
 func (*RelayoutRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{54}
+	return file_meta_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *RelayoutRequest) GetCaller() *Caller {
@@ -3904,7 +4368,7 @@ type RelayoutReply struct {
 
 func (x *RelayoutReply) Reset() {
 	*x = RelayoutReply{}
-	mi := &file_meta_proto_msgTypes[55]
+	mi := &file_meta_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3916,7 +4380,7 @@ func (x *RelayoutReply) String() string {
 func (*RelayoutReply) ProtoMessage() {}
 
 func (x *RelayoutReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[55]
+	mi := &file_meta_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3929,7 +4393,7 @@ func (x *RelayoutReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayoutReply.ProtoReflect.Descriptor instead.
 func (*RelayoutReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{55}
+	return file_meta_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *RelayoutReply) GetFilesQueued() uint64 {
@@ -3990,7 +4454,7 @@ type RelayoutStatus struct {
 
 func (x *RelayoutStatus) Reset() {
 	*x = RelayoutStatus{}
-	mi := &file_meta_proto_msgTypes[56]
+	mi := &file_meta_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4002,7 +4466,7 @@ func (x *RelayoutStatus) String() string {
 func (*RelayoutStatus) ProtoMessage() {}
 
 func (x *RelayoutStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[56]
+	mi := &file_meta_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4015,7 +4479,7 @@ func (x *RelayoutStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayoutStatus.ProtoReflect.Descriptor instead.
 func (*RelayoutStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{56}
+	return file_meta_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *RelayoutStatus) GetFilesPending() uint64 {
@@ -4076,7 +4540,7 @@ type LayoutReply struct {
 
 func (x *LayoutReply) Reset() {
 	*x = LayoutReply{}
-	mi := &file_meta_proto_msgTypes[57]
+	mi := &file_meta_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4088,7 +4552,7 @@ func (x *LayoutReply) String() string {
 func (*LayoutReply) ProtoMessage() {}
 
 func (x *LayoutReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[57]
+	mi := &file_meta_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4101,7 +4565,7 @@ func (x *LayoutReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayoutReply.ProtoReflect.Descriptor instead.
 func (*LayoutReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{57}
+	return file_meta_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *LayoutReply) GetLayout() *Layout {
@@ -4131,7 +4595,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_meta_proto_msgTypes[58]
+	mi := &file_meta_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4143,7 +4607,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[58]
+	mi := &file_meta_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4156,7 +4620,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{58}
+	return file_meta_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *Shard) GetChunkId() uint64 {
@@ -4215,7 +4679,8 @@ type GrantWriteRequest struct {
 	// only what changed). Possible when the committed stripe has shards (not
 	// inline), all of them placed, in the file's layout, and every one of
 	// their chunkservers is up, not retiring, not excluded and has room for a
-	// shard; otherwise the stripe is placed afresh as usual.
+	// shard, and the stripe is not shared with a snapshot; otherwise the
+	// stripe is placed afresh as usual.
 	InPlace       []uint64 `protobuf:"varint,4,rep,packed,name=in_place,json=inPlace,proto3" json:"in_place,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -4223,7 +4688,7 @@ type GrantWriteRequest struct {
 
 func (x *GrantWriteRequest) Reset() {
 	*x = GrantWriteRequest{}
-	mi := &file_meta_proto_msgTypes[59]
+	mi := &file_meta_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4235,7 +4700,7 @@ func (x *GrantWriteRequest) String() string {
 func (*GrantWriteRequest) ProtoMessage() {}
 
 func (x *GrantWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[59]
+	mi := &file_meta_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4248,7 +4713,7 @@ func (x *GrantWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantWriteRequest.ProtoReflect.Descriptor instead.
 func (*GrantWriteRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{59}
+	return file_meta_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *GrantWriteRequest) GetIno() uint64 {
@@ -4298,7 +4763,7 @@ type StripeGrant struct {
 
 func (x *StripeGrant) Reset() {
 	*x = StripeGrant{}
-	mi := &file_meta_proto_msgTypes[60]
+	mi := &file_meta_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4310,7 +4775,7 @@ func (x *StripeGrant) String() string {
 func (*StripeGrant) ProtoMessage() {}
 
 func (x *StripeGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[60]
+	mi := &file_meta_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4323,7 +4788,7 @@ func (x *StripeGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeGrant.ProtoReflect.Descriptor instead.
 func (*StripeGrant) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{60}
+	return file_meta_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *StripeGrant) GetStripe() uint64 {
@@ -4377,7 +4842,7 @@ type GrantWriteReply struct {
 
 func (x *GrantWriteReply) Reset() {
 	*x = GrantWriteReply{}
-	mi := &file_meta_proto_msgTypes[61]
+	mi := &file_meta_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4389,7 +4854,7 @@ func (x *GrantWriteReply) String() string {
 func (*GrantWriteReply) ProtoMessage() {}
 
 func (x *GrantWriteReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[61]
+	mi := &file_meta_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4402,7 +4867,7 @@ func (x *GrantWriteReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantWriteReply.ProtoReflect.Descriptor instead.
 func (*GrantWriteReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{61}
+	return file_meta_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *GrantWriteReply) GetGrants() []*StripeGrant {
@@ -4434,7 +4899,7 @@ type StripeCommit struct {
 
 func (x *StripeCommit) Reset() {
 	*x = StripeCommit{}
-	mi := &file_meta_proto_msgTypes[62]
+	mi := &file_meta_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4446,7 +4911,7 @@ func (x *StripeCommit) String() string {
 func (*StripeCommit) ProtoMessage() {}
 
 func (x *StripeCommit) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[62]
+	mi := &file_meta_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4459,7 +4924,7 @@ func (x *StripeCommit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeCommit.ProtoReflect.Descriptor instead.
 func (*StripeCommit) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{62}
+	return file_meta_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *StripeCommit) GetStripe() uint64 {
@@ -4535,7 +5000,7 @@ type ReplaceShardsRequest struct {
 
 func (x *ReplaceShardsRequest) Reset() {
 	*x = ReplaceShardsRequest{}
-	mi := &file_meta_proto_msgTypes[63]
+	mi := &file_meta_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4547,7 +5012,7 @@ func (x *ReplaceShardsRequest) String() string {
 func (*ReplaceShardsRequest) ProtoMessage() {}
 
 func (x *ReplaceShardsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[63]
+	mi := &file_meta_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4560,7 +5025,7 @@ func (x *ReplaceShardsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceShardsRequest.ProtoReflect.Descriptor instead.
 func (*ReplaceShardsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{63}
+	return file_meta_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ReplaceShardsRequest) GetIno() uint64 {
@@ -4608,7 +5073,7 @@ type ReplaceShardsReply struct {
 
 func (x *ReplaceShardsReply) Reset() {
 	*x = ReplaceShardsReply{}
-	mi := &file_meta_proto_msgTypes[64]
+	mi := &file_meta_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4620,7 +5085,7 @@ func (x *ReplaceShardsReply) String() string {
 func (*ReplaceShardsReply) ProtoMessage() {}
 
 func (x *ReplaceShardsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[64]
+	mi := &file_meta_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4633,7 +5098,7 @@ func (x *ReplaceShardsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceShardsReply.ProtoReflect.Descriptor instead.
 func (*ReplaceShardsReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{64}
+	return file_meta_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ReplaceShardsReply) GetShards() []*Shard {
@@ -4663,7 +5128,7 @@ type CommitStripesRequest struct {
 
 func (x *CommitStripesRequest) Reset() {
 	*x = CommitStripesRequest{}
-	mi := &file_meta_proto_msgTypes[65]
+	mi := &file_meta_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4675,7 +5140,7 @@ func (x *CommitStripesRequest) String() string {
 func (*CommitStripesRequest) ProtoMessage() {}
 
 func (x *CommitStripesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[65]
+	mi := &file_meta_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4688,7 +5153,7 @@ func (x *CommitStripesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitStripesRequest.ProtoReflect.Descriptor instead.
 func (*CommitStripesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{65}
+	return file_meta_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *CommitStripesRequest) GetIno() uint64 {
@@ -4742,7 +5207,7 @@ type CommitStripesReply struct {
 
 func (x *CommitStripesReply) Reset() {
 	*x = CommitStripesReply{}
-	mi := &file_meta_proto_msgTypes[66]
+	mi := &file_meta_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4754,7 +5219,7 @@ func (x *CommitStripesReply) String() string {
 func (*CommitStripesReply) ProtoMessage() {}
 
 func (x *CommitStripesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[66]
+	mi := &file_meta_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4767,7 +5232,7 @@ func (x *CommitStripesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitStripesReply.ProtoReflect.Descriptor instead.
 func (*CommitStripesReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{66}
+	return file_meta_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *CommitStripesReply) GetAttr() *Attr {
@@ -4802,7 +5267,7 @@ type GetStripesRequest struct {
 
 func (x *GetStripesRequest) Reset() {
 	*x = GetStripesRequest{}
-	mi := &file_meta_proto_msgTypes[67]
+	mi := &file_meta_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4814,7 +5279,7 @@ func (x *GetStripesRequest) String() string {
 func (*GetStripesRequest) ProtoMessage() {}
 
 func (x *GetStripesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[67]
+	mi := &file_meta_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4827,7 +5292,7 @@ func (x *GetStripesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStripesRequest.ProtoReflect.Descriptor instead.
 func (*GetStripesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{67}
+	return file_meta_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *GetStripesRequest) GetIno() uint64 {
@@ -4869,7 +5334,7 @@ type StripeInfo struct {
 
 func (x *StripeInfo) Reset() {
 	*x = StripeInfo{}
-	mi := &file_meta_proto_msgTypes[68]
+	mi := &file_meta_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4881,7 +5346,7 @@ func (x *StripeInfo) String() string {
 func (*StripeInfo) ProtoMessage() {}
 
 func (x *StripeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[68]
+	mi := &file_meta_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4894,7 +5359,7 @@ func (x *StripeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeInfo.ProtoReflect.Descriptor instead.
 func (*StripeInfo) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{68}
+	return file_meta_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *StripeInfo) GetStripe() uint64 {
@@ -4950,7 +5415,7 @@ type GetStripesReply struct {
 
 func (x *GetStripesReply) Reset() {
 	*x = GetStripesReply{}
-	mi := &file_meta_proto_msgTypes[69]
+	mi := &file_meta_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4962,7 +5427,7 @@ func (x *GetStripesReply) String() string {
 func (*GetStripesReply) ProtoMessage() {}
 
 func (x *GetStripesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[69]
+	mi := &file_meta_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4975,7 +5440,7 @@ func (x *GetStripesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStripesReply.ProtoReflect.Descriptor instead.
 func (*GetStripesReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{69}
+	return file_meta_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *GetStripesReply) GetStripes() []*StripeInfo {
@@ -5013,7 +5478,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_meta_proto_msgTypes[70]
+	mi := &file_meta_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5025,7 +5490,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[70]
+	mi := &file_meta_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5038,7 +5503,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{70}
+	return file_meta_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *RegisterRequest) GetId() string {
@@ -5093,7 +5558,7 @@ type RegisterReply struct {
 
 func (x *RegisterReply) Reset() {
 	*x = RegisterReply{}
-	mi := &file_meta_proto_msgTypes[71]
+	mi := &file_meta_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5105,7 +5570,7 @@ func (x *RegisterReply) String() string {
 func (*RegisterReply) ProtoMessage() {}
 
 func (x *RegisterReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[71]
+	mi := &file_meta_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5118,7 +5583,7 @@ func (x *RegisterReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterReply.ProtoReflect.Descriptor instead.
 func (*RegisterReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{71}
+	return file_meta_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *RegisterReply) GetHeartbeatIntervalMs() int64 {
@@ -5146,7 +5611,7 @@ type ChunkRef struct {
 
 func (x *ChunkRef) Reset() {
 	*x = ChunkRef{}
-	mi := &file_meta_proto_msgTypes[72]
+	mi := &file_meta_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5158,7 +5623,7 @@ func (x *ChunkRef) String() string {
 func (*ChunkRef) ProtoMessage() {}
 
 func (x *ChunkRef) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[72]
+	mi := &file_meta_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5171,7 +5636,7 @@ func (x *ChunkRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkRef.ProtoReflect.Descriptor instead.
 func (*ChunkRef) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{72}
+	return file_meta_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ChunkRef) GetChunkId() uint64 {
@@ -5203,7 +5668,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_meta_proto_msgTypes[73]
+	mi := &file_meta_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5215,7 +5680,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[73]
+	mi := &file_meta_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5228,7 +5693,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{73}
+	return file_meta_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *HeartbeatRequest) GetId() string {
@@ -5299,7 +5764,7 @@ type ScrubReport struct {
 
 func (x *ScrubReport) Reset() {
 	*x = ScrubReport{}
-	mi := &file_meta_proto_msgTypes[74]
+	mi := &file_meta_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5311,7 +5776,7 @@ func (x *ScrubReport) String() string {
 func (*ScrubReport) ProtoMessage() {}
 
 func (x *ScrubReport) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[74]
+	mi := &file_meta_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5324,7 +5789,7 @@ func (x *ScrubReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubReport.ProtoReflect.Descriptor instead.
 func (*ScrubReport) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{74}
+	return file_meta_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ScrubReport) GetRequestedNs() int64 {
@@ -5395,7 +5860,7 @@ type HeartbeatReply struct {
 
 func (x *HeartbeatReply) Reset() {
 	*x = HeartbeatReply{}
-	mi := &file_meta_proto_msgTypes[75]
+	mi := &file_meta_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5407,7 +5872,7 @@ func (x *HeartbeatReply) String() string {
 func (*HeartbeatReply) ProtoMessage() {}
 
 func (x *HeartbeatReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[75]
+	mi := &file_meta_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5420,7 +5885,7 @@ func (x *HeartbeatReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatReply.ProtoReflect.Descriptor instead.
 func (*HeartbeatReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{75}
+	return file_meta_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *HeartbeatReply) GetDelete() []*ChunkRef {
@@ -5466,7 +5931,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_meta_proto_msgTypes[76]
+	mi := &file_meta_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5478,7 +5943,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[76]
+	mi := &file_meta_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5491,7 +5956,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{76}
+	return file_meta_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *InventoryRequest) GetId() string {
@@ -5534,7 +5999,7 @@ type ScrubRequest struct {
 
 func (x *ScrubRequest) Reset() {
 	*x = ScrubRequest{}
-	mi := &file_meta_proto_msgTypes[77]
+	mi := &file_meta_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5546,7 +6011,7 @@ func (x *ScrubRequest) String() string {
 func (*ScrubRequest) ProtoMessage() {}
 
 func (x *ScrubRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[77]
+	mi := &file_meta_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5559,7 +6024,7 @@ func (x *ScrubRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubRequest.ProtoReflect.Descriptor instead.
 func (*ScrubRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{77}
+	return file_meta_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ScrubRequest) GetIno() uint64 {
@@ -5578,7 +6043,7 @@ type ScrubReply struct {
 
 func (x *ScrubReply) Reset() {
 	*x = ScrubReply{}
-	mi := &file_meta_proto_msgTypes[78]
+	mi := &file_meta_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5590,7 +6055,7 @@ func (x *ScrubReply) String() string {
 func (*ScrubReply) ProtoMessage() {}
 
 func (x *ScrubReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[78]
+	mi := &file_meta_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5603,7 +6068,7 @@ func (x *ScrubReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubReply.ProtoReflect.Descriptor instead.
 func (*ScrubReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{78}
+	return file_meta_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ScrubReply) GetRequestedNs() int64 {
@@ -5627,7 +6092,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_meta_proto_msgTypes[79]
+	mi := &file_meta_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5639,7 +6104,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[79]
+	mi := &file_meta_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5652,7 +6117,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{79}
+	return file_meta_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *InfoRequest) GetIno() uint64 {
@@ -5700,7 +6165,7 @@ type ShardInfo struct {
 
 func (x *ShardInfo) Reset() {
 	*x = ShardInfo{}
-	mi := &file_meta_proto_msgTypes[80]
+	mi := &file_meta_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5712,7 +6177,7 @@ func (x *ShardInfo) String() string {
 func (*ShardInfo) ProtoMessage() {}
 
 func (x *ShardInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[80]
+	mi := &file_meta_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5725,7 +6190,7 @@ func (x *ShardInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardInfo.ProtoReflect.Descriptor instead.
 func (*ShardInfo) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{80}
+	return file_meta_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ShardInfo) GetChunkId() uint64 {
@@ -5779,7 +6244,7 @@ type StripeDetail struct {
 
 func (x *StripeDetail) Reset() {
 	*x = StripeDetail{}
-	mi := &file_meta_proto_msgTypes[81]
+	mi := &file_meta_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5791,7 +6256,7 @@ func (x *StripeDetail) String() string {
 func (*StripeDetail) ProtoMessage() {}
 
 func (x *StripeDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[81]
+	mi := &file_meta_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5804,7 +6269,7 @@ func (x *StripeDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeDetail.ProtoReflect.Descriptor instead.
 func (*StripeDetail) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{81}
+	return file_meta_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *StripeDetail) GetStripe() uint64 {
@@ -5872,7 +6337,7 @@ type TreeTotals struct {
 
 func (x *TreeTotals) Reset() {
 	*x = TreeTotals{}
-	mi := &file_meta_proto_msgTypes[82]
+	mi := &file_meta_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5884,7 +6349,7 @@ func (x *TreeTotals) String() string {
 func (*TreeTotals) ProtoMessage() {}
 
 func (x *TreeTotals) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[82]
+	mi := &file_meta_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5897,7 +6362,7 @@ func (x *TreeTotals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeTotals.ProtoReflect.Descriptor instead.
 func (*TreeTotals) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{82}
+	return file_meta_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *TreeTotals) GetFiles() uint64 {
@@ -5963,7 +6428,7 @@ type InfoReply struct {
 
 func (x *InfoReply) Reset() {
 	*x = InfoReply{}
-	mi := &file_meta_proto_msgTypes[83]
+	mi := &file_meta_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5975,7 +6440,7 @@ func (x *InfoReply) String() string {
 func (*InfoReply) ProtoMessage() {}
 
 func (x *InfoReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[83]
+	mi := &file_meta_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5988,7 +6453,7 @@ func (x *InfoReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoReply.ProtoReflect.Descriptor instead.
 func (*InfoReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{83}
+	return file_meta_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *InfoReply) GetAttr() *Attr {
@@ -6036,7 +6501,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_meta_proto_msgTypes[84]
+	mi := &file_meta_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6048,7 +6513,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[84]
+	mi := &file_meta_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6061,7 +6526,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{84}
+	return file_meta_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *CheckRequest) GetRepair() bool {
@@ -6083,7 +6548,7 @@ type CheckReply struct {
 
 func (x *CheckReply) Reset() {
 	*x = CheckReply{}
-	mi := &file_meta_proto_msgTypes[85]
+	mi := &file_meta_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6095,7 +6560,7 @@ func (x *CheckReply) String() string {
 func (*CheckReply) ProtoMessage() {}
 
 func (x *CheckReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[85]
+	mi := &file_meta_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6108,7 +6573,7 @@ func (x *CheckReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckReply.ProtoReflect.Descriptor instead.
 func (*CheckReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{85}
+	return file_meta_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *CheckReply) GetProblems() []string {
@@ -6152,7 +6617,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_meta_proto_msgTypes[86]
+	mi := &file_meta_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6164,7 +6629,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[86]
+	mi := &file_meta_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6177,7 +6642,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{86}
+	return file_meta_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *StatusRequest) GetBrief() bool {
@@ -6210,7 +6675,7 @@ type ChunkserverStatus struct {
 
 func (x *ChunkserverStatus) Reset() {
 	*x = ChunkserverStatus{}
-	mi := &file_meta_proto_msgTypes[87]
+	mi := &file_meta_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6222,7 +6687,7 @@ func (x *ChunkserverStatus) String() string {
 func (*ChunkserverStatus) ProtoMessage() {}
 
 func (x *ChunkserverStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[87]
+	mi := &file_meta_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6235,7 +6700,7 @@ func (x *ChunkserverStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkserverStatus.ProtoReflect.Descriptor instead.
 func (*ChunkserverStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{87}
+	return file_meta_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *ChunkserverStatus) GetId() string {
@@ -6354,16 +6819,23 @@ type StatusReply struct {
 	DegradedStripes uint64                 `protobuf:"varint,7,opt,name=degraded_stripes,json=degradedStripes,proto3" json:"degraded_stripes,omitempty"` // stripes with a shard on a down chunkserver
 	Sessions        uint64                 `protobuf:"varint,8,opt,name=sessions,proto3" json:"sessions,omitempty"`
 	PendingDeletes  uint64                 `protobuf:"varint,9,opt,name=pending_deletes,json=pendingDeletes,proto3" json:"pending_deletes,omitempty"`
-	Repair          *RepairStatus          `protobuf:"bytes,100,opt,name=repair,proto3" json:"repair,omitempty"` // repair: stripe health and repair progress
-	Scrub           *ScrubStatus           `protobuf:"bytes,101,opt,name=scrub,proto3" json:"scrub,omitempty"`
-	Relayout        *RelayoutStatus        `protobuf:"bytes,102,opt,name=relayout,proto3" json:"relayout,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	TrashFiles      uint64                 `protobuf:"varint,10,opt,name=trash_files,json=trashFiles,proto3" json:"trash_files,omitempty"` // files in the trash (deleted, kept for trash_seconds)
+	TrashBytes      uint64                 `protobuf:"varint,11,opt,name=trash_bytes,json=trashBytes,proto3" json:"trash_bytes,omitempty"`
+	TrashSeconds    int64                  `protobuf:"varint,12,opt,name=trash_seconds,json=trashSeconds,proto3" json:"trash_seconds,omitempty"` // how long deleted files are kept (0: no trash)
+	// Bytes of file data in stripes that share their chunks with a snapshot
+	// (each referencing stripe counted), and in stripes that do not.
+	SharedBytes   uint64          `protobuf:"varint,13,opt,name=shared_bytes,json=sharedBytes,proto3" json:"shared_bytes,omitempty"`
+	UniqueBytes   uint64          `protobuf:"varint,14,opt,name=unique_bytes,json=uniqueBytes,proto3" json:"unique_bytes,omitempty"`
+	Repair        *RepairStatus   `protobuf:"bytes,100,opt,name=repair,proto3" json:"repair,omitempty"` // repair: stripe health and repair progress
+	Scrub         *ScrubStatus    `protobuf:"bytes,101,opt,name=scrub,proto3" json:"scrub,omitempty"`
+	Relayout      *RelayoutStatus `protobuf:"bytes,102,opt,name=relayout,proto3" json:"relayout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusReply) Reset() {
 	*x = StatusReply{}
-	mi := &file_meta_proto_msgTypes[88]
+	mi := &file_meta_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6375,7 +6847,7 @@ func (x *StatusReply) String() string {
 func (*StatusReply) ProtoMessage() {}
 
 func (x *StatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[88]
+	mi := &file_meta_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6388,7 +6860,7 @@ func (x *StatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReply.ProtoReflect.Descriptor instead.
 func (*StatusReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{88}
+	return file_meta_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *StatusReply) GetClusterId() string {
@@ -6454,6 +6926,41 @@ func (x *StatusReply) GetPendingDeletes() uint64 {
 	return 0
 }
 
+func (x *StatusReply) GetTrashFiles() uint64 {
+	if x != nil {
+		return x.TrashFiles
+	}
+	return 0
+}
+
+func (x *StatusReply) GetTrashBytes() uint64 {
+	if x != nil {
+		return x.TrashBytes
+	}
+	return 0
+}
+
+func (x *StatusReply) GetTrashSeconds() int64 {
+	if x != nil {
+		return x.TrashSeconds
+	}
+	return 0
+}
+
+func (x *StatusReply) GetSharedBytes() uint64 {
+	if x != nil {
+		return x.SharedBytes
+	}
+	return 0
+}
+
+func (x *StatusReply) GetUniqueBytes() uint64 {
+	if x != nil {
+		return x.UniqueBytes
+	}
+	return 0
+}
+
 func (x *StatusReply) GetRepair() *RepairStatus {
 	if x != nil {
 		return x.Repair
@@ -6500,7 +7007,7 @@ type ScrubStatus struct {
 
 func (x *ScrubStatus) Reset() {
 	*x = ScrubStatus{}
-	mi := &file_meta_proto_msgTypes[89]
+	mi := &file_meta_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6512,7 +7019,7 @@ func (x *ScrubStatus) String() string {
 func (*ScrubStatus) ProtoMessage() {}
 
 func (x *ScrubStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[89]
+	mi := &file_meta_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6525,7 +7032,7 @@ func (x *ScrubStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubStatus.ProtoReflect.Descriptor instead.
 func (*ScrubStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{89}
+	return file_meta_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ScrubStatus) GetIntervalNs() int64 {
@@ -6637,7 +7144,7 @@ type InodeRecord struct {
 
 func (x *InodeRecord) Reset() {
 	*x = InodeRecord{}
-	mi := &file_meta_proto_msgTypes[90]
+	mi := &file_meta_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6649,7 +7156,7 @@ func (x *InodeRecord) String() string {
 func (*InodeRecord) ProtoMessage() {}
 
 func (x *InodeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[90]
+	mi := &file_meta_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6662,7 +7169,7 @@ func (x *InodeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InodeRecord.ProtoReflect.Descriptor instead.
 func (*InodeRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{90}
+	return file_meta_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *InodeRecord) GetAttr() *Attr {
@@ -6719,7 +7226,7 @@ type DentryRecord struct {
 
 func (x *DentryRecord) Reset() {
 	*x = DentryRecord{}
-	mi := &file_meta_proto_msgTypes[91]
+	mi := &file_meta_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6731,7 +7238,7 @@ func (x *DentryRecord) String() string {
 func (*DentryRecord) ProtoMessage() {}
 
 func (x *DentryRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[91]
+	mi := &file_meta_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6744,7 +7251,7 @@ func (x *DentryRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DentryRecord.ProtoReflect.Descriptor instead.
 func (*DentryRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{91}
+	return file_meta_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *DentryRecord) GetIno() uint64 {
@@ -6780,7 +7287,7 @@ type CookieRecord struct {
 
 func (x *CookieRecord) Reset() {
 	*x = CookieRecord{}
-	mi := &file_meta_proto_msgTypes[92]
+	mi := &file_meta_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6792,7 +7299,7 @@ func (x *CookieRecord) String() string {
 func (*CookieRecord) ProtoMessage() {}
 
 func (x *CookieRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[92]
+	mi := &file_meta_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6805,7 +7312,7 @@ func (x *CookieRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CookieRecord.ProtoReflect.Descriptor instead.
 func (*CookieRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{92}
+	return file_meta_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *CookieRecord) GetName() string {
@@ -6849,7 +7356,7 @@ type StripeRecord struct {
 
 func (x *StripeRecord) Reset() {
 	*x = StripeRecord{}
-	mi := &file_meta_proto_msgTypes[93]
+	mi := &file_meta_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6861,7 +7368,7 @@ func (x *StripeRecord) String() string {
 func (*StripeRecord) ProtoMessage() {}
 
 func (x *StripeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[93]
+	mi := &file_meta_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6874,7 +7381,7 @@ func (x *StripeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeRecord.ProtoReflect.Descriptor instead.
 func (*StripeRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{93}
+	return file_meta_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *StripeRecord) GetVersion() uint64 {
@@ -6926,6 +7433,84 @@ func (x *StripeRecord) GetShared() bool {
 	return false
 }
 
+// TrashRecord is a file in the trash (key: T ino): its inode is kept with
+// no links until it is restored or purged.
+type TrashRecord struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	DeletedNs     int64                  `protobuf:"varint,1,opt,name=deleted_ns,json=deletedNs,proto3" json:"deleted_ns,omitempty"`
+	Parent        uint64                 `protobuf:"varint,2,opt,name=parent,proto3" json:"parent,omitempty"` // the directory it was deleted from
+	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`      // its name there
+	Uid           uint32                 `protobuf:"varint,4,opt,name=uid,proto3" json:"uid,omitempty"`       // its owner's, who sees it in the trash
+	Bytes         uint64                 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`   // bytes of file data it holds
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrashRecord) Reset() {
+	*x = TrashRecord{}
+	mi := &file_meta_proto_msgTypes[100]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrashRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrashRecord) ProtoMessage() {}
+
+func (x *TrashRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[100]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrashRecord.ProtoReflect.Descriptor instead.
+func (*TrashRecord) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{100}
+}
+
+func (x *TrashRecord) GetDeletedNs() int64 {
+	if x != nil {
+		return x.DeletedNs
+	}
+	return 0
+}
+
+func (x *TrashRecord) GetParent() uint64 {
+	if x != nil {
+		return x.Parent
+	}
+	return 0
+}
+
+func (x *TrashRecord) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TrashRecord) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *TrashRecord) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
 // SnapshotJob is a tree snapshot in progress (key: its root directory).
 type SnapshotJob struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -6941,7 +7526,7 @@ type SnapshotJob struct {
 
 func (x *SnapshotJob) Reset() {
 	*x = SnapshotJob{}
-	mi := &file_meta_proto_msgTypes[94]
+	mi := &file_meta_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6953,7 +7538,7 @@ func (x *SnapshotJob) String() string {
 func (*SnapshotJob) ProtoMessage() {}
 
 func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[94]
+	mi := &file_meta_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6966,7 +7551,7 @@ func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotJob.ProtoReflect.Descriptor instead.
 func (*SnapshotJob) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{94}
+	return file_meta_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *SnapshotJob) GetSrc() uint64 {
@@ -7025,7 +7610,7 @@ type SnapshotTask struct {
 
 func (x *SnapshotTask) Reset() {
 	*x = SnapshotTask{}
-	mi := &file_meta_proto_msgTypes[95]
+	mi := &file_meta_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7037,7 +7622,7 @@ func (x *SnapshotTask) String() string {
 func (*SnapshotTask) ProtoMessage() {}
 
 func (x *SnapshotTask) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[95]
+	mi := &file_meta_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7050,7 +7635,7 @@ func (x *SnapshotTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotTask.ProtoReflect.Descriptor instead.
 func (*SnapshotTask) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{95}
+	return file_meta_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *SnapshotTask) GetSrcDir() uint64 {
@@ -7096,7 +7681,7 @@ type GrantRecord struct {
 
 func (x *GrantRecord) Reset() {
 	*x = GrantRecord{}
-	mi := &file_meta_proto_msgTypes[96]
+	mi := &file_meta_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7108,7 +7693,7 @@ func (x *GrantRecord) String() string {
 func (*GrantRecord) ProtoMessage() {}
 
 func (x *GrantRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[96]
+	mi := &file_meta_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7121,7 +7706,7 @@ func (x *GrantRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRecord.ProtoReflect.Descriptor instead.
 func (*GrantRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{96}
+	return file_meta_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *GrantRecord) GetShards() []*Shard {
@@ -7169,7 +7754,7 @@ type ChunkserverRecord struct {
 
 func (x *ChunkserverRecord) Reset() {
 	*x = ChunkserverRecord{}
-	mi := &file_meta_proto_msgTypes[97]
+	mi := &file_meta_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7181,7 +7766,7 @@ func (x *ChunkserverRecord) String() string {
 func (*ChunkserverRecord) ProtoMessage() {}
 
 func (x *ChunkserverRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[97]
+	mi := &file_meta_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7194,7 +7779,7 @@ func (x *ChunkserverRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkserverRecord.ProtoReflect.Descriptor instead.
 func (*ChunkserverRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{97}
+	return file_meta_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *ChunkserverRecord) GetId() string {
@@ -7271,7 +7856,7 @@ type SessionRecord struct {
 
 func (x *SessionRecord) Reset() {
 	*x = SessionRecord{}
-	mi := &file_meta_proto_msgTypes[98]
+	mi := &file_meta_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7283,7 +7868,7 @@ func (x *SessionRecord) String() string {
 func (*SessionRecord) ProtoMessage() {}
 
 func (x *SessionRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[98]
+	mi := &file_meta_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7296,7 +7881,7 @@ func (x *SessionRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRecord.ProtoReflect.Descriptor instead.
 func (*SessionRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{98}
+	return file_meta_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *SessionRecord) GetClient() string {
@@ -7345,7 +7930,7 @@ type InoRange struct {
 
 func (x *InoRange) Reset() {
 	*x = InoRange{}
-	mi := &file_meta_proto_msgTypes[99]
+	mi := &file_meta_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7357,7 +7942,7 @@ func (x *InoRange) String() string {
 func (*InoRange) ProtoMessage() {}
 
 func (x *InoRange) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[99]
+	mi := &file_meta_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7370,7 +7955,7 @@ func (x *InoRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InoRange.ProtoReflect.Descriptor instead.
 func (*InoRange) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{99}
+	return file_meta_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *InoRange) GetFirst() uint64 {
@@ -7393,13 +7978,17 @@ type ClusterRecord struct {
 	ClusterId     string                 `protobuf:"bytes,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	DefaultLayout *Layout                `protobuf:"bytes,2,opt,name=default_layout,json=defaultLayout,proto3" json:"default_layout,omitempty"`
 	CreatedNs     int64                  `protobuf:"varint,3,opt,name=created_ns,json=createdNs,proto3" json:"created_ns,omitempty"`
+	// trash_seconds is how long deleted files are kept in the trash, when
+	// trash_set (else the default, a day); 0 turns the trash off.
+	TrashSeconds  int64 `protobuf:"varint,4,opt,name=trash_seconds,json=trashSeconds,proto3" json:"trash_seconds,omitempty"`
+	TrashSet      bool  `protobuf:"varint,5,opt,name=trash_set,json=trashSet,proto3" json:"trash_set,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClusterRecord) Reset() {
 	*x = ClusterRecord{}
-	mi := &file_meta_proto_msgTypes[100]
+	mi := &file_meta_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7411,7 +8000,7 @@ func (x *ClusterRecord) String() string {
 func (*ClusterRecord) ProtoMessage() {}
 
 func (x *ClusterRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[100]
+	mi := &file_meta_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7424,7 +8013,7 @@ func (x *ClusterRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterRecord.ProtoReflect.Descriptor instead.
 func (*ClusterRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{100}
+	return file_meta_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *ClusterRecord) GetClusterId() string {
@@ -7446,6 +8035,20 @@ func (x *ClusterRecord) GetCreatedNs() int64 {
 		return x.CreatedNs
 	}
 	return 0
+}
+
+func (x *ClusterRecord) GetTrashSeconds() int64 {
+	if x != nil {
+		return x.TrashSeconds
+	}
+	return 0
+}
+
+func (x *ClusterRecord) GetTrashSet() bool {
+	if x != nil {
+		return x.TrashSet
+	}
+	return false
 }
 
 // RepairTask asks a chunkserver to build shard `shard` of a stripe version as
@@ -7480,7 +8083,7 @@ type RepairTask struct {
 
 func (x *RepairTask) Reset() {
 	*x = RepairTask{}
-	mi := &file_meta_proto_msgTypes[101]
+	mi := &file_meta_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7492,7 +8095,7 @@ func (x *RepairTask) String() string {
 func (*RepairTask) ProtoMessage() {}
 
 func (x *RepairTask) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[101]
+	mi := &file_meta_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7505,7 +8108,7 @@ func (x *RepairTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairTask.ProtoReflect.Descriptor instead.
 func (*RepairTask) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{101}
+	return file_meta_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *RepairTask) GetTaskId() uint64 {
@@ -7624,7 +8227,7 @@ type RepairResult struct {
 
 func (x *RepairResult) Reset() {
 	*x = RepairResult{}
-	mi := &file_meta_proto_msgTypes[102]
+	mi := &file_meta_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7636,7 +8239,7 @@ func (x *RepairResult) String() string {
 func (*RepairResult) ProtoMessage() {}
 
 func (x *RepairResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[102]
+	mi := &file_meta_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7649,7 +8252,7 @@ func (x *RepairResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairResult.ProtoReflect.Descriptor instead.
 func (*RepairResult) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{102}
+	return file_meta_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *RepairResult) GetTaskId() uint64 {
@@ -7729,7 +8332,7 @@ type RepairPollRequest struct {
 
 func (x *RepairPollRequest) Reset() {
 	*x = RepairPollRequest{}
-	mi := &file_meta_proto_msgTypes[103]
+	mi := &file_meta_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7741,7 +8344,7 @@ func (x *RepairPollRequest) String() string {
 func (*RepairPollRequest) ProtoMessage() {}
 
 func (x *RepairPollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[103]
+	mi := &file_meta_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7754,7 +8357,7 @@ func (x *RepairPollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPollRequest.ProtoReflect.Descriptor instead.
 func (*RepairPollRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{103}
+	return file_meta_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *RepairPollRequest) GetId() string {
@@ -7795,7 +8398,7 @@ type RepairPollReply struct {
 
 func (x *RepairPollReply) Reset() {
 	*x = RepairPollReply{}
-	mi := &file_meta_proto_msgTypes[104]
+	mi := &file_meta_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7807,7 +8410,7 @@ func (x *RepairPollReply) String() string {
 func (*RepairPollReply) ProtoMessage() {}
 
 func (x *RepairPollReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[104]
+	mi := &file_meta_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7820,7 +8423,7 @@ func (x *RepairPollReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPollReply.ProtoReflect.Descriptor instead.
 func (*RepairPollReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{104}
+	return file_meta_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *RepairPollReply) GetTasks() []*RepairTask {
@@ -7849,7 +8452,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_meta_proto_msgTypes[105]
+	mi := &file_meta_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7861,7 +8464,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[105]
+	mi := &file_meta_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7874,7 +8477,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{105}
+	return file_meta_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *DrainRequest) GetId() string {
@@ -7901,7 +8504,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_meta_proto_msgTypes[106]
+	mi := &file_meta_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7913,7 +8516,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[106]
+	mi := &file_meta_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7926,7 +8529,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{106}
+	return file_meta_proto_rawDescGZIP(), []int{113}
 }
 
 type RebalanceReply struct {
@@ -7938,7 +8541,7 @@ type RebalanceReply struct {
 
 func (x *RebalanceReply) Reset() {
 	*x = RebalanceReply{}
-	mi := &file_meta_proto_msgTypes[107]
+	mi := &file_meta_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7950,7 +8553,7 @@ func (x *RebalanceReply) String() string {
 func (*RebalanceReply) ProtoMessage() {}
 
 func (x *RebalanceReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[107]
+	mi := &file_meta_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7963,7 +8566,7 @@ func (x *RebalanceReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceReply.ProtoReflect.Descriptor instead.
 func (*RebalanceReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{107}
+	return file_meta_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *RebalanceReply) GetMovesPlanned() uint64 {
@@ -7995,7 +8598,7 @@ type RepairStatus struct {
 
 func (x *RepairStatus) Reset() {
 	*x = RepairStatus{}
-	mi := &file_meta_proto_msgTypes[108]
+	mi := &file_meta_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8007,7 +8610,7 @@ func (x *RepairStatus) String() string {
 func (*RepairStatus) ProtoMessage() {}
 
 func (x *RepairStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[108]
+	mi := &file_meta_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8020,7 +8623,7 @@ func (x *RepairStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairStatus.ProtoReflect.Descriptor instead.
 func (*RepairStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{108}
+	return file_meta_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *RepairStatus) GetHealthyStripes() uint64 {
@@ -8128,7 +8731,7 @@ type RequestRecord struct {
 
 func (x *RequestRecord) Reset() {
 	*x = RequestRecord{}
-	mi := &file_meta_proto_msgTypes[109]
+	mi := &file_meta_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8140,7 +8743,7 @@ func (x *RequestRecord) String() string {
 func (*RequestRecord) ProtoMessage() {}
 
 func (x *RequestRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[109]
+	mi := &file_meta_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8153,7 +8756,7 @@ func (x *RequestRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRecord.ProtoReflect.Descriptor instead.
 func (*RequestRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{109}
+	return file_meta_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *RequestRecord) GetCommittedNs() int64 {
@@ -8186,7 +8789,7 @@ type DumpRecord struct {
 
 func (x *DumpRecord) Reset() {
 	*x = DumpRecord{}
-	mi := &file_meta_proto_msgTypes[110]
+	mi := &file_meta_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8198,7 +8801,7 @@ func (x *DumpRecord) String() string {
 func (*DumpRecord) ProtoMessage() {}
 
 func (x *DumpRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[110]
+	mi := &file_meta_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8211,7 +8814,7 @@ func (x *DumpRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpRecord.ProtoReflect.Descriptor instead.
 func (*DumpRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{110}
+	return file_meta_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *DumpRecord) GetHeader() *DumpHeader {
@@ -8256,7 +8859,7 @@ type DumpTrailer struct {
 
 func (x *DumpTrailer) Reset() {
 	*x = DumpTrailer{}
-	mi := &file_meta_proto_msgTypes[111]
+	mi := &file_meta_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8268,7 +8871,7 @@ func (x *DumpTrailer) String() string {
 func (*DumpTrailer) ProtoMessage() {}
 
 func (x *DumpTrailer) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[111]
+	mi := &file_meta_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8281,7 +8884,7 @@ func (x *DumpTrailer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpTrailer.ProtoReflect.Descriptor instead.
 func (*DumpTrailer) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{111}
+	return file_meta_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *DumpTrailer) GetRecords() uint64 {
@@ -8311,7 +8914,7 @@ type DumpHeader struct {
 
 func (x *DumpHeader) Reset() {
 	*x = DumpHeader{}
-	mi := &file_meta_proto_msgTypes[112]
+	mi := &file_meta_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8323,7 +8926,7 @@ func (x *DumpHeader) String() string {
 func (*DumpHeader) ProtoMessage() {}
 
 func (x *DumpHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[112]
+	mi := &file_meta_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8336,7 +8939,7 @@ func (x *DumpHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpHeader.ProtoReflect.Descriptor instead.
 func (*DumpHeader) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{112}
+	return file_meta_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *DumpHeader) GetFormatVersion() uint32 {
@@ -8384,7 +8987,7 @@ type FileLock struct {
 
 func (x *FileLock) Reset() {
 	*x = FileLock{}
-	mi := &file_meta_proto_msgTypes[113]
+	mi := &file_meta_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8396,7 +8999,7 @@ func (x *FileLock) String() string {
 func (*FileLock) ProtoMessage() {}
 
 func (x *FileLock) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[113]
+	mi := &file_meta_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8409,7 +9012,7 @@ func (x *FileLock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileLock.ProtoReflect.Descriptor instead.
 func (*FileLock) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{113}
+	return file_meta_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *FileLock) GetSession() uint64 {
@@ -8471,7 +9074,7 @@ type LockRecord struct {
 
 func (x *LockRecord) Reset() {
 	*x = LockRecord{}
-	mi := &file_meta_proto_msgTypes[114]
+	mi := &file_meta_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8483,7 +9086,7 @@ func (x *LockRecord) String() string {
 func (*LockRecord) ProtoMessage() {}
 
 func (x *LockRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[114]
+	mi := &file_meta_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8496,7 +9099,7 @@ func (x *LockRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecord.ProtoReflect.Descriptor instead.
 func (*LockRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{114}
+	return file_meta_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *LockRecord) GetLocks() []*FileLock {
@@ -8527,7 +9130,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_meta_proto_msgTypes[115]
+	mi := &file_meta_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8539,7 +9142,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[115]
+	mi := &file_meta_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8552,7 +9155,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{115}
+	return file_meta_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *LockRequest) GetIno() uint64 {
@@ -8593,7 +9196,7 @@ type LockReply struct {
 
 func (x *LockReply) Reset() {
 	*x = LockReply{}
-	mi := &file_meta_proto_msgTypes[116]
+	mi := &file_meta_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8605,7 +9208,7 @@ func (x *LockReply) String() string {
 func (*LockReply) ProtoMessage() {}
 
 func (x *LockReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[116]
+	mi := &file_meta_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8618,7 +9221,7 @@ func (x *LockReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockReply.ProtoReflect.Descriptor instead.
 func (*LockReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{116}
+	return file_meta_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *LockReply) GetGranted() bool {
@@ -8851,8 +9454,47 @@ const file_meta_proto_rawDesc = "" +
 	"\x0fRemoveTreeReply\x12\x12\n" +
 	"\x04done\x18\x01 \x01(\bR\x04done\x12\x14\n" +
 	"\x05files\x18\x02 \x01(\x04R\x05files\x12\x12\n" +
-	"\x04dirs\x18\x03 \x01(\x04R\x04dirs\"\x0f\n" +
-	"\rStatFSRequest\"\xd8\x01\n" +
+	"\x04dirs\x18\x03 \x01(\x04R\x04dirs\"\xe9\x01\n" +
+	"\fTrashRequest\x12.\n" +
+	"\x06caller\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.CallerR\x06caller\x12/\n" +
+	"\x02op\x18\x02 \x01(\x0e2\x1f.rdmafs.meta.v1.TrashRequest.OpR\x02op\x12\x12\n" +
+	"\x04inos\x18\x03 \x03(\x04R\x04inos\x12\x10\n" +
+	"\x03all\x18\x04 \x01(\bR\x03all\x12\x14\n" +
+	"\x05after\x18\x05 \x01(\x04R\x05after\x12\x14\n" +
+	"\x05limit\x18\x06 \x01(\rR\x05limit\"&\n" +
+	"\x02Op\x12\b\n" +
+	"\x04LIST\x10\x00\x12\v\n" +
+	"\aRESTORE\x10\x01\x12\t\n" +
+	"\x05PURGE\x10\x02\"\xac\x01\n" +
+	"\n" +
+	"TrashEntry\x12\x10\n" +
+	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\x12\x1d\n" +
+	"\n" +
+	"deleted_ns\x18\x04 \x01(\x03R\tdeletedNs\x12\x1d\n" +
+	"\n" +
+	"expires_ns\x18\x05 \x01(\x03R\texpiresNs\x12\x14\n" +
+	"\x05bytes\x18\x06 \x01(\x04R\x05bytes\x12\x10\n" +
+	"\x03uid\x18\a \x01(\rR\x03uid\"j\n" +
+	"\n" +
+	"TrashReply\x124\n" +
+	"\aentries\x18\x01 \x03(\v2\x1a.rdmafs.meta.v1.TrashEntryR\aentries\x12\x12\n" +
+	"\x04done\x18\x02 \x01(\x04R\x04done\x12\x12\n" +
+	"\x04next\x18\x03 \x01(\x04R\x04next\"K\n" +
+	"\rConfigRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x10\n" +
+	"\x03set\x18\x03 \x01(\bR\x03set\"L\n" +
+	"\n" +
+	"ConfigItem\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x14\n" +
+	"\x05about\x18\x03 \x01(\tR\x05about\"?\n" +
+	"\vConfigReply\x120\n" +
+	"\x05items\x18\x01 \x03(\v2\x1a.rdmafs.meta.v1.ConfigItemR\x05items\"!\n" +
+	"\rStatFSRequest\x12\x10\n" +
+	"\x03ino\x18\x01 \x01(\x04R\x03ino\"\xd8\x01\n" +
 	"\vStatFSReply\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\x01 \x01(\x04R\tblockSize\x12\x16\n" +
@@ -9127,7 +9769,7 @@ const file_meta_proto_rawDesc = "" +
 	"\x0fpending_deletes\x18\f \x01(\x04R\x0ependingDeletes\x12\x1a\n" +
 	"\bretiring\x18d \x01(\bR\bretiring\x12\x16\n" +
 	"\x06shards\x18e \x01(\x04R\x06shards\x121\n" +
-	"\x05scrub\x18f \x01(\v2\x1b.rdmafs.meta.v1.ScrubReportR\x05scrub\"\x99\x04\n" +
+	"\x05scrub\x18f \x01(\v2\x1b.rdmafs.meta.v1.ScrubReportR\x05scrub\"\xc6\x05\n" +
 	"\vStatusReply\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12=\n" +
@@ -9138,7 +9780,15 @@ const file_meta_proto_rawDesc = "" +
 	"\astripes\x18\x06 \x01(\x04R\astripes\x12)\n" +
 	"\x10degraded_stripes\x18\a \x01(\x04R\x0fdegradedStripes\x12\x1a\n" +
 	"\bsessions\x18\b \x01(\x04R\bsessions\x12'\n" +
-	"\x0fpending_deletes\x18\t \x01(\x04R\x0ependingDeletes\x124\n" +
+	"\x0fpending_deletes\x18\t \x01(\x04R\x0ependingDeletes\x12\x1f\n" +
+	"\vtrash_files\x18\n" +
+	" \x01(\x04R\n" +
+	"trashFiles\x12\x1f\n" +
+	"\vtrash_bytes\x18\v \x01(\x04R\n" +
+	"trashBytes\x12#\n" +
+	"\rtrash_seconds\x18\f \x01(\x03R\ftrashSeconds\x12!\n" +
+	"\fshared_bytes\x18\r \x01(\x04R\vsharedBytes\x12!\n" +
+	"\funique_bytes\x18\x0e \x01(\x04R\vuniqueBytes\x124\n" +
 	"\x06repair\x18d \x01(\v2\x1c.rdmafs.meta.v1.RepairStatusR\x06repair\x121\n" +
 	"\x05scrub\x18e \x01(\v2\x1b.rdmafs.meta.v1.ScrubStatusR\x05scrub\x12:\n" +
 	"\brelayout\x18f \x01(\v2\x1e.rdmafs.meta.v1.RelayoutStatusR\brelayout\"\x95\x04\n" +
@@ -9184,7 +9834,14 @@ const file_meta_proto_rawDesc = "" +
 	"\fnext_version\x18\x05 \x01(\x04R\vnextVersion\x12\x1f\n" +
 	"\vinline_data\x18\x06 \x01(\fR\n" +
 	"inlineData\x12\x16\n" +
-	"\x06shared\x18\a \x01(\bR\x06shared\"\xc5\x01\n" +
+	"\x06shared\x18\a \x01(\bR\x06shared\"\x80\x01\n" +
+	"\vTrashRecord\x12\x1d\n" +
+	"\n" +
+	"deleted_ns\x18\x01 \x01(\x03R\tdeletedNs\x12\x16\n" +
+	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x10\n" +
+	"\x03uid\x18\x04 \x01(\rR\x03uid\x12\x14\n" +
+	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\"\xc5\x01\n" +
 	"\vSnapshotJob\x12\x10\n" +
 	"\x03src\x18\x01 \x01(\x04R\x03src\x12\x1b\n" +
 	"\tnext_task\x18\x02 \x01(\x04R\bnextTask\x125\n" +
@@ -9225,13 +9882,15 @@ const file_meta_proto_rawDesc = "" +
 	"ino_ranges\x18\x05 \x03(\v2\x18.rdmafs.meta.v1.InoRangeR\tinoRanges\"2\n" +
 	"\bInoRange\x12\x14\n" +
 	"\x05first\x18\x01 \x01(\x04R\x05first\x12\x10\n" +
-	"\x03end\x18\x02 \x01(\x04R\x03end\"\x8c\x01\n" +
+	"\x03end\x18\x02 \x01(\x04R\x03end\"\xce\x01\n" +
 	"\rClusterRecord\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12=\n" +
 	"\x0edefault_layout\x18\x02 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\rdefaultLayout\x12\x1d\n" +
 	"\n" +
-	"created_ns\x18\x03 \x01(\x03R\tcreatedNs\"\xbb\x03\n" +
+	"created_ns\x18\x03 \x01(\x03R\tcreatedNs\x12#\n" +
+	"\rtrash_seconds\x18\x04 \x01(\x03R\ftrashSeconds\x12\x1b\n" +
+	"\ttrash_set\x18\x05 \x01(\bR\btrashSet\"\xbb\x03\n" +
 	"\n" +
 	"RepairTask\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\x04R\x06taskId\x12\x10\n" +
@@ -9350,7 +10009,7 @@ const file_meta_proto_rawDesc = "" +
 	"\tLOCK_READ\x10\x00\x12\x0e\n" +
 	"\n" +
 	"LOCK_WRITE\x10\x01\x12\x0f\n" +
-	"\vLOCK_UNLOCK\x10\x022\xda\x1a\n" +
+	"\vLOCK_UNLOCK\x10\x022\xe3\x1b\n" +
 	"\x04Meta\x12C\n" +
 	"\x06Lookup\x12\x1d.rdmafs.meta.v1.LookupRequest\x1a\x1a.rdmafs.meta.v1.EntryReply\x12D\n" +
 	"\aGetAttr\x12\x1e.rdmafs.meta.v1.GetAttrRequest\x1a\x19.rdmafs.meta.v1.AttrReply\x12D\n" +
@@ -9393,6 +10052,8 @@ const file_meta_proto_rawDesc = "" +
 	"\bSnapshot\x12\x1f.rdmafs.meta.v1.SnapshotRequest\x1a\x1d.rdmafs.meta.v1.SnapshotReply\x12P\n" +
 	"\n" +
 	"RemoveTree\x12!.rdmafs.meta.v1.RemoveTreeRequest\x1a\x1f.rdmafs.meta.v1.RemoveTreeReply\x12A\n" +
+	"\x05Trash\x12\x1c.rdmafs.meta.v1.TrashRequest\x1a\x1a.rdmafs.meta.v1.TrashReply\x12D\n" +
+	"\x06Config\x12\x1d.rdmafs.meta.v1.ConfigRequest\x1a\x1b.rdmafs.meta.v1.ConfigReply\x12A\n" +
 	"\x05Check\x12\x1c.rdmafs.meta.v1.CheckRequest\x1a\x1a.rdmafs.meta.v1.CheckReply\x12J\n" +
 	"\bRegister\x12\x1f.rdmafs.meta.v1.RegisterRequest\x1a\x1d.rdmafs.meta.v1.RegisterReply\x12M\n" +
 	"\tHeartbeat\x12 .rdmafs.meta.v1.HeartbeatRequest\x1a\x1e.rdmafs.meta.v1.HeartbeatReply\x12D\n" +
@@ -9416,312 +10077,328 @@ func file_meta_proto_rawDescGZIP() []byte {
 	return file_meta_proto_rawDescData
 }
 
-var file_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 117)
+var file_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 124)
 var file_meta_proto_goTypes = []any{
 	(RenameFlag)(0),              // 0: rdmafs.meta.v1.RenameFlag
 	(XattrFlag)(0),               // 1: rdmafs.meta.v1.XattrFlag
 	(LockType)(0),                // 2: rdmafs.meta.v1.LockType
-	(*Caller)(nil),               // 3: rdmafs.meta.v1.Caller
-	(*Layout)(nil),               // 4: rdmafs.meta.v1.Layout
-	(*Attr)(nil),                 // 5: rdmafs.meta.v1.Attr
-	(*ErrorInfo)(nil),            // 6: rdmafs.meta.v1.ErrorInfo
-	(*LookupRequest)(nil),        // 7: rdmafs.meta.v1.LookupRequest
-	(*EntryReply)(nil),           // 8: rdmafs.meta.v1.EntryReply
-	(*DirLease)(nil),             // 9: rdmafs.meta.v1.DirLease
-	(*RecallsRequest)(nil),       // 10: rdmafs.meta.v1.RecallsRequest
-	(*RecallsReply)(nil),         // 11: rdmafs.meta.v1.RecallsReply
-	(*DirReply)(nil),             // 12: rdmafs.meta.v1.DirReply
-	(*GetAttrRequest)(nil),       // 13: rdmafs.meta.v1.GetAttrRequest
-	(*AttrReply)(nil),            // 14: rdmafs.meta.v1.AttrReply
-	(*SetAttrRequest)(nil),       // 15: rdmafs.meta.v1.SetAttrRequest
-	(*CreateRequest)(nil),        // 16: rdmafs.meta.v1.CreateRequest
-	(*MknodRequest)(nil),         // 17: rdmafs.meta.v1.MknodRequest
-	(*MkdirRequest)(nil),         // 18: rdmafs.meta.v1.MkdirRequest
-	(*SymlinkRequest)(nil),       // 19: rdmafs.meta.v1.SymlinkRequest
-	(*ReadlinkRequest)(nil),      // 20: rdmafs.meta.v1.ReadlinkRequest
-	(*ReadlinkReply)(nil),        // 21: rdmafs.meta.v1.ReadlinkReply
-	(*LinkRequest)(nil),          // 22: rdmafs.meta.v1.LinkRequest
-	(*UnlinkRequest)(nil),        // 23: rdmafs.meta.v1.UnlinkRequest
-	(*RmdirRequest)(nil),         // 24: rdmafs.meta.v1.RmdirRequest
-	(*Empty)(nil),                // 25: rdmafs.meta.v1.Empty
-	(*SyncRequest)(nil),          // 26: rdmafs.meta.v1.SyncRequest
-	(*RenameRequest)(nil),        // 27: rdmafs.meta.v1.RenameRequest
-	(*ReadDirRequest)(nil),       // 28: rdmafs.meta.v1.ReadDirRequest
-	(*DirEntry)(nil),             // 29: rdmafs.meta.v1.DirEntry
-	(*ReadDirReply)(nil),         // 30: rdmafs.meta.v1.ReadDirReply
-	(*GetXattrRequest)(nil),      // 31: rdmafs.meta.v1.GetXattrRequest
-	(*GetXattrReply)(nil),        // 32: rdmafs.meta.v1.GetXattrReply
-	(*SetXattrRequest)(nil),      // 33: rdmafs.meta.v1.SetXattrRequest
-	(*ListXattrRequest)(nil),     // 34: rdmafs.meta.v1.ListXattrRequest
-	(*ListXattrReply)(nil),       // 35: rdmafs.meta.v1.ListXattrReply
-	(*RemoveXattrRequest)(nil),   // 36: rdmafs.meta.v1.RemoveXattrRequest
-	(*SnapshotRequest)(nil),      // 37: rdmafs.meta.v1.SnapshotRequest
-	(*SnapshotReply)(nil),        // 38: rdmafs.meta.v1.SnapshotReply
-	(*RemoveTreeRequest)(nil),    // 39: rdmafs.meta.v1.RemoveTreeRequest
-	(*RemoveTreeReply)(nil),      // 40: rdmafs.meta.v1.RemoveTreeReply
-	(*StatFSRequest)(nil),        // 41: rdmafs.meta.v1.StatFSRequest
-	(*StatFSReply)(nil),          // 42: rdmafs.meta.v1.StatFSReply
-	(*OpenSessionRequest)(nil),   // 43: rdmafs.meta.v1.OpenSessionRequest
-	(*OpenSessionReply)(nil),     // 44: rdmafs.meta.v1.OpenSessionReply
-	(*BatchRequest)(nil),         // 45: rdmafs.meta.v1.BatchRequest
-	(*BatchCall)(nil),            // 46: rdmafs.meta.v1.BatchCall
-	(*BatchReply)(nil),           // 47: rdmafs.meta.v1.BatchReply
-	(*BatchResult)(nil),          // 48: rdmafs.meta.v1.BatchResult
-	(*AllocInodesRequest)(nil),   // 49: rdmafs.meta.v1.AllocInodesRequest
-	(*AllocInodesReply)(nil),     // 50: rdmafs.meta.v1.AllocInodesReply
-	(*KeepAliveRequest)(nil),     // 51: rdmafs.meta.v1.KeepAliveRequest
-	(*CloseSessionRequest)(nil),  // 52: rdmafs.meta.v1.CloseSessionRequest
-	(*OpenRequest)(nil),          // 53: rdmafs.meta.v1.OpenRequest
-	(*ReleaseRequest)(nil),       // 54: rdmafs.meta.v1.ReleaseRequest
-	(*SetLayoutRequest)(nil),     // 55: rdmafs.meta.v1.SetLayoutRequest
-	(*GetLayoutRequest)(nil),     // 56: rdmafs.meta.v1.GetLayoutRequest
-	(*RelayoutRequest)(nil),      // 57: rdmafs.meta.v1.RelayoutRequest
-	(*RelayoutReply)(nil),        // 58: rdmafs.meta.v1.RelayoutReply
-	(*RelayoutStatus)(nil),       // 59: rdmafs.meta.v1.RelayoutStatus
-	(*LayoutReply)(nil),          // 60: rdmafs.meta.v1.LayoutReply
-	(*Shard)(nil),                // 61: rdmafs.meta.v1.Shard
-	(*GrantWriteRequest)(nil),    // 62: rdmafs.meta.v1.GrantWriteRequest
-	(*StripeGrant)(nil),          // 63: rdmafs.meta.v1.StripeGrant
-	(*GrantWriteReply)(nil),      // 64: rdmafs.meta.v1.GrantWriteReply
-	(*StripeCommit)(nil),         // 65: rdmafs.meta.v1.StripeCommit
-	(*ReplaceShardsRequest)(nil), // 66: rdmafs.meta.v1.ReplaceShardsRequest
-	(*ReplaceShardsReply)(nil),   // 67: rdmafs.meta.v1.ReplaceShardsReply
-	(*CommitStripesRequest)(nil), // 68: rdmafs.meta.v1.CommitStripesRequest
-	(*CommitStripesReply)(nil),   // 69: rdmafs.meta.v1.CommitStripesReply
-	(*GetStripesRequest)(nil),    // 70: rdmafs.meta.v1.GetStripesRequest
-	(*StripeInfo)(nil),           // 71: rdmafs.meta.v1.StripeInfo
-	(*GetStripesReply)(nil),      // 72: rdmafs.meta.v1.GetStripesReply
-	(*RegisterRequest)(nil),      // 73: rdmafs.meta.v1.RegisterRequest
-	(*RegisterReply)(nil),        // 74: rdmafs.meta.v1.RegisterReply
-	(*ChunkRef)(nil),             // 75: rdmafs.meta.v1.ChunkRef
-	(*HeartbeatRequest)(nil),     // 76: rdmafs.meta.v1.HeartbeatRequest
-	(*ScrubReport)(nil),          // 77: rdmafs.meta.v1.ScrubReport
-	(*HeartbeatReply)(nil),       // 78: rdmafs.meta.v1.HeartbeatReply
-	(*InventoryRequest)(nil),     // 79: rdmafs.meta.v1.InventoryRequest
-	(*ScrubRequest)(nil),         // 80: rdmafs.meta.v1.ScrubRequest
-	(*ScrubReply)(nil),           // 81: rdmafs.meta.v1.ScrubReply
-	(*InfoRequest)(nil),          // 82: rdmafs.meta.v1.InfoRequest
-	(*ShardInfo)(nil),            // 83: rdmafs.meta.v1.ShardInfo
-	(*StripeDetail)(nil),         // 84: rdmafs.meta.v1.StripeDetail
-	(*TreeTotals)(nil),           // 85: rdmafs.meta.v1.TreeTotals
-	(*InfoReply)(nil),            // 86: rdmafs.meta.v1.InfoReply
-	(*CheckRequest)(nil),         // 87: rdmafs.meta.v1.CheckRequest
-	(*CheckReply)(nil),           // 88: rdmafs.meta.v1.CheckReply
-	(*StatusRequest)(nil),        // 89: rdmafs.meta.v1.StatusRequest
-	(*ChunkserverStatus)(nil),    // 90: rdmafs.meta.v1.ChunkserverStatus
-	(*StatusReply)(nil),          // 91: rdmafs.meta.v1.StatusReply
-	(*ScrubStatus)(nil),          // 92: rdmafs.meta.v1.ScrubStatus
-	(*InodeRecord)(nil),          // 93: rdmafs.meta.v1.InodeRecord
-	(*DentryRecord)(nil),         // 94: rdmafs.meta.v1.DentryRecord
-	(*CookieRecord)(nil),         // 95: rdmafs.meta.v1.CookieRecord
-	(*StripeRecord)(nil),         // 96: rdmafs.meta.v1.StripeRecord
-	(*SnapshotJob)(nil),          // 97: rdmafs.meta.v1.SnapshotJob
-	(*SnapshotTask)(nil),         // 98: rdmafs.meta.v1.SnapshotTask
-	(*GrantRecord)(nil),          // 99: rdmafs.meta.v1.GrantRecord
-	(*ChunkserverRecord)(nil),    // 100: rdmafs.meta.v1.ChunkserverRecord
-	(*SessionRecord)(nil),        // 101: rdmafs.meta.v1.SessionRecord
-	(*InoRange)(nil),             // 102: rdmafs.meta.v1.InoRange
-	(*ClusterRecord)(nil),        // 103: rdmafs.meta.v1.ClusterRecord
-	(*RepairTask)(nil),           // 104: rdmafs.meta.v1.RepairTask
-	(*RepairResult)(nil),         // 105: rdmafs.meta.v1.RepairResult
-	(*RepairPollRequest)(nil),    // 106: rdmafs.meta.v1.RepairPollRequest
-	(*RepairPollReply)(nil),      // 107: rdmafs.meta.v1.RepairPollReply
-	(*DrainRequest)(nil),         // 108: rdmafs.meta.v1.DrainRequest
-	(*RebalanceRequest)(nil),     // 109: rdmafs.meta.v1.RebalanceRequest
-	(*RebalanceReply)(nil),       // 110: rdmafs.meta.v1.RebalanceReply
-	(*RepairStatus)(nil),         // 111: rdmafs.meta.v1.RepairStatus
-	(*RequestRecord)(nil),        // 112: rdmafs.meta.v1.RequestRecord
-	(*DumpRecord)(nil),           // 113: rdmafs.meta.v1.DumpRecord
-	(*DumpTrailer)(nil),          // 114: rdmafs.meta.v1.DumpTrailer
-	(*DumpHeader)(nil),           // 115: rdmafs.meta.v1.DumpHeader
-	(*FileLock)(nil),             // 116: rdmafs.meta.v1.FileLock
-	(*LockRecord)(nil),           // 117: rdmafs.meta.v1.LockRecord
-	(*LockRequest)(nil),          // 118: rdmafs.meta.v1.LockRequest
-	(*LockReply)(nil),            // 119: rdmafs.meta.v1.LockReply
+	(TrashRequest_Op)(0),         // 3: rdmafs.meta.v1.TrashRequest.Op
+	(*Caller)(nil),               // 4: rdmafs.meta.v1.Caller
+	(*Layout)(nil),               // 5: rdmafs.meta.v1.Layout
+	(*Attr)(nil),                 // 6: rdmafs.meta.v1.Attr
+	(*ErrorInfo)(nil),            // 7: rdmafs.meta.v1.ErrorInfo
+	(*LookupRequest)(nil),        // 8: rdmafs.meta.v1.LookupRequest
+	(*EntryReply)(nil),           // 9: rdmafs.meta.v1.EntryReply
+	(*DirLease)(nil),             // 10: rdmafs.meta.v1.DirLease
+	(*RecallsRequest)(nil),       // 11: rdmafs.meta.v1.RecallsRequest
+	(*RecallsReply)(nil),         // 12: rdmafs.meta.v1.RecallsReply
+	(*DirReply)(nil),             // 13: rdmafs.meta.v1.DirReply
+	(*GetAttrRequest)(nil),       // 14: rdmafs.meta.v1.GetAttrRequest
+	(*AttrReply)(nil),            // 15: rdmafs.meta.v1.AttrReply
+	(*SetAttrRequest)(nil),       // 16: rdmafs.meta.v1.SetAttrRequest
+	(*CreateRequest)(nil),        // 17: rdmafs.meta.v1.CreateRequest
+	(*MknodRequest)(nil),         // 18: rdmafs.meta.v1.MknodRequest
+	(*MkdirRequest)(nil),         // 19: rdmafs.meta.v1.MkdirRequest
+	(*SymlinkRequest)(nil),       // 20: rdmafs.meta.v1.SymlinkRequest
+	(*ReadlinkRequest)(nil),      // 21: rdmafs.meta.v1.ReadlinkRequest
+	(*ReadlinkReply)(nil),        // 22: rdmafs.meta.v1.ReadlinkReply
+	(*LinkRequest)(nil),          // 23: rdmafs.meta.v1.LinkRequest
+	(*UnlinkRequest)(nil),        // 24: rdmafs.meta.v1.UnlinkRequest
+	(*RmdirRequest)(nil),         // 25: rdmafs.meta.v1.RmdirRequest
+	(*Empty)(nil),                // 26: rdmafs.meta.v1.Empty
+	(*SyncRequest)(nil),          // 27: rdmafs.meta.v1.SyncRequest
+	(*RenameRequest)(nil),        // 28: rdmafs.meta.v1.RenameRequest
+	(*ReadDirRequest)(nil),       // 29: rdmafs.meta.v1.ReadDirRequest
+	(*DirEntry)(nil),             // 30: rdmafs.meta.v1.DirEntry
+	(*ReadDirReply)(nil),         // 31: rdmafs.meta.v1.ReadDirReply
+	(*GetXattrRequest)(nil),      // 32: rdmafs.meta.v1.GetXattrRequest
+	(*GetXattrReply)(nil),        // 33: rdmafs.meta.v1.GetXattrReply
+	(*SetXattrRequest)(nil),      // 34: rdmafs.meta.v1.SetXattrRequest
+	(*ListXattrRequest)(nil),     // 35: rdmafs.meta.v1.ListXattrRequest
+	(*ListXattrReply)(nil),       // 36: rdmafs.meta.v1.ListXattrReply
+	(*RemoveXattrRequest)(nil),   // 37: rdmafs.meta.v1.RemoveXattrRequest
+	(*SnapshotRequest)(nil),      // 38: rdmafs.meta.v1.SnapshotRequest
+	(*SnapshotReply)(nil),        // 39: rdmafs.meta.v1.SnapshotReply
+	(*RemoveTreeRequest)(nil),    // 40: rdmafs.meta.v1.RemoveTreeRequest
+	(*RemoveTreeReply)(nil),      // 41: rdmafs.meta.v1.RemoveTreeReply
+	(*TrashRequest)(nil),         // 42: rdmafs.meta.v1.TrashRequest
+	(*TrashEntry)(nil),           // 43: rdmafs.meta.v1.TrashEntry
+	(*TrashReply)(nil),           // 44: rdmafs.meta.v1.TrashReply
+	(*ConfigRequest)(nil),        // 45: rdmafs.meta.v1.ConfigRequest
+	(*ConfigItem)(nil),           // 46: rdmafs.meta.v1.ConfigItem
+	(*ConfigReply)(nil),          // 47: rdmafs.meta.v1.ConfigReply
+	(*StatFSRequest)(nil),        // 48: rdmafs.meta.v1.StatFSRequest
+	(*StatFSReply)(nil),          // 49: rdmafs.meta.v1.StatFSReply
+	(*OpenSessionRequest)(nil),   // 50: rdmafs.meta.v1.OpenSessionRequest
+	(*OpenSessionReply)(nil),     // 51: rdmafs.meta.v1.OpenSessionReply
+	(*BatchRequest)(nil),         // 52: rdmafs.meta.v1.BatchRequest
+	(*BatchCall)(nil),            // 53: rdmafs.meta.v1.BatchCall
+	(*BatchReply)(nil),           // 54: rdmafs.meta.v1.BatchReply
+	(*BatchResult)(nil),          // 55: rdmafs.meta.v1.BatchResult
+	(*AllocInodesRequest)(nil),   // 56: rdmafs.meta.v1.AllocInodesRequest
+	(*AllocInodesReply)(nil),     // 57: rdmafs.meta.v1.AllocInodesReply
+	(*KeepAliveRequest)(nil),     // 58: rdmafs.meta.v1.KeepAliveRequest
+	(*CloseSessionRequest)(nil),  // 59: rdmafs.meta.v1.CloseSessionRequest
+	(*OpenRequest)(nil),          // 60: rdmafs.meta.v1.OpenRequest
+	(*ReleaseRequest)(nil),       // 61: rdmafs.meta.v1.ReleaseRequest
+	(*SetLayoutRequest)(nil),     // 62: rdmafs.meta.v1.SetLayoutRequest
+	(*GetLayoutRequest)(nil),     // 63: rdmafs.meta.v1.GetLayoutRequest
+	(*RelayoutRequest)(nil),      // 64: rdmafs.meta.v1.RelayoutRequest
+	(*RelayoutReply)(nil),        // 65: rdmafs.meta.v1.RelayoutReply
+	(*RelayoutStatus)(nil),       // 66: rdmafs.meta.v1.RelayoutStatus
+	(*LayoutReply)(nil),          // 67: rdmafs.meta.v1.LayoutReply
+	(*Shard)(nil),                // 68: rdmafs.meta.v1.Shard
+	(*GrantWriteRequest)(nil),    // 69: rdmafs.meta.v1.GrantWriteRequest
+	(*StripeGrant)(nil),          // 70: rdmafs.meta.v1.StripeGrant
+	(*GrantWriteReply)(nil),      // 71: rdmafs.meta.v1.GrantWriteReply
+	(*StripeCommit)(nil),         // 72: rdmafs.meta.v1.StripeCommit
+	(*ReplaceShardsRequest)(nil), // 73: rdmafs.meta.v1.ReplaceShardsRequest
+	(*ReplaceShardsReply)(nil),   // 74: rdmafs.meta.v1.ReplaceShardsReply
+	(*CommitStripesRequest)(nil), // 75: rdmafs.meta.v1.CommitStripesRequest
+	(*CommitStripesReply)(nil),   // 76: rdmafs.meta.v1.CommitStripesReply
+	(*GetStripesRequest)(nil),    // 77: rdmafs.meta.v1.GetStripesRequest
+	(*StripeInfo)(nil),           // 78: rdmafs.meta.v1.StripeInfo
+	(*GetStripesReply)(nil),      // 79: rdmafs.meta.v1.GetStripesReply
+	(*RegisterRequest)(nil),      // 80: rdmafs.meta.v1.RegisterRequest
+	(*RegisterReply)(nil),        // 81: rdmafs.meta.v1.RegisterReply
+	(*ChunkRef)(nil),             // 82: rdmafs.meta.v1.ChunkRef
+	(*HeartbeatRequest)(nil),     // 83: rdmafs.meta.v1.HeartbeatRequest
+	(*ScrubReport)(nil),          // 84: rdmafs.meta.v1.ScrubReport
+	(*HeartbeatReply)(nil),       // 85: rdmafs.meta.v1.HeartbeatReply
+	(*InventoryRequest)(nil),     // 86: rdmafs.meta.v1.InventoryRequest
+	(*ScrubRequest)(nil),         // 87: rdmafs.meta.v1.ScrubRequest
+	(*ScrubReply)(nil),           // 88: rdmafs.meta.v1.ScrubReply
+	(*InfoRequest)(nil),          // 89: rdmafs.meta.v1.InfoRequest
+	(*ShardInfo)(nil),            // 90: rdmafs.meta.v1.ShardInfo
+	(*StripeDetail)(nil),         // 91: rdmafs.meta.v1.StripeDetail
+	(*TreeTotals)(nil),           // 92: rdmafs.meta.v1.TreeTotals
+	(*InfoReply)(nil),            // 93: rdmafs.meta.v1.InfoReply
+	(*CheckRequest)(nil),         // 94: rdmafs.meta.v1.CheckRequest
+	(*CheckReply)(nil),           // 95: rdmafs.meta.v1.CheckReply
+	(*StatusRequest)(nil),        // 96: rdmafs.meta.v1.StatusRequest
+	(*ChunkserverStatus)(nil),    // 97: rdmafs.meta.v1.ChunkserverStatus
+	(*StatusReply)(nil),          // 98: rdmafs.meta.v1.StatusReply
+	(*ScrubStatus)(nil),          // 99: rdmafs.meta.v1.ScrubStatus
+	(*InodeRecord)(nil),          // 100: rdmafs.meta.v1.InodeRecord
+	(*DentryRecord)(nil),         // 101: rdmafs.meta.v1.DentryRecord
+	(*CookieRecord)(nil),         // 102: rdmafs.meta.v1.CookieRecord
+	(*StripeRecord)(nil),         // 103: rdmafs.meta.v1.StripeRecord
+	(*TrashRecord)(nil),          // 104: rdmafs.meta.v1.TrashRecord
+	(*SnapshotJob)(nil),          // 105: rdmafs.meta.v1.SnapshotJob
+	(*SnapshotTask)(nil),         // 106: rdmafs.meta.v1.SnapshotTask
+	(*GrantRecord)(nil),          // 107: rdmafs.meta.v1.GrantRecord
+	(*ChunkserverRecord)(nil),    // 108: rdmafs.meta.v1.ChunkserverRecord
+	(*SessionRecord)(nil),        // 109: rdmafs.meta.v1.SessionRecord
+	(*InoRange)(nil),             // 110: rdmafs.meta.v1.InoRange
+	(*ClusterRecord)(nil),        // 111: rdmafs.meta.v1.ClusterRecord
+	(*RepairTask)(nil),           // 112: rdmafs.meta.v1.RepairTask
+	(*RepairResult)(nil),         // 113: rdmafs.meta.v1.RepairResult
+	(*RepairPollRequest)(nil),    // 114: rdmafs.meta.v1.RepairPollRequest
+	(*RepairPollReply)(nil),      // 115: rdmafs.meta.v1.RepairPollReply
+	(*DrainRequest)(nil),         // 116: rdmafs.meta.v1.DrainRequest
+	(*RebalanceRequest)(nil),     // 117: rdmafs.meta.v1.RebalanceRequest
+	(*RebalanceReply)(nil),       // 118: rdmafs.meta.v1.RebalanceReply
+	(*RepairStatus)(nil),         // 119: rdmafs.meta.v1.RepairStatus
+	(*RequestRecord)(nil),        // 120: rdmafs.meta.v1.RequestRecord
+	(*DumpRecord)(nil),           // 121: rdmafs.meta.v1.DumpRecord
+	(*DumpTrailer)(nil),          // 122: rdmafs.meta.v1.DumpTrailer
+	(*DumpHeader)(nil),           // 123: rdmafs.meta.v1.DumpHeader
+	(*FileLock)(nil),             // 124: rdmafs.meta.v1.FileLock
+	(*LockRecord)(nil),           // 125: rdmafs.meta.v1.LockRecord
+	(*LockRequest)(nil),          // 126: rdmafs.meta.v1.LockRequest
+	(*LockReply)(nil),            // 127: rdmafs.meta.v1.LockReply
 }
 var file_meta_proto_depIdxs = []int32{
-	4,   // 0: rdmafs.meta.v1.Attr.layout:type_name -> rdmafs.meta.v1.Layout
-	3,   // 1: rdmafs.meta.v1.LookupRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	5,   // 2: rdmafs.meta.v1.EntryReply.attr:type_name -> rdmafs.meta.v1.Attr
-	5,   // 3: rdmafs.meta.v1.EntryReply.parent:type_name -> rdmafs.meta.v1.Attr
-	4,   // 4: rdmafs.meta.v1.EntryReply.new_layout:type_name -> rdmafs.meta.v1.Layout
-	9,   // 5: rdmafs.meta.v1.EntryReply.lease:type_name -> rdmafs.meta.v1.DirLease
-	5,   // 6: rdmafs.meta.v1.DirReply.parent:type_name -> rdmafs.meta.v1.Attr
-	5,   // 7: rdmafs.meta.v1.AttrReply.attr:type_name -> rdmafs.meta.v1.Attr
-	3,   // 8: rdmafs.meta.v1.SetAttrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 9: rdmafs.meta.v1.CreateRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 10: rdmafs.meta.v1.MknodRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 11: rdmafs.meta.v1.MkdirRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 12: rdmafs.meta.v1.SymlinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 13: rdmafs.meta.v1.LinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 14: rdmafs.meta.v1.UnlinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 15: rdmafs.meta.v1.RmdirRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 16: rdmafs.meta.v1.RenameRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 17: rdmafs.meta.v1.ReadDirRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	5,   // 18: rdmafs.meta.v1.DirEntry.attr:type_name -> rdmafs.meta.v1.Attr
-	29,  // 19: rdmafs.meta.v1.ReadDirReply.entries:type_name -> rdmafs.meta.v1.DirEntry
-	3,   // 20: rdmafs.meta.v1.GetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 21: rdmafs.meta.v1.SetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 22: rdmafs.meta.v1.ListXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 23: rdmafs.meta.v1.RemoveXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 24: rdmafs.meta.v1.SnapshotRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 25: rdmafs.meta.v1.RemoveTreeRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	46,  // 26: rdmafs.meta.v1.BatchRequest.calls:type_name -> rdmafs.meta.v1.BatchCall
-	48,  // 27: rdmafs.meta.v1.BatchReply.results:type_name -> rdmafs.meta.v1.BatchResult
-	3,   // 28: rdmafs.meta.v1.OpenRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	3,   // 29: rdmafs.meta.v1.SetLayoutRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 30: rdmafs.meta.v1.SetLayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
-	3,   // 31: rdmafs.meta.v1.RelayoutRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 32: rdmafs.meta.v1.RelayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 33: rdmafs.meta.v1.LayoutReply.layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 34: rdmafs.meta.v1.StripeGrant.layout:type_name -> rdmafs.meta.v1.Layout
-	61,  // 35: rdmafs.meta.v1.StripeGrant.shards:type_name -> rdmafs.meta.v1.Shard
-	63,  // 36: rdmafs.meta.v1.GrantWriteReply.grants:type_name -> rdmafs.meta.v1.StripeGrant
-	61,  // 37: rdmafs.meta.v1.StripeCommit.shards:type_name -> rdmafs.meta.v1.Shard
-	61,  // 38: rdmafs.meta.v1.ReplaceShardsReply.shards:type_name -> rdmafs.meta.v1.Shard
-	65,  // 39: rdmafs.meta.v1.CommitStripesRequest.stripes:type_name -> rdmafs.meta.v1.StripeCommit
-	5,   // 40: rdmafs.meta.v1.CommitStripesReply.attr:type_name -> rdmafs.meta.v1.Attr
-	4,   // 41: rdmafs.meta.v1.StripeInfo.layout:type_name -> rdmafs.meta.v1.Layout
-	61,  // 42: rdmafs.meta.v1.StripeInfo.shards:type_name -> rdmafs.meta.v1.Shard
-	71,  // 43: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
-	4,   // 44: rdmafs.meta.v1.GetStripesReply.layout:type_name -> rdmafs.meta.v1.Layout
-	75,  // 45: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
-	77,  // 46: rdmafs.meta.v1.HeartbeatRequest.scrub:type_name -> rdmafs.meta.v1.ScrubReport
-	75,  // 47: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
-	75,  // 48: rdmafs.meta.v1.InventoryRequest.chunks:type_name -> rdmafs.meta.v1.ChunkRef
-	4,   // 49: rdmafs.meta.v1.StripeDetail.layout:type_name -> rdmafs.meta.v1.Layout
-	83,  // 50: rdmafs.meta.v1.StripeDetail.shards:type_name -> rdmafs.meta.v1.ShardInfo
-	5,   // 51: rdmafs.meta.v1.InfoReply.attr:type_name -> rdmafs.meta.v1.Attr
-	4,   // 52: rdmafs.meta.v1.InfoReply.layout:type_name -> rdmafs.meta.v1.Layout
-	84,  // 53: rdmafs.meta.v1.InfoReply.stripes:type_name -> rdmafs.meta.v1.StripeDetail
-	85,  // 54: rdmafs.meta.v1.InfoReply.totals:type_name -> rdmafs.meta.v1.TreeTotals
-	77,  // 55: rdmafs.meta.v1.ChunkserverStatus.scrub:type_name -> rdmafs.meta.v1.ScrubReport
-	4,   // 56: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
-	90,  // 57: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
-	111, // 58: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
-	92,  // 59: rdmafs.meta.v1.StatusReply.scrub:type_name -> rdmafs.meta.v1.ScrubStatus
-	59,  // 60: rdmafs.meta.v1.StatusReply.relayout:type_name -> rdmafs.meta.v1.RelayoutStatus
-	5,   // 61: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
-	4,   // 62: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 63: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	61,  // 64: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	38,  // 65: rdmafs.meta.v1.SnapshotJob.totals:type_name -> rdmafs.meta.v1.SnapshotReply
-	61,  // 66: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	4,   // 67: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	102, // 68: rdmafs.meta.v1.SessionRecord.ino_ranges:type_name -> rdmafs.meta.v1.InoRange
-	4,   // 69: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 70: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
-	61,  // 71: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
-	4,   // 72: rdmafs.meta.v1.RepairTask.relayout_to:type_name -> rdmafs.meta.v1.Layout
-	105, // 73: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
-	75,  // 74: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
-	104, // 75: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
-	115, // 76: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
-	114, // 77: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
-	2,   // 78: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
-	116, // 79: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
-	116, // 80: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
-	116, // 81: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
-	7,   // 82: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
-	13,  // 83: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
-	15,  // 84: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
-	16,  // 85: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
-	17,  // 86: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
-	18,  // 87: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
-	19,  // 88: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
-	20,  // 89: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
-	22,  // 90: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
-	23,  // 91: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
-	24,  // 92: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
-	27,  // 93: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
-	28,  // 94: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
-	31,  // 95: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
-	33,  // 96: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
-	34,  // 97: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
-	36,  // 98: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
-	41,  // 99: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
-	26,  // 100: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
-	43,  // 101: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
-	49,  // 102: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
-	45,  // 103: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
-	51,  // 104: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
-	10,  // 105: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
-	52,  // 106: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
-	53,  // 107: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
-	54,  // 108: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
-	118, // 109: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
-	55,  // 110: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
-	56,  // 111: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
-	57,  // 112: rdmafs.meta.v1.Meta.Relayout:input_type -> rdmafs.meta.v1.RelayoutRequest
-	62,  // 113: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
-	68,  // 114: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
-	66,  // 115: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
-	70,  // 116: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
-	82,  // 117: rdmafs.meta.v1.Meta.Info:input_type -> rdmafs.meta.v1.InfoRequest
-	37,  // 118: rdmafs.meta.v1.Meta.Snapshot:input_type -> rdmafs.meta.v1.SnapshotRequest
-	39,  // 119: rdmafs.meta.v1.Meta.RemoveTree:input_type -> rdmafs.meta.v1.RemoveTreeRequest
-	87,  // 120: rdmafs.meta.v1.Meta.Check:input_type -> rdmafs.meta.v1.CheckRequest
-	73,  // 121: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
-	76,  // 122: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
-	89,  // 123: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
-	106, // 124: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
-	108, // 125: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
-	80,  // 126: rdmafs.meta.v1.Meta.Scrub:input_type -> rdmafs.meta.v1.ScrubRequest
-	79,  // 127: rdmafs.meta.v1.Meta.Inventory:input_type -> rdmafs.meta.v1.InventoryRequest
-	109, // 128: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
-	8,   // 129: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
-	14,  // 130: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	14,  // 131: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	8,   // 132: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
-	8,   // 133: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
-	8,   // 134: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
-	8,   // 135: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
-	21,  // 136: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
-	8,   // 137: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
-	12,  // 138: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
-	12,  // 139: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
-	25,  // 140: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
-	30,  // 141: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
-	32,  // 142: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
-	25,  // 143: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
-	35,  // 144: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
-	25,  // 145: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
-	42,  // 146: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
-	25,  // 147: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
-	44,  // 148: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
-	50,  // 149: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
-	47,  // 150: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
-	25,  // 151: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
-	11,  // 152: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
-	25,  // 153: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
-	14,  // 154: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
-	25,  // 155: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
-	119, // 156: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
-	25,  // 157: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
-	60,  // 158: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
-	58,  // 159: rdmafs.meta.v1.Meta.Relayout:output_type -> rdmafs.meta.v1.RelayoutReply
-	64,  // 160: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
-	69,  // 161: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
-	67,  // 162: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
-	72,  // 163: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
-	86,  // 164: rdmafs.meta.v1.Meta.Info:output_type -> rdmafs.meta.v1.InfoReply
-	38,  // 165: rdmafs.meta.v1.Meta.Snapshot:output_type -> rdmafs.meta.v1.SnapshotReply
-	40,  // 166: rdmafs.meta.v1.Meta.RemoveTree:output_type -> rdmafs.meta.v1.RemoveTreeReply
-	88,  // 167: rdmafs.meta.v1.Meta.Check:output_type -> rdmafs.meta.v1.CheckReply
-	74,  // 168: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
-	78,  // 169: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
-	91,  // 170: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
-	107, // 171: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
-	25,  // 172: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
-	81,  // 173: rdmafs.meta.v1.Meta.Scrub:output_type -> rdmafs.meta.v1.ScrubReply
-	25,  // 174: rdmafs.meta.v1.Meta.Inventory:output_type -> rdmafs.meta.v1.Empty
-	110, // 175: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
-	129, // [129:176] is the sub-list for method output_type
-	82,  // [82:129] is the sub-list for method input_type
-	82,  // [82:82] is the sub-list for extension type_name
-	82,  // [82:82] is the sub-list for extension extendee
-	0,   // [0:82] is the sub-list for field type_name
+	5,   // 0: rdmafs.meta.v1.Attr.layout:type_name -> rdmafs.meta.v1.Layout
+	4,   // 1: rdmafs.meta.v1.LookupRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	6,   // 2: rdmafs.meta.v1.EntryReply.attr:type_name -> rdmafs.meta.v1.Attr
+	6,   // 3: rdmafs.meta.v1.EntryReply.parent:type_name -> rdmafs.meta.v1.Attr
+	5,   // 4: rdmafs.meta.v1.EntryReply.new_layout:type_name -> rdmafs.meta.v1.Layout
+	10,  // 5: rdmafs.meta.v1.EntryReply.lease:type_name -> rdmafs.meta.v1.DirLease
+	6,   // 6: rdmafs.meta.v1.DirReply.parent:type_name -> rdmafs.meta.v1.Attr
+	6,   // 7: rdmafs.meta.v1.AttrReply.attr:type_name -> rdmafs.meta.v1.Attr
+	4,   // 8: rdmafs.meta.v1.SetAttrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 9: rdmafs.meta.v1.CreateRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 10: rdmafs.meta.v1.MknodRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 11: rdmafs.meta.v1.MkdirRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 12: rdmafs.meta.v1.SymlinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 13: rdmafs.meta.v1.LinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 14: rdmafs.meta.v1.UnlinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 15: rdmafs.meta.v1.RmdirRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 16: rdmafs.meta.v1.RenameRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 17: rdmafs.meta.v1.ReadDirRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	6,   // 18: rdmafs.meta.v1.DirEntry.attr:type_name -> rdmafs.meta.v1.Attr
+	30,  // 19: rdmafs.meta.v1.ReadDirReply.entries:type_name -> rdmafs.meta.v1.DirEntry
+	4,   // 20: rdmafs.meta.v1.GetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 21: rdmafs.meta.v1.SetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 22: rdmafs.meta.v1.ListXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 23: rdmafs.meta.v1.RemoveXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 24: rdmafs.meta.v1.SnapshotRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 25: rdmafs.meta.v1.RemoveTreeRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 26: rdmafs.meta.v1.TrashRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	3,   // 27: rdmafs.meta.v1.TrashRequest.op:type_name -> rdmafs.meta.v1.TrashRequest.Op
+	43,  // 28: rdmafs.meta.v1.TrashReply.entries:type_name -> rdmafs.meta.v1.TrashEntry
+	46,  // 29: rdmafs.meta.v1.ConfigReply.items:type_name -> rdmafs.meta.v1.ConfigItem
+	53,  // 30: rdmafs.meta.v1.BatchRequest.calls:type_name -> rdmafs.meta.v1.BatchCall
+	55,  // 31: rdmafs.meta.v1.BatchReply.results:type_name -> rdmafs.meta.v1.BatchResult
+	4,   // 32: rdmafs.meta.v1.OpenRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 33: rdmafs.meta.v1.SetLayoutRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 34: rdmafs.meta.v1.SetLayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
+	4,   // 35: rdmafs.meta.v1.RelayoutRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 36: rdmafs.meta.v1.RelayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
+	5,   // 37: rdmafs.meta.v1.LayoutReply.layout:type_name -> rdmafs.meta.v1.Layout
+	5,   // 38: rdmafs.meta.v1.StripeGrant.layout:type_name -> rdmafs.meta.v1.Layout
+	68,  // 39: rdmafs.meta.v1.StripeGrant.shards:type_name -> rdmafs.meta.v1.Shard
+	70,  // 40: rdmafs.meta.v1.GrantWriteReply.grants:type_name -> rdmafs.meta.v1.StripeGrant
+	68,  // 41: rdmafs.meta.v1.StripeCommit.shards:type_name -> rdmafs.meta.v1.Shard
+	68,  // 42: rdmafs.meta.v1.ReplaceShardsReply.shards:type_name -> rdmafs.meta.v1.Shard
+	72,  // 43: rdmafs.meta.v1.CommitStripesRequest.stripes:type_name -> rdmafs.meta.v1.StripeCommit
+	6,   // 44: rdmafs.meta.v1.CommitStripesReply.attr:type_name -> rdmafs.meta.v1.Attr
+	5,   // 45: rdmafs.meta.v1.StripeInfo.layout:type_name -> rdmafs.meta.v1.Layout
+	68,  // 46: rdmafs.meta.v1.StripeInfo.shards:type_name -> rdmafs.meta.v1.Shard
+	78,  // 47: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
+	5,   // 48: rdmafs.meta.v1.GetStripesReply.layout:type_name -> rdmafs.meta.v1.Layout
+	82,  // 49: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
+	84,  // 50: rdmafs.meta.v1.HeartbeatRequest.scrub:type_name -> rdmafs.meta.v1.ScrubReport
+	82,  // 51: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
+	82,  // 52: rdmafs.meta.v1.InventoryRequest.chunks:type_name -> rdmafs.meta.v1.ChunkRef
+	5,   // 53: rdmafs.meta.v1.StripeDetail.layout:type_name -> rdmafs.meta.v1.Layout
+	90,  // 54: rdmafs.meta.v1.StripeDetail.shards:type_name -> rdmafs.meta.v1.ShardInfo
+	6,   // 55: rdmafs.meta.v1.InfoReply.attr:type_name -> rdmafs.meta.v1.Attr
+	5,   // 56: rdmafs.meta.v1.InfoReply.layout:type_name -> rdmafs.meta.v1.Layout
+	91,  // 57: rdmafs.meta.v1.InfoReply.stripes:type_name -> rdmafs.meta.v1.StripeDetail
+	92,  // 58: rdmafs.meta.v1.InfoReply.totals:type_name -> rdmafs.meta.v1.TreeTotals
+	84,  // 59: rdmafs.meta.v1.ChunkserverStatus.scrub:type_name -> rdmafs.meta.v1.ScrubReport
+	5,   // 60: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
+	97,  // 61: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
+	119, // 62: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
+	99,  // 63: rdmafs.meta.v1.StatusReply.scrub:type_name -> rdmafs.meta.v1.ScrubStatus
+	66,  // 64: rdmafs.meta.v1.StatusReply.relayout:type_name -> rdmafs.meta.v1.RelayoutStatus
+	6,   // 65: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
+	5,   // 66: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
+	5,   // 67: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	68,  // 68: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	39,  // 69: rdmafs.meta.v1.SnapshotJob.totals:type_name -> rdmafs.meta.v1.SnapshotReply
+	68,  // 70: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	5,   // 71: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	110, // 72: rdmafs.meta.v1.SessionRecord.ino_ranges:type_name -> rdmafs.meta.v1.InoRange
+	5,   // 73: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
+	5,   // 74: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
+	68,  // 75: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
+	5,   // 76: rdmafs.meta.v1.RepairTask.relayout_to:type_name -> rdmafs.meta.v1.Layout
+	113, // 77: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
+	82,  // 78: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
+	112, // 79: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
+	123, // 80: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
+	122, // 81: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
+	2,   // 82: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
+	124, // 83: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
+	124, // 84: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
+	124, // 85: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
+	8,   // 86: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
+	14,  // 87: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
+	16,  // 88: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
+	17,  // 89: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
+	18,  // 90: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
+	19,  // 91: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
+	20,  // 92: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
+	21,  // 93: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
+	23,  // 94: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
+	24,  // 95: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
+	25,  // 96: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
+	28,  // 97: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
+	29,  // 98: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
+	32,  // 99: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
+	34,  // 100: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
+	35,  // 101: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
+	37,  // 102: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
+	48,  // 103: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
+	27,  // 104: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
+	50,  // 105: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
+	56,  // 106: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
+	52,  // 107: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
+	58,  // 108: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
+	11,  // 109: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
+	59,  // 110: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
+	60,  // 111: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
+	61,  // 112: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
+	126, // 113: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
+	62,  // 114: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
+	63,  // 115: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
+	64,  // 116: rdmafs.meta.v1.Meta.Relayout:input_type -> rdmafs.meta.v1.RelayoutRequest
+	69,  // 117: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
+	75,  // 118: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
+	73,  // 119: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
+	77,  // 120: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
+	89,  // 121: rdmafs.meta.v1.Meta.Info:input_type -> rdmafs.meta.v1.InfoRequest
+	38,  // 122: rdmafs.meta.v1.Meta.Snapshot:input_type -> rdmafs.meta.v1.SnapshotRequest
+	40,  // 123: rdmafs.meta.v1.Meta.RemoveTree:input_type -> rdmafs.meta.v1.RemoveTreeRequest
+	42,  // 124: rdmafs.meta.v1.Meta.Trash:input_type -> rdmafs.meta.v1.TrashRequest
+	45,  // 125: rdmafs.meta.v1.Meta.Config:input_type -> rdmafs.meta.v1.ConfigRequest
+	94,  // 126: rdmafs.meta.v1.Meta.Check:input_type -> rdmafs.meta.v1.CheckRequest
+	80,  // 127: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
+	83,  // 128: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
+	96,  // 129: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
+	114, // 130: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
+	116, // 131: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
+	87,  // 132: rdmafs.meta.v1.Meta.Scrub:input_type -> rdmafs.meta.v1.ScrubRequest
+	86,  // 133: rdmafs.meta.v1.Meta.Inventory:input_type -> rdmafs.meta.v1.InventoryRequest
+	117, // 134: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
+	9,   // 135: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
+	15,  // 136: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	15,  // 137: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	9,   // 138: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
+	9,   // 139: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
+	9,   // 140: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
+	9,   // 141: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
+	22,  // 142: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
+	9,   // 143: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
+	13,  // 144: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
+	13,  // 145: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
+	26,  // 146: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
+	31,  // 147: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
+	33,  // 148: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
+	26,  // 149: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
+	36,  // 150: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
+	26,  // 151: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
+	49,  // 152: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
+	26,  // 153: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
+	51,  // 154: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
+	57,  // 155: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
+	54,  // 156: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
+	26,  // 157: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
+	12,  // 158: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
+	26,  // 159: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
+	15,  // 160: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
+	26,  // 161: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
+	127, // 162: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
+	26,  // 163: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
+	67,  // 164: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
+	65,  // 165: rdmafs.meta.v1.Meta.Relayout:output_type -> rdmafs.meta.v1.RelayoutReply
+	71,  // 166: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
+	76,  // 167: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
+	74,  // 168: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
+	79,  // 169: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
+	93,  // 170: rdmafs.meta.v1.Meta.Info:output_type -> rdmafs.meta.v1.InfoReply
+	39,  // 171: rdmafs.meta.v1.Meta.Snapshot:output_type -> rdmafs.meta.v1.SnapshotReply
+	41,  // 172: rdmafs.meta.v1.Meta.RemoveTree:output_type -> rdmafs.meta.v1.RemoveTreeReply
+	44,  // 173: rdmafs.meta.v1.Meta.Trash:output_type -> rdmafs.meta.v1.TrashReply
+	47,  // 174: rdmafs.meta.v1.Meta.Config:output_type -> rdmafs.meta.v1.ConfigReply
+	95,  // 175: rdmafs.meta.v1.Meta.Check:output_type -> rdmafs.meta.v1.CheckReply
+	81,  // 176: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
+	85,  // 177: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
+	98,  // 178: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
+	115, // 179: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
+	26,  // 180: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
+	88,  // 181: rdmafs.meta.v1.Meta.Scrub:output_type -> rdmafs.meta.v1.ScrubReply
+	26,  // 182: rdmafs.meta.v1.Meta.Inventory:output_type -> rdmafs.meta.v1.Empty
+	118, // 183: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
+	135, // [135:184] is the sub-list for method output_type
+	86,  // [86:135] is the sub-list for method input_type
+	86,  // [86:86] is the sub-list for extension type_name
+	86,  // [86:86] is the sub-list for extension extendee
+	0,   // [0:86] is the sub-list for field type_name
 }
 
 func init() { file_meta_proto_init() }
@@ -9734,8 +10411,8 @@ func file_meta_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_proto_rawDesc), len(file_meta_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   117,
+			NumEnums:      4,
+			NumMessages:   124,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

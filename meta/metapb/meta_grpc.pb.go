@@ -61,6 +61,8 @@ const (
 	Meta_Info_FullMethodName          = "/rdmafs.meta.v1.Meta/Info"
 	Meta_Snapshot_FullMethodName      = "/rdmafs.meta.v1.Meta/Snapshot"
 	Meta_RemoveTree_FullMethodName    = "/rdmafs.meta.v1.Meta/RemoveTree"
+	Meta_Trash_FullMethodName         = "/rdmafs.meta.v1.Meta/Trash"
+	Meta_Config_FullMethodName        = "/rdmafs.meta.v1.Meta/Config"
 	Meta_Check_FullMethodName         = "/rdmafs.meta.v1.Meta/Check"
 	Meta_Register_FullMethodName      = "/rdmafs.meta.v1.Meta/Register"
 	Meta_Heartbeat_FullMethodName     = "/rdmafs.meta.v1.Meta/Heartbeat"
@@ -126,6 +128,10 @@ type MetaClient interface {
 	Snapshot(ctx context.Context, in *SnapshotRequest, opts ...grpc.CallOption) (*SnapshotReply, error)
 	// RemoveTree removes a tree on the server (rdmafs rmr).
 	RemoveTree(ctx context.Context, in *RemoveTreeRequest, opts ...grpc.CallOption) (*RemoveTreeReply, error)
+	// Trash lists, restores or purges deleted files (rdmafs trash).
+	Trash(ctx context.Context, in *TrashRequest, opts ...grpc.CallOption) (*TrashReply, error)
+	// Config reads or changes cluster settings (rdmafs config).
+	Config(ctx context.Context, in *ConfigRequest, opts ...grpc.CallOption) (*ConfigReply, error)
 	// Check: the metadata consistency check, and with repair its safe fixes
 	// (rdmafs admin check).
 	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckReply, error)
@@ -529,6 +535,26 @@ func (c *metaClient) RemoveTree(ctx context.Context, in *RemoveTreeRequest, opts
 	return out, nil
 }
 
+func (c *metaClient) Trash(ctx context.Context, in *TrashRequest, opts ...grpc.CallOption) (*TrashReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TrashReply)
+	err := c.cc.Invoke(ctx, Meta_Trash_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *metaClient) Config(ctx context.Context, in *ConfigRequest, opts ...grpc.CallOption) (*ConfigReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ConfigReply)
+	err := c.cc.Invoke(ctx, Meta_Config_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *metaClient) Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckReply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CheckReply)
@@ -673,6 +699,10 @@ type MetaServer interface {
 	Snapshot(context.Context, *SnapshotRequest) (*SnapshotReply, error)
 	// RemoveTree removes a tree on the server (rdmafs rmr).
 	RemoveTree(context.Context, *RemoveTreeRequest) (*RemoveTreeReply, error)
+	// Trash lists, restores or purges deleted files (rdmafs trash).
+	Trash(context.Context, *TrashRequest) (*TrashReply, error)
+	// Config reads or changes cluster settings (rdmafs config).
+	Config(context.Context, *ConfigRequest) (*ConfigReply, error)
 	// Check: the metadata consistency check, and with repair its safe fixes
 	// (rdmafs admin check).
 	Check(context.Context, *CheckRequest) (*CheckReply, error)
@@ -809,6 +839,12 @@ func (UnimplementedMetaServer) Snapshot(context.Context, *SnapshotRequest) (*Sna
 }
 func (UnimplementedMetaServer) RemoveTree(context.Context, *RemoveTreeRequest) (*RemoveTreeReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method RemoveTree not implemented")
+}
+func (UnimplementedMetaServer) Trash(context.Context, *TrashRequest) (*TrashReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Trash not implemented")
+}
+func (UnimplementedMetaServer) Config(context.Context, *ConfigRequest) (*ConfigReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Config not implemented")
 }
 func (UnimplementedMetaServer) Check(context.Context, *CheckRequest) (*CheckReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Check not implemented")
@@ -1542,6 +1578,42 @@ func _Meta_RemoveTree_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Meta_Trash_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TrashRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).Trash(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_Trash_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).Trash(ctx, req.(*TrashRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Meta_Config_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ConfigRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).Config(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_Config_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).Config(ctx, req.(*ConfigRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Meta_Check_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CheckRequest)
 	if err := dec(in); err != nil {
@@ -1862,6 +1934,14 @@ var Meta_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RemoveTree",
 			Handler:    _Meta_RemoveTree_Handler,
+		},
+		{
+			MethodName: "Trash",
+			Handler:    _Meta_Trash_Handler,
+		},
+		{
+			MethodName: "Config",
+			Handler:    _Meta_Config_Handler,
 		},
 		{
 			MethodName: "Check",

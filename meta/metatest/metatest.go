@@ -88,6 +88,11 @@ func Format(t testing.TB, dataDir string, layout stripe.Layout) string {
 	if _, err := server.Format(context.Background(), dataDir, secretFile, layout); err != nil {
 		t.Fatalf("metatest: format %s: %v", dataDir, err)
 	}
+	// Deletes free space at once, as the tests of deletion expect; the
+	// trash has tests of its own.
+	if err := server.SetTrash(context.Background(), dataDir, "", 0); err != nil {
+		t.Fatalf("metatest: %v", err)
+	}
 	return secretFile
 }
 

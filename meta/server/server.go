@@ -71,6 +71,21 @@ func FormatStore(ctx context.Context, dataDir, kvURL, secretFile string, layout 
 	return id, nil
 }
 
+// SetTrash records in the formatted store of dataDir (or kvURL), while no
+// server runs on it, how long deleted files are kept in the trash (0: no
+// trash; format leaves the default, a day).
+func SetTrash(ctx context.Context, dataDir, kvURL string, d time.Duration) error {
+	store, err := OpenStore(ctx, dataDir, kvURL, nil)
+	if err != nil {
+		return err
+	}
+	err = core.SetTrashTime(ctx, store, d)
+	if cerr := store.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
 // OpenStore opens the metadata store: the etcd URL kvURL when set (with
 // group commit, as the server uses it), else bbolt in dataDir. For tools
 // (format, dump, load) that use the store while no server writes to it.
