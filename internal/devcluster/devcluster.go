@@ -46,10 +46,10 @@ type Config struct {
 	// TrashDays is format's --trash-days; default "0": deletes free space
 	// at once, as the tests of deletion expect (rdmafs dev up passes 1).
 	TrashDays string
-	Transport    string // rdma transport for chunkd and the client (default "auto")
-	ChunkdMem    string // registered memory per chunkd (default "256MiB")
-	ClientMem    string // client buffer memory (default "256MiB")
-	Mount        bool   // also mount at Dir/mnt
+	Transport string // rdma transport for chunkd and the client (default "auto")
+	ChunkdMem string // registered memory per chunkd (default "256MiB")
+	ClientMem string // client buffer memory (default "256MiB")
+	Mount     bool   // also mount at Dir/mnt
 	// HeartbeatTimeout marks a chunkserver down (default 10s; short in tests).
 	HeartbeatTimeout time.Duration
 	// MetaArgs and ChunkdArgs are extra flags for rdmafs meta and every

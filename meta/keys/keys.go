@@ -212,7 +212,9 @@ func ParseTrash(key []byte) (uint64, error) {
 }
 
 // TrashTime is the key ordering the trash by deletion time (Unix ns).
-func TrashTime(deletedNs int64, ino uint64) []byte { return u64s(PrefixTrashTime, uint64(deletedNs), ino) }
+func TrashTime(deletedNs int64, ino uint64) []byte {
+	return u64s(PrefixTrashTime, uint64(deletedNs), ino)
+}
 
 // TrashBefore is the end of the range of TrashTime keys of files deleted
 // before deletedNs.
