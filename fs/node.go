@@ -1000,6 +1000,9 @@ func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 	if size, e, ok := n.trashXattr(ctx, attr, dest); ok {
 		return size, e
 	}
+	if size, e, ok := n.quotaXattr(ctx, attr, dest); ok {
+		return size, e
+	}
 	if attr == MetricsXattr {
 		return n.metricsXattr(dest)
 	}
@@ -1061,6 +1064,8 @@ func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 		return n.setRmr(ctx, data)
 	case TrashXattr:
 		return n.setTrash(ctx, data)
+	case QuotaXattr:
+		return n.setQuota(ctx, data)
 	}
 	if attr == LayoutXattr {
 		l, err := stripe.ParseLayout(string(data))

@@ -65,6 +65,7 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(newRmrCommand())
 	root.AddCommand(newTrashCommand())
 	root.AddCommand(newConfigCommand())
+	root.AddCommand(newQuotaCommand())
 	root.AddCommand(newStatusCommand())
 	root.AddCommand(newStatsCommand())
 	root.AddCommand(newMountCommand())

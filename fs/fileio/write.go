@@ -40,13 +40,16 @@ func (w *writeFailed) Error() string { return w.err.Error() }
 func (w *writeFailed) Unwrap() error { return w.err }
 
 // failWrite makes err a write that failed for good, as the application
-// sees it: ENOSPC when space was missing, else EIO.
+// sees it: ENOSPC when space was missing, EDQUOT past a quota, else EIO.
 func failWrite(err error) error {
 	if isWriteFailed(err) {
 		return err
 	}
 	if errors.Is(err, syscall.ENOSPC) || metaerr.Errno(err) == syscall.ENOSPC {
 		return &writeFailed{fmt.Errorf("%w (%v)", syscall.ENOSPC, err)}
+	}
+	if errors.Is(err, syscall.EDQUOT) || metaerr.Errno(err) == syscall.EDQUOT {
+		return &writeFailed{fmt.Errorf("%w (%v)", syscall.EDQUOT, err)}
 	}
 	return &writeFailed{fmt.Errorf("%w (%v)", syscall.EIO, err)}
 }
@@ -259,6 +262,8 @@ func (e *Engine) grant(ctx context.Context, ino uint64, stripes, inPlace []uint6
 			return g, nil
 		case errno == syscall.ENOSPC:
 			return nil, &writeFailed{fmt.Errorf("fileio: inode %d: no chunkserver has room: %w", ino, syscall.ENOSPC)}
+		case errno == syscall.EDQUOT:
+			return nil, &writeFailed{fmt.Errorf("fileio: inode %d: %v: %w", ino, err, syscall.EDQUOT)}
 		case errno != syscall.EHOSTDOWN:
 			return nil, err
 		case e.conns.AnyFull():

@@ -289,7 +289,7 @@ func (s *Service) fixNlink(ino uint64, seen *metapb.Attr, want uint32) func(cont
 				return "", err
 			}
 			rec.Attr.Nlink, rec.Attr.CtimeNs = want, s.now().UnixNano()
-			return fmt.Sprintf("inode %d: nlink %d set to %d", ino, seen.Nlink, want), putInode(t, rec)
+			return fmt.Sprintf("inode %d: nlink %d set to %d", ino, seen.Nlink, want), s.putInode(t, rec)
 		})
 	}
 }
@@ -332,10 +332,10 @@ func (s *Service) fixUnnamed(ino uint64, seen *metapb.Attr) func(context.Context
 			if err := t.Delete(keys.Orphan(ino)); err != nil {
 				return "", err
 			}
-			if err := putInode(t, rec); err != nil {
+			if err := s.putInode(t, rec); err != nil {
 				return "", err
 			}
-			return fmt.Sprintf("inode %d: linked as /%s/%s", ino, lostFound, name), putInode(t, p)
+			return fmt.Sprintf("inode %d: linked as /%s/%s", ino, lostFound, name), s.putInode(t, p)
 		})
 	}
 }
@@ -377,7 +377,7 @@ func (s *Service) fixUnlinked(ino uint64, seen *metapb.Attr) func(context.Contex
 				return fmt.Sprintf("inode %d: marked orphan (open, no links)", ino), t.Put(keys.Orphan(ino), nil)
 			}
 			purged = true
-			return fmt.Sprintf("inode %d: deleted (no links, not open)", ino), purgeInode(t, rec)
+			return fmt.Sprintf("inode %d: deleted (no links, not open)", ino), s.purgeInode(t, rec)
 		})
 		if err == nil && purged {
 			s.inodes.Add(-1)
@@ -458,7 +458,7 @@ func (s *Service) fixStored(ino uint64) func(context.Context) (string, error) {
 			}
 			old := rec.Attr.Stored
 			rec.Attr.Stored, rec.Attr.StoredKnown = stored, true
-			return fmt.Sprintf("inode %d: stored bytes %d set to %d", ino, old, stored), putInode(t, rec)
+			return fmt.Sprintf("inode %d: stored bytes %d set to %d", ino, old, stored), s.putInode(t, rec)
 		})
 	}
 }

@@ -309,6 +309,16 @@ func (s *Service) StatFS(ctx context.Context, req *metapb.StatFSRequest) (*metap
 		}
 		return &metapb.StatFSReply{BlockSize: bsize, Blocks: (bytes + bsize - 1) / bsize, Files: files, NameMax: NameMax}, nil
 	}
+	var quota *metapb.QuotaRecord
+	if req.Ino != 0 && s.quotas.hasDirs() {
+		if err := s.view(ctx, func(r kv.Reader) error {
+			var err error
+			quota, err = s.quotaStatFS(r, req.Ino)
+			return err
+		}); err != nil {
+			return nil, err
+		}
+	}
 	var capacity, free uint64
 	s.members.mu.Lock()
 	for _, mb := range s.members.byID {
@@ -322,8 +332,20 @@ func (s *Service) StatFS(ctx context.Context, req *metapb.StatFSRequest) (*metap
 	scale := func(b uint64) uint64 { return b / n * k / bsize }
 	files := uint64(max(s.inodes.Load(), 0))
 	const filesMax = 1 << 40
-	return &metapb.StatFSReply{BlockSize: bsize, Blocks: scale(capacity), BlocksFree: scale(free), BlocksAvail: scale(free),
-		Files: filesMax, FilesFree: filesMax - min(files, filesMax), NameMax: NameMax}, nil
+	out := &metapb.StatFSReply{BlockSize: bsize, Blocks: scale(capacity), BlocksFree: scale(free), BlocksAvail: scale(free),
+		Files: filesMax, FilesFree: filesMax - min(files, filesMax), NameMax: NameMax}
+	if quota != nil {
+		// df inside a directory with a quota shows the quota as the size.
+		if q := quota.SpaceLimit; q > 0 {
+			out.Blocks = q / bsize
+			left := (q - min(q, quota.SpaceUsed)) / bsize
+			out.BlocksFree, out.BlocksAvail = min(out.BlocksFree, left), min(out.BlocksAvail, left)
+		}
+		if q := quota.InodeLimit; q > 0 {
+			out.Files, out.FilesFree = q, q-min(q, quota.InodesUsed)
+		}
+	}
+	return out, nil
 }
 
 // Status implements metapb.MetaServer: membership, counts and degraded

@@ -33,6 +33,7 @@ func (s *Service) Lookup(ctx context.Context, req *metapb.LookupRequest) (*metap
 	// that commits it after the lookup would otherwise go unseen. So is a
 	// lease before the directory's names are listed.
 	reserved := req.Reserve && c.Session != 0 && s.checkSession(c.Session) == nil &&
+		!s.underQuota(ctx, c, req.Parent) &&
 		s.reserved.reserve(c.Session, req.Parent, req.Name, s.now(), s.cfg.ReserveTTL)
 	var lease *dirLease
 	if reserved && req.Lease {
@@ -237,10 +238,10 @@ func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, n
 			return err
 		}
 		p.Attr.MtimeNs, p.Attr.CtimeNs = now, now
-		if err := putInode(t, p); err != nil {
+		if err := s.putInode(t, p); err != nil {
 			return err
 		}
-		if err := putInode(t, rec); err != nil {
+		if err := s.putInode(t, rec); err != nil {
 			return err
 		}
 		if n.session != 0 {
@@ -362,10 +363,10 @@ func (s *Service) Link(ctx context.Context, req *metapb.LinkRequest) (*metapb.En
 		src.Attr.Nlink++
 		src.Attr.CtimeNs = now
 		p.Attr.MtimeNs, p.Attr.CtimeNs = now, now
-		if err := putInode(t, src); err != nil {
+		if err := s.putInode(t, src); err != nil {
 			return err
 		}
-		if err := putInode(t, p); err != nil {
+		if err := s.putInode(t, p); err != nil {
 			return err
 		}
 		out = &metapb.EntryReply{Attr: src.Attr, Cookie: cookie}
@@ -497,7 +498,7 @@ func (s *Service) removeTxn(t kv.Txn, c *metapb.Caller, parent uint64, name stri
 		p.Attr.Nlink--
 	}
 	p.Attr.MtimeNs, p.Attr.CtimeNs = now, now
-	if err := putInode(t, p); err != nil {
+	if err := s.putInode(t, p); err != nil {
 		return nil, 0, err
 	}
 	purged, err := s.dropLink(t, child, parent, name, now)
@@ -516,7 +517,7 @@ func (s *Service) dropLink(t kv.Txn, child *metapb.InodeRecord, parent uint64, n
 	}
 	child.Attr.CtimeNs = now
 	if child.Attr.Nlink > 0 {
-		return 0, putInode(t, child)
+		return 0, s.putInode(t, child)
 	}
 	if isReg(child.Attr) && s.trashTime() > 0 {
 		return 0, s.toTrash(t, child, parent, name, now)
@@ -526,12 +527,12 @@ func (s *Service) dropLink(t kv.Txn, child *metapb.InodeRecord, parent uint64, n
 		return 0, err
 	}
 	if open {
-		if err := putInode(t, child); err != nil {
+		if err := s.putInode(t, child); err != nil {
 			return 0, err
 		}
 		return 0, t.Put(keys.Orphan(child.Attr.Ino), nil)
 	}
-	return 1, purgeInode(t, child)
+	return 1, s.purgeInode(t, child)
 }
 
 // awaitChildDir waits until no other session holds a name in the

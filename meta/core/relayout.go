@@ -202,7 +202,7 @@ func (s *Service) Relayout(ctx context.Context, req *metapb.RelayoutRequest) (*m
 					}
 					rec.DirLayout = metapb.LayoutOf(l)
 					rec.Attr.CtimeNs = s.now().UnixNano()
-					if err := putInode(t, rec); err != nil {
+					if err := s.putInode(t, rec); err != nil {
 						return err
 					}
 					continue
@@ -218,7 +218,7 @@ func (s *Service) Relayout(ctx context.Context, req *metapb.RelayoutRequest) (*m
 					continue
 				}
 				rec.Attr.Layout = metapb.LayoutOf(l)
-				if err := putInode(t, rec); err != nil {
+				if err := s.putInode(t, rec); err != nil {
 					return err
 				}
 				if err := t.Put(keys.Relayout(it.ino), nil); err != nil {

@@ -52,8 +52,13 @@ func (s *Service) Rename(ctx context.Context, req *metapb.RenameRequest) (*metap
 		if err := r.check(t); err != nil {
 			return err
 		}
+		if (r.srcDir() || exchange && r.dstDir()) && r.crossDir() {
+			if err := s.checkRenameQuotas(t, req.Parent, req.NewParent); err != nil {
+				return err
+			}
+		}
 		if exchange {
-			if err := r.exchangeEntries(t); err != nil {
+			if err := r.exchangeEntries(t, s); err != nil {
 				return err
 			}
 		} else {
@@ -63,7 +68,7 @@ func (s *Service) Rename(ctx context.Context, req *metapb.RenameRequest) (*metap
 			}
 			purged = n
 		}
-		return r.store(t)
+		return r.store(t, s)
 	})
 	if err != nil {
 		return nil, err
@@ -197,7 +202,7 @@ func (r *renameTx) check(t kv.Txn) error {
 
 // exchangeEntries swaps what the two names link (RENAME_EXCHANGE); each
 // entry keeps its readdir cookie.
-func (r *renameTx) exchangeEntries(t kv.Txn) error {
+func (r *renameTx) exchangeEntries(t kv.Txn, s *Service) error {
 	req, src, dst, sd, dd := r.req, r.src, r.dst, r.sd, r.dd
 	if err := putMsg(t, keys.Dentry(req.Parent, req.Name), &metapb.DentryRecord{Ino: dst.Attr.Ino, Type: dd.Type, Cookie: sd.Cookie}); err != nil {
 		return err
@@ -224,7 +229,7 @@ func (r *renameTx) exchangeEntries(t kv.Txn) error {
 		}
 	}
 	dst.Attr.CtimeNs = r.now
-	return putInode(t, dst)
+	return s.putInode(t, dst)
 }
 
 // moveEntry removes the old name and links the source under the new one
@@ -261,18 +266,18 @@ func (r *renameTx) moveEntry(t kv.Txn, s *Service) (purged int64, err error) {
 
 // store sets the times a rename changes and writes the source inode and
 // the directories.
-func (r *renameTx) store(t kv.Txn) error {
+func (r *renameTx) store(t kv.Txn, s *Service) error {
 	r.src.Attr.CtimeNs = r.now
 	r.sp.Attr.MtimeNs, r.sp.Attr.CtimeNs = r.now, r.now
 	r.dp.Attr.MtimeNs, r.dp.Attr.CtimeNs = r.now, r.now
-	if err := putInode(t, r.src); err != nil {
+	if err := s.putInode(t, r.src); err != nil {
 		return err
 	}
-	if err := putInode(t, r.sp); err != nil {
+	if err := s.putInode(t, r.sp); err != nil {
 		return err
 	}
 	if r.crossDir() {
-		return putInode(t, r.dp)
+		return s.putInode(t, r.dp)
 	}
 	return nil
 }

@@ -134,6 +134,7 @@ type Service struct {
 
 	inodes  atomic.Int64 // number of inodes, for statfs
 	trashNs atomic.Int64 // how long deleted files are kept (trash.go)
+	quotas  quotaSet     // the quotas that exist (quota.go)
 
 	members members
 	scrub   scrubState // under members.mu
@@ -289,6 +290,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		s.cluster = cl
 		s.def = cl.DefaultLayout.Stripe()
 		s.loadTrashTime(cl)
+		if err := s.loadQuotas(r); err != nil {
+			return err
+		}
 		if err := r.Scan([]byte{keys.PrefixChunkserver}, []byte{keys.PrefixChunkserver + 1}, 0, func(k, v []byte) error {
 			rec := &metapb.ChunkserverRecord{}
 			if err := proto.Unmarshal(v, rec); err != nil {

@@ -235,7 +235,7 @@ func (s *Service) truncateOnOpen(t kv.Txn, rec *metapb.InodeRecord) error {
 			return err
 		}
 	}
-	return putInode(t, rec)
+	return s.putInode(t, rec)
 }
 
 // openInTxn checks the access mode of flags and records the open.
@@ -359,7 +359,7 @@ func (s *Service) releaseAll(t kv.Txn, ino, session uint64) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return 1, purgeInode(t, rec)
+	return 1, s.purgeInode(t, rec)
 }
 
 func isOpen(r kv.Reader, ino uint64) (bool, error) {
@@ -396,8 +396,20 @@ func opensOf(r kv.Reader, ino uint64, fn func(session uint64, write bool) error)
 
 // purgeInode deletes an inode with its xattrs, stripes and outstanding
 // grants; the chunks of its stripes are queued for garbage collection.
-func purgeInode(t kv.Txn, rec *metapb.InodeRecord) error {
+func (s *Service) purgeInode(t kv.Txn, rec *metapb.InodeRecord) error {
 	ino := rec.Attr.Ino
+	if s.quotas.n.Load() > 0 {
+		// What a deleted inode counted for (it may still have had a link
+		// in the store: dropLink deletes without storing it first).
+		old := &metapb.InodeRecord{}
+		if ok, err := getMsg(t, keys.Inode(ino), old); err != nil {
+			return err
+		} else if ok {
+			if err := s.account(t, old, nil); err != nil {
+				return err
+			}
+		}
+	}
 	for _, prefix := range [][]byte{keys.XattrPrefix(ino)} {
 		if err := deletePrefix(t, prefix); err != nil {
 			return err

@@ -131,7 +131,7 @@ func (s *Service) SetAttr(ctx context.Context, req *metapb.SetAttrRequest) (*met
 		} else if changed {
 			a.CtimeNs = now
 		}
-		if err := putInode(t, rec); err != nil {
+		if err := s.putInode(t, rec); err != nil {
 			return err
 		}
 		out = &metapb.AttrReply{Attr: a}

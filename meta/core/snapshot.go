@@ -366,7 +366,7 @@ func (sn *snapshotTxn) copyDir(task *metapb.SnapshotTask) (bool, error) {
 		task.After, task.Started = e.name, true
 		sn.budget--
 	}
-	return finished, putInode(t, dst)
+	return finished, sn.s.putInode(t, dst)
 }
 
 // copyEntry copies the source entry name → d into directory dst.
@@ -435,10 +435,10 @@ func (sn *snapshotTxn) link(p *metapb.InodeRecord, name string, child *metapb.In
 		p.Attr.Nlink++
 	}
 	p.Attr.MtimeNs, p.Attr.CtimeNs = sn.now, sn.now
-	if err := putInode(sn.t, child); err != nil {
+	if err := sn.s.putInode(sn.t, child); err != nil {
 		return err
 	}
-	return putInode(sn.t, p)
+	return sn.s.putInode(sn.t, p)
 }
 
 // newCopy returns a copy of src under a new inode number in directory

@@ -41,7 +41,7 @@ func (s *Service) SetLayout(ctx context.Context, req *metapb.SetLayoutRequest) (
 		}
 		rec.DirLayout = metapb.LayoutOf(l)
 		rec.Attr.CtimeNs = s.now().UnixNano()
-		return putInode(t, rec)
+		return s.putInode(t, rec)
 	})
 }
 
@@ -117,6 +117,9 @@ func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest)
 		out.Grants = out.Grants[:0]
 		rec, err := getFile(t, req.Ino)
 		if err != nil {
+			return err
+		}
+		if err := s.checkSpaceQuota(t, rec); err != nil {
 			return err
 		}
 		l := rec.Attr.Layout
@@ -394,7 +397,7 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 		a.CtimeNs = now
 		// Set-user-ID and set-group-ID stay: the mount clears them when
 		// the writer lacks CAP_FSETID, as the kernel asks (fs/killpriv.go).
-		if err := putInode(t, rec); err != nil {
+		if err := s.putInode(t, rec); err != nil {
 			return err
 		}
 		out = &metapb.CommitStripesReply{Attr: a, Versions: versions}

@@ -65,7 +65,7 @@ func (s *Service) toTrash(t kv.Txn, child *metapb.InodeRecord, parent uint64, na
 	if err := t.Put(keys.TrashTime(now, ino), nil); err != nil {
 		return err
 	}
-	return putInode(t, child)
+	return s.putInode(t, child)
 }
 
 // storedBytes returns the bytes of file data a file holds.
@@ -323,10 +323,10 @@ func (s *Service) restore(ctx context.Context, c *metapb.Caller, ino uint64) err
 		p.Attr.MtimeNs, p.Attr.CtimeNs = now, now
 		in.Attr.Nlink, in.Attr.CtimeNs = 1, now
 		in.Parent = rec.Parent
-		if err := putInode(t, p); err != nil {
+		if err := s.putInode(t, p); err != nil {
 			return err
 		}
-		if err := putInode(t, in); err != nil {
+		if err := s.putInode(t, in); err != nil {
 			return err
 		}
 		return untrash(t, ino, rec)
@@ -343,7 +343,7 @@ func untrash(t kv.Txn, ino uint64, rec *metapb.TrashRecord) error {
 }
 
 // purgeTrashed deletes a file of the trash now (once closed, if open).
-func purgeTrashed(t kv.Txn, ino uint64, rec *metapb.TrashRecord) (int64, error) {
+func (s *Service) purgeTrashed(t kv.Txn, ino uint64, rec *metapb.TrashRecord) (int64, error) {
 	if err := untrash(t, ino, rec); err != nil {
 		return 0, err
 	}
@@ -359,7 +359,7 @@ func purgeTrashed(t kv.Txn, ino uint64, rec *metapb.TrashRecord) (int64, error) 
 	} else if open {
 		return 0, t.Put(keys.Orphan(ino), nil)
 	}
-	return 1, purgeInode(t, in)
+	return 1, s.purgeInode(t, in)
 }
 
 // purgeTrash purges the listed files, or with all every file c may see, in
@@ -374,7 +374,7 @@ func (s *Service) purgeTrash(ctx context.Context, c *metapb.Caller, req *metapb.
 				if err != nil {
 					return err
 				}
-				purged, err = purgeTrashed(t, ino, rec)
+				purged, err = s.purgeTrashed(t, ino, rec)
 				return err
 			})
 			if err != nil {
@@ -426,7 +426,7 @@ func (s *Service) purgeTrashBatch(ctx context.Context, match func(*metapb.TrashR
 			return err
 		}
 		for _, it := range items {
-			p, err := purgeTrashed(t, it.ino, it.rec)
+			p, err := s.purgeTrashed(t, it.ino, it.rec)
 			if err != nil {
 				return err
 			}
@@ -467,7 +467,7 @@ func (s *Service) expireTrash(ctx context.Context) error {
 				} else if !ok {
 					continue
 				}
-				p, err := purgeTrashed(t, ino, rec)
+				p, err := s.purgeTrashed(t, ino, rec)
 				if err != nil {
 					return err
 				}

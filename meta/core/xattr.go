@@ -149,7 +149,7 @@ func (s *Service) xattrTxn(ctx context.Context, change func(t kv.Txn) (*metapb.I
 			return err
 		}
 		rec.Attr.CtimeNs = s.now().UnixNano()
-		return putInode(t, rec)
+		return s.putInode(t, rec)
 	}); err != nil {
 		return nil, err
 	}

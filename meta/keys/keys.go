@@ -35,6 +35,8 @@ const (
 	PrefixSnapLink    = 'h' // h dst src -> uint64 (the copy of a hard-linked file)
 	PrefixTrash       = 'T' // T ino -> TrashRecord (a deleted file kept)
 	PrefixTrashTime   = 'U' // U deleted_ns ino -> empty (the trash by time, for expiry)
+	PrefixDirQuota    = 'Q' // Q ino -> QuotaRecord (a directory's quota)
+	PrefixIDQuota     = 'W' // W kind id -> QuotaRecord (a user's or group's quota)
 )
 
 // ErrMalformed reports a key that does not have the expected shape.
@@ -227,6 +229,38 @@ func ParseTrashTime(key []byte) (deletedNs int64, ino uint64, err error) {
 		return 0, 0, err
 	}
 	return int64(v[0]), v[1], nil
+}
+
+// DirQuota is the key of the quota of directory ino.
+func DirQuota(ino uint64) []byte { return u64s(PrefixDirQuota, ino) }
+
+// ParseDirQuota returns the directory of a DirQuota key.
+func ParseDirQuota(key []byte) (uint64, error) {
+	v, err := fixed(key, PrefixDirQuota, 1)
+	if err != nil {
+		return 0, err
+	}
+	return v[0], nil
+}
+
+// Kinds of IDQuota.
+const (
+	QuotaUID = 'u'
+	QuotaGID = 'g'
+)
+
+// IDQuota is the key of the quota of user (kind QuotaUID) or group
+// (QuotaGID) id.
+func IDQuota(kind byte, id uint32) []byte {
+	return binary.BigEndian.AppendUint32([]byte{PrefixIDQuota, kind}, id)
+}
+
+// ParseIDQuota returns the kind and id of an IDQuota key.
+func ParseIDQuota(key []byte) (kind byte, id uint32, err error) {
+	if len(key) != 6 || key[0] != PrefixIDQuota || (key[1] != QuotaUID && key[1] != QuotaGID) {
+		return 0, 0, fmt.Errorf("%w: want a user or group quota key, got %x", ErrMalformed, key)
+	}
+	return key[1], binary.BigEndian.Uint32(key[2:]), nil
 }
 
 func u64s(prefix byte, vs ...uint64) []byte {

@@ -227,6 +227,61 @@ func (TrashRequest_Op) EnumDescriptor() ([]byte, []int) {
 	return file_meta_proto_rawDescGZIP(), []int{38, 0}
 }
 
+type QuotaRequest_Op int32
+
+const (
+	QuotaRequest_GET    QuotaRequest_Op = 0
+	QuotaRequest_SET    QuotaRequest_Op = 1 // set limits (0: none of that kind); usage is counted from the tree
+	QuotaRequest_DELETE QuotaRequest_Op = 2
+	QuotaRequest_LIST   QuotaRequest_Op = 3 // every quota
+	QuotaRequest_CHECK  QuotaRequest_Op = 4 // recount the usage of every quota (or the one named) and fix drift
+)
+
+// Enum value maps for QuotaRequest_Op.
+var (
+	QuotaRequest_Op_name = map[int32]string{
+		0: "GET",
+		1: "SET",
+		2: "DELETE",
+		3: "LIST",
+		4: "CHECK",
+	}
+	QuotaRequest_Op_value = map[string]int32{
+		"GET":    0,
+		"SET":    1,
+		"DELETE": 2,
+		"LIST":   3,
+		"CHECK":  4,
+	}
+)
+
+func (x QuotaRequest_Op) Enum() *QuotaRequest_Op {
+	p := new(QuotaRequest_Op)
+	*p = x
+	return p
+}
+
+func (x QuotaRequest_Op) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (QuotaRequest_Op) Descriptor() protoreflect.EnumDescriptor {
+	return file_meta_proto_enumTypes[4].Descriptor()
+}
+
+func (QuotaRequest_Op) Type() protoreflect.EnumType {
+	return &file_meta_proto_enumTypes[4]
+}
+
+func (x QuotaRequest_Op) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use QuotaRequest_Op.Descriptor instead.
+func (QuotaRequest_Op) EnumDescriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{44, 0}
+}
+
 // Caller identifies the user on whose behalf a namespace request runs; every
 // permission check uses it.
 type Caller struct {
@@ -3361,6 +3416,340 @@ func (x *ConfigReply) GetItems() []*ConfigItem {
 	return nil
 }
 
+// QuotaRequest reads or changes quotas: of a directory (ino: limits on the
+// space and inodes of everything below it) or, with by_uid or by_gid, of a
+// user or group in the whole file system. Changes need root or the cluster
+// secret.
+type QuotaRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	Op            QuotaRequest_Op        `protobuf:"varint,2,opt,name=op,proto3,enum=rdmafs.meta.v1.QuotaRequest_Op" json:"op,omitempty"`
+	Ino           uint64                 `protobuf:"varint,3,opt,name=ino,proto3" json:"ino,omitempty"`
+	ByUid         bool                   `protobuf:"varint,4,opt,name=by_uid,json=byUid,proto3" json:"by_uid,omitempty"`
+	ByGid         bool                   `protobuf:"varint,5,opt,name=by_gid,json=byGid,proto3" json:"by_gid,omitempty"`
+	Id            uint32                 `protobuf:"varint,6,opt,name=id,proto3" json:"id,omitempty"`
+	SpaceLimit    uint64                 `protobuf:"varint,7,opt,name=space_limit,json=spaceLimit,proto3" json:"space_limit,omitempty"` // bytes of file data
+	InodeLimit    uint64                 `protobuf:"varint,8,opt,name=inode_limit,json=inodeLimit,proto3" json:"inode_limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuotaRequest) Reset() {
+	*x = QuotaRequest{}
+	mi := &file_meta_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuotaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuotaRequest) ProtoMessage() {}
+
+func (x *QuotaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuotaRequest.ProtoReflect.Descriptor instead.
+func (*QuotaRequest) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *QuotaRequest) GetCaller() *Caller {
+	if x != nil {
+		return x.Caller
+	}
+	return nil
+}
+
+func (x *QuotaRequest) GetOp() QuotaRequest_Op {
+	if x != nil {
+		return x.Op
+	}
+	return QuotaRequest_GET
+}
+
+func (x *QuotaRequest) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
+func (x *QuotaRequest) GetByUid() bool {
+	if x != nil {
+		return x.ByUid
+	}
+	return false
+}
+
+func (x *QuotaRequest) GetByGid() bool {
+	if x != nil {
+		return x.ByGid
+	}
+	return false
+}
+
+func (x *QuotaRequest) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *QuotaRequest) GetSpaceLimit() uint64 {
+	if x != nil {
+		return x.SpaceLimit
+	}
+	return 0
+}
+
+func (x *QuotaRequest) GetInodeLimit() uint64 {
+	if x != nil {
+		return x.InodeLimit
+	}
+	return 0
+}
+
+// QuotaInfo is one quota with its usage.
+type QuotaInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"` // the directory (0 for a user or group quota)
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	ByUid         bool                   `protobuf:"varint,3,opt,name=by_uid,json=byUid,proto3" json:"by_uid,omitempty"`
+	ByGid         bool                   `protobuf:"varint,4,opt,name=by_gid,json=byGid,proto3" json:"by_gid,omitempty"`
+	Id            uint32                 `protobuf:"varint,5,opt,name=id,proto3" json:"id,omitempty"`
+	SpaceLimit    uint64                 `protobuf:"varint,6,opt,name=space_limit,json=spaceLimit,proto3" json:"space_limit,omitempty"`
+	InodeLimit    uint64                 `protobuf:"varint,7,opt,name=inode_limit,json=inodeLimit,proto3" json:"inode_limit,omitempty"`
+	SpaceUsed     uint64                 `protobuf:"varint,8,opt,name=space_used,json=spaceUsed,proto3" json:"space_used,omitempty"`
+	InodesUsed    uint64                 `protobuf:"varint,9,opt,name=inodes_used,json=inodesUsed,proto3" json:"inodes_used,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuotaInfo) Reset() {
+	*x = QuotaInfo{}
+	mi := &file_meta_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuotaInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuotaInfo) ProtoMessage() {}
+
+func (x *QuotaInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuotaInfo.ProtoReflect.Descriptor instead.
+func (*QuotaInfo) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *QuotaInfo) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
+func (x *QuotaInfo) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *QuotaInfo) GetByUid() bool {
+	if x != nil {
+		return x.ByUid
+	}
+	return false
+}
+
+func (x *QuotaInfo) GetByGid() bool {
+	if x != nil {
+		return x.ByGid
+	}
+	return false
+}
+
+func (x *QuotaInfo) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *QuotaInfo) GetSpaceLimit() uint64 {
+	if x != nil {
+		return x.SpaceLimit
+	}
+	return 0
+}
+
+func (x *QuotaInfo) GetInodeLimit() uint64 {
+	if x != nil {
+		return x.InodeLimit
+	}
+	return 0
+}
+
+func (x *QuotaInfo) GetSpaceUsed() uint64 {
+	if x != nil {
+		return x.SpaceUsed
+	}
+	return 0
+}
+
+func (x *QuotaInfo) GetInodesUsed() uint64 {
+	if x != nil {
+		return x.InodesUsed
+	}
+	return 0
+}
+
+type QuotaReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Quotas        []*QuotaInfo           `protobuf:"bytes,1,rep,name=quotas,proto3" json:"quotas,omitempty"`
+	Fixed         []string               `protobuf:"bytes,2,rep,name=fixed,proto3" json:"fixed,omitempty"` // CHECK: the usages that had drifted, corrected
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuotaReply) Reset() {
+	*x = QuotaReply{}
+	mi := &file_meta_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuotaReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuotaReply) ProtoMessage() {}
+
+func (x *QuotaReply) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuotaReply.ProtoReflect.Descriptor instead.
+func (*QuotaReply) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *QuotaReply) GetQuotas() []*QuotaInfo {
+	if x != nil {
+		return x.Quotas
+	}
+	return nil
+}
+
+func (x *QuotaReply) GetFixed() []string {
+	if x != nil {
+		return x.Fixed
+	}
+	return nil
+}
+
+// QuotaRecord is a quota's limits and usage (keys Q ino, W kind id).
+type QuotaRecord struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SpaceLimit    uint64                 `protobuf:"varint,1,opt,name=space_limit,json=spaceLimit,proto3" json:"space_limit,omitempty"`
+	InodeLimit    uint64                 `protobuf:"varint,2,opt,name=inode_limit,json=inodeLimit,proto3" json:"inode_limit,omitempty"`
+	SpaceUsed     uint64                 `protobuf:"varint,3,opt,name=space_used,json=spaceUsed,proto3" json:"space_used,omitempty"`
+	InodesUsed    uint64                 `protobuf:"varint,4,opt,name=inodes_used,json=inodesUsed,proto3" json:"inodes_used,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuotaRecord) Reset() {
+	*x = QuotaRecord{}
+	mi := &file_meta_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuotaRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuotaRecord) ProtoMessage() {}
+
+func (x *QuotaRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuotaRecord.ProtoReflect.Descriptor instead.
+func (*QuotaRecord) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *QuotaRecord) GetSpaceLimit() uint64 {
+	if x != nil {
+		return x.SpaceLimit
+	}
+	return 0
+}
+
+func (x *QuotaRecord) GetInodeLimit() uint64 {
+	if x != nil {
+		return x.InodeLimit
+	}
+	return 0
+}
+
+func (x *QuotaRecord) GetSpaceUsed() uint64 {
+	if x != nil {
+		return x.SpaceUsed
+	}
+	return 0
+}
+
+func (x *QuotaRecord) GetInodesUsed() uint64 {
+	if x != nil {
+		return x.InodesUsed
+	}
+	return 0
+}
+
 type StatFSRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// ino is the inode statfs was called on (0: the file system). The trash
@@ -3372,7 +3761,7 @@ type StatFSRequest struct {
 
 func (x *StatFSRequest) Reset() {
 	*x = StatFSRequest{}
-	mi := &file_meta_proto_msgTypes[44]
+	mi := &file_meta_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3384,7 +3773,7 @@ func (x *StatFSRequest) String() string {
 func (*StatFSRequest) ProtoMessage() {}
 
 func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[44]
+	mi := &file_meta_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3397,7 +3786,7 @@ func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSRequest.ProtoReflect.Descriptor instead.
 func (*StatFSRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{44}
+	return file_meta_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *StatFSRequest) GetIno() uint64 {
@@ -3422,7 +3811,7 @@ type StatFSReply struct {
 
 func (x *StatFSReply) Reset() {
 	*x = StatFSReply{}
-	mi := &file_meta_proto_msgTypes[45]
+	mi := &file_meta_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3434,7 +3823,7 @@ func (x *StatFSReply) String() string {
 func (*StatFSReply) ProtoMessage() {}
 
 func (x *StatFSReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[45]
+	mi := &file_meta_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3447,7 +3836,7 @@ func (x *StatFSReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSReply.ProtoReflect.Descriptor instead.
 func (*StatFSReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{45}
+	return file_meta_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *StatFSReply) GetBlockSize() uint64 {
@@ -3509,7 +3898,7 @@ type OpenSessionRequest struct {
 
 func (x *OpenSessionRequest) Reset() {
 	*x = OpenSessionRequest{}
-	mi := &file_meta_proto_msgTypes[46]
+	mi := &file_meta_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3521,7 +3910,7 @@ func (x *OpenSessionRequest) String() string {
 func (*OpenSessionRequest) ProtoMessage() {}
 
 func (x *OpenSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[46]
+	mi := &file_meta_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3534,7 +3923,7 @@ func (x *OpenSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenSessionRequest.ProtoReflect.Descriptor instead.
 func (*OpenSessionRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{46}
+	return file_meta_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *OpenSessionRequest) GetClient() string {
@@ -3564,7 +3953,7 @@ type OpenSessionReply struct {
 
 func (x *OpenSessionReply) Reset() {
 	*x = OpenSessionReply{}
-	mi := &file_meta_proto_msgTypes[47]
+	mi := &file_meta_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3576,7 +3965,7 @@ func (x *OpenSessionReply) String() string {
 func (*OpenSessionReply) ProtoMessage() {}
 
 func (x *OpenSessionReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[47]
+	mi := &file_meta_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3589,7 +3978,7 @@ func (x *OpenSessionReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenSessionReply.ProtoReflect.Descriptor instead.
 func (*OpenSessionReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{47}
+	return file_meta_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *OpenSessionReply) GetSessionId() uint64 {
@@ -3626,7 +4015,7 @@ type BatchRequest struct {
 
 func (x *BatchRequest) Reset() {
 	*x = BatchRequest{}
-	mi := &file_meta_proto_msgTypes[48]
+	mi := &file_meta_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3638,7 +4027,7 @@ func (x *BatchRequest) String() string {
 func (*BatchRequest) ProtoMessage() {}
 
 func (x *BatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[48]
+	mi := &file_meta_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3651,7 +4040,7 @@ func (x *BatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRequest.ProtoReflect.Descriptor instead.
 func (*BatchRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{48}
+	return file_meta_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *BatchRequest) GetCalls() []*BatchCall {
@@ -3678,7 +4067,7 @@ type BatchCall struct {
 
 func (x *BatchCall) Reset() {
 	*x = BatchCall{}
-	mi := &file_meta_proto_msgTypes[49]
+	mi := &file_meta_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3690,7 +4079,7 @@ func (x *BatchCall) String() string {
 func (*BatchCall) ProtoMessage() {}
 
 func (x *BatchCall) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[49]
+	mi := &file_meta_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3703,7 +4092,7 @@ func (x *BatchCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCall.ProtoReflect.Descriptor instead.
 func (*BatchCall) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{49}
+	return file_meta_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *BatchCall) GetMethod() string {
@@ -3757,7 +4146,7 @@ type BatchReply struct {
 
 func (x *BatchReply) Reset() {
 	*x = BatchReply{}
-	mi := &file_meta_proto_msgTypes[50]
+	mi := &file_meta_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3769,7 +4158,7 @@ func (x *BatchReply) String() string {
 func (*BatchReply) ProtoMessage() {}
 
 func (x *BatchReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[50]
+	mi := &file_meta_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3782,7 +4171,7 @@ func (x *BatchReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchReply.ProtoReflect.Descriptor instead.
 func (*BatchReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{50}
+	return file_meta_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *BatchReply) GetResults() []*BatchResult {
@@ -3804,7 +4193,7 @@ type BatchResult struct {
 
 func (x *BatchResult) Reset() {
 	*x = BatchResult{}
-	mi := &file_meta_proto_msgTypes[51]
+	mi := &file_meta_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3816,7 +4205,7 @@ func (x *BatchResult) String() string {
 func (*BatchResult) ProtoMessage() {}
 
 func (x *BatchResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[51]
+	mi := &file_meta_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3829,7 +4218,7 @@ func (x *BatchResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchResult.ProtoReflect.Descriptor instead.
 func (*BatchResult) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{51}
+	return file_meta_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *BatchResult) GetReply() []byte {
@@ -3858,7 +4247,7 @@ type AllocInodesRequest struct {
 
 func (x *AllocInodesRequest) Reset() {
 	*x = AllocInodesRequest{}
-	mi := &file_meta_proto_msgTypes[52]
+	mi := &file_meta_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3870,7 +4259,7 @@ func (x *AllocInodesRequest) String() string {
 func (*AllocInodesRequest) ProtoMessage() {}
 
 func (x *AllocInodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[52]
+	mi := &file_meta_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3883,7 +4272,7 @@ func (x *AllocInodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocInodesRequest.ProtoReflect.Descriptor instead.
 func (*AllocInodesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{52}
+	return file_meta_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *AllocInodesRequest) GetSessionId() uint64 {
@@ -3912,7 +4301,7 @@ type AllocInodesReply struct {
 
 func (x *AllocInodesReply) Reset() {
 	*x = AllocInodesReply{}
-	mi := &file_meta_proto_msgTypes[53]
+	mi := &file_meta_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3924,7 +4313,7 @@ func (x *AllocInodesReply) String() string {
 func (*AllocInodesReply) ProtoMessage() {}
 
 func (x *AllocInodesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[53]
+	mi := &file_meta_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3937,7 +4326,7 @@ func (x *AllocInodesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocInodesReply.ProtoReflect.Descriptor instead.
 func (*AllocInodesReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{53}
+	return file_meta_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *AllocInodesReply) GetFirst() uint64 {
@@ -3963,7 +4352,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_meta_proto_msgTypes[54]
+	mi := &file_meta_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3975,7 +4364,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[54]
+	mi := &file_meta_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3988,7 +4377,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{54}
+	return file_meta_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *KeepAliveRequest) GetSessionId() uint64 {
@@ -4007,7 +4396,7 @@ type CloseSessionRequest struct {
 
 func (x *CloseSessionRequest) Reset() {
 	*x = CloseSessionRequest{}
-	mi := &file_meta_proto_msgTypes[55]
+	mi := &file_meta_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4019,7 +4408,7 @@ func (x *CloseSessionRequest) String() string {
 func (*CloseSessionRequest) ProtoMessage() {}
 
 func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[55]
+	mi := &file_meta_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4032,7 +4421,7 @@ func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
 func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{55}
+	return file_meta_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *CloseSessionRequest) GetSessionId() uint64 {
@@ -4056,7 +4445,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_meta_proto_msgTypes[56]
+	mi := &file_meta_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4068,7 +4457,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[56]
+	mi := &file_meta_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4081,7 +4470,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{56}
+	return file_meta_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *OpenRequest) GetCaller() *Caller {
@@ -4127,7 +4516,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_meta_proto_msgTypes[57]
+	mi := &file_meta_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4139,7 +4528,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[57]
+	mi := &file_meta_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4152,7 +4541,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{57}
+	return file_meta_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ReleaseRequest) GetIno() uint64 {
@@ -4187,7 +4576,7 @@ type SetLayoutRequest struct {
 
 func (x *SetLayoutRequest) Reset() {
 	*x = SetLayoutRequest{}
-	mi := &file_meta_proto_msgTypes[58]
+	mi := &file_meta_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4199,7 +4588,7 @@ func (x *SetLayoutRequest) String() string {
 func (*SetLayoutRequest) ProtoMessage() {}
 
 func (x *SetLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[58]
+	mi := &file_meta_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4212,7 +4601,7 @@ func (x *SetLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetLayoutRequest.ProtoReflect.Descriptor instead.
 func (*SetLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{58}
+	return file_meta_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *SetLayoutRequest) GetCaller() *Caller {
@@ -4245,7 +4634,7 @@ type GetLayoutRequest struct {
 
 func (x *GetLayoutRequest) Reset() {
 	*x = GetLayoutRequest{}
-	mi := &file_meta_proto_msgTypes[59]
+	mi := &file_meta_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4257,7 +4646,7 @@ func (x *GetLayoutRequest) String() string {
 func (*GetLayoutRequest) ProtoMessage() {}
 
 func (x *GetLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[59]
+	mi := &file_meta_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4270,7 +4659,7 @@ func (x *GetLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLayoutRequest.ProtoReflect.Descriptor instead.
 func (*GetLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{59}
+	return file_meta_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *GetLayoutRequest) GetIno() uint64 {
@@ -4298,7 +4687,7 @@ type RelayoutRequest struct {
 
 func (x *RelayoutRequest) Reset() {
 	*x = RelayoutRequest{}
-	mi := &file_meta_proto_msgTypes[60]
+	mi := &file_meta_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4310,7 +4699,7 @@ func (x *RelayoutRequest) String() string {
 func (*RelayoutRequest) ProtoMessage() {}
 
 func (x *RelayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[60]
+	mi := &file_meta_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4323,7 +4712,7 @@ func (x *RelayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayoutRequest.ProtoReflect.Descriptor instead.
 func (*RelayoutRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{60}
+	return file_meta_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *RelayoutRequest) GetCaller() *Caller {
@@ -4368,7 +4757,7 @@ type RelayoutReply struct {
 
 func (x *RelayoutReply) Reset() {
 	*x = RelayoutReply{}
-	mi := &file_meta_proto_msgTypes[61]
+	mi := &file_meta_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4380,7 +4769,7 @@ func (x *RelayoutReply) String() string {
 func (*RelayoutReply) ProtoMessage() {}
 
 func (x *RelayoutReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[61]
+	mi := &file_meta_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4393,7 +4782,7 @@ func (x *RelayoutReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayoutReply.ProtoReflect.Descriptor instead.
 func (*RelayoutReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{61}
+	return file_meta_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *RelayoutReply) GetFilesQueued() uint64 {
@@ -4454,7 +4843,7 @@ type RelayoutStatus struct {
 
 func (x *RelayoutStatus) Reset() {
 	*x = RelayoutStatus{}
-	mi := &file_meta_proto_msgTypes[62]
+	mi := &file_meta_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4466,7 +4855,7 @@ func (x *RelayoutStatus) String() string {
 func (*RelayoutStatus) ProtoMessage() {}
 
 func (x *RelayoutStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[62]
+	mi := &file_meta_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4479,7 +4868,7 @@ func (x *RelayoutStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayoutStatus.ProtoReflect.Descriptor instead.
 func (*RelayoutStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{62}
+	return file_meta_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *RelayoutStatus) GetFilesPending() uint64 {
@@ -4540,7 +4929,7 @@ type LayoutReply struct {
 
 func (x *LayoutReply) Reset() {
 	*x = LayoutReply{}
-	mi := &file_meta_proto_msgTypes[63]
+	mi := &file_meta_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4552,7 +4941,7 @@ func (x *LayoutReply) String() string {
 func (*LayoutReply) ProtoMessage() {}
 
 func (x *LayoutReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[63]
+	mi := &file_meta_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4565,7 +4954,7 @@ func (x *LayoutReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayoutReply.ProtoReflect.Descriptor instead.
 func (*LayoutReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{63}
+	return file_meta_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *LayoutReply) GetLayout() *Layout {
@@ -4595,7 +4984,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_meta_proto_msgTypes[64]
+	mi := &file_meta_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4607,7 +4996,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[64]
+	mi := &file_meta_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4620,7 +5009,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{64}
+	return file_meta_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *Shard) GetChunkId() uint64 {
@@ -4688,7 +5077,7 @@ type GrantWriteRequest struct {
 
 func (x *GrantWriteRequest) Reset() {
 	*x = GrantWriteRequest{}
-	mi := &file_meta_proto_msgTypes[65]
+	mi := &file_meta_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4700,7 +5089,7 @@ func (x *GrantWriteRequest) String() string {
 func (*GrantWriteRequest) ProtoMessage() {}
 
 func (x *GrantWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[65]
+	mi := &file_meta_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4713,7 +5102,7 @@ func (x *GrantWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantWriteRequest.ProtoReflect.Descriptor instead.
 func (*GrantWriteRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{65}
+	return file_meta_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *GrantWriteRequest) GetIno() uint64 {
@@ -4763,7 +5152,7 @@ type StripeGrant struct {
 
 func (x *StripeGrant) Reset() {
 	*x = StripeGrant{}
-	mi := &file_meta_proto_msgTypes[66]
+	mi := &file_meta_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4775,7 +5164,7 @@ func (x *StripeGrant) String() string {
 func (*StripeGrant) ProtoMessage() {}
 
 func (x *StripeGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[66]
+	mi := &file_meta_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4788,7 +5177,7 @@ func (x *StripeGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeGrant.ProtoReflect.Descriptor instead.
 func (*StripeGrant) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{66}
+	return file_meta_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *StripeGrant) GetStripe() uint64 {
@@ -4842,7 +5231,7 @@ type GrantWriteReply struct {
 
 func (x *GrantWriteReply) Reset() {
 	*x = GrantWriteReply{}
-	mi := &file_meta_proto_msgTypes[67]
+	mi := &file_meta_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4854,7 +5243,7 @@ func (x *GrantWriteReply) String() string {
 func (*GrantWriteReply) ProtoMessage() {}
 
 func (x *GrantWriteReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[67]
+	mi := &file_meta_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4867,7 +5256,7 @@ func (x *GrantWriteReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantWriteReply.ProtoReflect.Descriptor instead.
 func (*GrantWriteReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{67}
+	return file_meta_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *GrantWriteReply) GetGrants() []*StripeGrant {
@@ -4899,7 +5288,7 @@ type StripeCommit struct {
 
 func (x *StripeCommit) Reset() {
 	*x = StripeCommit{}
-	mi := &file_meta_proto_msgTypes[68]
+	mi := &file_meta_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4911,7 +5300,7 @@ func (x *StripeCommit) String() string {
 func (*StripeCommit) ProtoMessage() {}
 
 func (x *StripeCommit) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[68]
+	mi := &file_meta_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4924,7 +5313,7 @@ func (x *StripeCommit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeCommit.ProtoReflect.Descriptor instead.
 func (*StripeCommit) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{68}
+	return file_meta_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *StripeCommit) GetStripe() uint64 {
@@ -5000,7 +5389,7 @@ type ReplaceShardsRequest struct {
 
 func (x *ReplaceShardsRequest) Reset() {
 	*x = ReplaceShardsRequest{}
-	mi := &file_meta_proto_msgTypes[69]
+	mi := &file_meta_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5012,7 +5401,7 @@ func (x *ReplaceShardsRequest) String() string {
 func (*ReplaceShardsRequest) ProtoMessage() {}
 
 func (x *ReplaceShardsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[69]
+	mi := &file_meta_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5025,7 +5414,7 @@ func (x *ReplaceShardsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceShardsRequest.ProtoReflect.Descriptor instead.
 func (*ReplaceShardsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{69}
+	return file_meta_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ReplaceShardsRequest) GetIno() uint64 {
@@ -5073,7 +5462,7 @@ type ReplaceShardsReply struct {
 
 func (x *ReplaceShardsReply) Reset() {
 	*x = ReplaceShardsReply{}
-	mi := &file_meta_proto_msgTypes[70]
+	mi := &file_meta_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5085,7 +5474,7 @@ func (x *ReplaceShardsReply) String() string {
 func (*ReplaceShardsReply) ProtoMessage() {}
 
 func (x *ReplaceShardsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[70]
+	mi := &file_meta_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5098,7 +5487,7 @@ func (x *ReplaceShardsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceShardsReply.ProtoReflect.Descriptor instead.
 func (*ReplaceShardsReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{70}
+	return file_meta_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ReplaceShardsReply) GetShards() []*Shard {
@@ -5128,7 +5517,7 @@ type CommitStripesRequest struct {
 
 func (x *CommitStripesRequest) Reset() {
 	*x = CommitStripesRequest{}
-	mi := &file_meta_proto_msgTypes[71]
+	mi := &file_meta_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5140,7 +5529,7 @@ func (x *CommitStripesRequest) String() string {
 func (*CommitStripesRequest) ProtoMessage() {}
 
 func (x *CommitStripesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[71]
+	mi := &file_meta_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5153,7 +5542,7 @@ func (x *CommitStripesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitStripesRequest.ProtoReflect.Descriptor instead.
 func (*CommitStripesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{71}
+	return file_meta_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *CommitStripesRequest) GetIno() uint64 {
@@ -5207,7 +5596,7 @@ type CommitStripesReply struct {
 
 func (x *CommitStripesReply) Reset() {
 	*x = CommitStripesReply{}
-	mi := &file_meta_proto_msgTypes[72]
+	mi := &file_meta_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5219,7 +5608,7 @@ func (x *CommitStripesReply) String() string {
 func (*CommitStripesReply) ProtoMessage() {}
 
 func (x *CommitStripesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[72]
+	mi := &file_meta_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5232,7 +5621,7 @@ func (x *CommitStripesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitStripesReply.ProtoReflect.Descriptor instead.
 func (*CommitStripesReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{72}
+	return file_meta_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *CommitStripesReply) GetAttr() *Attr {
@@ -5267,7 +5656,7 @@ type GetStripesRequest struct {
 
 func (x *GetStripesRequest) Reset() {
 	*x = GetStripesRequest{}
-	mi := &file_meta_proto_msgTypes[73]
+	mi := &file_meta_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5279,7 +5668,7 @@ func (x *GetStripesRequest) String() string {
 func (*GetStripesRequest) ProtoMessage() {}
 
 func (x *GetStripesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[73]
+	mi := &file_meta_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5292,7 +5681,7 @@ func (x *GetStripesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStripesRequest.ProtoReflect.Descriptor instead.
 func (*GetStripesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{73}
+	return file_meta_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *GetStripesRequest) GetIno() uint64 {
@@ -5334,7 +5723,7 @@ type StripeInfo struct {
 
 func (x *StripeInfo) Reset() {
 	*x = StripeInfo{}
-	mi := &file_meta_proto_msgTypes[74]
+	mi := &file_meta_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5346,7 +5735,7 @@ func (x *StripeInfo) String() string {
 func (*StripeInfo) ProtoMessage() {}
 
 func (x *StripeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[74]
+	mi := &file_meta_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5359,7 +5748,7 @@ func (x *StripeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeInfo.ProtoReflect.Descriptor instead.
 func (*StripeInfo) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{74}
+	return file_meta_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *StripeInfo) GetStripe() uint64 {
@@ -5415,7 +5804,7 @@ type GetStripesReply struct {
 
 func (x *GetStripesReply) Reset() {
 	*x = GetStripesReply{}
-	mi := &file_meta_proto_msgTypes[75]
+	mi := &file_meta_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5427,7 +5816,7 @@ func (x *GetStripesReply) String() string {
 func (*GetStripesReply) ProtoMessage() {}
 
 func (x *GetStripesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[75]
+	mi := &file_meta_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5440,7 +5829,7 @@ func (x *GetStripesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStripesReply.ProtoReflect.Descriptor instead.
 func (*GetStripesReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{75}
+	return file_meta_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *GetStripesReply) GetStripes() []*StripeInfo {
@@ -5478,7 +5867,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_meta_proto_msgTypes[76]
+	mi := &file_meta_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5490,7 +5879,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[76]
+	mi := &file_meta_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5503,7 +5892,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{76}
+	return file_meta_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *RegisterRequest) GetId() string {
@@ -5558,7 +5947,7 @@ type RegisterReply struct {
 
 func (x *RegisterReply) Reset() {
 	*x = RegisterReply{}
-	mi := &file_meta_proto_msgTypes[77]
+	mi := &file_meta_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5570,7 +5959,7 @@ func (x *RegisterReply) String() string {
 func (*RegisterReply) ProtoMessage() {}
 
 func (x *RegisterReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[77]
+	mi := &file_meta_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5583,7 +5972,7 @@ func (x *RegisterReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterReply.ProtoReflect.Descriptor instead.
 func (*RegisterReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{77}
+	return file_meta_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *RegisterReply) GetHeartbeatIntervalMs() int64 {
@@ -5611,7 +6000,7 @@ type ChunkRef struct {
 
 func (x *ChunkRef) Reset() {
 	*x = ChunkRef{}
-	mi := &file_meta_proto_msgTypes[78]
+	mi := &file_meta_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5623,7 +6012,7 @@ func (x *ChunkRef) String() string {
 func (*ChunkRef) ProtoMessage() {}
 
 func (x *ChunkRef) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[78]
+	mi := &file_meta_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5636,7 +6025,7 @@ func (x *ChunkRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkRef.ProtoReflect.Descriptor instead.
 func (*ChunkRef) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{78}
+	return file_meta_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ChunkRef) GetChunkId() uint64 {
@@ -5668,7 +6057,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_meta_proto_msgTypes[79]
+	mi := &file_meta_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5680,7 +6069,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[79]
+	mi := &file_meta_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5693,7 +6082,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{79}
+	return file_meta_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *HeartbeatRequest) GetId() string {
@@ -5764,7 +6153,7 @@ type ScrubReport struct {
 
 func (x *ScrubReport) Reset() {
 	*x = ScrubReport{}
-	mi := &file_meta_proto_msgTypes[80]
+	mi := &file_meta_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5776,7 +6165,7 @@ func (x *ScrubReport) String() string {
 func (*ScrubReport) ProtoMessage() {}
 
 func (x *ScrubReport) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[80]
+	mi := &file_meta_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5789,7 +6178,7 @@ func (x *ScrubReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubReport.ProtoReflect.Descriptor instead.
 func (*ScrubReport) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{80}
+	return file_meta_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ScrubReport) GetRequestedNs() int64 {
@@ -5860,7 +6249,7 @@ type HeartbeatReply struct {
 
 func (x *HeartbeatReply) Reset() {
 	*x = HeartbeatReply{}
-	mi := &file_meta_proto_msgTypes[81]
+	mi := &file_meta_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5872,7 +6261,7 @@ func (x *HeartbeatReply) String() string {
 func (*HeartbeatReply) ProtoMessage() {}
 
 func (x *HeartbeatReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[81]
+	mi := &file_meta_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5885,7 +6274,7 @@ func (x *HeartbeatReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatReply.ProtoReflect.Descriptor instead.
 func (*HeartbeatReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{81}
+	return file_meta_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *HeartbeatReply) GetDelete() []*ChunkRef {
@@ -5931,7 +6320,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_meta_proto_msgTypes[82]
+	mi := &file_meta_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5943,7 +6332,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[82]
+	mi := &file_meta_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5956,7 +6345,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{82}
+	return file_meta_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *InventoryRequest) GetId() string {
@@ -5999,7 +6388,7 @@ type ScrubRequest struct {
 
 func (x *ScrubRequest) Reset() {
 	*x = ScrubRequest{}
-	mi := &file_meta_proto_msgTypes[83]
+	mi := &file_meta_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6011,7 +6400,7 @@ func (x *ScrubRequest) String() string {
 func (*ScrubRequest) ProtoMessage() {}
 
 func (x *ScrubRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[83]
+	mi := &file_meta_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6024,7 +6413,7 @@ func (x *ScrubRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubRequest.ProtoReflect.Descriptor instead.
 func (*ScrubRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{83}
+	return file_meta_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ScrubRequest) GetIno() uint64 {
@@ -6043,7 +6432,7 @@ type ScrubReply struct {
 
 func (x *ScrubReply) Reset() {
 	*x = ScrubReply{}
-	mi := &file_meta_proto_msgTypes[84]
+	mi := &file_meta_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6055,7 +6444,7 @@ func (x *ScrubReply) String() string {
 func (*ScrubReply) ProtoMessage() {}
 
 func (x *ScrubReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[84]
+	mi := &file_meta_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6068,7 +6457,7 @@ func (x *ScrubReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubReply.ProtoReflect.Descriptor instead.
 func (*ScrubReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{84}
+	return file_meta_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ScrubReply) GetRequestedNs() int64 {
@@ -6092,7 +6481,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_meta_proto_msgTypes[85]
+	mi := &file_meta_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6104,7 +6493,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[85]
+	mi := &file_meta_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6117,7 +6506,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{85}
+	return file_meta_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *InfoRequest) GetIno() uint64 {
@@ -6165,7 +6554,7 @@ type ShardInfo struct {
 
 func (x *ShardInfo) Reset() {
 	*x = ShardInfo{}
-	mi := &file_meta_proto_msgTypes[86]
+	mi := &file_meta_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6177,7 +6566,7 @@ func (x *ShardInfo) String() string {
 func (*ShardInfo) ProtoMessage() {}
 
 func (x *ShardInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[86]
+	mi := &file_meta_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6190,7 +6579,7 @@ func (x *ShardInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardInfo.ProtoReflect.Descriptor instead.
 func (*ShardInfo) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{86}
+	return file_meta_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ShardInfo) GetChunkId() uint64 {
@@ -6244,7 +6633,7 @@ type StripeDetail struct {
 
 func (x *StripeDetail) Reset() {
 	*x = StripeDetail{}
-	mi := &file_meta_proto_msgTypes[87]
+	mi := &file_meta_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6256,7 +6645,7 @@ func (x *StripeDetail) String() string {
 func (*StripeDetail) ProtoMessage() {}
 
 func (x *StripeDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[87]
+	mi := &file_meta_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6269,7 +6658,7 @@ func (x *StripeDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeDetail.ProtoReflect.Descriptor instead.
 func (*StripeDetail) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{87}
+	return file_meta_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *StripeDetail) GetStripe() uint64 {
@@ -6337,7 +6726,7 @@ type TreeTotals struct {
 
 func (x *TreeTotals) Reset() {
 	*x = TreeTotals{}
-	mi := &file_meta_proto_msgTypes[88]
+	mi := &file_meta_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6349,7 +6738,7 @@ func (x *TreeTotals) String() string {
 func (*TreeTotals) ProtoMessage() {}
 
 func (x *TreeTotals) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[88]
+	mi := &file_meta_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6362,7 +6751,7 @@ func (x *TreeTotals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeTotals.ProtoReflect.Descriptor instead.
 func (*TreeTotals) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{88}
+	return file_meta_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *TreeTotals) GetFiles() uint64 {
@@ -6428,7 +6817,7 @@ type InfoReply struct {
 
 func (x *InfoReply) Reset() {
 	*x = InfoReply{}
-	mi := &file_meta_proto_msgTypes[89]
+	mi := &file_meta_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6440,7 +6829,7 @@ func (x *InfoReply) String() string {
 func (*InfoReply) ProtoMessage() {}
 
 func (x *InfoReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[89]
+	mi := &file_meta_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6453,7 +6842,7 @@ func (x *InfoReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoReply.ProtoReflect.Descriptor instead.
 func (*InfoReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{89}
+	return file_meta_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *InfoReply) GetAttr() *Attr {
@@ -6501,7 +6890,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_meta_proto_msgTypes[90]
+	mi := &file_meta_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6513,7 +6902,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[90]
+	mi := &file_meta_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6526,7 +6915,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{90}
+	return file_meta_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *CheckRequest) GetRepair() bool {
@@ -6548,7 +6937,7 @@ type CheckReply struct {
 
 func (x *CheckReply) Reset() {
 	*x = CheckReply{}
-	mi := &file_meta_proto_msgTypes[91]
+	mi := &file_meta_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6560,7 +6949,7 @@ func (x *CheckReply) String() string {
 func (*CheckReply) ProtoMessage() {}
 
 func (x *CheckReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[91]
+	mi := &file_meta_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6573,7 +6962,7 @@ func (x *CheckReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckReply.ProtoReflect.Descriptor instead.
 func (*CheckReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{91}
+	return file_meta_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *CheckReply) GetProblems() []string {
@@ -6617,7 +7006,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_meta_proto_msgTypes[92]
+	mi := &file_meta_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6629,7 +7018,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[92]
+	mi := &file_meta_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6642,7 +7031,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{92}
+	return file_meta_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *StatusRequest) GetBrief() bool {
@@ -6675,7 +7064,7 @@ type ChunkserverStatus struct {
 
 func (x *ChunkserverStatus) Reset() {
 	*x = ChunkserverStatus{}
-	mi := &file_meta_proto_msgTypes[93]
+	mi := &file_meta_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6687,7 +7076,7 @@ func (x *ChunkserverStatus) String() string {
 func (*ChunkserverStatus) ProtoMessage() {}
 
 func (x *ChunkserverStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[93]
+	mi := &file_meta_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6700,7 +7089,7 @@ func (x *ChunkserverStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkserverStatus.ProtoReflect.Descriptor instead.
 func (*ChunkserverStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{93}
+	return file_meta_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *ChunkserverStatus) GetId() string {
@@ -6835,7 +7224,7 @@ type StatusReply struct {
 
 func (x *StatusReply) Reset() {
 	*x = StatusReply{}
-	mi := &file_meta_proto_msgTypes[94]
+	mi := &file_meta_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6847,7 +7236,7 @@ func (x *StatusReply) String() string {
 func (*StatusReply) ProtoMessage() {}
 
 func (x *StatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[94]
+	mi := &file_meta_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6860,7 +7249,7 @@ func (x *StatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReply.ProtoReflect.Descriptor instead.
 func (*StatusReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{94}
+	return file_meta_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *StatusReply) GetClusterId() string {
@@ -7007,7 +7396,7 @@ type ScrubStatus struct {
 
 func (x *ScrubStatus) Reset() {
 	*x = ScrubStatus{}
-	mi := &file_meta_proto_msgTypes[95]
+	mi := &file_meta_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7019,7 +7408,7 @@ func (x *ScrubStatus) String() string {
 func (*ScrubStatus) ProtoMessage() {}
 
 func (x *ScrubStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[95]
+	mi := &file_meta_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7032,7 +7421,7 @@ func (x *ScrubStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubStatus.ProtoReflect.Descriptor instead.
 func (*ScrubStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{95}
+	return file_meta_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *ScrubStatus) GetIntervalNs() int64 {
@@ -7144,7 +7533,7 @@ type InodeRecord struct {
 
 func (x *InodeRecord) Reset() {
 	*x = InodeRecord{}
-	mi := &file_meta_proto_msgTypes[96]
+	mi := &file_meta_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7156,7 +7545,7 @@ func (x *InodeRecord) String() string {
 func (*InodeRecord) ProtoMessage() {}
 
 func (x *InodeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[96]
+	mi := &file_meta_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7169,7 +7558,7 @@ func (x *InodeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InodeRecord.ProtoReflect.Descriptor instead.
 func (*InodeRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{96}
+	return file_meta_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *InodeRecord) GetAttr() *Attr {
@@ -7226,7 +7615,7 @@ type DentryRecord struct {
 
 func (x *DentryRecord) Reset() {
 	*x = DentryRecord{}
-	mi := &file_meta_proto_msgTypes[97]
+	mi := &file_meta_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7238,7 +7627,7 @@ func (x *DentryRecord) String() string {
 func (*DentryRecord) ProtoMessage() {}
 
 func (x *DentryRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[97]
+	mi := &file_meta_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7251,7 +7640,7 @@ func (x *DentryRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DentryRecord.ProtoReflect.Descriptor instead.
 func (*DentryRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{97}
+	return file_meta_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *DentryRecord) GetIno() uint64 {
@@ -7287,7 +7676,7 @@ type CookieRecord struct {
 
 func (x *CookieRecord) Reset() {
 	*x = CookieRecord{}
-	mi := &file_meta_proto_msgTypes[98]
+	mi := &file_meta_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7299,7 +7688,7 @@ func (x *CookieRecord) String() string {
 func (*CookieRecord) ProtoMessage() {}
 
 func (x *CookieRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[98]
+	mi := &file_meta_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7312,7 +7701,7 @@ func (x *CookieRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CookieRecord.ProtoReflect.Descriptor instead.
 func (*CookieRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{98}
+	return file_meta_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *CookieRecord) GetName() string {
@@ -7356,7 +7745,7 @@ type StripeRecord struct {
 
 func (x *StripeRecord) Reset() {
 	*x = StripeRecord{}
-	mi := &file_meta_proto_msgTypes[99]
+	mi := &file_meta_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7368,7 +7757,7 @@ func (x *StripeRecord) String() string {
 func (*StripeRecord) ProtoMessage() {}
 
 func (x *StripeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[99]
+	mi := &file_meta_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7381,7 +7770,7 @@ func (x *StripeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeRecord.ProtoReflect.Descriptor instead.
 func (*StripeRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{99}
+	return file_meta_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *StripeRecord) GetVersion() uint64 {
@@ -7448,7 +7837,7 @@ type TrashRecord struct {
 
 func (x *TrashRecord) Reset() {
 	*x = TrashRecord{}
-	mi := &file_meta_proto_msgTypes[100]
+	mi := &file_meta_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7460,7 +7849,7 @@ func (x *TrashRecord) String() string {
 func (*TrashRecord) ProtoMessage() {}
 
 func (x *TrashRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[100]
+	mi := &file_meta_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7473,7 +7862,7 @@ func (x *TrashRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrashRecord.ProtoReflect.Descriptor instead.
 func (*TrashRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{100}
+	return file_meta_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *TrashRecord) GetDeletedNs() int64 {
@@ -7526,7 +7915,7 @@ type SnapshotJob struct {
 
 func (x *SnapshotJob) Reset() {
 	*x = SnapshotJob{}
-	mi := &file_meta_proto_msgTypes[101]
+	mi := &file_meta_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7538,7 +7927,7 @@ func (x *SnapshotJob) String() string {
 func (*SnapshotJob) ProtoMessage() {}
 
 func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[101]
+	mi := &file_meta_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7551,7 +7940,7 @@ func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotJob.ProtoReflect.Descriptor instead.
 func (*SnapshotJob) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{101}
+	return file_meta_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *SnapshotJob) GetSrc() uint64 {
@@ -7610,7 +7999,7 @@ type SnapshotTask struct {
 
 func (x *SnapshotTask) Reset() {
 	*x = SnapshotTask{}
-	mi := &file_meta_proto_msgTypes[102]
+	mi := &file_meta_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7622,7 +8011,7 @@ func (x *SnapshotTask) String() string {
 func (*SnapshotTask) ProtoMessage() {}
 
 func (x *SnapshotTask) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[102]
+	mi := &file_meta_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7635,7 +8024,7 @@ func (x *SnapshotTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotTask.ProtoReflect.Descriptor instead.
 func (*SnapshotTask) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{102}
+	return file_meta_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *SnapshotTask) GetSrcDir() uint64 {
@@ -7681,7 +8070,7 @@ type GrantRecord struct {
 
 func (x *GrantRecord) Reset() {
 	*x = GrantRecord{}
-	mi := &file_meta_proto_msgTypes[103]
+	mi := &file_meta_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7693,7 +8082,7 @@ func (x *GrantRecord) String() string {
 func (*GrantRecord) ProtoMessage() {}
 
 func (x *GrantRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[103]
+	mi := &file_meta_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7706,7 +8095,7 @@ func (x *GrantRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRecord.ProtoReflect.Descriptor instead.
 func (*GrantRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{103}
+	return file_meta_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *GrantRecord) GetShards() []*Shard {
@@ -7754,7 +8143,7 @@ type ChunkserverRecord struct {
 
 func (x *ChunkserverRecord) Reset() {
 	*x = ChunkserverRecord{}
-	mi := &file_meta_proto_msgTypes[104]
+	mi := &file_meta_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7766,7 +8155,7 @@ func (x *ChunkserverRecord) String() string {
 func (*ChunkserverRecord) ProtoMessage() {}
 
 func (x *ChunkserverRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[104]
+	mi := &file_meta_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7779,7 +8168,7 @@ func (x *ChunkserverRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkserverRecord.ProtoReflect.Descriptor instead.
 func (*ChunkserverRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{104}
+	return file_meta_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *ChunkserverRecord) GetId() string {
@@ -7856,7 +8245,7 @@ type SessionRecord struct {
 
 func (x *SessionRecord) Reset() {
 	*x = SessionRecord{}
-	mi := &file_meta_proto_msgTypes[105]
+	mi := &file_meta_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7868,7 +8257,7 @@ func (x *SessionRecord) String() string {
 func (*SessionRecord) ProtoMessage() {}
 
 func (x *SessionRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[105]
+	mi := &file_meta_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7881,7 +8270,7 @@ func (x *SessionRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRecord.ProtoReflect.Descriptor instead.
 func (*SessionRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{105}
+	return file_meta_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *SessionRecord) GetClient() string {
@@ -7930,7 +8319,7 @@ type InoRange struct {
 
 func (x *InoRange) Reset() {
 	*x = InoRange{}
-	mi := &file_meta_proto_msgTypes[106]
+	mi := &file_meta_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7942,7 +8331,7 @@ func (x *InoRange) String() string {
 func (*InoRange) ProtoMessage() {}
 
 func (x *InoRange) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[106]
+	mi := &file_meta_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7955,7 +8344,7 @@ func (x *InoRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InoRange.ProtoReflect.Descriptor instead.
 func (*InoRange) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{106}
+	return file_meta_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *InoRange) GetFirst() uint64 {
@@ -7988,7 +8377,7 @@ type ClusterRecord struct {
 
 func (x *ClusterRecord) Reset() {
 	*x = ClusterRecord{}
-	mi := &file_meta_proto_msgTypes[107]
+	mi := &file_meta_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8000,7 +8389,7 @@ func (x *ClusterRecord) String() string {
 func (*ClusterRecord) ProtoMessage() {}
 
 func (x *ClusterRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[107]
+	mi := &file_meta_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8013,7 +8402,7 @@ func (x *ClusterRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterRecord.ProtoReflect.Descriptor instead.
 func (*ClusterRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{107}
+	return file_meta_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *ClusterRecord) GetClusterId() string {
@@ -8083,7 +8472,7 @@ type RepairTask struct {
 
 func (x *RepairTask) Reset() {
 	*x = RepairTask{}
-	mi := &file_meta_proto_msgTypes[108]
+	mi := &file_meta_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8095,7 +8484,7 @@ func (x *RepairTask) String() string {
 func (*RepairTask) ProtoMessage() {}
 
 func (x *RepairTask) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[108]
+	mi := &file_meta_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8108,7 +8497,7 @@ func (x *RepairTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairTask.ProtoReflect.Descriptor instead.
 func (*RepairTask) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{108}
+	return file_meta_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *RepairTask) GetTaskId() uint64 {
@@ -8227,7 +8616,7 @@ type RepairResult struct {
 
 func (x *RepairResult) Reset() {
 	*x = RepairResult{}
-	mi := &file_meta_proto_msgTypes[109]
+	mi := &file_meta_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8239,7 +8628,7 @@ func (x *RepairResult) String() string {
 func (*RepairResult) ProtoMessage() {}
 
 func (x *RepairResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[109]
+	mi := &file_meta_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8252,7 +8641,7 @@ func (x *RepairResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairResult.ProtoReflect.Descriptor instead.
 func (*RepairResult) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{109}
+	return file_meta_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *RepairResult) GetTaskId() uint64 {
@@ -8332,7 +8721,7 @@ type RepairPollRequest struct {
 
 func (x *RepairPollRequest) Reset() {
 	*x = RepairPollRequest{}
-	mi := &file_meta_proto_msgTypes[110]
+	mi := &file_meta_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8344,7 +8733,7 @@ func (x *RepairPollRequest) String() string {
 func (*RepairPollRequest) ProtoMessage() {}
 
 func (x *RepairPollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[110]
+	mi := &file_meta_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8357,7 +8746,7 @@ func (x *RepairPollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPollRequest.ProtoReflect.Descriptor instead.
 func (*RepairPollRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{110}
+	return file_meta_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *RepairPollRequest) GetId() string {
@@ -8398,7 +8787,7 @@ type RepairPollReply struct {
 
 func (x *RepairPollReply) Reset() {
 	*x = RepairPollReply{}
-	mi := &file_meta_proto_msgTypes[111]
+	mi := &file_meta_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8410,7 +8799,7 @@ func (x *RepairPollReply) String() string {
 func (*RepairPollReply) ProtoMessage() {}
 
 func (x *RepairPollReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[111]
+	mi := &file_meta_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8423,7 +8812,7 @@ func (x *RepairPollReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPollReply.ProtoReflect.Descriptor instead.
 func (*RepairPollReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{111}
+	return file_meta_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *RepairPollReply) GetTasks() []*RepairTask {
@@ -8452,7 +8841,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_meta_proto_msgTypes[112]
+	mi := &file_meta_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8464,7 +8853,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[112]
+	mi := &file_meta_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8477,7 +8866,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{112}
+	return file_meta_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *DrainRequest) GetId() string {
@@ -8504,7 +8893,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_meta_proto_msgTypes[113]
+	mi := &file_meta_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8516,7 +8905,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[113]
+	mi := &file_meta_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8529,7 +8918,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{113}
+	return file_meta_proto_rawDescGZIP(), []int{117}
 }
 
 type RebalanceReply struct {
@@ -8541,7 +8930,7 @@ type RebalanceReply struct {
 
 func (x *RebalanceReply) Reset() {
 	*x = RebalanceReply{}
-	mi := &file_meta_proto_msgTypes[114]
+	mi := &file_meta_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8553,7 +8942,7 @@ func (x *RebalanceReply) String() string {
 func (*RebalanceReply) ProtoMessage() {}
 
 func (x *RebalanceReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[114]
+	mi := &file_meta_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8566,7 +8955,7 @@ func (x *RebalanceReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceReply.ProtoReflect.Descriptor instead.
 func (*RebalanceReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{114}
+	return file_meta_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *RebalanceReply) GetMovesPlanned() uint64 {
@@ -8598,7 +8987,7 @@ type RepairStatus struct {
 
 func (x *RepairStatus) Reset() {
 	*x = RepairStatus{}
-	mi := &file_meta_proto_msgTypes[115]
+	mi := &file_meta_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8610,7 +8999,7 @@ func (x *RepairStatus) String() string {
 func (*RepairStatus) ProtoMessage() {}
 
 func (x *RepairStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[115]
+	mi := &file_meta_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8623,7 +9012,7 @@ func (x *RepairStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairStatus.ProtoReflect.Descriptor instead.
 func (*RepairStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{115}
+	return file_meta_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *RepairStatus) GetHealthyStripes() uint64 {
@@ -8731,7 +9120,7 @@ type RequestRecord struct {
 
 func (x *RequestRecord) Reset() {
 	*x = RequestRecord{}
-	mi := &file_meta_proto_msgTypes[116]
+	mi := &file_meta_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8743,7 +9132,7 @@ func (x *RequestRecord) String() string {
 func (*RequestRecord) ProtoMessage() {}
 
 func (x *RequestRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[116]
+	mi := &file_meta_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8756,7 +9145,7 @@ func (x *RequestRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRecord.ProtoReflect.Descriptor instead.
 func (*RequestRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{116}
+	return file_meta_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *RequestRecord) GetCommittedNs() int64 {
@@ -8789,7 +9178,7 @@ type DumpRecord struct {
 
 func (x *DumpRecord) Reset() {
 	*x = DumpRecord{}
-	mi := &file_meta_proto_msgTypes[117]
+	mi := &file_meta_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8801,7 +9190,7 @@ func (x *DumpRecord) String() string {
 func (*DumpRecord) ProtoMessage() {}
 
 func (x *DumpRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[117]
+	mi := &file_meta_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8814,7 +9203,7 @@ func (x *DumpRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpRecord.ProtoReflect.Descriptor instead.
 func (*DumpRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{117}
+	return file_meta_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *DumpRecord) GetHeader() *DumpHeader {
@@ -8859,7 +9248,7 @@ type DumpTrailer struct {
 
 func (x *DumpTrailer) Reset() {
 	*x = DumpTrailer{}
-	mi := &file_meta_proto_msgTypes[118]
+	mi := &file_meta_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8871,7 +9260,7 @@ func (x *DumpTrailer) String() string {
 func (*DumpTrailer) ProtoMessage() {}
 
 func (x *DumpTrailer) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[118]
+	mi := &file_meta_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8884,7 +9273,7 @@ func (x *DumpTrailer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpTrailer.ProtoReflect.Descriptor instead.
 func (*DumpTrailer) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{118}
+	return file_meta_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *DumpTrailer) GetRecords() uint64 {
@@ -8914,7 +9303,7 @@ type DumpHeader struct {
 
 func (x *DumpHeader) Reset() {
 	*x = DumpHeader{}
-	mi := &file_meta_proto_msgTypes[119]
+	mi := &file_meta_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8926,7 +9315,7 @@ func (x *DumpHeader) String() string {
 func (*DumpHeader) ProtoMessage() {}
 
 func (x *DumpHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[119]
+	mi := &file_meta_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8939,7 +9328,7 @@ func (x *DumpHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpHeader.ProtoReflect.Descriptor instead.
 func (*DumpHeader) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{119}
+	return file_meta_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *DumpHeader) GetFormatVersion() uint32 {
@@ -8987,7 +9376,7 @@ type FileLock struct {
 
 func (x *FileLock) Reset() {
 	*x = FileLock{}
-	mi := &file_meta_proto_msgTypes[120]
+	mi := &file_meta_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8999,7 +9388,7 @@ func (x *FileLock) String() string {
 func (*FileLock) ProtoMessage() {}
 
 func (x *FileLock) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[120]
+	mi := &file_meta_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9012,7 +9401,7 @@ func (x *FileLock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileLock.ProtoReflect.Descriptor instead.
 func (*FileLock) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{120}
+	return file_meta_proto_rawDescGZIP(), []int{124}
 }
 
 func (x *FileLock) GetSession() uint64 {
@@ -9074,7 +9463,7 @@ type LockRecord struct {
 
 func (x *LockRecord) Reset() {
 	*x = LockRecord{}
-	mi := &file_meta_proto_msgTypes[121]
+	mi := &file_meta_proto_msgTypes[125]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9086,7 +9475,7 @@ func (x *LockRecord) String() string {
 func (*LockRecord) ProtoMessage() {}
 
 func (x *LockRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[121]
+	mi := &file_meta_proto_msgTypes[125]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9099,7 +9488,7 @@ func (x *LockRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecord.ProtoReflect.Descriptor instead.
 func (*LockRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{121}
+	return file_meta_proto_rawDescGZIP(), []int{125}
 }
 
 func (x *LockRecord) GetLocks() []*FileLock {
@@ -9130,7 +9519,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_meta_proto_msgTypes[122]
+	mi := &file_meta_proto_msgTypes[126]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9142,7 +9531,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[122]
+	mi := &file_meta_proto_msgTypes[126]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9155,7 +9544,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{122}
+	return file_meta_proto_rawDescGZIP(), []int{126}
 }
 
 func (x *LockRequest) GetIno() uint64 {
@@ -9196,7 +9585,7 @@ type LockReply struct {
 
 func (x *LockReply) Reset() {
 	*x = LockReply{}
-	mi := &file_meta_proto_msgTypes[123]
+	mi := &file_meta_proto_msgTypes[127]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9208,7 +9597,7 @@ func (x *LockReply) String() string {
 func (*LockReply) ProtoMessage() {}
 
 func (x *LockReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[123]
+	mi := &file_meta_proto_msgTypes[127]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9221,7 +9610,7 @@ func (x *LockReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockReply.ProtoReflect.Descriptor instead.
 func (*LockReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{123}
+	return file_meta_proto_rawDescGZIP(), []int{127}
 }
 
 func (x *LockReply) GetGranted() bool {
@@ -9492,7 +9881,52 @@ const file_meta_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x14\n" +
 	"\x05about\x18\x03 \x01(\tR\x05about\"?\n" +
 	"\vConfigReply\x120\n" +
-	"\x05items\x18\x01 \x03(\v2\x1a.rdmafs.meta.v1.ConfigItemR\x05items\"!\n" +
+	"\x05items\x18\x01 \x03(\v2\x1a.rdmafs.meta.v1.ConfigItemR\x05items\"\xba\x02\n" +
+	"\fQuotaRequest\x12.\n" +
+	"\x06caller\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.CallerR\x06caller\x12/\n" +
+	"\x02op\x18\x02 \x01(\x0e2\x1f.rdmafs.meta.v1.QuotaRequest.OpR\x02op\x12\x10\n" +
+	"\x03ino\x18\x03 \x01(\x04R\x03ino\x12\x15\n" +
+	"\x06by_uid\x18\x04 \x01(\bR\x05byUid\x12\x15\n" +
+	"\x06by_gid\x18\x05 \x01(\bR\x05byGid\x12\x0e\n" +
+	"\x02id\x18\x06 \x01(\rR\x02id\x12\x1f\n" +
+	"\vspace_limit\x18\a \x01(\x04R\n" +
+	"spaceLimit\x12\x1f\n" +
+	"\vinode_limit\x18\b \x01(\x04R\n" +
+	"inodeLimit\"7\n" +
+	"\x02Op\x12\a\n" +
+	"\x03GET\x10\x00\x12\a\n" +
+	"\x03SET\x10\x01\x12\n" +
+	"\n" +
+	"\x06DELETE\x10\x02\x12\b\n" +
+	"\x04LIST\x10\x03\x12\t\n" +
+	"\x05CHECK\x10\x04\"\xf1\x01\n" +
+	"\tQuotaInfo\x12\x10\n" +
+	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x15\n" +
+	"\x06by_uid\x18\x03 \x01(\bR\x05byUid\x12\x15\n" +
+	"\x06by_gid\x18\x04 \x01(\bR\x05byGid\x12\x0e\n" +
+	"\x02id\x18\x05 \x01(\rR\x02id\x12\x1f\n" +
+	"\vspace_limit\x18\x06 \x01(\x04R\n" +
+	"spaceLimit\x12\x1f\n" +
+	"\vinode_limit\x18\a \x01(\x04R\n" +
+	"inodeLimit\x12\x1d\n" +
+	"\n" +
+	"space_used\x18\b \x01(\x04R\tspaceUsed\x12\x1f\n" +
+	"\vinodes_used\x18\t \x01(\x04R\n" +
+	"inodesUsed\"U\n" +
+	"\n" +
+	"QuotaReply\x121\n" +
+	"\x06quotas\x18\x01 \x03(\v2\x19.rdmafs.meta.v1.QuotaInfoR\x06quotas\x12\x14\n" +
+	"\x05fixed\x18\x02 \x03(\tR\x05fixed\"\x8f\x01\n" +
+	"\vQuotaRecord\x12\x1f\n" +
+	"\vspace_limit\x18\x01 \x01(\x04R\n" +
+	"spaceLimit\x12\x1f\n" +
+	"\vinode_limit\x18\x02 \x01(\x04R\n" +
+	"inodeLimit\x12\x1d\n" +
+	"\n" +
+	"space_used\x18\x03 \x01(\x04R\tspaceUsed\x12\x1f\n" +
+	"\vinodes_used\x18\x04 \x01(\x04R\n" +
+	"inodesUsed\"!\n" +
 	"\rStatFSRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\"\xd8\x01\n" +
 	"\vStatFSReply\x12\x1d\n" +
@@ -10009,7 +10443,7 @@ const file_meta_proto_rawDesc = "" +
 	"\tLOCK_READ\x10\x00\x12\x0e\n" +
 	"\n" +
 	"LOCK_WRITE\x10\x01\x12\x0f\n" +
-	"\vLOCK_UNLOCK\x10\x022\xe3\x1b\n" +
+	"\vLOCK_UNLOCK\x10\x022\xa6\x1c\n" +
 	"\x04Meta\x12C\n" +
 	"\x06Lookup\x12\x1d.rdmafs.meta.v1.LookupRequest\x1a\x1a.rdmafs.meta.v1.EntryReply\x12D\n" +
 	"\aGetAttr\x12\x1e.rdmafs.meta.v1.GetAttrRequest\x1a\x19.rdmafs.meta.v1.AttrReply\x12D\n" +
@@ -10054,6 +10488,7 @@ const file_meta_proto_rawDesc = "" +
 	"RemoveTree\x12!.rdmafs.meta.v1.RemoveTreeRequest\x1a\x1f.rdmafs.meta.v1.RemoveTreeReply\x12A\n" +
 	"\x05Trash\x12\x1c.rdmafs.meta.v1.TrashRequest\x1a\x1a.rdmafs.meta.v1.TrashReply\x12D\n" +
 	"\x06Config\x12\x1d.rdmafs.meta.v1.ConfigRequest\x1a\x1b.rdmafs.meta.v1.ConfigReply\x12A\n" +
+	"\x05Quota\x12\x1c.rdmafs.meta.v1.QuotaRequest\x1a\x1a.rdmafs.meta.v1.QuotaReply\x12A\n" +
 	"\x05Check\x12\x1c.rdmafs.meta.v1.CheckRequest\x1a\x1a.rdmafs.meta.v1.CheckReply\x12J\n" +
 	"\bRegister\x12\x1f.rdmafs.meta.v1.RegisterRequest\x1a\x1d.rdmafs.meta.v1.RegisterReply\x12M\n" +
 	"\tHeartbeat\x12 .rdmafs.meta.v1.HeartbeatRequest\x1a\x1e.rdmafs.meta.v1.HeartbeatReply\x12D\n" +
@@ -10077,328 +10512,338 @@ func file_meta_proto_rawDescGZIP() []byte {
 	return file_meta_proto_rawDescData
 }
 
-var file_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 124)
+var file_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 128)
 var file_meta_proto_goTypes = []any{
 	(RenameFlag)(0),              // 0: rdmafs.meta.v1.RenameFlag
 	(XattrFlag)(0),               // 1: rdmafs.meta.v1.XattrFlag
 	(LockType)(0),                // 2: rdmafs.meta.v1.LockType
 	(TrashRequest_Op)(0),         // 3: rdmafs.meta.v1.TrashRequest.Op
-	(*Caller)(nil),               // 4: rdmafs.meta.v1.Caller
-	(*Layout)(nil),               // 5: rdmafs.meta.v1.Layout
-	(*Attr)(nil),                 // 6: rdmafs.meta.v1.Attr
-	(*ErrorInfo)(nil),            // 7: rdmafs.meta.v1.ErrorInfo
-	(*LookupRequest)(nil),        // 8: rdmafs.meta.v1.LookupRequest
-	(*EntryReply)(nil),           // 9: rdmafs.meta.v1.EntryReply
-	(*DirLease)(nil),             // 10: rdmafs.meta.v1.DirLease
-	(*RecallsRequest)(nil),       // 11: rdmafs.meta.v1.RecallsRequest
-	(*RecallsReply)(nil),         // 12: rdmafs.meta.v1.RecallsReply
-	(*DirReply)(nil),             // 13: rdmafs.meta.v1.DirReply
-	(*GetAttrRequest)(nil),       // 14: rdmafs.meta.v1.GetAttrRequest
-	(*AttrReply)(nil),            // 15: rdmafs.meta.v1.AttrReply
-	(*SetAttrRequest)(nil),       // 16: rdmafs.meta.v1.SetAttrRequest
-	(*CreateRequest)(nil),        // 17: rdmafs.meta.v1.CreateRequest
-	(*MknodRequest)(nil),         // 18: rdmafs.meta.v1.MknodRequest
-	(*MkdirRequest)(nil),         // 19: rdmafs.meta.v1.MkdirRequest
-	(*SymlinkRequest)(nil),       // 20: rdmafs.meta.v1.SymlinkRequest
-	(*ReadlinkRequest)(nil),      // 21: rdmafs.meta.v1.ReadlinkRequest
-	(*ReadlinkReply)(nil),        // 22: rdmafs.meta.v1.ReadlinkReply
-	(*LinkRequest)(nil),          // 23: rdmafs.meta.v1.LinkRequest
-	(*UnlinkRequest)(nil),        // 24: rdmafs.meta.v1.UnlinkRequest
-	(*RmdirRequest)(nil),         // 25: rdmafs.meta.v1.RmdirRequest
-	(*Empty)(nil),                // 26: rdmafs.meta.v1.Empty
-	(*SyncRequest)(nil),          // 27: rdmafs.meta.v1.SyncRequest
-	(*RenameRequest)(nil),        // 28: rdmafs.meta.v1.RenameRequest
-	(*ReadDirRequest)(nil),       // 29: rdmafs.meta.v1.ReadDirRequest
-	(*DirEntry)(nil),             // 30: rdmafs.meta.v1.DirEntry
-	(*ReadDirReply)(nil),         // 31: rdmafs.meta.v1.ReadDirReply
-	(*GetXattrRequest)(nil),      // 32: rdmafs.meta.v1.GetXattrRequest
-	(*GetXattrReply)(nil),        // 33: rdmafs.meta.v1.GetXattrReply
-	(*SetXattrRequest)(nil),      // 34: rdmafs.meta.v1.SetXattrRequest
-	(*ListXattrRequest)(nil),     // 35: rdmafs.meta.v1.ListXattrRequest
-	(*ListXattrReply)(nil),       // 36: rdmafs.meta.v1.ListXattrReply
-	(*RemoveXattrRequest)(nil),   // 37: rdmafs.meta.v1.RemoveXattrRequest
-	(*SnapshotRequest)(nil),      // 38: rdmafs.meta.v1.SnapshotRequest
-	(*SnapshotReply)(nil),        // 39: rdmafs.meta.v1.SnapshotReply
-	(*RemoveTreeRequest)(nil),    // 40: rdmafs.meta.v1.RemoveTreeRequest
-	(*RemoveTreeReply)(nil),      // 41: rdmafs.meta.v1.RemoveTreeReply
-	(*TrashRequest)(nil),         // 42: rdmafs.meta.v1.TrashRequest
-	(*TrashEntry)(nil),           // 43: rdmafs.meta.v1.TrashEntry
-	(*TrashReply)(nil),           // 44: rdmafs.meta.v1.TrashReply
-	(*ConfigRequest)(nil),        // 45: rdmafs.meta.v1.ConfigRequest
-	(*ConfigItem)(nil),           // 46: rdmafs.meta.v1.ConfigItem
-	(*ConfigReply)(nil),          // 47: rdmafs.meta.v1.ConfigReply
-	(*StatFSRequest)(nil),        // 48: rdmafs.meta.v1.StatFSRequest
-	(*StatFSReply)(nil),          // 49: rdmafs.meta.v1.StatFSReply
-	(*OpenSessionRequest)(nil),   // 50: rdmafs.meta.v1.OpenSessionRequest
-	(*OpenSessionReply)(nil),     // 51: rdmafs.meta.v1.OpenSessionReply
-	(*BatchRequest)(nil),         // 52: rdmafs.meta.v1.BatchRequest
-	(*BatchCall)(nil),            // 53: rdmafs.meta.v1.BatchCall
-	(*BatchReply)(nil),           // 54: rdmafs.meta.v1.BatchReply
-	(*BatchResult)(nil),          // 55: rdmafs.meta.v1.BatchResult
-	(*AllocInodesRequest)(nil),   // 56: rdmafs.meta.v1.AllocInodesRequest
-	(*AllocInodesReply)(nil),     // 57: rdmafs.meta.v1.AllocInodesReply
-	(*KeepAliveRequest)(nil),     // 58: rdmafs.meta.v1.KeepAliveRequest
-	(*CloseSessionRequest)(nil),  // 59: rdmafs.meta.v1.CloseSessionRequest
-	(*OpenRequest)(nil),          // 60: rdmafs.meta.v1.OpenRequest
-	(*ReleaseRequest)(nil),       // 61: rdmafs.meta.v1.ReleaseRequest
-	(*SetLayoutRequest)(nil),     // 62: rdmafs.meta.v1.SetLayoutRequest
-	(*GetLayoutRequest)(nil),     // 63: rdmafs.meta.v1.GetLayoutRequest
-	(*RelayoutRequest)(nil),      // 64: rdmafs.meta.v1.RelayoutRequest
-	(*RelayoutReply)(nil),        // 65: rdmafs.meta.v1.RelayoutReply
-	(*RelayoutStatus)(nil),       // 66: rdmafs.meta.v1.RelayoutStatus
-	(*LayoutReply)(nil),          // 67: rdmafs.meta.v1.LayoutReply
-	(*Shard)(nil),                // 68: rdmafs.meta.v1.Shard
-	(*GrantWriteRequest)(nil),    // 69: rdmafs.meta.v1.GrantWriteRequest
-	(*StripeGrant)(nil),          // 70: rdmafs.meta.v1.StripeGrant
-	(*GrantWriteReply)(nil),      // 71: rdmafs.meta.v1.GrantWriteReply
-	(*StripeCommit)(nil),         // 72: rdmafs.meta.v1.StripeCommit
-	(*ReplaceShardsRequest)(nil), // 73: rdmafs.meta.v1.ReplaceShardsRequest
-	(*ReplaceShardsReply)(nil),   // 74: rdmafs.meta.v1.ReplaceShardsReply
-	(*CommitStripesRequest)(nil), // 75: rdmafs.meta.v1.CommitStripesRequest
-	(*CommitStripesReply)(nil),   // 76: rdmafs.meta.v1.CommitStripesReply
-	(*GetStripesRequest)(nil),    // 77: rdmafs.meta.v1.GetStripesRequest
-	(*StripeInfo)(nil),           // 78: rdmafs.meta.v1.StripeInfo
-	(*GetStripesReply)(nil),      // 79: rdmafs.meta.v1.GetStripesReply
-	(*RegisterRequest)(nil),      // 80: rdmafs.meta.v1.RegisterRequest
-	(*RegisterReply)(nil),        // 81: rdmafs.meta.v1.RegisterReply
-	(*ChunkRef)(nil),             // 82: rdmafs.meta.v1.ChunkRef
-	(*HeartbeatRequest)(nil),     // 83: rdmafs.meta.v1.HeartbeatRequest
-	(*ScrubReport)(nil),          // 84: rdmafs.meta.v1.ScrubReport
-	(*HeartbeatReply)(nil),       // 85: rdmafs.meta.v1.HeartbeatReply
-	(*InventoryRequest)(nil),     // 86: rdmafs.meta.v1.InventoryRequest
-	(*ScrubRequest)(nil),         // 87: rdmafs.meta.v1.ScrubRequest
-	(*ScrubReply)(nil),           // 88: rdmafs.meta.v1.ScrubReply
-	(*InfoRequest)(nil),          // 89: rdmafs.meta.v1.InfoRequest
-	(*ShardInfo)(nil),            // 90: rdmafs.meta.v1.ShardInfo
-	(*StripeDetail)(nil),         // 91: rdmafs.meta.v1.StripeDetail
-	(*TreeTotals)(nil),           // 92: rdmafs.meta.v1.TreeTotals
-	(*InfoReply)(nil),            // 93: rdmafs.meta.v1.InfoReply
-	(*CheckRequest)(nil),         // 94: rdmafs.meta.v1.CheckRequest
-	(*CheckReply)(nil),           // 95: rdmafs.meta.v1.CheckReply
-	(*StatusRequest)(nil),        // 96: rdmafs.meta.v1.StatusRequest
-	(*ChunkserverStatus)(nil),    // 97: rdmafs.meta.v1.ChunkserverStatus
-	(*StatusReply)(nil),          // 98: rdmafs.meta.v1.StatusReply
-	(*ScrubStatus)(nil),          // 99: rdmafs.meta.v1.ScrubStatus
-	(*InodeRecord)(nil),          // 100: rdmafs.meta.v1.InodeRecord
-	(*DentryRecord)(nil),         // 101: rdmafs.meta.v1.DentryRecord
-	(*CookieRecord)(nil),         // 102: rdmafs.meta.v1.CookieRecord
-	(*StripeRecord)(nil),         // 103: rdmafs.meta.v1.StripeRecord
-	(*TrashRecord)(nil),          // 104: rdmafs.meta.v1.TrashRecord
-	(*SnapshotJob)(nil),          // 105: rdmafs.meta.v1.SnapshotJob
-	(*SnapshotTask)(nil),         // 106: rdmafs.meta.v1.SnapshotTask
-	(*GrantRecord)(nil),          // 107: rdmafs.meta.v1.GrantRecord
-	(*ChunkserverRecord)(nil),    // 108: rdmafs.meta.v1.ChunkserverRecord
-	(*SessionRecord)(nil),        // 109: rdmafs.meta.v1.SessionRecord
-	(*InoRange)(nil),             // 110: rdmafs.meta.v1.InoRange
-	(*ClusterRecord)(nil),        // 111: rdmafs.meta.v1.ClusterRecord
-	(*RepairTask)(nil),           // 112: rdmafs.meta.v1.RepairTask
-	(*RepairResult)(nil),         // 113: rdmafs.meta.v1.RepairResult
-	(*RepairPollRequest)(nil),    // 114: rdmafs.meta.v1.RepairPollRequest
-	(*RepairPollReply)(nil),      // 115: rdmafs.meta.v1.RepairPollReply
-	(*DrainRequest)(nil),         // 116: rdmafs.meta.v1.DrainRequest
-	(*RebalanceRequest)(nil),     // 117: rdmafs.meta.v1.RebalanceRequest
-	(*RebalanceReply)(nil),       // 118: rdmafs.meta.v1.RebalanceReply
-	(*RepairStatus)(nil),         // 119: rdmafs.meta.v1.RepairStatus
-	(*RequestRecord)(nil),        // 120: rdmafs.meta.v1.RequestRecord
-	(*DumpRecord)(nil),           // 121: rdmafs.meta.v1.DumpRecord
-	(*DumpTrailer)(nil),          // 122: rdmafs.meta.v1.DumpTrailer
-	(*DumpHeader)(nil),           // 123: rdmafs.meta.v1.DumpHeader
-	(*FileLock)(nil),             // 124: rdmafs.meta.v1.FileLock
-	(*LockRecord)(nil),           // 125: rdmafs.meta.v1.LockRecord
-	(*LockRequest)(nil),          // 126: rdmafs.meta.v1.LockRequest
-	(*LockReply)(nil),            // 127: rdmafs.meta.v1.LockReply
+	(QuotaRequest_Op)(0),         // 4: rdmafs.meta.v1.QuotaRequest.Op
+	(*Caller)(nil),               // 5: rdmafs.meta.v1.Caller
+	(*Layout)(nil),               // 6: rdmafs.meta.v1.Layout
+	(*Attr)(nil),                 // 7: rdmafs.meta.v1.Attr
+	(*ErrorInfo)(nil),            // 8: rdmafs.meta.v1.ErrorInfo
+	(*LookupRequest)(nil),        // 9: rdmafs.meta.v1.LookupRequest
+	(*EntryReply)(nil),           // 10: rdmafs.meta.v1.EntryReply
+	(*DirLease)(nil),             // 11: rdmafs.meta.v1.DirLease
+	(*RecallsRequest)(nil),       // 12: rdmafs.meta.v1.RecallsRequest
+	(*RecallsReply)(nil),         // 13: rdmafs.meta.v1.RecallsReply
+	(*DirReply)(nil),             // 14: rdmafs.meta.v1.DirReply
+	(*GetAttrRequest)(nil),       // 15: rdmafs.meta.v1.GetAttrRequest
+	(*AttrReply)(nil),            // 16: rdmafs.meta.v1.AttrReply
+	(*SetAttrRequest)(nil),       // 17: rdmafs.meta.v1.SetAttrRequest
+	(*CreateRequest)(nil),        // 18: rdmafs.meta.v1.CreateRequest
+	(*MknodRequest)(nil),         // 19: rdmafs.meta.v1.MknodRequest
+	(*MkdirRequest)(nil),         // 20: rdmafs.meta.v1.MkdirRequest
+	(*SymlinkRequest)(nil),       // 21: rdmafs.meta.v1.SymlinkRequest
+	(*ReadlinkRequest)(nil),      // 22: rdmafs.meta.v1.ReadlinkRequest
+	(*ReadlinkReply)(nil),        // 23: rdmafs.meta.v1.ReadlinkReply
+	(*LinkRequest)(nil),          // 24: rdmafs.meta.v1.LinkRequest
+	(*UnlinkRequest)(nil),        // 25: rdmafs.meta.v1.UnlinkRequest
+	(*RmdirRequest)(nil),         // 26: rdmafs.meta.v1.RmdirRequest
+	(*Empty)(nil),                // 27: rdmafs.meta.v1.Empty
+	(*SyncRequest)(nil),          // 28: rdmafs.meta.v1.SyncRequest
+	(*RenameRequest)(nil),        // 29: rdmafs.meta.v1.RenameRequest
+	(*ReadDirRequest)(nil),       // 30: rdmafs.meta.v1.ReadDirRequest
+	(*DirEntry)(nil),             // 31: rdmafs.meta.v1.DirEntry
+	(*ReadDirReply)(nil),         // 32: rdmafs.meta.v1.ReadDirReply
+	(*GetXattrRequest)(nil),      // 33: rdmafs.meta.v1.GetXattrRequest
+	(*GetXattrReply)(nil),        // 34: rdmafs.meta.v1.GetXattrReply
+	(*SetXattrRequest)(nil),      // 35: rdmafs.meta.v1.SetXattrRequest
+	(*ListXattrRequest)(nil),     // 36: rdmafs.meta.v1.ListXattrRequest
+	(*ListXattrReply)(nil),       // 37: rdmafs.meta.v1.ListXattrReply
+	(*RemoveXattrRequest)(nil),   // 38: rdmafs.meta.v1.RemoveXattrRequest
+	(*SnapshotRequest)(nil),      // 39: rdmafs.meta.v1.SnapshotRequest
+	(*SnapshotReply)(nil),        // 40: rdmafs.meta.v1.SnapshotReply
+	(*RemoveTreeRequest)(nil),    // 41: rdmafs.meta.v1.RemoveTreeRequest
+	(*RemoveTreeReply)(nil),      // 42: rdmafs.meta.v1.RemoveTreeReply
+	(*TrashRequest)(nil),         // 43: rdmafs.meta.v1.TrashRequest
+	(*TrashEntry)(nil),           // 44: rdmafs.meta.v1.TrashEntry
+	(*TrashReply)(nil),           // 45: rdmafs.meta.v1.TrashReply
+	(*ConfigRequest)(nil),        // 46: rdmafs.meta.v1.ConfigRequest
+	(*ConfigItem)(nil),           // 47: rdmafs.meta.v1.ConfigItem
+	(*ConfigReply)(nil),          // 48: rdmafs.meta.v1.ConfigReply
+	(*QuotaRequest)(nil),         // 49: rdmafs.meta.v1.QuotaRequest
+	(*QuotaInfo)(nil),            // 50: rdmafs.meta.v1.QuotaInfo
+	(*QuotaReply)(nil),           // 51: rdmafs.meta.v1.QuotaReply
+	(*QuotaRecord)(nil),          // 52: rdmafs.meta.v1.QuotaRecord
+	(*StatFSRequest)(nil),        // 53: rdmafs.meta.v1.StatFSRequest
+	(*StatFSReply)(nil),          // 54: rdmafs.meta.v1.StatFSReply
+	(*OpenSessionRequest)(nil),   // 55: rdmafs.meta.v1.OpenSessionRequest
+	(*OpenSessionReply)(nil),     // 56: rdmafs.meta.v1.OpenSessionReply
+	(*BatchRequest)(nil),         // 57: rdmafs.meta.v1.BatchRequest
+	(*BatchCall)(nil),            // 58: rdmafs.meta.v1.BatchCall
+	(*BatchReply)(nil),           // 59: rdmafs.meta.v1.BatchReply
+	(*BatchResult)(nil),          // 60: rdmafs.meta.v1.BatchResult
+	(*AllocInodesRequest)(nil),   // 61: rdmafs.meta.v1.AllocInodesRequest
+	(*AllocInodesReply)(nil),     // 62: rdmafs.meta.v1.AllocInodesReply
+	(*KeepAliveRequest)(nil),     // 63: rdmafs.meta.v1.KeepAliveRequest
+	(*CloseSessionRequest)(nil),  // 64: rdmafs.meta.v1.CloseSessionRequest
+	(*OpenRequest)(nil),          // 65: rdmafs.meta.v1.OpenRequest
+	(*ReleaseRequest)(nil),       // 66: rdmafs.meta.v1.ReleaseRequest
+	(*SetLayoutRequest)(nil),     // 67: rdmafs.meta.v1.SetLayoutRequest
+	(*GetLayoutRequest)(nil),     // 68: rdmafs.meta.v1.GetLayoutRequest
+	(*RelayoutRequest)(nil),      // 69: rdmafs.meta.v1.RelayoutRequest
+	(*RelayoutReply)(nil),        // 70: rdmafs.meta.v1.RelayoutReply
+	(*RelayoutStatus)(nil),       // 71: rdmafs.meta.v1.RelayoutStatus
+	(*LayoutReply)(nil),          // 72: rdmafs.meta.v1.LayoutReply
+	(*Shard)(nil),                // 73: rdmafs.meta.v1.Shard
+	(*GrantWriteRequest)(nil),    // 74: rdmafs.meta.v1.GrantWriteRequest
+	(*StripeGrant)(nil),          // 75: rdmafs.meta.v1.StripeGrant
+	(*GrantWriteReply)(nil),      // 76: rdmafs.meta.v1.GrantWriteReply
+	(*StripeCommit)(nil),         // 77: rdmafs.meta.v1.StripeCommit
+	(*ReplaceShardsRequest)(nil), // 78: rdmafs.meta.v1.ReplaceShardsRequest
+	(*ReplaceShardsReply)(nil),   // 79: rdmafs.meta.v1.ReplaceShardsReply
+	(*CommitStripesRequest)(nil), // 80: rdmafs.meta.v1.CommitStripesRequest
+	(*CommitStripesReply)(nil),   // 81: rdmafs.meta.v1.CommitStripesReply
+	(*GetStripesRequest)(nil),    // 82: rdmafs.meta.v1.GetStripesRequest
+	(*StripeInfo)(nil),           // 83: rdmafs.meta.v1.StripeInfo
+	(*GetStripesReply)(nil),      // 84: rdmafs.meta.v1.GetStripesReply
+	(*RegisterRequest)(nil),      // 85: rdmafs.meta.v1.RegisterRequest
+	(*RegisterReply)(nil),        // 86: rdmafs.meta.v1.RegisterReply
+	(*ChunkRef)(nil),             // 87: rdmafs.meta.v1.ChunkRef
+	(*HeartbeatRequest)(nil),     // 88: rdmafs.meta.v1.HeartbeatRequest
+	(*ScrubReport)(nil),          // 89: rdmafs.meta.v1.ScrubReport
+	(*HeartbeatReply)(nil),       // 90: rdmafs.meta.v1.HeartbeatReply
+	(*InventoryRequest)(nil),     // 91: rdmafs.meta.v1.InventoryRequest
+	(*ScrubRequest)(nil),         // 92: rdmafs.meta.v1.ScrubRequest
+	(*ScrubReply)(nil),           // 93: rdmafs.meta.v1.ScrubReply
+	(*InfoRequest)(nil),          // 94: rdmafs.meta.v1.InfoRequest
+	(*ShardInfo)(nil),            // 95: rdmafs.meta.v1.ShardInfo
+	(*StripeDetail)(nil),         // 96: rdmafs.meta.v1.StripeDetail
+	(*TreeTotals)(nil),           // 97: rdmafs.meta.v1.TreeTotals
+	(*InfoReply)(nil),            // 98: rdmafs.meta.v1.InfoReply
+	(*CheckRequest)(nil),         // 99: rdmafs.meta.v1.CheckRequest
+	(*CheckReply)(nil),           // 100: rdmafs.meta.v1.CheckReply
+	(*StatusRequest)(nil),        // 101: rdmafs.meta.v1.StatusRequest
+	(*ChunkserverStatus)(nil),    // 102: rdmafs.meta.v1.ChunkserverStatus
+	(*StatusReply)(nil),          // 103: rdmafs.meta.v1.StatusReply
+	(*ScrubStatus)(nil),          // 104: rdmafs.meta.v1.ScrubStatus
+	(*InodeRecord)(nil),          // 105: rdmafs.meta.v1.InodeRecord
+	(*DentryRecord)(nil),         // 106: rdmafs.meta.v1.DentryRecord
+	(*CookieRecord)(nil),         // 107: rdmafs.meta.v1.CookieRecord
+	(*StripeRecord)(nil),         // 108: rdmafs.meta.v1.StripeRecord
+	(*TrashRecord)(nil),          // 109: rdmafs.meta.v1.TrashRecord
+	(*SnapshotJob)(nil),          // 110: rdmafs.meta.v1.SnapshotJob
+	(*SnapshotTask)(nil),         // 111: rdmafs.meta.v1.SnapshotTask
+	(*GrantRecord)(nil),          // 112: rdmafs.meta.v1.GrantRecord
+	(*ChunkserverRecord)(nil),    // 113: rdmafs.meta.v1.ChunkserverRecord
+	(*SessionRecord)(nil),        // 114: rdmafs.meta.v1.SessionRecord
+	(*InoRange)(nil),             // 115: rdmafs.meta.v1.InoRange
+	(*ClusterRecord)(nil),        // 116: rdmafs.meta.v1.ClusterRecord
+	(*RepairTask)(nil),           // 117: rdmafs.meta.v1.RepairTask
+	(*RepairResult)(nil),         // 118: rdmafs.meta.v1.RepairResult
+	(*RepairPollRequest)(nil),    // 119: rdmafs.meta.v1.RepairPollRequest
+	(*RepairPollReply)(nil),      // 120: rdmafs.meta.v1.RepairPollReply
+	(*DrainRequest)(nil),         // 121: rdmafs.meta.v1.DrainRequest
+	(*RebalanceRequest)(nil),     // 122: rdmafs.meta.v1.RebalanceRequest
+	(*RebalanceReply)(nil),       // 123: rdmafs.meta.v1.RebalanceReply
+	(*RepairStatus)(nil),         // 124: rdmafs.meta.v1.RepairStatus
+	(*RequestRecord)(nil),        // 125: rdmafs.meta.v1.RequestRecord
+	(*DumpRecord)(nil),           // 126: rdmafs.meta.v1.DumpRecord
+	(*DumpTrailer)(nil),          // 127: rdmafs.meta.v1.DumpTrailer
+	(*DumpHeader)(nil),           // 128: rdmafs.meta.v1.DumpHeader
+	(*FileLock)(nil),             // 129: rdmafs.meta.v1.FileLock
+	(*LockRecord)(nil),           // 130: rdmafs.meta.v1.LockRecord
+	(*LockRequest)(nil),          // 131: rdmafs.meta.v1.LockRequest
+	(*LockReply)(nil),            // 132: rdmafs.meta.v1.LockReply
 }
 var file_meta_proto_depIdxs = []int32{
-	5,   // 0: rdmafs.meta.v1.Attr.layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 1: rdmafs.meta.v1.LookupRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	6,   // 2: rdmafs.meta.v1.EntryReply.attr:type_name -> rdmafs.meta.v1.Attr
-	6,   // 3: rdmafs.meta.v1.EntryReply.parent:type_name -> rdmafs.meta.v1.Attr
-	5,   // 4: rdmafs.meta.v1.EntryReply.new_layout:type_name -> rdmafs.meta.v1.Layout
-	10,  // 5: rdmafs.meta.v1.EntryReply.lease:type_name -> rdmafs.meta.v1.DirLease
-	6,   // 6: rdmafs.meta.v1.DirReply.parent:type_name -> rdmafs.meta.v1.Attr
-	6,   // 7: rdmafs.meta.v1.AttrReply.attr:type_name -> rdmafs.meta.v1.Attr
-	4,   // 8: rdmafs.meta.v1.SetAttrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 9: rdmafs.meta.v1.CreateRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 10: rdmafs.meta.v1.MknodRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 11: rdmafs.meta.v1.MkdirRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 12: rdmafs.meta.v1.SymlinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 13: rdmafs.meta.v1.LinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 14: rdmafs.meta.v1.UnlinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 15: rdmafs.meta.v1.RmdirRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 16: rdmafs.meta.v1.RenameRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 17: rdmafs.meta.v1.ReadDirRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	6,   // 18: rdmafs.meta.v1.DirEntry.attr:type_name -> rdmafs.meta.v1.Attr
-	30,  // 19: rdmafs.meta.v1.ReadDirReply.entries:type_name -> rdmafs.meta.v1.DirEntry
-	4,   // 20: rdmafs.meta.v1.GetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 21: rdmafs.meta.v1.SetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 22: rdmafs.meta.v1.ListXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 23: rdmafs.meta.v1.RemoveXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 24: rdmafs.meta.v1.SnapshotRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 25: rdmafs.meta.v1.RemoveTreeRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 26: rdmafs.meta.v1.TrashRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	6,   // 0: rdmafs.meta.v1.Attr.layout:type_name -> rdmafs.meta.v1.Layout
+	5,   // 1: rdmafs.meta.v1.LookupRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	7,   // 2: rdmafs.meta.v1.EntryReply.attr:type_name -> rdmafs.meta.v1.Attr
+	7,   // 3: rdmafs.meta.v1.EntryReply.parent:type_name -> rdmafs.meta.v1.Attr
+	6,   // 4: rdmafs.meta.v1.EntryReply.new_layout:type_name -> rdmafs.meta.v1.Layout
+	11,  // 5: rdmafs.meta.v1.EntryReply.lease:type_name -> rdmafs.meta.v1.DirLease
+	7,   // 6: rdmafs.meta.v1.DirReply.parent:type_name -> rdmafs.meta.v1.Attr
+	7,   // 7: rdmafs.meta.v1.AttrReply.attr:type_name -> rdmafs.meta.v1.Attr
+	5,   // 8: rdmafs.meta.v1.SetAttrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 9: rdmafs.meta.v1.CreateRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 10: rdmafs.meta.v1.MknodRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 11: rdmafs.meta.v1.MkdirRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 12: rdmafs.meta.v1.SymlinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 13: rdmafs.meta.v1.LinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 14: rdmafs.meta.v1.UnlinkRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 15: rdmafs.meta.v1.RmdirRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 16: rdmafs.meta.v1.RenameRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 17: rdmafs.meta.v1.ReadDirRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	7,   // 18: rdmafs.meta.v1.DirEntry.attr:type_name -> rdmafs.meta.v1.Attr
+	31,  // 19: rdmafs.meta.v1.ReadDirReply.entries:type_name -> rdmafs.meta.v1.DirEntry
+	5,   // 20: rdmafs.meta.v1.GetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 21: rdmafs.meta.v1.SetXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 22: rdmafs.meta.v1.ListXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 23: rdmafs.meta.v1.RemoveXattrRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 24: rdmafs.meta.v1.SnapshotRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 25: rdmafs.meta.v1.RemoveTreeRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 26: rdmafs.meta.v1.TrashRequest.caller:type_name -> rdmafs.meta.v1.Caller
 	3,   // 27: rdmafs.meta.v1.TrashRequest.op:type_name -> rdmafs.meta.v1.TrashRequest.Op
-	43,  // 28: rdmafs.meta.v1.TrashReply.entries:type_name -> rdmafs.meta.v1.TrashEntry
-	46,  // 29: rdmafs.meta.v1.ConfigReply.items:type_name -> rdmafs.meta.v1.ConfigItem
-	53,  // 30: rdmafs.meta.v1.BatchRequest.calls:type_name -> rdmafs.meta.v1.BatchCall
-	55,  // 31: rdmafs.meta.v1.BatchReply.results:type_name -> rdmafs.meta.v1.BatchResult
-	4,   // 32: rdmafs.meta.v1.OpenRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	4,   // 33: rdmafs.meta.v1.SetLayoutRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	5,   // 34: rdmafs.meta.v1.SetLayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
-	4,   // 35: rdmafs.meta.v1.RelayoutRequest.caller:type_name -> rdmafs.meta.v1.Caller
-	5,   // 36: rdmafs.meta.v1.RelayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
-	5,   // 37: rdmafs.meta.v1.LayoutReply.layout:type_name -> rdmafs.meta.v1.Layout
-	5,   // 38: rdmafs.meta.v1.StripeGrant.layout:type_name -> rdmafs.meta.v1.Layout
-	68,  // 39: rdmafs.meta.v1.StripeGrant.shards:type_name -> rdmafs.meta.v1.Shard
-	70,  // 40: rdmafs.meta.v1.GrantWriteReply.grants:type_name -> rdmafs.meta.v1.StripeGrant
-	68,  // 41: rdmafs.meta.v1.StripeCommit.shards:type_name -> rdmafs.meta.v1.Shard
-	68,  // 42: rdmafs.meta.v1.ReplaceShardsReply.shards:type_name -> rdmafs.meta.v1.Shard
-	72,  // 43: rdmafs.meta.v1.CommitStripesRequest.stripes:type_name -> rdmafs.meta.v1.StripeCommit
-	6,   // 44: rdmafs.meta.v1.CommitStripesReply.attr:type_name -> rdmafs.meta.v1.Attr
-	5,   // 45: rdmafs.meta.v1.StripeInfo.layout:type_name -> rdmafs.meta.v1.Layout
-	68,  // 46: rdmafs.meta.v1.StripeInfo.shards:type_name -> rdmafs.meta.v1.Shard
-	78,  // 47: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
-	5,   // 48: rdmafs.meta.v1.GetStripesReply.layout:type_name -> rdmafs.meta.v1.Layout
-	82,  // 49: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
-	84,  // 50: rdmafs.meta.v1.HeartbeatRequest.scrub:type_name -> rdmafs.meta.v1.ScrubReport
-	82,  // 51: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
-	82,  // 52: rdmafs.meta.v1.InventoryRequest.chunks:type_name -> rdmafs.meta.v1.ChunkRef
-	5,   // 53: rdmafs.meta.v1.StripeDetail.layout:type_name -> rdmafs.meta.v1.Layout
-	90,  // 54: rdmafs.meta.v1.StripeDetail.shards:type_name -> rdmafs.meta.v1.ShardInfo
-	6,   // 55: rdmafs.meta.v1.InfoReply.attr:type_name -> rdmafs.meta.v1.Attr
-	5,   // 56: rdmafs.meta.v1.InfoReply.layout:type_name -> rdmafs.meta.v1.Layout
-	91,  // 57: rdmafs.meta.v1.InfoReply.stripes:type_name -> rdmafs.meta.v1.StripeDetail
-	92,  // 58: rdmafs.meta.v1.InfoReply.totals:type_name -> rdmafs.meta.v1.TreeTotals
-	84,  // 59: rdmafs.meta.v1.ChunkserverStatus.scrub:type_name -> rdmafs.meta.v1.ScrubReport
-	5,   // 60: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
-	97,  // 61: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
-	119, // 62: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
-	99,  // 63: rdmafs.meta.v1.StatusReply.scrub:type_name -> rdmafs.meta.v1.ScrubStatus
-	66,  // 64: rdmafs.meta.v1.StatusReply.relayout:type_name -> rdmafs.meta.v1.RelayoutStatus
-	6,   // 65: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
-	5,   // 66: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
-	5,   // 67: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	68,  // 68: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	39,  // 69: rdmafs.meta.v1.SnapshotJob.totals:type_name -> rdmafs.meta.v1.SnapshotReply
-	68,  // 70: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	5,   // 71: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	110, // 72: rdmafs.meta.v1.SessionRecord.ino_ranges:type_name -> rdmafs.meta.v1.InoRange
-	5,   // 73: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
-	5,   // 74: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
-	68,  // 75: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
-	5,   // 76: rdmafs.meta.v1.RepairTask.relayout_to:type_name -> rdmafs.meta.v1.Layout
-	113, // 77: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
-	82,  // 78: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
-	112, // 79: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
-	123, // 80: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
-	122, // 81: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
-	2,   // 82: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
-	124, // 83: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
-	124, // 84: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
-	124, // 85: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
-	8,   // 86: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
-	14,  // 87: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
-	16,  // 88: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
-	17,  // 89: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
-	18,  // 90: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
-	19,  // 91: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
-	20,  // 92: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
-	21,  // 93: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
-	23,  // 94: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
-	24,  // 95: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
-	25,  // 96: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
-	28,  // 97: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
-	29,  // 98: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
-	32,  // 99: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
-	34,  // 100: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
-	35,  // 101: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
-	37,  // 102: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
-	48,  // 103: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
-	27,  // 104: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
-	50,  // 105: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
-	56,  // 106: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
-	52,  // 107: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
-	58,  // 108: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
-	11,  // 109: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
-	59,  // 110: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
-	60,  // 111: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
-	61,  // 112: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
-	126, // 113: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
-	62,  // 114: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
-	63,  // 115: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
-	64,  // 116: rdmafs.meta.v1.Meta.Relayout:input_type -> rdmafs.meta.v1.RelayoutRequest
-	69,  // 117: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
-	75,  // 118: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
-	73,  // 119: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
-	77,  // 120: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
-	89,  // 121: rdmafs.meta.v1.Meta.Info:input_type -> rdmafs.meta.v1.InfoRequest
-	38,  // 122: rdmafs.meta.v1.Meta.Snapshot:input_type -> rdmafs.meta.v1.SnapshotRequest
-	40,  // 123: rdmafs.meta.v1.Meta.RemoveTree:input_type -> rdmafs.meta.v1.RemoveTreeRequest
-	42,  // 124: rdmafs.meta.v1.Meta.Trash:input_type -> rdmafs.meta.v1.TrashRequest
-	45,  // 125: rdmafs.meta.v1.Meta.Config:input_type -> rdmafs.meta.v1.ConfigRequest
-	94,  // 126: rdmafs.meta.v1.Meta.Check:input_type -> rdmafs.meta.v1.CheckRequest
-	80,  // 127: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
-	83,  // 128: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
-	96,  // 129: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
-	114, // 130: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
-	116, // 131: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
-	87,  // 132: rdmafs.meta.v1.Meta.Scrub:input_type -> rdmafs.meta.v1.ScrubRequest
-	86,  // 133: rdmafs.meta.v1.Meta.Inventory:input_type -> rdmafs.meta.v1.InventoryRequest
-	117, // 134: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
-	9,   // 135: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
-	15,  // 136: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	15,  // 137: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	9,   // 138: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
-	9,   // 139: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
-	9,   // 140: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
-	9,   // 141: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
-	22,  // 142: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
-	9,   // 143: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
-	13,  // 144: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
-	13,  // 145: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
-	26,  // 146: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
-	31,  // 147: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
-	33,  // 148: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
-	26,  // 149: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
-	36,  // 150: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
-	26,  // 151: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
-	49,  // 152: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
-	26,  // 153: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
-	51,  // 154: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
-	57,  // 155: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
-	54,  // 156: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
-	26,  // 157: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
-	12,  // 158: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
-	26,  // 159: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
-	15,  // 160: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
-	26,  // 161: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
-	127, // 162: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
-	26,  // 163: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
-	67,  // 164: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
-	65,  // 165: rdmafs.meta.v1.Meta.Relayout:output_type -> rdmafs.meta.v1.RelayoutReply
-	71,  // 166: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
-	76,  // 167: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
-	74,  // 168: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
-	79,  // 169: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
-	93,  // 170: rdmafs.meta.v1.Meta.Info:output_type -> rdmafs.meta.v1.InfoReply
-	39,  // 171: rdmafs.meta.v1.Meta.Snapshot:output_type -> rdmafs.meta.v1.SnapshotReply
-	41,  // 172: rdmafs.meta.v1.Meta.RemoveTree:output_type -> rdmafs.meta.v1.RemoveTreeReply
-	44,  // 173: rdmafs.meta.v1.Meta.Trash:output_type -> rdmafs.meta.v1.TrashReply
-	47,  // 174: rdmafs.meta.v1.Meta.Config:output_type -> rdmafs.meta.v1.ConfigReply
-	95,  // 175: rdmafs.meta.v1.Meta.Check:output_type -> rdmafs.meta.v1.CheckReply
-	81,  // 176: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
-	85,  // 177: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
-	98,  // 178: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
-	115, // 179: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
-	26,  // 180: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
-	88,  // 181: rdmafs.meta.v1.Meta.Scrub:output_type -> rdmafs.meta.v1.ScrubReply
-	26,  // 182: rdmafs.meta.v1.Meta.Inventory:output_type -> rdmafs.meta.v1.Empty
-	118, // 183: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
-	135, // [135:184] is the sub-list for method output_type
-	86,  // [86:135] is the sub-list for method input_type
-	86,  // [86:86] is the sub-list for extension type_name
-	86,  // [86:86] is the sub-list for extension extendee
-	0,   // [0:86] is the sub-list for field type_name
+	44,  // 28: rdmafs.meta.v1.TrashReply.entries:type_name -> rdmafs.meta.v1.TrashEntry
+	47,  // 29: rdmafs.meta.v1.ConfigReply.items:type_name -> rdmafs.meta.v1.ConfigItem
+	5,   // 30: rdmafs.meta.v1.QuotaRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	4,   // 31: rdmafs.meta.v1.QuotaRequest.op:type_name -> rdmafs.meta.v1.QuotaRequest.Op
+	50,  // 32: rdmafs.meta.v1.QuotaReply.quotas:type_name -> rdmafs.meta.v1.QuotaInfo
+	58,  // 33: rdmafs.meta.v1.BatchRequest.calls:type_name -> rdmafs.meta.v1.BatchCall
+	60,  // 34: rdmafs.meta.v1.BatchReply.results:type_name -> rdmafs.meta.v1.BatchResult
+	5,   // 35: rdmafs.meta.v1.OpenRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	5,   // 36: rdmafs.meta.v1.SetLayoutRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	6,   // 37: rdmafs.meta.v1.SetLayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
+	5,   // 38: rdmafs.meta.v1.RelayoutRequest.caller:type_name -> rdmafs.meta.v1.Caller
+	6,   // 39: rdmafs.meta.v1.RelayoutRequest.layout:type_name -> rdmafs.meta.v1.Layout
+	6,   // 40: rdmafs.meta.v1.LayoutReply.layout:type_name -> rdmafs.meta.v1.Layout
+	6,   // 41: rdmafs.meta.v1.StripeGrant.layout:type_name -> rdmafs.meta.v1.Layout
+	73,  // 42: rdmafs.meta.v1.StripeGrant.shards:type_name -> rdmafs.meta.v1.Shard
+	75,  // 43: rdmafs.meta.v1.GrantWriteReply.grants:type_name -> rdmafs.meta.v1.StripeGrant
+	73,  // 44: rdmafs.meta.v1.StripeCommit.shards:type_name -> rdmafs.meta.v1.Shard
+	73,  // 45: rdmafs.meta.v1.ReplaceShardsReply.shards:type_name -> rdmafs.meta.v1.Shard
+	77,  // 46: rdmafs.meta.v1.CommitStripesRequest.stripes:type_name -> rdmafs.meta.v1.StripeCommit
+	7,   // 47: rdmafs.meta.v1.CommitStripesReply.attr:type_name -> rdmafs.meta.v1.Attr
+	6,   // 48: rdmafs.meta.v1.StripeInfo.layout:type_name -> rdmafs.meta.v1.Layout
+	73,  // 49: rdmafs.meta.v1.StripeInfo.shards:type_name -> rdmafs.meta.v1.Shard
+	83,  // 50: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
+	6,   // 51: rdmafs.meta.v1.GetStripesReply.layout:type_name -> rdmafs.meta.v1.Layout
+	87,  // 52: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
+	89,  // 53: rdmafs.meta.v1.HeartbeatRequest.scrub:type_name -> rdmafs.meta.v1.ScrubReport
+	87,  // 54: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
+	87,  // 55: rdmafs.meta.v1.InventoryRequest.chunks:type_name -> rdmafs.meta.v1.ChunkRef
+	6,   // 56: rdmafs.meta.v1.StripeDetail.layout:type_name -> rdmafs.meta.v1.Layout
+	95,  // 57: rdmafs.meta.v1.StripeDetail.shards:type_name -> rdmafs.meta.v1.ShardInfo
+	7,   // 58: rdmafs.meta.v1.InfoReply.attr:type_name -> rdmafs.meta.v1.Attr
+	6,   // 59: rdmafs.meta.v1.InfoReply.layout:type_name -> rdmafs.meta.v1.Layout
+	96,  // 60: rdmafs.meta.v1.InfoReply.stripes:type_name -> rdmafs.meta.v1.StripeDetail
+	97,  // 61: rdmafs.meta.v1.InfoReply.totals:type_name -> rdmafs.meta.v1.TreeTotals
+	89,  // 62: rdmafs.meta.v1.ChunkserverStatus.scrub:type_name -> rdmafs.meta.v1.ScrubReport
+	6,   // 63: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
+	102, // 64: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
+	124, // 65: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
+	104, // 66: rdmafs.meta.v1.StatusReply.scrub:type_name -> rdmafs.meta.v1.ScrubStatus
+	71,  // 67: rdmafs.meta.v1.StatusReply.relayout:type_name -> rdmafs.meta.v1.RelayoutStatus
+	7,   // 68: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
+	6,   // 69: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
+	6,   // 70: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	73,  // 71: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	40,  // 72: rdmafs.meta.v1.SnapshotJob.totals:type_name -> rdmafs.meta.v1.SnapshotReply
+	73,  // 73: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	6,   // 74: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	115, // 75: rdmafs.meta.v1.SessionRecord.ino_ranges:type_name -> rdmafs.meta.v1.InoRange
+	6,   // 76: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
+	6,   // 77: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
+	73,  // 78: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
+	6,   // 79: rdmafs.meta.v1.RepairTask.relayout_to:type_name -> rdmafs.meta.v1.Layout
+	118, // 80: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
+	87,  // 81: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
+	117, // 82: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
+	128, // 83: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
+	127, // 84: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
+	2,   // 85: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
+	129, // 86: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
+	129, // 87: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
+	129, // 88: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
+	9,   // 89: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
+	15,  // 90: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
+	17,  // 91: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
+	18,  // 92: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
+	19,  // 93: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
+	20,  // 94: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
+	21,  // 95: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
+	22,  // 96: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
+	24,  // 97: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
+	25,  // 98: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
+	26,  // 99: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
+	29,  // 100: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
+	30,  // 101: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
+	33,  // 102: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
+	35,  // 103: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
+	36,  // 104: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
+	38,  // 105: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
+	53,  // 106: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
+	28,  // 107: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
+	55,  // 108: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
+	61,  // 109: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
+	57,  // 110: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
+	63,  // 111: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
+	12,  // 112: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
+	64,  // 113: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
+	65,  // 114: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
+	66,  // 115: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
+	131, // 116: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
+	67,  // 117: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
+	68,  // 118: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
+	69,  // 119: rdmafs.meta.v1.Meta.Relayout:input_type -> rdmafs.meta.v1.RelayoutRequest
+	74,  // 120: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
+	80,  // 121: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
+	78,  // 122: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
+	82,  // 123: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
+	94,  // 124: rdmafs.meta.v1.Meta.Info:input_type -> rdmafs.meta.v1.InfoRequest
+	39,  // 125: rdmafs.meta.v1.Meta.Snapshot:input_type -> rdmafs.meta.v1.SnapshotRequest
+	41,  // 126: rdmafs.meta.v1.Meta.RemoveTree:input_type -> rdmafs.meta.v1.RemoveTreeRequest
+	43,  // 127: rdmafs.meta.v1.Meta.Trash:input_type -> rdmafs.meta.v1.TrashRequest
+	46,  // 128: rdmafs.meta.v1.Meta.Config:input_type -> rdmafs.meta.v1.ConfigRequest
+	49,  // 129: rdmafs.meta.v1.Meta.Quota:input_type -> rdmafs.meta.v1.QuotaRequest
+	99,  // 130: rdmafs.meta.v1.Meta.Check:input_type -> rdmafs.meta.v1.CheckRequest
+	85,  // 131: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
+	88,  // 132: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
+	101, // 133: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
+	119, // 134: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
+	121, // 135: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
+	92,  // 136: rdmafs.meta.v1.Meta.Scrub:input_type -> rdmafs.meta.v1.ScrubRequest
+	91,  // 137: rdmafs.meta.v1.Meta.Inventory:input_type -> rdmafs.meta.v1.InventoryRequest
+	122, // 138: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
+	10,  // 139: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
+	16,  // 140: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	16,  // 141: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	10,  // 142: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
+	10,  // 143: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
+	10,  // 144: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
+	10,  // 145: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
+	23,  // 146: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
+	10,  // 147: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
+	14,  // 148: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
+	14,  // 149: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
+	27,  // 150: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
+	32,  // 151: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
+	34,  // 152: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
+	27,  // 153: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
+	37,  // 154: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
+	27,  // 155: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
+	54,  // 156: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
+	27,  // 157: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
+	56,  // 158: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
+	62,  // 159: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
+	59,  // 160: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
+	27,  // 161: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
+	13,  // 162: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
+	27,  // 163: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
+	16,  // 164: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
+	27,  // 165: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
+	132, // 166: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
+	27,  // 167: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
+	72,  // 168: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
+	70,  // 169: rdmafs.meta.v1.Meta.Relayout:output_type -> rdmafs.meta.v1.RelayoutReply
+	76,  // 170: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
+	81,  // 171: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
+	79,  // 172: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
+	84,  // 173: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
+	98,  // 174: rdmafs.meta.v1.Meta.Info:output_type -> rdmafs.meta.v1.InfoReply
+	40,  // 175: rdmafs.meta.v1.Meta.Snapshot:output_type -> rdmafs.meta.v1.SnapshotReply
+	42,  // 176: rdmafs.meta.v1.Meta.RemoveTree:output_type -> rdmafs.meta.v1.RemoveTreeReply
+	45,  // 177: rdmafs.meta.v1.Meta.Trash:output_type -> rdmafs.meta.v1.TrashReply
+	48,  // 178: rdmafs.meta.v1.Meta.Config:output_type -> rdmafs.meta.v1.ConfigReply
+	51,  // 179: rdmafs.meta.v1.Meta.Quota:output_type -> rdmafs.meta.v1.QuotaReply
+	100, // 180: rdmafs.meta.v1.Meta.Check:output_type -> rdmafs.meta.v1.CheckReply
+	86,  // 181: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
+	90,  // 182: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
+	103, // 183: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
+	120, // 184: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
+	27,  // 185: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
+	93,  // 186: rdmafs.meta.v1.Meta.Scrub:output_type -> rdmafs.meta.v1.ScrubReply
+	27,  // 187: rdmafs.meta.v1.Meta.Inventory:output_type -> rdmafs.meta.v1.Empty
+	123, // 188: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
+	139, // [139:189] is the sub-list for method output_type
+	89,  // [89:139] is the sub-list for method input_type
+	89,  // [89:89] is the sub-list for extension type_name
+	89,  // [89:89] is the sub-list for extension extendee
+	0,   // [0:89] is the sub-list for field type_name
 }
 
 func init() { file_meta_proto_init() }
@@ -10411,8 +10856,8 @@ func file_meta_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_proto_rawDesc), len(file_meta_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   124,
+			NumEnums:      5,
+			NumMessages:   128,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -63,6 +63,7 @@ const (
 	Meta_RemoveTree_FullMethodName    = "/rdmafs.meta.v1.Meta/RemoveTree"
 	Meta_Trash_FullMethodName         = "/rdmafs.meta.v1.Meta/Trash"
 	Meta_Config_FullMethodName        = "/rdmafs.meta.v1.Meta/Config"
+	Meta_Quota_FullMethodName         = "/rdmafs.meta.v1.Meta/Quota"
 	Meta_Check_FullMethodName         = "/rdmafs.meta.v1.Meta/Check"
 	Meta_Register_FullMethodName      = "/rdmafs.meta.v1.Meta/Register"
 	Meta_Heartbeat_FullMethodName     = "/rdmafs.meta.v1.Meta/Heartbeat"
@@ -132,6 +133,8 @@ type MetaClient interface {
 	Trash(ctx context.Context, in *TrashRequest, opts ...grpc.CallOption) (*TrashReply, error)
 	// Config reads or changes cluster settings (rdmafs config).
 	Config(ctx context.Context, in *ConfigRequest, opts ...grpc.CallOption) (*ConfigReply, error)
+	// Quota reads or changes quotas (rdmafs quota).
+	Quota(ctx context.Context, in *QuotaRequest, opts ...grpc.CallOption) (*QuotaReply, error)
 	// Check: the metadata consistency check, and with repair its safe fixes
 	// (rdmafs admin check).
 	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckReply, error)
@@ -555,6 +558,16 @@ func (c *metaClient) Config(ctx context.Context, in *ConfigRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *metaClient) Quota(ctx context.Context, in *QuotaRequest, opts ...grpc.CallOption) (*QuotaReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(QuotaReply)
+	err := c.cc.Invoke(ctx, Meta_Quota_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *metaClient) Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckReply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CheckReply)
@@ -703,6 +716,8 @@ type MetaServer interface {
 	Trash(context.Context, *TrashRequest) (*TrashReply, error)
 	// Config reads or changes cluster settings (rdmafs config).
 	Config(context.Context, *ConfigRequest) (*ConfigReply, error)
+	// Quota reads or changes quotas (rdmafs quota).
+	Quota(context.Context, *QuotaRequest) (*QuotaReply, error)
 	// Check: the metadata consistency check, and with repair its safe fixes
 	// (rdmafs admin check).
 	Check(context.Context, *CheckRequest) (*CheckReply, error)
@@ -845,6 +860,9 @@ func (UnimplementedMetaServer) Trash(context.Context, *TrashRequest) (*TrashRepl
 }
 func (UnimplementedMetaServer) Config(context.Context, *ConfigRequest) (*ConfigReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Config not implemented")
+}
+func (UnimplementedMetaServer) Quota(context.Context, *QuotaRequest) (*QuotaReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Quota not implemented")
 }
 func (UnimplementedMetaServer) Check(context.Context, *CheckRequest) (*CheckReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Check not implemented")
@@ -1614,6 +1632,24 @@ func _Meta_Config_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Meta_Quota_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(QuotaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).Quota(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_Quota_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).Quota(ctx, req.(*QuotaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Meta_Check_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CheckRequest)
 	if err := dec(in); err != nil {
@@ -1942,6 +1978,10 @@ var Meta_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Config",
 			Handler:    _Meta_Config_Handler,
+		},
+		{
+			MethodName: "Quota",
+			Handler:    _Meta_Quota_Handler,
 		},
 		{
 			MethodName: "Check",

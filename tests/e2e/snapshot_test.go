@@ -251,13 +251,14 @@ func snapWriteTree(t *testing.T, root string) *snapTree {
 // it has been in (the initial one first), each kept as snapStateSum of its
 // bytes, with when the write that made it began and when its fsync returned.
 type snapHot struct {
-	name   string
-	data   []byte
-	blocks [][32]byte // SHA-256 of each snapBlock of data
-	states [][32]byte
-	begun  []time.Time // begun[j] and synced[j]: the write that made states[j+1]
-	synced []time.Time
-	writes [][2]int // its offset and length
+	name        string
+	data        []byte
+	blocks      [][32]byte // SHA-256 of each snapBlock of data
+	states      [][32]byte
+	stateBlocks [][][32]byte // blocks of each state, for the message of a failed check
+	begun       []time.Time  // begun[j] and synced[j]: the write that made states[j+1]
+	synced      []time.Time
+	writes      [][2]int // its offset and length
 }
 
 func newSnapHot(name string, data []byte) *snapHot {
@@ -266,6 +267,7 @@ func newSnapHot(name string, data []byte) *snapHot {
 		h.blocks = append(h.blocks, sha256.Sum256(data[off:min(off+snapBlock, len(data))]))
 	}
 	h.states = [][32]byte{snapStateSum(len(data), h.blocks)}
+	h.stateBlocks = [][][32]byte{slices.Clone(h.blocks)}
 	return h
 }
 
@@ -276,6 +278,7 @@ func (h *snapHot) apply(p []byte, off int, begun, synced time.Time) {
 		h.blocks[b] = sha256.Sum256(h.data[b*snapBlock : min((b+1)*snapBlock, len(h.data))])
 	}
 	h.states = append(h.states, snapStateSum(len(h.data), h.blocks))
+	h.stateBlocks = append(h.stateBlocks, slices.Clone(h.blocks))
 	h.begun, h.synced = append(h.begun, begun), append(h.synced, synced)
 	h.writes = append(h.writes, [2]int{off, len(p)})
 }
@@ -354,14 +357,13 @@ func startSnapWriter(t *testing.T, root string, hot []*snapHot) *snapWriter {
 	}
 	w.wg.Go(func() {
 		r := rand.New(rand.NewPCG(7, 8))
+		bytes := rand.NewChaCha8([32]byte{7, 8})
 		buf := make([]byte, snapBlock)
 		for !w.quit.Load() {
 			i := r.IntN(len(w.hot))
 			h, f := w.hot[i], w.files[i]
 			off := r.IntN((len(h.data)-len(buf))/4096+1) * 4096
-			for j := range buf {
-				buf[j] = byte(r.Uint32())
-			}
+			bytes.Read(buf)
 			w.mu.Lock()
 			begun := time.Now()
 			_, err := f.WriteAt(buf, int64(off))
@@ -456,14 +458,8 @@ func snapCheckCopy(t *testing.T, tree *snapTree, src, dst string, start, end tim
 			t.Fatalf("dst/%s holds the state after write %d, outside the snapshot: %d writes were fsynced before it began, %d begun before it ended",
 				h.name, j, lo, hi)
 		default:
-			var differ []string
-			for b := range blocks {
-				if b < len(h.blocks) {
-					differ = append(differ, snapBlockOrigin(h, b, blocks[b], lo))
-				}
-			}
-			t.Fatalf("dst/%s (%d bytes, want %d) is none of the %d states the writer left (%d fsynced before the snapshot began, %d begun before it ended): a mix. Its blocks:\n%s",
-				h.name, size, len(h.data), len(h.states), lo, hi, strings.Join(differ, "\n"))
+			t.Fatalf("dst/%s (%d bytes, want %d) is none of the %d states the writer left (%d writes fsynced before the snapshot began, %d begun before it ended): a mix. Its blocks that differ between states:\n%s",
+				h.name, size, len(h.data), len(h.states), lo, hi, snapBlockOrigins(h, blocks))
 		}
 		states[h.name] = got
 	}
@@ -471,21 +467,28 @@ func snapCheckCopy(t *testing.T, tree *snapTree, src, dst string, start, end tim
 	return states
 }
 
-// snapBlockOrigin describes block b of a hot file's copy, whose SHA-256 is
-// sum, for the message of a failed check: whether it equals the block's last
-// state and which writes touched the block.
-func snapBlockOrigin(h *snapHot, b int, sum [32]byte, lo int) string {
-	var by []string
-	for j, wr := range h.writes {
-		if wr[0] < (b+1)*snapBlock && wr[0]+wr[1] > b*snapBlock {
-			by = append(by, strconv.Itoa(j+1))
+// snapBlockOrigins describes the blocks of a hot file's copy that are not
+// the same in every state the writer left, for the message of a failed
+// check: the states each equals (none: bytes the writer never wrote there).
+func snapBlockOrigins(h *snapHot, blocks [][32]byte) string {
+	var lines []string
+	for b, sum := range blocks {
+		var in []string
+		varies := false
+		for j, st := range h.stateBlocks {
+			if b >= len(st) {
+				continue
+			}
+			varies = varies || st[b] != h.stateBlocks[0][b]
+			if st[b] == sum {
+				in = append(in, strconv.Itoa(j))
+			}
+		}
+		if varies || len(in) == 0 {
+			lines = append(lines, fmt.Sprintf("  block %d: as in states [%s]", b, strings.Join(in, " ")))
 		}
 	}
-	same := "differs from"
-	if sum == h.blocks[b] {
-		same = "equals"
-	}
-	return fmt.Sprintf("  block %d %s the writer's last state; written by writes [%s] (state %d is the first allowed)", b, same, strings.Join(by, " "), lo)
+	return strings.Join(lines, "\n")
 }
 
 // snapCheckSource checks src after the writer stopped: every file as
