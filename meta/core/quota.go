@@ -237,9 +237,11 @@ func (s *Service) putInode(t kv.Txn, rec *metapb.InodeRecord) error {
 	return putInode(t, rec)
 }
 
-// checkSpaceQuota refuses with EDQUOT a write to file rec while a space
-// quota it counts for is at its limit.
-func (s *Service) checkSpaceQuota(r kv.Reader, rec *metapb.InodeRecord) error {
+// checkSpaceQuota refuses with EDQUOT a write of want more bytes to file
+// rec that would take a space quota it counts for past its limit by more
+// than one stripe (the grant that crosses it is allowed, so that a file can
+// fill its quota to the byte).
+func (s *Service) checkSpaceQuota(r kv.Reader, rec *metapb.InodeRecord, want uint64) error {
 	if s.quotas.n.Load() == 0 {
 		return nil
 	}
@@ -255,7 +257,7 @@ func (s *Service) checkSpaceQuota(r kv.Reader, rec *metapb.InodeRecord) error {
 		q := &metapb.QuotaRecord{}
 		if ok, err := getMsg(r, []byte(k), q); err != nil {
 			return err
-		} else if ok && q.SpaceLimit > 0 && q.SpaceUsed >= q.SpaceLimit {
+		} else if ok && q.SpaceLimit > 0 && q.SpaceUsed+want >= q.SpaceLimit+stripeBytes(rec.Attr.Layout) {
 			return metaerr.New(syscall.EDQUOT, "space quota of %s reached (%d of %d bytes)", quotaName(k), q.SpaceUsed, q.SpaceLimit)
 		}
 	}

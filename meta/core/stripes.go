@@ -119,7 +119,7 @@ func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest)
 		if err != nil {
 			return err
 		}
-		if err := s.checkSpaceQuota(t, rec); err != nil {
+		if err := s.checkSpaceQuota(t, rec, uint64(len(req.Stripes))*stripeBytes(rec.Attr.Layout)); err != nil {
 			return err
 		}
 		l := rec.Attr.Layout
