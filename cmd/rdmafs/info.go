@@ -187,6 +187,13 @@ func printInfo(w io.Writer, p string, r *metapb.InfoReply) {
 		if t := r.Totals; t != nil {
 			fmt.Fprintf(w, "  files %d  directories %d  others %d  bytes %s (%d)  stripes %d  degraded %d  lost %d\n",
 				t.Files, t.Directories, t.Others, humanBytes(t.Bytes), t.Bytes, t.Stripes, t.Degraded, t.Lost)
+			if t.SharedBytes > 0 {
+				fmt.Fprintf(w, "  shared with snapshots: %s in stripes shared (copy-on-write), %s not\n", humanBytes(t.SharedBytes), humanBytes(max(t.Bytes, t.SharedBytes)-t.SharedBytes))
+			}
+		}
+		if q := r.Quota; q != nil {
+			fmt.Fprintf(w, "  quota: ")
+			printQuotaLine(w, q)
 		}
 		return
 	case a.Mode&syscall.S_IFMT != syscall.S_IFREG:
@@ -200,7 +207,11 @@ func printInfo(w io.Writer, p string, r *metapb.InfoReply) {
 			fmt.Fprintf(tw, "  stripe %d\tversion %d\tlength %d\tinline (in metadata)\n", st.Stripe, st.Version, st.Length)
 			continue
 		}
-		fmt.Fprintf(tw, "  stripe %d\tversion %d\tlength %d\t%s\n", st.Stripe, st.Version, st.Length, st.Health)
+		shared := ""
+		if st.Shared {
+			shared = ", shared with a snapshot"
+		}
+		fmt.Fprintf(tw, "  stripe %d\tversion %d\tlength %d\t%s%s\n", st.Stripe, st.Version, st.Length, st.Health, shared)
 		for i, sh := range st.Shards {
 			kind := "data"
 			if i >= int(st.Layout.GetK()) {

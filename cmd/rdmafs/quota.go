@@ -206,6 +206,18 @@ func parseCount(s string) (uint64, error) {
 	return v * mult, nil
 }
 
+// printQuotaLine prints one quota's usage and limits on a line.
+func printQuotaLine(w io.Writer, q *metapb.QuotaInfo) {
+	lim := func(v uint64, f func(uint64) string) string {
+		if v == 0 {
+			return "no limit"
+		}
+		return f(v)
+	}
+	fmt.Fprintf(w, "space %s of %s, inodes %d of %s\n", humanBytes(q.SpaceUsed), lim(q.SpaceLimit, humanBytes),
+		q.InodesUsed, lim(q.InodeLimit, func(v uint64) string { return strconv.FormatUint(v, 10) }))
+}
+
 func printQuotas(w io.Writer, qs []*metapb.QuotaInfo) {
 	if len(qs) == 0 {
 		return

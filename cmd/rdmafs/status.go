@@ -54,6 +54,17 @@ func printStatus(cmd *cobra.Command, st *metapb.StatusReply) {
 	if st.SharedBytes > 0 {
 		fmt.Fprintf(w, "file data in stripes: %s shared with snapshots (counted once per file), %s unshared\n", humanBytes(st.SharedBytes), humanBytes(st.UniqueBytes))
 	}
+	for _, q := range st.Quotas {
+		name := q.Path
+		switch {
+		case q.ByUid:
+			name = fmt.Sprintf("uid %d", q.Id)
+		case q.ByGid:
+			name = fmt.Sprintf("gid %d", q.Id)
+		}
+		fmt.Fprintf(w, "quota %s: ", name)
+		printQuotaLine(w, q)
+	}
 	if st.TrashSeconds > 0 {
 		fmt.Fprintf(w, "trash: %d files, %s, kept %s\n\n", st.TrashFiles, humanBytes(st.TrashBytes), time.Duration(st.TrashSeconds)*time.Second)
 	} else {

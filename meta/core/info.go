@@ -52,6 +52,15 @@ func (s *Service) Info(ctx context.Context, req *metapb.InfoRequest) (*metapb.In
 			if req.Totals {
 				out.Totals, tree, err = treeTotals(ctx, r, req.Ino)
 			}
+			if err == nil && s.quotas.hasDir(req.Ino) {
+				q := &metapb.QuotaRecord{}
+				if ok, qerr := getMsg(r, keys.DirQuota(req.Ino), q); qerr != nil {
+					return qerr
+				} else if ok {
+					out.Quota = &metapb.QuotaInfo{Ino: req.Ino, SpaceLimit: q.SpaceLimit, InodeLimit: q.InodeLimit,
+						SpaceUsed: q.SpaceUsed, InodesUsed: q.InodesUsed}
+				}
+			}
 			return err
 		}
 		out.Layout = rec.Attr.Layout
@@ -172,6 +181,11 @@ func treeTotals(ctx context.Context, r kv.Reader, dir uint64) (*metapb.TreeTotal
 				return err
 			}
 			t.Stripes += uint64(len(st))
+			for _, sc := range st {
+				if sc.st.Shared {
+					t.SharedBytes += sc.st.Length
+				}
+			}
 			stripes = append(stripes, st...)
 			if len(stripes) > maxInfoStripes {
 				return metaerr.New(syscall.EFBIG, "the tree below directory %d has more than %d stripes", dir, maxInfoStripes)
@@ -192,7 +206,7 @@ func treeTotals(ctx context.Context, r kv.Reader, dir uint64) (*metapb.TreeTotal
 func (s *Service) stripeDetailLocked(sc scannedStripe, now time.Time) *metapb.StripeDetail {
 	st := sc.st
 	d := &metapb.StripeDetail{Stripe: sc.key.stripe, Version: st.Version, Length: st.Length, Layout: st.Layout,
-		Inline: len(st.Shards) == 0, Health: "healthy"}
+		Inline: len(st.Shards) == 0, Health: "healthy", Shared: st.Shared}
 	if d.Inline {
 		return d
 	}

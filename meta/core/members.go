@@ -374,11 +374,16 @@ func (s *Service) Status(ctx context.Context, req *metapb.StatusRequest) (*metap
 		s.statusProgress(out, rs)
 		return out, nil
 	}
+	quotas, err := s.listQuotas(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	out.Quotas = quotas.Quotas
 	pending := map[string]uint64{}
 	shards := map[string]uint64{}
 	var health Health
 	now := s.now()
-	err := s.view(ctx, func(r kv.Reader) error {
+	err = s.view(ctx, func(r kv.Reader) error {
 		out.Files, out.Directories, out.Stripes, out.DegradedStripes, out.PendingDeletes = 0, 0, 0, 0, 0
 		out.SharedBytes, out.UniqueBytes = 0, 0
 		var err error

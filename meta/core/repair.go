@@ -87,6 +87,15 @@ type Health struct {
 	Healthy, Degraded, Lost uint64
 }
 
+// SpaceUse is what the file data of the file system is, as of the last
+// repair scan: bytes in stripes shared with a snapshot (each referencing
+// stripe counted) and in unshared ones, and the files and bytes kept in the
+// trash.
+type SpaceUse struct {
+	SharedBytes, UniqueBytes uint64
+	TrashFiles, TrashBytes   uint64
+}
+
 // repairState is the in-memory state of repair; it is rebuilt by the next
 // scan after a restart (tasks in flight then finish as stale or fail).
 type repairState struct {
@@ -99,6 +108,7 @@ type repairState struct {
 	nextTask uint64
 
 	health   Health
+	space    SpaceUse
 	shardsOn map[string]uint64 // shards per chunkserver as of the last scan
 	lastScan time.Time
 
@@ -204,6 +214,14 @@ func (s *Service) planRepairs(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var space SpaceUse
+	if err := s.view(ctx, func(r kv.Reader) error {
+		var err error
+		space.TrashFiles, space.TrashBytes, err = trashUsage(r)
+		return err
+	}); err != nil {
+		return err
+	}
 	now := s.now()
 	s.lockRepair()
 	defer s.unlockRepair()
@@ -232,6 +250,11 @@ func (s *Service) planRepairs(ctx context.Context) error {
 		if len(st.Shards) == 0 {
 			h.Healthy++ // inline: its bytes are in metadata, nothing to repair
 			continue
+		}
+		if st.Shared {
+			space.SharedBytes += st.Length
+		} else {
+			space.UniqueBytes += st.Length
 		}
 		states := s.classifyLocked(st, now)
 		k := int(st.Layout.K)
@@ -314,6 +337,7 @@ func (s *Service) planRepairs(ctx context.Context) error {
 	}
 	s.planVerifiesLocked(stripes, now)
 	r.health = h
+	r.space = space
 	r.shardsOn = shardsOn
 	r.lastScan = now
 	// Forget corrupt reports of versions no longer placed (repaired, rewritten
@@ -842,6 +866,7 @@ func (s *Service) kickRepair() {
 // RepairStats is a snapshot of repair for metrics and status.
 type RepairStats struct {
 	Health              Health
+	Space               SpaceUse
 	Queued, MovesQueued uint64
 	InFlight            uint64
 	Done, Failed, Stale uint64
@@ -859,7 +884,7 @@ func (s *Service) RepairStats() RepairStats {
 	s.repMu.Lock()
 	defer s.repMu.Unlock()
 	r := &s.rep
-	out := RepairStats{Health: r.health, InFlight: uint64(len(r.inflight)), Done: r.done, Failed: r.failed, CorruptRepaired: r.corruptRepaired,
+	out := RepairStats{Health: r.health, Space: r.space, InFlight: uint64(len(r.inflight)), Done: r.done, Failed: r.failed, CorruptRepaired: r.corruptRepaired,
 		Stale: r.stale, BytesRebuilt: r.bytes, LastScan: r.lastScan, Grace: s.cfg.RepairGrace,
 		ShardsOn: make(map[string]uint64, len(r.shardsOn))}
 	for id, n := range r.shardsOn {

@@ -6626,7 +6626,8 @@ type StripeDetail struct {
 	Layout        *Layout                `protobuf:"bytes,4,opt,name=layout,proto3" json:"layout,omitempty"`
 	Inline        bool                   `protobuf:"varint,5,opt,name=inline,proto3" json:"inline,omitempty"` // its bytes are in metadata, it has no shards
 	Shards        []*ShardInfo           `protobuf:"bytes,6,rep,name=shards,proto3" json:"shards,omitempty"`
-	Health        string                 `protobuf:"bytes,7,opt,name=health,proto3" json:"health,omitempty"` // "healthy", "degraded" or "lost"
+	Health        string                 `protobuf:"bytes,7,opt,name=health,proto3" json:"health,omitempty"`  // "healthy", "degraded" or "lost"
+	Shared        bool                   `protobuf:"varint,8,opt,name=shared,proto3" json:"shared,omitempty"` // its chunks are shared with a snapshot (copy-on-write)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6710,16 +6711,24 @@ func (x *StripeDetail) GetHealth() string {
 	return ""
 }
 
+func (x *StripeDetail) GetShared() bool {
+	if x != nil {
+		return x.Shared
+	}
+	return false
+}
+
 // TreeTotals sums a directory tree.
 type TreeTotals struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Files         uint64                 `protobuf:"varint,1,opt,name=files,proto3" json:"files,omitempty"`             // regular files
-	Directories   uint64                 `protobuf:"varint,2,opt,name=directories,proto3" json:"directories,omitempty"` // including the directory itself
-	Others        uint64                 `protobuf:"varint,3,opt,name=others,proto3" json:"others,omitempty"`           // symlinks, devices, fifos, sockets
-	Bytes         uint64                 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`             // sum of the regular files' sizes
-	Stripes       uint64                 `protobuf:"varint,5,opt,name=stripes,proto3" json:"stripes,omitempty"`         // committed stripes
-	Degraded      uint64                 `protobuf:"varint,6,opt,name=degraded,proto3" json:"degraded,omitempty"`       // of them, missing a shard
-	Lost          uint64                 `protobuf:"varint,7,opt,name=lost,proto3" json:"lost,omitempty"`               // of them, with fewer than k readable shards
+	Files         uint64                 `protobuf:"varint,1,opt,name=files,proto3" json:"files,omitempty"`                                // regular files
+	Directories   uint64                 `protobuf:"varint,2,opt,name=directories,proto3" json:"directories,omitempty"`                    // including the directory itself
+	Others        uint64                 `protobuf:"varint,3,opt,name=others,proto3" json:"others,omitempty"`                              // symlinks, devices, fifos, sockets
+	Bytes         uint64                 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`                                // sum of the regular files' sizes
+	Stripes       uint64                 `protobuf:"varint,5,opt,name=stripes,proto3" json:"stripes,omitempty"`                            // committed stripes
+	Degraded      uint64                 `protobuf:"varint,6,opt,name=degraded,proto3" json:"degraded,omitempty"`                          // of them, missing a shard
+	Lost          uint64                 `protobuf:"varint,7,opt,name=lost,proto3" json:"lost,omitempty"`                                  // of them, with fewer than k readable shards
+	SharedBytes   uint64                 `protobuf:"varint,8,opt,name=shared_bytes,json=sharedBytes,proto3" json:"shared_bytes,omitempty"` // bytes of the files in stripes shared with a snapshot
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6803,6 +6812,13 @@ func (x *TreeTotals) GetLost() uint64 {
 	return 0
 }
 
+func (x *TreeTotals) GetSharedBytes() uint64 {
+	if x != nil {
+		return x.SharedBytes
+	}
+	return 0
+}
+
 type InfoReply struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Attr  *Attr                  `protobuf:"bytes,1,opt,name=attr,proto3" json:"attr,omitempty"`
@@ -6811,6 +6827,7 @@ type InfoReply struct {
 	Stripes       []*StripeDetail `protobuf:"bytes,3,rep,name=stripes,proto3" json:"stripes,omitempty"`
 	Next          uint64          `protobuf:"varint,4,opt,name=next,proto3" json:"next,omitempty"`    // files: the stripe to ask for next; 0 once listed to the end
 	Totals        *TreeTotals     `protobuf:"bytes,5,opt,name=totals,proto3" json:"totals,omitempty"` // directories, when asked for
+	Quota         *QuotaInfo      `protobuf:"bytes,6,opt,name=quota,proto3" json:"quota,omitempty"`   // directories: the directory's own quota, if any
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6876,6 +6893,13 @@ func (x *InfoReply) GetNext() uint64 {
 func (x *InfoReply) GetTotals() *TreeTotals {
 	if x != nil {
 		return x.Totals
+	}
+	return nil
+}
+
+func (x *InfoReply) GetQuota() *QuotaInfo {
+	if x != nil {
+		return x.Quota
 	}
 	return nil
 }
@@ -7215,6 +7239,7 @@ type StatusReply struct {
 	// (each referencing stripe counted), and in stripes that do not.
 	SharedBytes   uint64          `protobuf:"varint,13,opt,name=shared_bytes,json=sharedBytes,proto3" json:"shared_bytes,omitempty"`
 	UniqueBytes   uint64          `protobuf:"varint,14,opt,name=unique_bytes,json=uniqueBytes,proto3" json:"unique_bytes,omitempty"`
+	Quotas        []*QuotaInfo    `protobuf:"bytes,15,rep,name=quotas,proto3" json:"quotas,omitempty"`  // every quota with its usage
 	Repair        *RepairStatus   `protobuf:"bytes,100,opt,name=repair,proto3" json:"repair,omitempty"` // repair: stripe health and repair progress
 	Scrub         *ScrubStatus    `protobuf:"bytes,101,opt,name=scrub,proto3" json:"scrub,omitempty"`
 	Relayout      *RelayoutStatus `protobuf:"bytes,102,opt,name=relayout,proto3" json:"relayout,omitempty"`
@@ -7348,6 +7373,13 @@ func (x *StatusReply) GetUniqueBytes() uint64 {
 		return x.UniqueBytes
 	}
 	return 0
+}
+
+func (x *StatusReply) GetQuotas() []*QuotaInfo {
+	if x != nil {
+		return x.Quotas
+	}
+	return nil
 }
 
 func (x *StatusReply) GetRepair() *RepairStatus {
@@ -10150,7 +10182,7 @@ const file_meta_proto_rawDesc = "" +
 	"\tserver_id\x18\x02 \x01(\tR\bserverId\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04zone\x18\x04 \x01(\tR\x04zone\x12\x14\n" +
-	"\x05state\x18\x05 \x01(\tR\x05state\"\xeb\x01\n" +
+	"\x05state\x18\x05 \x01(\tR\x05state\"\x83\x02\n" +
 	"\fStripeDetail\x12\x16\n" +
 	"\x06stripe\x18\x01 \x01(\x04R\x06stripe\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x16\n" +
@@ -10158,7 +10190,8 @@ const file_meta_proto_rawDesc = "" +
 	"\x06layout\x18\x04 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\x12\x16\n" +
 	"\x06inline\x18\x05 \x01(\bR\x06inline\x121\n" +
 	"\x06shards\x18\x06 \x03(\v2\x19.rdmafs.meta.v1.ShardInfoR\x06shards\x12\x16\n" +
-	"\x06health\x18\a \x01(\tR\x06health\"\xbc\x01\n" +
+	"\x06health\x18\a \x01(\tR\x06health\x12\x16\n" +
+	"\x06shared\x18\b \x01(\bR\x06shared\"\xdf\x01\n" +
 	"\n" +
 	"TreeTotals\x12\x14\n" +
 	"\x05files\x18\x01 \x01(\x04R\x05files\x12 \n" +
@@ -10167,13 +10200,15 @@ const file_meta_proto_rawDesc = "" +
 	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\x12\x18\n" +
 	"\astripes\x18\x05 \x01(\x04R\astripes\x12\x1a\n" +
 	"\bdegraded\x18\x06 \x01(\x04R\bdegraded\x12\x12\n" +
-	"\x04lost\x18\a \x01(\x04R\x04lost\"\xe5\x01\n" +
+	"\x04lost\x18\a \x01(\x04R\x04lost\x12!\n" +
+	"\fshared_bytes\x18\b \x01(\x04R\vsharedBytes\"\x96\x02\n" +
 	"\tInfoReply\x12(\n" +
 	"\x04attr\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x04attr\x12.\n" +
 	"\x06layout\x18\x02 \x01(\v2\x16.rdmafs.meta.v1.LayoutR\x06layout\x126\n" +
 	"\astripes\x18\x03 \x03(\v2\x1c.rdmafs.meta.v1.StripeDetailR\astripes\x12\x12\n" +
 	"\x04next\x18\x04 \x01(\x04R\x04next\x122\n" +
-	"\x06totals\x18\x05 \x01(\v2\x1a.rdmafs.meta.v1.TreeTotalsR\x06totals\"&\n" +
+	"\x06totals\x18\x05 \x01(\v2\x1a.rdmafs.meta.v1.TreeTotalsR\x06totals\x12/\n" +
+	"\x05quota\x18\x06 \x01(\v2\x19.rdmafs.meta.v1.QuotaInfoR\x05quota\"&\n" +
 	"\fCheckRequest\x12\x16\n" +
 	"\x06repair\x18\x01 \x01(\bR\x06repair\"x\n" +
 	"\n" +
@@ -10203,7 +10238,7 @@ const file_meta_proto_rawDesc = "" +
 	"\x0fpending_deletes\x18\f \x01(\x04R\x0ependingDeletes\x12\x1a\n" +
 	"\bretiring\x18d \x01(\bR\bretiring\x12\x16\n" +
 	"\x06shards\x18e \x01(\x04R\x06shards\x121\n" +
-	"\x05scrub\x18f \x01(\v2\x1b.rdmafs.meta.v1.ScrubReportR\x05scrub\"\xc6\x05\n" +
+	"\x05scrub\x18f \x01(\v2\x1b.rdmafs.meta.v1.ScrubReportR\x05scrub\"\xf9\x05\n" +
 	"\vStatusReply\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12=\n" +
@@ -10222,7 +10257,8 @@ const file_meta_proto_rawDesc = "" +
 	"trashBytes\x12#\n" +
 	"\rtrash_seconds\x18\f \x01(\x03R\ftrashSeconds\x12!\n" +
 	"\fshared_bytes\x18\r \x01(\x04R\vsharedBytes\x12!\n" +
-	"\funique_bytes\x18\x0e \x01(\x04R\vuniqueBytes\x124\n" +
+	"\funique_bytes\x18\x0e \x01(\x04R\vuniqueBytes\x121\n" +
+	"\x06quotas\x18\x0f \x03(\v2\x19.rdmafs.meta.v1.QuotaInfoR\x06quotas\x124\n" +
 	"\x06repair\x18d \x01(\v2\x1c.rdmafs.meta.v1.RepairStatusR\x06repair\x121\n" +
 	"\x05scrub\x18e \x01(\v2\x1b.rdmafs.meta.v1.ScrubStatusR\x05scrub\x12:\n" +
 	"\brelayout\x18f \x01(\v2\x1e.rdmafs.meta.v1.RelayoutStatusR\brelayout\"\x95\x04\n" +
@@ -10712,138 +10748,140 @@ var file_meta_proto_depIdxs = []int32{
 	6,   // 59: rdmafs.meta.v1.InfoReply.layout:type_name -> rdmafs.meta.v1.Layout
 	96,  // 60: rdmafs.meta.v1.InfoReply.stripes:type_name -> rdmafs.meta.v1.StripeDetail
 	97,  // 61: rdmafs.meta.v1.InfoReply.totals:type_name -> rdmafs.meta.v1.TreeTotals
-	89,  // 62: rdmafs.meta.v1.ChunkserverStatus.scrub:type_name -> rdmafs.meta.v1.ScrubReport
-	6,   // 63: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
-	102, // 64: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
-	124, // 65: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
-	104, // 66: rdmafs.meta.v1.StatusReply.scrub:type_name -> rdmafs.meta.v1.ScrubStatus
-	71,  // 67: rdmafs.meta.v1.StatusReply.relayout:type_name -> rdmafs.meta.v1.RelayoutStatus
-	7,   // 68: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
-	6,   // 69: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
-	6,   // 70: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	73,  // 71: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	40,  // 72: rdmafs.meta.v1.SnapshotJob.totals:type_name -> rdmafs.meta.v1.SnapshotReply
-	73,  // 73: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	6,   // 74: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	115, // 75: rdmafs.meta.v1.SessionRecord.ino_ranges:type_name -> rdmafs.meta.v1.InoRange
-	6,   // 76: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
-	6,   // 77: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
-	73,  // 78: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
-	6,   // 79: rdmafs.meta.v1.RepairTask.relayout_to:type_name -> rdmafs.meta.v1.Layout
-	118, // 80: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
-	87,  // 81: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
-	117, // 82: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
-	128, // 83: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
-	127, // 84: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
-	2,   // 85: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
-	129, // 86: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
-	129, // 87: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
-	129, // 88: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
-	9,   // 89: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
-	15,  // 90: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
-	17,  // 91: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
-	18,  // 92: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
-	19,  // 93: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
-	20,  // 94: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
-	21,  // 95: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
-	22,  // 96: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
-	24,  // 97: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
-	25,  // 98: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
-	26,  // 99: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
-	29,  // 100: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
-	30,  // 101: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
-	33,  // 102: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
-	35,  // 103: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
-	36,  // 104: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
-	38,  // 105: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
-	53,  // 106: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
-	28,  // 107: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
-	55,  // 108: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
-	61,  // 109: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
-	57,  // 110: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
-	63,  // 111: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
-	12,  // 112: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
-	64,  // 113: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
-	65,  // 114: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
-	66,  // 115: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
-	131, // 116: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
-	67,  // 117: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
-	68,  // 118: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
-	69,  // 119: rdmafs.meta.v1.Meta.Relayout:input_type -> rdmafs.meta.v1.RelayoutRequest
-	74,  // 120: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
-	80,  // 121: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
-	78,  // 122: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
-	82,  // 123: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
-	94,  // 124: rdmafs.meta.v1.Meta.Info:input_type -> rdmafs.meta.v1.InfoRequest
-	39,  // 125: rdmafs.meta.v1.Meta.Snapshot:input_type -> rdmafs.meta.v1.SnapshotRequest
-	41,  // 126: rdmafs.meta.v1.Meta.RemoveTree:input_type -> rdmafs.meta.v1.RemoveTreeRequest
-	43,  // 127: rdmafs.meta.v1.Meta.Trash:input_type -> rdmafs.meta.v1.TrashRequest
-	46,  // 128: rdmafs.meta.v1.Meta.Config:input_type -> rdmafs.meta.v1.ConfigRequest
-	49,  // 129: rdmafs.meta.v1.Meta.Quota:input_type -> rdmafs.meta.v1.QuotaRequest
-	99,  // 130: rdmafs.meta.v1.Meta.Check:input_type -> rdmafs.meta.v1.CheckRequest
-	85,  // 131: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
-	88,  // 132: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
-	101, // 133: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
-	119, // 134: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
-	121, // 135: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
-	92,  // 136: rdmafs.meta.v1.Meta.Scrub:input_type -> rdmafs.meta.v1.ScrubRequest
-	91,  // 137: rdmafs.meta.v1.Meta.Inventory:input_type -> rdmafs.meta.v1.InventoryRequest
-	122, // 138: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
-	10,  // 139: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
-	16,  // 140: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	16,  // 141: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	10,  // 142: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
-	10,  // 143: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
-	10,  // 144: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
-	10,  // 145: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
-	23,  // 146: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
-	10,  // 147: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
-	14,  // 148: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
-	14,  // 149: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
-	27,  // 150: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
-	32,  // 151: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
-	34,  // 152: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
-	27,  // 153: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
-	37,  // 154: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
-	27,  // 155: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
-	54,  // 156: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
-	27,  // 157: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
-	56,  // 158: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
-	62,  // 159: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
-	59,  // 160: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
-	27,  // 161: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
-	13,  // 162: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
-	27,  // 163: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
-	16,  // 164: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
-	27,  // 165: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
-	132, // 166: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
-	27,  // 167: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
-	72,  // 168: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
-	70,  // 169: rdmafs.meta.v1.Meta.Relayout:output_type -> rdmafs.meta.v1.RelayoutReply
-	76,  // 170: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
-	81,  // 171: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
-	79,  // 172: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
-	84,  // 173: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
-	98,  // 174: rdmafs.meta.v1.Meta.Info:output_type -> rdmafs.meta.v1.InfoReply
-	40,  // 175: rdmafs.meta.v1.Meta.Snapshot:output_type -> rdmafs.meta.v1.SnapshotReply
-	42,  // 176: rdmafs.meta.v1.Meta.RemoveTree:output_type -> rdmafs.meta.v1.RemoveTreeReply
-	45,  // 177: rdmafs.meta.v1.Meta.Trash:output_type -> rdmafs.meta.v1.TrashReply
-	48,  // 178: rdmafs.meta.v1.Meta.Config:output_type -> rdmafs.meta.v1.ConfigReply
-	51,  // 179: rdmafs.meta.v1.Meta.Quota:output_type -> rdmafs.meta.v1.QuotaReply
-	100, // 180: rdmafs.meta.v1.Meta.Check:output_type -> rdmafs.meta.v1.CheckReply
-	86,  // 181: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
-	90,  // 182: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
-	103, // 183: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
-	120, // 184: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
-	27,  // 185: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
-	93,  // 186: rdmafs.meta.v1.Meta.Scrub:output_type -> rdmafs.meta.v1.ScrubReply
-	27,  // 187: rdmafs.meta.v1.Meta.Inventory:output_type -> rdmafs.meta.v1.Empty
-	123, // 188: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
-	139, // [139:189] is the sub-list for method output_type
-	89,  // [89:139] is the sub-list for method input_type
-	89,  // [89:89] is the sub-list for extension type_name
-	89,  // [89:89] is the sub-list for extension extendee
-	0,   // [0:89] is the sub-list for field type_name
+	50,  // 62: rdmafs.meta.v1.InfoReply.quota:type_name -> rdmafs.meta.v1.QuotaInfo
+	89,  // 63: rdmafs.meta.v1.ChunkserverStatus.scrub:type_name -> rdmafs.meta.v1.ScrubReport
+	6,   // 64: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
+	102, // 65: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
+	50,  // 66: rdmafs.meta.v1.StatusReply.quotas:type_name -> rdmafs.meta.v1.QuotaInfo
+	124, // 67: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
+	104, // 68: rdmafs.meta.v1.StatusReply.scrub:type_name -> rdmafs.meta.v1.ScrubStatus
+	71,  // 69: rdmafs.meta.v1.StatusReply.relayout:type_name -> rdmafs.meta.v1.RelayoutStatus
+	7,   // 70: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
+	6,   // 71: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
+	6,   // 72: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	73,  // 73: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	40,  // 74: rdmafs.meta.v1.SnapshotJob.totals:type_name -> rdmafs.meta.v1.SnapshotReply
+	73,  // 75: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	6,   // 76: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	115, // 77: rdmafs.meta.v1.SessionRecord.ino_ranges:type_name -> rdmafs.meta.v1.InoRange
+	6,   // 78: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
+	6,   // 79: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
+	73,  // 80: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
+	6,   // 81: rdmafs.meta.v1.RepairTask.relayout_to:type_name -> rdmafs.meta.v1.Layout
+	118, // 82: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
+	87,  // 83: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
+	117, // 84: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
+	128, // 85: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
+	127, // 86: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
+	2,   // 87: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
+	129, // 88: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
+	129, // 89: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
+	129, // 90: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
+	9,   // 91: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
+	15,  // 92: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
+	17,  // 93: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
+	18,  // 94: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
+	19,  // 95: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
+	20,  // 96: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
+	21,  // 97: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
+	22,  // 98: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
+	24,  // 99: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
+	25,  // 100: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
+	26,  // 101: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
+	29,  // 102: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
+	30,  // 103: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
+	33,  // 104: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
+	35,  // 105: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
+	36,  // 106: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
+	38,  // 107: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
+	53,  // 108: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
+	28,  // 109: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
+	55,  // 110: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
+	61,  // 111: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
+	57,  // 112: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
+	63,  // 113: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
+	12,  // 114: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
+	64,  // 115: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
+	65,  // 116: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
+	66,  // 117: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
+	131, // 118: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
+	67,  // 119: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
+	68,  // 120: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
+	69,  // 121: rdmafs.meta.v1.Meta.Relayout:input_type -> rdmafs.meta.v1.RelayoutRequest
+	74,  // 122: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
+	80,  // 123: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
+	78,  // 124: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
+	82,  // 125: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
+	94,  // 126: rdmafs.meta.v1.Meta.Info:input_type -> rdmafs.meta.v1.InfoRequest
+	39,  // 127: rdmafs.meta.v1.Meta.Snapshot:input_type -> rdmafs.meta.v1.SnapshotRequest
+	41,  // 128: rdmafs.meta.v1.Meta.RemoveTree:input_type -> rdmafs.meta.v1.RemoveTreeRequest
+	43,  // 129: rdmafs.meta.v1.Meta.Trash:input_type -> rdmafs.meta.v1.TrashRequest
+	46,  // 130: rdmafs.meta.v1.Meta.Config:input_type -> rdmafs.meta.v1.ConfigRequest
+	49,  // 131: rdmafs.meta.v1.Meta.Quota:input_type -> rdmafs.meta.v1.QuotaRequest
+	99,  // 132: rdmafs.meta.v1.Meta.Check:input_type -> rdmafs.meta.v1.CheckRequest
+	85,  // 133: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
+	88,  // 134: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
+	101, // 135: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
+	119, // 136: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
+	121, // 137: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
+	92,  // 138: rdmafs.meta.v1.Meta.Scrub:input_type -> rdmafs.meta.v1.ScrubRequest
+	91,  // 139: rdmafs.meta.v1.Meta.Inventory:input_type -> rdmafs.meta.v1.InventoryRequest
+	122, // 140: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
+	10,  // 141: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
+	16,  // 142: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	16,  // 143: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	10,  // 144: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
+	10,  // 145: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
+	10,  // 146: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
+	10,  // 147: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
+	23,  // 148: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
+	10,  // 149: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
+	14,  // 150: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
+	14,  // 151: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
+	27,  // 152: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
+	32,  // 153: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
+	34,  // 154: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
+	27,  // 155: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
+	37,  // 156: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
+	27,  // 157: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
+	54,  // 158: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
+	27,  // 159: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
+	56,  // 160: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
+	62,  // 161: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
+	59,  // 162: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
+	27,  // 163: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
+	13,  // 164: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
+	27,  // 165: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
+	16,  // 166: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
+	27,  // 167: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
+	132, // 168: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
+	27,  // 169: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
+	72,  // 170: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
+	70,  // 171: rdmafs.meta.v1.Meta.Relayout:output_type -> rdmafs.meta.v1.RelayoutReply
+	76,  // 172: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
+	81,  // 173: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
+	79,  // 174: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
+	84,  // 175: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
+	98,  // 176: rdmafs.meta.v1.Meta.Info:output_type -> rdmafs.meta.v1.InfoReply
+	40,  // 177: rdmafs.meta.v1.Meta.Snapshot:output_type -> rdmafs.meta.v1.SnapshotReply
+	42,  // 178: rdmafs.meta.v1.Meta.RemoveTree:output_type -> rdmafs.meta.v1.RemoveTreeReply
+	45,  // 179: rdmafs.meta.v1.Meta.Trash:output_type -> rdmafs.meta.v1.TrashReply
+	48,  // 180: rdmafs.meta.v1.Meta.Config:output_type -> rdmafs.meta.v1.ConfigReply
+	51,  // 181: rdmafs.meta.v1.Meta.Quota:output_type -> rdmafs.meta.v1.QuotaReply
+	100, // 182: rdmafs.meta.v1.Meta.Check:output_type -> rdmafs.meta.v1.CheckReply
+	86,  // 183: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
+	90,  // 184: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
+	103, // 185: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
+	120, // 186: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
+	27,  // 187: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
+	93,  // 188: rdmafs.meta.v1.Meta.Scrub:output_type -> rdmafs.meta.v1.ScrubReply
+	27,  // 189: rdmafs.meta.v1.Meta.Inventory:output_type -> rdmafs.meta.v1.Empty
+	123, // 190: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
+	141, // [141:191] is the sub-list for method output_type
+	91,  // [91:141] is the sub-list for method input_type
+	91,  // [91:91] is the sub-list for extension type_name
+	91,  // [91:91] is the sub-list for extension extendee
+	0,   // [0:91] is the sub-list for field type_name
 }
 
 func init() { file_meta_proto_init() }

@@ -404,5 +404,13 @@ func registerRepairMetrics(reg prometheus.Registerer, svc func() *core.Service) 
 		health("healthy", func(h core.Health) uint64 { return h.Healthy }),
 		health("degraded", func(h core.Health) uint64 { return h.Degraded }),
 		health("lost", func(h core.Health) uint64 { return h.Lost }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "file_bytes",
+			Help: "Bytes of file data in stripes as of the last repair scan, shared with a snapshot (each referencing stripe counted) or not.", ConstLabels: prometheus.Labels{"sharing": "shared"}},
+			func() float64 { return float64(stats().Space.SharedBytes) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "file_bytes",
+			Help: "Bytes of file data in stripes as of the last repair scan, shared with a snapshot (each referencing stripe counted) or not.", ConstLabels: prometheus.Labels{"sharing": "unshared"}},
+			func() float64 { return float64(stats().Space.UniqueBytes) }),
+		gauge("trash_files", "Deleted files kept in the trash, as of the last repair scan.", func(r core.RepairStats) float64 { return float64(r.Space.TrashFiles) }),
+		gauge("trash_bytes", "Bytes of file data kept in the trash, as of the last repair scan.", func(r core.RepairStats) float64 { return float64(r.Space.TrashBytes) }),
 	)
 }
