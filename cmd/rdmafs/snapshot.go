@@ -209,7 +209,7 @@ func newRmrCommand() *cobra.Command {
 		Use:   "rmr PATH...",
 		Short: "Remove directory trees on the meta server, fast (rm -rf without a round trip per file)",
 		Long: "Removes each PATH and everything below it. The meta server walks the tree and removes it in\n" +
-			"batches of a thousand entries per transaction, deepest first, with the permission checks rm -r\n" +
+			"batches of 128 entries per transaction, deepest first, with the permission checks rm -r\n" +
 			"would meet for the calling user (through a mount) or as root (--meta with the cluster secret).\n" +
 			"An interrupted rmr leaves part of the tree; run it again.",
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -37,7 +37,7 @@ const (
 const DefaultTrashTime = 24 * time.Hour
 
 // trashBatch bounds the files purged per transaction.
-const trashBatch = 1000
+const trashBatch = DefaultTreeBatch
 
 // trashSweepEvery is how often the background loop purges expired files.
 const trashSweepEvery = 30 * time.Second

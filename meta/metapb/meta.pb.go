@@ -2702,7 +2702,7 @@ func (x *RemoveXattrRequest) GetKillPriv() bool {
 // name in dst_parent. Only metadata is copied: every stripe of the copy
 // references the same chunk versions as the source's, and the first write
 // to either side writes new versions (copy-on-write per stripe). A file is
-// copied in one call; a tree in batches of at most batch inodes (0: 1000) per
+// copied in one call; a tree in batches of at most batch inodes (0: core.DefaultTreeBatch, 128) per
 // call and transaction: call again with the same arguments until done. A
 // resumed snapshot (after an interruption or a restart) goes on where it
 // stopped. Needs root (a snapshot keeps owners and modes) or the cluster
@@ -2880,7 +2880,7 @@ func (x *SnapshotReply) GetSharedStripes() uint64 {
 
 // RemoveTreeRequest removes name in parent and, for a directory, everything
 // below it, on the server: each call removes at most batch entries (0:
-// 1000) in one transaction, deepest first, with the permission checks of
+// 128) in one transaction, deepest first, with the permission checks of
 // unlink and rmdir for the caller. Call again until done.
 type RemoveTreeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
