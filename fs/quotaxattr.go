@@ -32,20 +32,11 @@ func (n *Node) quotaXattr(ctx context.Context, attr string, dest []byte) (size u
 		return 0, 0, false
 	}
 	r, err := n.fsys.meta.Quota(ctx, req)
-	if err != nil {
-		if e := errno(err); e != syscall.ENOENT {
-			return 0, e, true
-		}
-		return 0, syscall.ENODATA, true
+	if errno(err) == syscall.ENOENT {
+		return 0, syscall.ENODATA, true // no quota here
 	}
-	v, err := protojson.Marshal(r)
-	if err != nil {
-		return 0, syscall.EIO, true
-	}
-	if len(dest) < len(v) {
-		return uint32(len(v)), syscall.ERANGE, true
-	}
-	return uint32(copy(dest, v)), 0, true
+	size, e = jsonXattr(r, err, dest)
+	return size, e, true
 }
 
 // setQuota changes a quota as a write of QuotaXattr asks.

@@ -6,6 +6,7 @@ import (
 	"syscall"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/metapb"
@@ -26,17 +27,24 @@ func (n *Node) relayoutXattr(ctx context.Context, attr string, dest []byte) (siz
 		return 0, 0, false
 	}
 	r, err := n.fsys.meta.Relayout(ctx, &metapb.RelayoutRequest{Caller: n.fsys.callers.of(ctx), Ino: n.ino, Progress: true})
+	size, e = jsonXattr(r, err, dest)
+	return size, e, true
+}
+
+// jsonXattr answers a read of a virtual attribute whose value is the reply
+// m of a meta call (or its error err) as JSON.
+func jsonXattr(m proto.Message, err error, dest []byte) (uint32, syscall.Errno) {
 	if err != nil {
-		return 0, errno(err), true
+		return 0, errno(err)
 	}
-	v, err := protojson.Marshal(r)
+	v, err := protojson.Marshal(m)
 	if err != nil {
-		return 0, syscall.EIO, true
+		return 0, syscall.EIO
 	}
 	if len(dest) < len(v) {
-		return uint32(len(v)), syscall.ERANGE, true
+		return uint32(len(v)), syscall.ERANGE
 	}
-	return uint32(copy(dest, v)), 0, true
+	return uint32(copy(dest, v)), 0
 }
 
 // ParseRelayout parses a RelayoutXattr value: a layout as stripe.Layout

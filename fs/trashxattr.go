@@ -38,17 +38,8 @@ func (n *Node) trashXattr(ctx context.Context, attr string, dest []byte) (size u
 		return 0, 0, false
 	}
 	r, err := n.fsys.meta.Trash(ctx, &metapb.TrashRequest{Caller: n.fsys.callers.of(ctx), After: after, Limit: trashPage})
-	if err != nil {
-		return 0, errno(err), true
-	}
-	v, err := protojson.Marshal(r)
-	if err != nil {
-		return 0, syscall.EIO, true
-	}
-	if len(dest) < len(v) {
-		return uint32(len(v)), syscall.ERANGE, true
-	}
-	return uint32(copy(dest, v)), 0, true
+	size, e = jsonXattr(r, err, dest)
+	return size, e, true
 }
 
 // setTrash restores or purges files of the trash as a write of TrashXattr asks.

@@ -6,8 +6,6 @@ import (
 	"strings"
 	"syscall"
 
-	"google.golang.org/protobuf/encoding/protojson"
-
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
@@ -75,17 +73,8 @@ func (n *Node) snapshotXattr(ctx context.Context, attr string, dest []byte) (siz
 		return 0, 0, false
 	}
 	r, err := n.fsys.meta.Snapshot(ctx, &metapb.SnapshotRequest{Caller: n.fsys.callers.of(ctx), DstParent: n.ino, Name: name, Progress: true})
-	if err != nil {
-		return 0, errno(err), true
-	}
-	v, err := protojson.Marshal(r)
-	if err != nil {
-		return 0, syscall.EIO, true
-	}
-	if len(dest) < len(v) {
-		return uint32(len(v)), syscall.ERANGE, true
-	}
-	return uint32(copy(dest, v)), 0, true
+	size, e = jsonXattr(r, err, dest)
+	return size, e, true
 }
 
 // setRmr removes the tree a write of RmrXattr on n names.

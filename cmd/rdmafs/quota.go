@@ -206,6 +206,17 @@ func parseCount(s string) (uint64, error) {
 	return v * mult, nil
 }
 
+// quotaLabel names a quota: its directory's path, or its user or group.
+func quotaLabel(q *metapb.QuotaInfo) string {
+	switch {
+	case q.ByUid:
+		return fmt.Sprintf("uid %d", q.Id)
+	case q.ByGid:
+		return fmt.Sprintf("gid %d", q.Id)
+	}
+	return q.Path
+}
+
 // printQuotaLine prints one quota's usage and limits on a line.
 func printQuotaLine(w io.Writer, q *metapb.QuotaInfo) {
 	lim := func(v uint64, f func(uint64) string) string {
@@ -232,13 +243,7 @@ func printQuotas(w io.Writer, qs []*metapb.QuotaInfo) {
 	}
 	count := func(v uint64) string { return strconv.FormatUint(v, 10) }
 	for _, q := range qs {
-		name := q.Path
-		switch {
-		case q.ByUid:
-			name = fmt.Sprintf("uid %d", q.Id)
-		case q.ByGid:
-			name = fmt.Sprintf("gid %d", q.Id)
-		}
+		name := quotaLabel(q)
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", name, humanBytes(q.SpaceUsed), limit(q.SpaceLimit, humanBytes), q.InodesUsed, limit(q.InodeLimit, count))
 	}
 	tw.Flush()

@@ -55,14 +55,7 @@ func printStatus(cmd *cobra.Command, st *metapb.StatusReply) {
 		fmt.Fprintf(w, "file data in stripes: %s shared with snapshots (counted once per file), %s unshared\n", humanBytes(st.SharedBytes), humanBytes(st.UniqueBytes))
 	}
 	for _, q := range st.Quotas {
-		name := q.Path
-		switch {
-		case q.ByUid:
-			name = fmt.Sprintf("uid %d", q.Id)
-		case q.ByGid:
-			name = fmt.Sprintf("gid %d", q.Id)
-		}
-		fmt.Fprintf(w, "quota %s: ", name)
+		fmt.Fprintf(w, "quota %s: ", quotaLabel(q))
 		printQuotaLine(w, q)
 	}
 	if st.TrashSeconds > 0 {

@@ -499,35 +499,17 @@ func (sn *snapshotTxn) cloneFile(src *metapb.InodeRecord, parent uint64, totals 
 	if err != nil {
 		return nil, err
 	}
-	type item struct {
-		idx uint64
-		st  *metapb.StripeRecord
-	}
-	var items []item
-	prefix := keys.StripePrefix(src.Attr.Ino)
-	if err := t.Scan(prefix, kv.PrefixEnd(prefix), 0, func(k, v []byte) error {
-		_, idx, err := keys.ParseStripe(k)
-		if err != nil {
-			return err
-		}
-		st := &metapb.StripeRecord{}
-		if err := proto.Unmarshal(v, st); err != nil {
-			return err
-		}
-		items = append(items, item{idx, st})
-		return nil
-	}); err != nil {
+	// Stripes never committed are holes in the copy.
+	items, _, err := fileStripes(t, src.Attr.Ino, 0, ^uint64(0))
+	if err != nil {
 		return nil, err
 	}
 	for _, it := range items {
 		st := it.st
-		if st.Version == 0 {
-			continue // never committed: the copy has a hole there
-		}
 		if len(st.Shards) > 0 {
 			if !st.Shared {
 				st.Shared = true
-				if err := putMsg(t, keys.Stripe(src.Attr.Ino, it.idx), st); err != nil {
+				if err := putMsg(t, keys.Stripe(src.Attr.Ino, it.key.stripe), st); err != nil {
 					return nil, err
 				}
 			}
@@ -542,7 +524,7 @@ func (sn *snapshotTxn) cloneFile(src *metapb.InodeRecord, parent uint64, totals 
 			totals.SharedStripes++
 			totals.Bytes += st.Length
 		}
-		if err := putMsg(t, keys.Stripe(cp.Attr.Ino, it.idx), st); err != nil {
+		if err := putMsg(t, keys.Stripe(cp.Attr.Ino, it.key.stripe), st); err != nil {
 			return nil, err
 		}
 	}

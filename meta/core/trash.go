@@ -150,8 +150,11 @@ func (s *Service) lookupTrash(ctx context.Context, c *metapb.Caller, name string
 	return out, err
 }
 
-// readTrash answers a ReadDir of the trash directory: cookies are inode
-// numbers (after the 1 and 2 of "." and "..").
+// trashCookieBase is added to an inode number to make its readdir cookie in
+// the trash directory, above the 1 and 2 of "." and "..".
+const trashCookieBase = 2
+
+// readTrash answers a ReadDir of the trash directory.
 func (s *Service) readTrash(ctx context.Context, c *metapb.Caller, req *metapb.ReadDirRequest) (*metapb.ReadDirReply, error) {
 	limit := int(req.Limit)
 	if limit <= 0 {
@@ -160,27 +163,16 @@ func (s *Service) readTrash(ctx context.Context, c *metapb.Caller, req *metapb.R
 	out := &metapb.ReadDirReply{}
 	err := s.view(ctx, func(r kv.Reader) error {
 		out.Entries, out.Eof = nil, true
-		start := keys.Trash(max(req.Cookie, 2) + 1)
-		if req.Cookie < 2 {
-			start = []byte{keys.PrefixTrash}
+		after := uint64(0) // cookies 1 and 2 are "." and ".."
+		if req.Cookie > trashCookieBase {
+			after = req.Cookie - trashCookieBase
 		}
-		return r.Scan(start, []byte{keys.PrefixTrash + 1}, 0, func(k, v []byte) error {
-			ino, err := keys.ParseTrash(k)
-			if err != nil {
-				return err
-			}
-			rec := &metapb.TrashRecord{}
-			if err := proto.Unmarshal(v, rec); err != nil {
-				return err
-			}
-			if !mayTrash(c, rec) {
-				return nil
-			}
+		return scanTrash(r, c, after, func(ino uint64, rec *metapb.TrashRecord) error {
 			if len(out.Entries) == limit {
 				out.Eof = false
 				return kv.ErrStop
 			}
-			e := &metapb.DirEntry{Name: trashEntryName(ino, rec), Ino: ino, Type: syscall.S_IFREG, Cookie: ino}
+			e := &metapb.DirEntry{Name: trashEntryName(ino, rec), Ino: ino, Type: syscall.S_IFREG, Cookie: ino + trashCookieBase}
 			if req.Plus {
 				in, err := getInode(r, ino)
 				if err != nil {
@@ -193,6 +185,25 @@ func (s *Service) readTrash(ctx context.Context, c *metapb.Caller, req *metapb.R
 		})
 	})
 	return out, err
+}
+
+// scanTrash calls fn with each file of the trash c may see whose inode is
+// above after, in inode order; fn may return kv.ErrStop.
+func scanTrash(r kv.Reader, c *metapb.Caller, after uint64, fn func(ino uint64, rec *metapb.TrashRecord) error) error {
+	return r.Scan(keys.Trash(after+1), []byte{keys.PrefixTrash + 1}, 0, func(k, v []byte) error {
+		ino, err := keys.ParseTrash(k)
+		if err != nil {
+			return err
+		}
+		rec := &metapb.TrashRecord{}
+		if err := proto.Unmarshal(v, rec); err != nil {
+			return err
+		}
+		if !mayTrash(c, rec) {
+			return nil
+		}
+		return fn(ino, rec)
+	})
 }
 
 // Trash implements metapb.MetaServer (see metapb.TrashRequest).
@@ -227,22 +238,7 @@ func (s *Service) listTrash(ctx context.Context, c *metapb.Caller, req *metapb.T
 	err := s.view(ctx, func(r kv.Reader) error {
 		out.Entries, out.Next = nil, 0
 		known := map[uint64]string{}
-		start := []byte{keys.PrefixTrash}
-		if req.After > 0 {
-			start = keys.Trash(req.After + 1)
-		}
-		return r.Scan(start, []byte{keys.PrefixTrash + 1}, 0, func(k, v []byte) error {
-			ino, err := keys.ParseTrash(k)
-			if err != nil {
-				return err
-			}
-			rec := &metapb.TrashRecord{}
-			if err := proto.Unmarshal(v, rec); err != nil {
-				return err
-			}
-			if !mayTrash(c, rec) {
-				return nil
-			}
+		return scanTrash(r, c, req.After, func(ino uint64, rec *metapb.TrashRecord) error {
 			if len(out.Entries) == limit {
 				out.Next = out.Entries[limit-1].Ino
 				return kv.ErrStop
