@@ -62,10 +62,29 @@ func TestMalformed(t *testing.T) {
 // encodes back to the same bytes.
 func FuzzParse(f *testing.F) {
 	for _, s := range [][]byte{Dentry(1, "x"), Xattr(2, "user.y"), Stripe(3, 4), Grant(5, 6, 7), GC("cs", 8, 9),
-		Cookie(1, 2), Session(3), SessionOpen(8, 9), Open(4, 5), Orphan(6), Relayout(11), Inode(7), Chunkserver("cs-0"), EncodeUint64(10), {}, {PrefixGC, 0xff, 0xff}} {
+		Cookie(1, 2), Session(3), SessionOpen(8, 9), Open(4, 5), Orphan(6), Relayout(11), Inode(7), Chunkserver("cs-0"), EncodeUint64(10), {}, {PrefixGC, 0xff, 0xff},
+		Shared(1, 2), SnapTask(3, 4), Trash(5), TrashTime(6, 7), DirQuota(8), IDQuota(QuotaUID, 9), IDQuota(QuotaGID, 10)} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, k []byte) {
+		if c, v, err := ParseShared(k); err == nil && !bytes.Equal(Shared(c, v), k) {
+			t.Fatalf("shared round trip: %x", k)
+		}
+		if d, s, err := ParseSnapTask(k); err == nil && !bytes.Equal(SnapTask(d, s), k) {
+			t.Fatalf("snapshot task round trip: %x", k)
+		}
+		if i, err := ParseTrash(k); err == nil && !bytes.Equal(Trash(i), k) {
+			t.Fatalf("trash round trip: %x", k)
+		}
+		if n, i, err := ParseTrashTime(k); err == nil && !bytes.Equal(TrashTime(n, i), k) {
+			t.Fatalf("trash time round trip: %x", k)
+		}
+		if i, err := ParseDirQuota(k); err == nil && !bytes.Equal(DirQuota(i), k) {
+			t.Fatalf("directory quota round trip: %x", k)
+		}
+		if kind, id, err := ParseIDQuota(k); err == nil && !bytes.Equal(IDQuota(kind, id), k) {
+			t.Fatalf("id quota round trip: %x", k)
+		}
 		if p, n, err := ParseDentry(k); err == nil && !bytes.Equal(Dentry(p, n), k) {
 			t.Fatalf("dentry round trip: %x", k)
 		}
