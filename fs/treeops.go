@@ -22,7 +22,10 @@ const SnapshotXattr = "rdmafs.snapshot"
 // RmrXattr is the virtual extended attribute of `rdmafs rmr`: setting it on
 // a directory to a name removes that entry and, for a directory, everything
 // below it on the meta server (meta's RemoveTree), with the permission
-// checks of rm -r for the caller.
+// checks of rm -r for the caller. The kernel's cached entries of the tree
+// are dropped just after the reply (the request holds the directory's lock
+// the invalidation needs), so a lookup at once may still find them for a
+// few milliseconds; rdmafs rmr waits until they are gone.
 const RmrXattr = "rdmafs.rmr"
 
 // SnapshotSpec is the value of SnapshotXattr.

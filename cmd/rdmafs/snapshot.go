@@ -107,8 +107,13 @@ func newSnapshotCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			took := time.Since(start).Round(time.Millisecond)
+			if r.Dirs == 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "snapshot %s of %s: a file of %s, in %s\n", dst, src, humanBytes(r.Bytes), took)
+				return nil
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "snapshot %s of %s: %d files, %d directories, %s shared in %d stripes, in %s\n",
-				dst, src, r.Files, r.Dirs, humanBytes(r.Bytes), r.SharedStripes, time.Since(start).Round(time.Millisecond))
+				dst, src, r.Files, r.Dirs, humanBytes(r.Bytes), r.SharedStripes, took)
 			return nil
 		},
 	}
@@ -150,6 +155,9 @@ func snapshotViaMount(ctx context.Context, src, dst string, progress func(*metap
 			if err == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
 				r.Files, r.Bytes = 1, uint64(st.Size) // a file's snapshot keeps no record
 			}
+			// The mount drops the kernel's cached entry for dst just after
+			// its reply: wait until the new entry shows.
+			settle(func() bool { return unix.Lstat(dst, new(unix.Stat_t)) == nil })
 			return r, err
 		case <-tick.C:
 			if r, err := snapshotProgress(parent, name); err == nil {
@@ -223,7 +231,7 @@ func newRmrCommand() *cobra.Command {
 				if meta {
 					files, dirs, err = rmrViaMeta(cmd, &tt, p, quiet)
 				} else {
-					err = unix.Setxattr(filepath.Dir(filepath.Clean(p)), fs.RmrXattr, []byte(filepath.Base(p)), 0)
+					err = rmrViaMount(p)
 				}
 				if err != nil {
 					return fmt.Errorf("rmr %s: %w", p, err)
@@ -241,6 +249,33 @@ func newRmrCommand() *cobra.Command {
 	cmd.Args = cobra.MinimumNArgs(1)
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print nothing")
 	return cmd
+}
+
+// rmrViaMount removes p through its mount: a directory tree on the meta
+// server (rdmafs.rmr on its parent), anything else as rm does.
+func rmrViaMount(p string) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return os.Remove(p)
+	}
+	clean := filepath.Clean(p)
+	if err := unix.Setxattr(filepath.Dir(clean), fs.RmrXattr, []byte(filepath.Base(clean)), 0); err != nil {
+		return err
+	}
+	// The mount drops the kernel's cached entries of the tree just after its
+	// reply: wait until they are gone.
+	settle(func() bool { return errors.Is(unix.Lstat(p, new(unix.Stat_t)), unix.ENOENT) })
+	return nil
+}
+
+// settle waits, at most a second, until done reports true.
+func settle(done func() bool) {
+	for deadline := time.Now().Add(time.Second); !done() && time.Now().Before(deadline); {
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 // rmrViaMeta removes the tree p with calls to the meta server.

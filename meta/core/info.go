@@ -68,6 +68,11 @@ func (s *Service) Info(ctx context.Context, req *metapb.InfoRequest) (*metapb.In
 			return nil
 		}
 		stripes, out.Next, err = fileStripes(r, req.Ino, req.First, count)
+		for _, sc := range stripes {
+			if err == nil && sc.st.Shared {
+				sc.st.Shared, err = stillShared(r, sc.st)
+			}
+		}
 		return err
 	})
 	if err != nil {
@@ -182,9 +187,14 @@ func treeTotals(ctx context.Context, r kv.Reader, dir uint64) (*metapb.TreeTotal
 			}
 			t.Stripes += uint64(len(st))
 			for _, sc := range st {
-				if sc.st.Shared {
+				shared, err := stillShared(r, sc.st)
+				if err != nil {
+					return err
+				}
+				if shared {
 					t.SharedBytes += sc.st.Length
 				}
+				sc.st.Shared = shared // as the stripe details show it
 			}
 			stripes = append(stripes, st...)
 			if len(stripes) > maxInfoStripes {

@@ -423,7 +423,11 @@ func (s *Service) Status(ctx context.Context, req *metapb.StatusRequest) (*metap
 				health.Healthy++ // inline: its bytes are in metadata
 				return nil
 			}
-			if st.Shared {
+			shared, err := stillShared(r, st)
+			if err != nil {
+				return err
+			}
+			if shared {
 				out.SharedBytes += st.Length
 			} else {
 				out.UniqueBytes += st.Length

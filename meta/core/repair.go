@@ -198,6 +198,11 @@ func (s *Service) scanStripes(ctx context.Context) ([]scannedStripe, error) {
 			if st.Version == 0 || st.Layout == nil {
 				return nil
 			}
+			if st.Shared {
+				if st.Shared, err = stillShared(r, st); err != nil { // for the sharing gauges
+					return err
+				}
+			}
 			out = append(out, scannedStripe{stripeKey{ino, idx}, st})
 			return nil
 		})

@@ -58,6 +58,22 @@ func extraRefs(r kv.Reader, chunk, version uint64) (uint64, error) {
 	return keys.DecodeUint64(v)
 }
 
+// stillShared reports whether a stripe marked shared still shares a chunk
+// version with another stripe: the other side may have rewritten or dropped
+// its copy since (the mark is cleared when this side next writes).
+func stillShared(r kv.Reader, st *metapb.StripeRecord) (bool, error) {
+	if !st.Shared {
+		return false, nil
+	}
+	for _, sh := range st.Shards {
+		n, err := extraRefs(r, sh.ChunkId, st.Version)
+		if err != nil || n > 0 {
+			return n > 0, err
+		}
+	}
+	return false, nil
+}
+
 // dropVersion queues the chunks of a committed stripe version for
 // collection. When the stripe is shared, a chunk that other stripes still
 // reference loses one reference instead.
@@ -253,7 +269,7 @@ func (sn *snapshotTxn) start(p *metapb.InodeRecord, req *metapb.SnapshotRequest)
 		if err != nil {
 			return nil, err
 		}
-		if err := sn.link(p, req.Name, cp); err != nil {
+		if err := sn.link(p, req.Name, cp, true); err != nil {
 			return nil, err
 		}
 		totals.Dst = cp.Attr.Ino
@@ -269,7 +285,7 @@ func (sn *snapshotTxn) start(p *metapb.InodeRecord, req *metapb.SnapshotRequest)
 	if err != nil {
 		return nil, err
 	}
-	if err := sn.link(p, req.Name, root); err != nil {
+	if err := sn.link(p, req.Name, root, true); err != nil {
 		return nil, err
 	}
 	sn.dst = root.Attr.Ino
@@ -391,7 +407,7 @@ func (sn *snapshotTxn) copyEntry(dst *metapb.InodeRecord, name string, d *metapb
 			return err
 		}
 		totals.Dirs++
-		if err := sn.link(dst, name, cp); err != nil {
+		if err := sn.link(dst, name, cp, false); err != nil {
 			return err
 		}
 		return sn.addTask(src.Attr.Ino, cp.Attr.Ino)
@@ -411,7 +427,7 @@ func (sn *snapshotTxn) copyEntry(dst *metapb.InodeRecord, name string, d *metapb
 				return err
 			}
 			cp.Attr.Nlink++
-			return sn.link(dst, name, cp)
+			return sn.link(dst, name, cp, false)
 		}
 	}
 	cp, err := sn.cloneFile(src, dst.Attr.Ino, totals)
@@ -424,19 +440,22 @@ func (sn *snapshotTxn) copyEntry(dst *metapb.InodeRecord, name string, d *metapb
 			return err
 		}
 	}
-	return sn.link(dst, name, cp)
+	return sn.link(dst, name, cp, false)
 }
 
-// link adds the entry name → child to directory p and stores both (p's
-// times change as a create's would).
-func (sn *snapshotTxn) link(p *metapb.InodeRecord, name string, child *metapb.InodeRecord) error {
+// link adds the entry name → child to directory p and stores both. With
+// touch p's times change as a create's would; a directory of the copy keeps
+// its source's.
+func (sn *snapshotTxn) link(p *metapb.InodeRecord, name string, child *metapb.InodeRecord, touch bool) error {
 	if _, err := addEntry(sn.t, p, name, child.Attr.Ino, fileType(child.Attr.Mode)); err != nil {
 		return err
 	}
 	if isDir(child.Attr) {
 		p.Attr.Nlink++
 	}
-	p.Attr.MtimeNs, p.Attr.CtimeNs = sn.now, sn.now
+	if touch {
+		p.Attr.MtimeNs, p.Attr.CtimeNs = sn.now, sn.now
+	}
 	if err := sn.s.putInode(sn.t, child); err != nil {
 		return err
 	}

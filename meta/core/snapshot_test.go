@@ -169,6 +169,18 @@ func TestSnapshotSharesChunksUntilWritten(t *testing.T) {
 		if err != nil || !g.Grants[0].InPlace {
 			t.Fatalf("in-place grant on an unshared stripe: %+v %v", g, err)
 		}
+		// The copy's stripe 0 is its own now: in place again, and not
+		// counted as shared.
+		gc, err := e.s.GrantWrite(e.ctx, &metapb.GrantWriteRequest{Ino: sa, Stripes: []uint64{0}, InPlace: []uint64{0}})
+		if err != nil || !gc.Grants[0].InPlace {
+			t.Fatalf("in-place grant on the copy's stripe the source rewrote: %+v %v", gc, err)
+		}
+		if st, err := e.s.Status(e.ctx, &metapb.StatusRequest{}); err != nil || st.SharedBytes != 4*sb {
+			t.Fatalf("status counts %d bytes shared, want %d (stripe 1 of a and its copy, and c and its copy): %v", st.SharedBytes, 4*sb, err)
+		}
+		for _, sh := range gc.Grants[0].Shards {
+			versions = append(versions, fmt.Sprintf("%s:%d@%d", sh.ServerId, sh.ChunkId, gc.Grants[0].Version))
+		}
 		// Never committed, its chunks are collected with the file.
 		for _, sh := range g.Grants[0].Shards {
 			versions = append(versions, fmt.Sprintf("%s:%d@%d", sh.ServerId, sh.ChunkId, g.Grants[0].Version))

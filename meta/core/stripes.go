@@ -130,6 +130,13 @@ func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest)
 			if _, err := getMsg(t, keys.Stripe(req.Ino, idx), st); err != nil {
 				return err
 			}
+			if st.Shared {
+				// Unshared since (the other side rewrote or dropped its
+				// copy): in place is possible again.
+				if st.Shared, err = stillShared(t, st); err != nil {
+					return err
+				}
+			}
 			v := max(st.NextVersion, st.Version+1, 1)
 			st.NextVersion = v + 1
 			if err := putMsg(t, keys.Stripe(req.Ino, idx), st); err != nil {

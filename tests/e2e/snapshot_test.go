@@ -29,19 +29,24 @@ import (
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
-// The tree TestSnapshotTree snapshots: five big files (two of them, the hot
-// ones, rewritten during the snapshot), snapSmallFiles small ones in a few
-// directories, a hard link and a symbolic link; about 256 MiB.
+// The tree TestSnapshotTree snapshots: five big files, snapSmallFiles small
+// ones in a few directories, a hard link and a symbolic link; about 256 MiB.
+// The writer rewrites the hot ones during the snapshot, within two stripes
+// of each ([from, to) : the last two of hot1, the short one included, and
+// the first two of hot2), so that the copy-on-write the snapshot causes is
+// at most four stripes however many writes overlap it; writes across the
+// boundary of the two stripes are as likely as not.
 var snapBigFiles = []struct {
-	name string
-	size int
-	hot  bool
+	name     string
+	size     int
+	hot      bool
+	from, to int
 }{
-	{"big/hot1", 40<<20 + 12345, true},
-	{"big/hot2", 64 << 20, true},
-	{"big/b3", 64<<20 - 1, false},
-	{"big/b4", 48 << 20, false},
-	{"big/b5", 32<<20 + 777, false},
+	{"big/hot1", 40<<20 + 12345, true, 36 << 20, 40<<20 + 12345},
+	{"big/hot2", 64 << 20, true, 0, 8 << 20},
+	{"big/b3", 64<<20 - 1, false, 0, 0},
+	{"big/b4", 48 << 20, false, 0, 0},
+	{"big/b5", 32<<20 + 777, false, 0, 0},
 }
 
 const (
@@ -57,37 +62,51 @@ const (
 
 // TestSnapshotTree snapshots a 256 MiB tree through the mount with
 // `rdmafs snapshot` while a writer rewrites two of its files (1 MiB at a
-// random offset, fsync after each). The copy's files that were not written
-// are byte-exact copies; each hot file's copy is one whole state the writer
-// left between the snapshot's start and end (not a mix of two); the source
-// holds the writer's last state. The snapshot adds about nothing to the
-// chunkservers (only the stripes the writer rewrote while it ran), writes to
-// either side leave the other alone, everything reads back the same after a
-// remount, and once both trees are removed (rm -rf and rdmafs rmr) the
-// chunkservers give back all the space.
+// random offset, fsync after each), and checks:
+//   - dst lists src's entries with their modes, owners, extended attributes
+//     and file times, the hard link one file of two links, the symlink's
+//     target; the files not written are byte-exact copies;
+//   - each hot file's copy is one whole state the writer left during the
+//     snapshot (every write fsynced before it began, none begun after it
+//     ended), not a mix of two; src holds the writer's last state;
+//   - the snapshot adds to the chunkservers only the stripes the writer
+//     rewrote while it ran (well under 10% of the tree); writes to either
+//     side leave the other alone; status counts the shared bytes;
+//   - everything reads back the same after a remount; the metadata checks;
+//   - with the trash turned off (rdmafs config set trash-days 0), src
+//     removed with rm -rf leaves dst intact, and once dst is removed with
+//     rdmafs rmr the chunkservers give back all the space.
 func TestSnapshotTree(t *testing.T) {
 	needRoot(t)
-	c := upWith(t, func(cfg *devcluster.Config) { cfg.Transport = "tcp" })
+	// The trash on, as rdmafs format leaves it: the removals at the end
+	// turn it off first.
+	c := upWith(t, func(cfg *devcluster.Config) { cfg.Transport, cfg.TrashDays = "tcp", "1" })
 	base := snapSettledUsed(t, c, "empty file system")
 
-	// 2. The tree.
+	// The tree.
 	src := filepath.Join(c.MountPoint, "src")
 	dst := filepath.Join(c.MountPoint, "dst")
 	tree := snapWriteTree(t, src)
+	varyOwnersAndTimes(t, src)
+	for _, p := range []string{src, filepath.Join(src, "small/a"), filepath.Join(src, tree.hard[0]), filepath.Join(src, "big/b4")} {
+		if err := unix.Setxattr(p, "user.snap", []byte("x:"+p), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
 	t.Logf("tree written: %d files (%d MiB), %d directories, a hard link and a symlink",
 		len(tree.sums)+len(tree.hot), tree.bytes>>20, len(tree.dirs))
 	before := snapSettledUsed(t, c, "tree written")
 	treeRaw := before.sum - base.sum
 	t.Logf("the chunkservers hold %d MiB for the tree", treeRaw>>20)
 
-	// 3. The writer rewrites the hot files.
+	// The writer rewrites the hot files.
 	w := startSnapWriter(t, src, tree.hot)
 	defer w.stop(t)
 	if !w.done.wait(3, time.Minute) {
 		t.Fatalf("the writer did not get going: %v", w.errs())
 	}
 
-	// 4. The snapshot, with the writer going.
+	// The snapshot, with the writer going.
 	start := time.Now()
 	out, err := rdmafs(t, "snapshot", src, dst)
 	end := time.Now()
@@ -103,7 +122,7 @@ func TestSnapshotTree(t *testing.T) {
 		t.Errorf("rdmafs snapshot reports %q, want %d files and %d directories", out, wantFiles, len(tree.dirs))
 	}
 
-	// 5. The writer pauses while the space is measured: what the snapshot
+	// The writer pauses while the space is measured: what the snapshot
 	// added is the stripes the writer rewrote since the snapshot began
 	// (their old versions stay for the copy), nothing for the rest.
 	during, touched, after := func() (int, int, snapUsed) {
@@ -113,7 +132,10 @@ func TestSnapshotTree(t *testing.T) {
 		return during, touched, snapSettledUsed(t, c, "after the snapshot")
 	}()
 	growth := after.sum - before.sum
-	bound := int64(touched)*snapStripeRaw + int64(len(c.Chunk))<<20
+	// One stripe more than those written since the snapshot began: the
+	// write in flight when it began is timed by its fsync, and may have
+	// been committed after the copy of its file.
+	bound := int64(touched+1)*snapStripeRaw + int64(len(c.Chunk))<<20
 	t.Logf("space: %d MiB before the snapshot, %d MiB after (%+.1f MiB); the writer fsynced %d writes since the snapshot began, in %d stripes (at most %d MiB)",
 		before.sum>>20, after.sum>>20, float64(growth)/(1<<20), during, touched, bound>>20)
 	if growth > bound {
@@ -130,6 +152,12 @@ func TestSnapshotTree(t *testing.T) {
 
 	states := snapCheckCopy(t, tree, src, dst, start, end)
 	snapCheckSource(t, tree, src)
+	st := snapStatus(t, c)
+	t.Logf("status: %d MiB in stripes shared with a snapshot (each side counted), %d MiB unshared", st.SharedBytes>>20, st.UniqueBytes>>20)
+	if st.SharedBytes < uint64(tree.bytes) {
+		t.Errorf("status reports %d bytes shared with a snapshot, want at least the tree's %d", st.SharedBytes, tree.bytes)
+	}
+	snapAdminCheck(t, c, "after the snapshot")
 
 	// Writes to the copy leave the source alone too.
 	b3 := snapBigFiles[2].name
@@ -141,7 +169,7 @@ func TestSnapshotTree(t *testing.T) {
 	dstSums := maps.Clone(tree.sums)
 	dstSums[b3] = snapPatchedSum(t, filepath.Join(dst, b3), tree.sizes[b3], fresh, 8<<20)
 
-	// 6. Both trees after a remount.
+	// Both trees after a remount.
 	if err := c.Unmount(); err != nil {
 		t.Fatal(err)
 	}
@@ -151,19 +179,23 @@ func TestSnapshotTree(t *testing.T) {
 	snapCheckContents(t, "src after the remount", src, tree, tree.sums, func(h *snapHot) [32]byte { return h.states[len(h.states)-1] })
 	snapCheckContents(t, "dst after the remount", dst, tree, dstSums, func(h *snapHot) [32]byte { return states[h.name] })
 
-	// 7. Both removed: src with rm -rf, dst with rdmafs rmr.
-	//
-	// Deleted files are to go to a trash some day (kept a day): with
-	// `rdmafs config set trash-days 0` they go at once. The command does
-	// not exist yet; when it does, it runs here.
-	if _, err := rdmafs(t, "config", "--help"); err == nil {
-		cmd := c.Command(t.Context(), "rdmafs", append([]string{"config", "set", "trash-days", "0"}, c.ClientArgs()...)...)
-		cmd.Env = append(os.Environ(), "RDMAFS_META="+c.MetaAddr)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("rdmafs config set trash-days 0: %v\n%s", err, out)
-		}
+	// Both removed: src with rm -rf, dst with rdmafs rmr, the trash
+	// (which would keep deleted files a day) turned off first.
+	if out, err := rdmafsOn(t, c, "config", "set", c.MetaAddr, "trash-days", "0"); err != nil {
+		t.Fatalf("rdmafs config set trash-days 0: %v\n%s", err, out)
+	}
+	if st := snapStatus(t, c); st.TrashSeconds != 0 {
+		t.Fatalf("status reports trash_seconds %d after rdmafs config set trash-days 0", st.TrashSeconds)
 	}
 	run(t, "", "rm", "-rf", src)
+	// The chunk versions the copy shares stay: once the chunkservers
+	// deleted what src alone held, dst reads back the same.
+	gone := snapSettledUsed(t, c, "src removed")
+	t.Logf("src removed: the chunkservers hold %d MiB (%d MiB right after the snapshot)", gone.sum>>20, after.sum>>20)
+	snapCheckContents(t, "dst after src was removed", dst, tree, dstSums, func(h *snapHot) [32]byte { return states[h.name] })
+	if gone.sum < treeRaw-int64(len(c.Chunk))<<20 {
+		t.Errorf("with src removed the chunkservers hold %d bytes, less than dst needs (%d)", gone.sum, treeRaw)
+	}
 	rmStart := time.Now()
 	if out, err := rdmafs(t, "rmr", dst); err != nil {
 		t.Fatalf("rdmafs rmr %s: %v\n%s", dst, err, out)
@@ -175,8 +207,21 @@ func TestSnapshotTree(t *testing.T) {
 		}
 	}
 
-	// 8. All the space comes back.
+	// All the space comes back.
 	snapWaitSpace(t, c, base, 4<<20)
+	if st := snapStatus(t, c); st.TrashFiles != 0 || st.SharedBytes != 0 || st.UniqueBytes != 0 {
+		t.Errorf("after both trees went, status reports %d files (%d bytes) in the trash, %d bytes shared and %d unshared",
+			st.TrashFiles, st.TrashBytes, st.SharedBytes, st.UniqueBytes)
+	}
+	snapAdminCheck(t, c, "after the removals")
+}
+
+// snapAdminCheck runs rdmafs admin check: the metadata must be consistent.
+func snapAdminCheck(t *testing.T, c *devcluster.Cluster, what string) {
+	t.Helper()
+	if out, err := rdmafsOn(t, c, "admin", "check", c.MetaAddr); err != nil || !strings.Contains(out, "no problems") {
+		t.Fatalf("%s: rdmafs admin check: %v\n%s", what, err, out)
+	}
 }
 
 // snapTree is what snapWriteTree wrote.
@@ -216,9 +261,23 @@ func snapWriteTree(t *testing.T, root string) *snapTree {
 		rand.NewChaCha8([32]byte{byte(i), 's'}).Read(data)
 		write(f.name, data)
 		if f.hot {
-			tr.hot = append(tr.hot, newSnapHot(f.name, data))
+			h := newSnapHot(f.name, data)
+			h.from, h.to = f.from, f.to
+			tr.hot = append(tr.hot, h)
 		} else {
 			tr.sums[f.name] = sha256.Sum256(data)
+		}
+	}
+	// RDMAFS_SNAPSHOT_TREE_MIB grows the tree with cold files of 64 MiB to
+	// about that size (make soak: 1 GiB, the issue's figure).
+	if mib, _ := strconv.Atoi(os.Getenv("RDMAFS_SNAPSHOT_TREE_MIB")); mib > 0 {
+		mkdir("more")
+		for i := 0; tr.bytes < int64(mib)<<20; i++ {
+			data := make([]byte, 64<<20)
+			rand.NewChaCha8([32]byte{byte(i), 'm'}).Read(data)
+			rel := fmt.Sprintf("more/m%02d", i)
+			write(rel, data)
+			tr.sums[rel] = sha256.Sum256(data)
 		}
 	}
 	for _, d := range []string{"small", "small/a", "small/b", "small/a/deep", "small/a/deep/er", "links", "empty"} {
@@ -259,6 +318,7 @@ type snapHot struct {
 	begun       []time.Time  // begun[j] and synced[j]: the write that made states[j+1]
 	synced      []time.Time
 	writes      [][2]int // its offset and length
+	from, to    int      // the range the writer writes in
 }
 
 func newSnapHot(name string, data []byte) *snapHot {
@@ -328,7 +388,8 @@ func snapFileBlocks(t *testing.T, p string) (int, [][32]byte) {
 }
 
 // snapWriter rewrites the hot files: 1 MiB of random bytes at a random
-// (page-aligned) offset of one of them, then fsync, over and over. mu is held
+// (page-aligned) offset of one of them (in its range from, to), then fsync,
+// over and over. mu is held
 // for each write and its fsync, so that a holder of mu pauses it. The
 // offsets are page-aligned so that each write reaches the mount as one FUSE
 // write (MaxWrite is 1 MiB; an unaligned 1 MiB write spans 257 pages, which
@@ -362,7 +423,7 @@ func startSnapWriter(t *testing.T, root string, hot []*snapHot) *snapWriter {
 		for !w.quit.Load() {
 			i := r.IntN(len(w.hot))
 			h, f := w.hot[i], w.files[i]
-			off := r.IntN((len(h.data)-len(buf))/4096+1) * 4096
+			off := h.from + r.IntN((h.to-h.from-len(buf))/4096+1)*4096
 			bytes.Read(buf)
 			w.mu.Lock()
 			begun := time.Now()
@@ -437,6 +498,7 @@ func (w *snapWriter) since(at time.Time) (writes, stripes int) {
 func snapCheckCopy(t *testing.T, tree *snapTree, src, dst string, start, end time.Time) map[string][32]byte {
 	t.Helper()
 	snapCheckEntries(t, tree, src, dst)
+	snapCheckMetadata(t, tree, src, dst)
 	states := map[string][32]byte{}
 	for _, h := range tree.hot {
 		lo := 0 // states[lo]: every write fsynced before the snapshot began
@@ -568,6 +630,59 @@ func snapCheckEntries(t *testing.T, tree *snapTree, src, dst string) {
 			s0.Ino, s1.Ino, d0.Ino, d1.Ino, d0.Nlink)
 	}
 	t.Logf("dst lists the %d entries of src", len(a))
+}
+
+// snapCheckMetadata compares the mode, owner and extended attributes of
+// every entry of dst with src's, and the modification time of every file and
+// symlink the writer did not touch. Directories' modification times are
+// only logged: the copy's directories take the time of the snapshot (each
+// entry linked into them sets it), though the snapshot is documented to keep
+// times.
+func snapCheckMetadata(t *testing.T, tree *snapTree, src, dst string) {
+	t.Helper()
+	hot := map[string]bool{}
+	for _, h := range tree.hot {
+		hot[h.name] = true
+	}
+	var diffs []string
+	n := 0
+	err := filepath.WalkDir(src, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		var a, b unix.Stat_t
+		if err := unix.Lstat(p, &a); err != nil {
+			return err
+		}
+		if err := unix.Lstat(filepath.Join(dst, rel), &b); err != nil {
+			return err
+		}
+		n++
+		switch {
+		case a.Mode != b.Mode || a.Uid != b.Uid || a.Gid != b.Gid:
+			diffs = append(diffs, fmt.Sprintf("%s: mode %o/%o owner %d:%d/%d:%d", rel, a.Mode, b.Mode, a.Uid, a.Gid, b.Uid, b.Gid))
+		case !hot[rel] && a.Mtim != b.Mtim:
+			diffs = append(diffs, fmt.Sprintf("%s: mtime %d.%09d/%d.%09d", rel, a.Mtim.Sec, a.Mtim.Nsec, b.Mtim.Sec, b.Mtim.Nsec))
+		}
+		if a.Mode&unix.S_IFMT != unix.S_IFLNK {
+			buf := make([]byte, 256)
+			m, errA := unix.Getxattr(p, "user.snap", buf)
+			want := string(buf[:max(m, 0)])
+			m, errB := unix.Getxattr(filepath.Join(dst, rel), "user.snap", buf)
+			if got := string(buf[:max(m, 0)]); (errA == nil) != (errB == nil) || got != want {
+				diffs = append(diffs, fmt.Sprintf("%s: xattr user.snap %q (%v), want %q (%v)", rel, got, errB, want, errA))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(diffs) > 0 {
+		t.Fatalf("%d of %d entries of dst differ from src (src/dst), first ones:\n%s", len(diffs), n, strings.Join(diffs[:min(len(diffs), 10)], "\n"))
+	}
+	t.Logf("dst keeps the modes, owners, extended attributes and times (directories' too) of src's %d entries", n)
 }
 
 // snapOverwrite writes p at off of the file at path and fsyncs it.
