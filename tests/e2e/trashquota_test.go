@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -10,7 +9,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/rdmafs/rdmafs/internal/devcluster"
 	"github.com/rdmafs/rdmafs/meta/metapb"
@@ -24,6 +22,7 @@ func TestTrashThroughMount(t *testing.T) {
 	needRoot(t)
 	c := upWith(t, func(cfg *devcluster.Config) { cfg.TrashDays = "1" })
 	mnt := c.MountPoint
+	base := snapSettledUsed(t, c, "the empty file system")
 	dir := filepath.Join(mnt, "d")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -88,40 +87,16 @@ func TestTrashThroughMount(t *testing.T) {
 	if err := os.Remove(filepath.Join(dir, "big")); err != nil {
 		t.Fatal(err)
 	}
-	before := pendingOrUsed(t, c)
+	// The file in the trash holds its space.
+	if held := snapSettledUsed(t, c, "with a file in the trash"); held.sum < base.sum+int64(len(big)) {
+		t.Fatalf("the chunkservers hold %d bytes with a file of %d in the trash, %d when empty", held.sum, len(big), base.sum)
+	}
 	runIn(t, mnt, "trash", "purge", "--all")
 	if entries, err := os.ReadDir(trash); err != nil || len(entries) != 0 {
 		t.Fatalf(".trash after purge --all: %v %v", entries, err)
 	}
 	// The purged file's chunks are collected: the chunkservers' space returns.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		now := pendingOrUsed(t, c)
-		if now.pending == 0 && now.used+uint64(len(big)) <= before.used {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("chunks of purged files not collected: before %+v, now %+v", before, now)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-type spaceState struct{ pending, used uint64 }
-
-func pendingOrUsed(t *testing.T, c *devcluster.Cluster) spaceState {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := c.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := spaceState{pending: st.PendingDeletes}
-	for _, cs := range st.Chunkservers {
-		s.used += cs.Used
-	}
-	return s
+	snapWaitSpace(t, c, base, 1<<20)
 }
 
 // runIn runs `rdmafs args...` in directory dir and returns its output.
