@@ -26,20 +26,30 @@ const maxInfoValue = 60 << 10
 // infoPage is how many stripes an InfoXattr page asks meta for.
 const infoPage = 64
 
+// xattrPage parses the name of a paged virtual attribute: base itself (page
+// 0) or base.N (page N). ok is false for another attribute; bad for base.
+// followed by something else.
+func xattrPage(attr, base string) (page uint64, ok, bad bool) {
+	if attr == base {
+		return 0, true, false
+	}
+	rest, found := strings.CutPrefix(attr, base+".")
+	if !found {
+		return 0, false, false
+	}
+	page, err := strconv.ParseUint(rest, 10, 64)
+	return page, true, err != nil
+}
+
 // infoXattr answers a read of InfoXattr or one of its pages; ok is false
 // for any other attribute.
 func (n *Node) infoXattr(ctx context.Context, attr string, dest []byte) (size uint32, e syscall.Errno, ok bool) {
-	first := uint64(0)
+	first, ok, bad := xattrPage(attr, InfoXattr)
 	switch {
-	case attr == InfoXattr:
-	case strings.HasPrefix(attr, InfoXattr+"."):
-		v, err := strconv.ParseUint(attr[len(InfoXattr)+1:], 10, 64)
-		if err != nil {
-			return 0, syscall.ENODATA, true
-		}
-		first = v
-	default:
+	case !ok:
 		return 0, 0, false
+	case bad:
+		return 0, syscall.ENODATA, true
 	}
 	r, err := n.fsys.meta.Info(ctx, &metapb.InfoRequest{Ino: n.ino, First: first, Count: infoPage, Totals: first == 0})
 	if err != nil {

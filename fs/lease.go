@@ -343,9 +343,6 @@ func (n *Node) leased() bool {
 // leaseSaysMissing reports whether the lease answers a lookup of name: it
 // is not in the directory.
 func (n *Node) leaseSaysMissing(name string) bool {
-	if n.ino == RootIno && name == metapb.TrashName {
-		return false // not among the root's names, yet there
-	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	l := n.leaseLocked()

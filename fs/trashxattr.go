@@ -2,8 +2,6 @@ package fs
 
 import (
 	"context"
-	"strconv"
-	"strings"
 	"syscall"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -25,17 +23,12 @@ const trashPage = 200
 // trashXattr answers a read of TrashXattr or one of its pages; ok is false
 // for any other attribute.
 func (n *Node) trashXattr(ctx context.Context, attr string, dest []byte) (size uint32, e syscall.Errno, ok bool) {
-	var after uint64
+	after, ok, bad := xattrPage(attr, TrashXattr)
 	switch {
-	case attr == TrashXattr:
-	case strings.HasPrefix(attr, TrashXattr+"."):
-		v, err := strconv.ParseUint(attr[len(TrashXattr)+1:], 10, 64)
-		if err != nil {
-			return 0, syscall.ENODATA, true
-		}
-		after = v
-	default:
+	case !ok:
 		return 0, 0, false
+	case bad:
+		return 0, syscall.ENODATA, true
 	}
 	r, err := n.fsys.meta.Trash(ctx, &metapb.TrashRequest{Caller: n.fsys.callers.of(ctx), After: after, Limit: trashPage})
 	size, e = jsonXattr(r, err, dest)

@@ -305,6 +305,9 @@ func listNames(r kv.Reader, dir uint64) ([]string, bool, error) {
 	if err != nil {
 		return nil, false, err
 	}
+	if dir == RootIno {
+		names = append(names, TrashName) // there, though no entry records it
+	}
 	return names, len(names) <= MaxLeaseNames, nil
 }
 

@@ -64,6 +64,14 @@ func (q *quotaSet) remove(key []byte) {
 	q.n.Store(int32(len(q.dirs) + len(q.ids)))
 }
 
+func (q *quotaSet) has(key []byte) bool {
+	if key[0] == keys.PrefixDirQuota {
+		ino, _ := keys.ParseDirQuota(key)
+		return q.hasDir(ino)
+	}
+	return q.hasID(key)
+}
+
 func (q *quotaSet) hasDir(ino uint64) bool {
 	q.mu.RLock()
 	defer q.mu.RUnlock()
@@ -378,6 +386,7 @@ func (s *Service) Quota(ctx context.Context, req *metapb.QuotaRequest) (*metapb.
 	case metapb.QuotaRequest_GET:
 		return s.listQuotas(ctx, key)
 	case metapb.QuotaRequest_SET:
+		existed := s.quotas.has(key)
 		s.quotas.add(key) // changes from now on are counted once the record exists
 		if err := s.recallLeases(ctx); err != nil {
 			return nil, err
@@ -397,7 +406,7 @@ func (s *Service) Quota(ctx context.Context, req *metapb.QuotaRequest) (*metapb.
 			return putMsg(t, key, q)
 		})
 		if err != nil {
-			if metaerr.Errno(err) == syscall.ENOTDIR || metaerr.Errno(err) == syscall.ENOENT {
+			if !existed {
 				s.quotas.remove(key)
 			}
 			return nil, err

@@ -449,18 +449,23 @@ func (s *Service) expireTrash(ctx context.Context) error {
 		err := s.update(ctx, func(t kv.Txn) error {
 			purged, n = 0, 0
 			var inos []uint64
+			var times []int64
 			if err := t.Scan([]byte{keys.PrefixTrashTime}, keys.TrashBefore(cutoff), trashBatch, func(k, _ []byte) error {
-				_, ino, err := keys.ParseTrashTime(k)
-				inos = append(inos, ino)
+				at, ino, err := keys.ParseTrashTime(k)
+				inos, times = append(inos, ino), append(times, at)
 				return err
 			}); err != nil {
 				return err
 			}
-			for _, ino := range inos {
+			for i, ino := range inos {
 				rec := &metapb.TrashRecord{}
 				if ok, err := getMsg(t, keys.Trash(ino), rec); err != nil {
 					return err
-				} else if !ok {
+				} else if !ok || rec.DeletedNs != times[i] {
+					// A stale index entry: the file was restored or purged.
+					if err := t.Delete(keys.TrashTime(times[i], ino)); err != nil {
+						return err
+					}
 					continue
 				}
 				p, err := s.purgeTrashed(t, ino, rec)
