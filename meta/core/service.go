@@ -440,16 +440,58 @@ func (s *Service) Run(ctx context.Context) error {
 // update runs fn in a read-write transaction, converting storage failures
 // into EIO errors and counting retries.
 func (s *Service) update(ctx context.Context, fn func(t kv.Txn) error) error {
+	if err := waitChain(ctx); err != nil {
+		return err
+	}
 	return wrapErr(s.store.Update(ctx, s.countRetries(fn)))
 }
 
 // updateLogged is update answered once the transaction is logged, before
-// it is durable, when the store can (see Config.DurableReplies).
+// it is durable, when the store can (see Config.DurableReplies). Under
+// Chained it runs in the chain and does not wait.
 func (s *Service) updateLogged(ctx context.Context, fn func(t kv.Txn) error) error {
 	if s.logged == nil {
 		return s.update(ctx, fn)
 	}
+	if c, ok := ctx.Value(chainKey{}).(kv.Chain); ok {
+		return wrapErr(c.Update(ctx, s.countRetries(fn)))
+	}
 	return wrapErr(s.logged.UpdateLogged(ctx, s.countRetries(fn)))
+}
+
+// chainStore is a store that runs transactions in chains (the bbolt
+// backend).
+type chainStore interface {
+	NewChain() kv.Chain
+}
+
+// chainKey is the context key of the chain Chained starts.
+type chainKey struct{}
+
+// Chained returns a context under which the operations called with it (the
+// calls of one client batch, one after another) do not wait for their
+// transactions to be logged: they share a group commit instead of one each.
+// An operation that reads, or waits for durability, first waits for those
+// before it. The caller must call wait before it answers; wait returns an
+// error (Unavailable: retry) if a transaction of the chain could not be
+// applied, and then none after it was. Without a store that logs before it
+// syncs, ctx is returned as it is.
+func (s *Service) Chained(ctx context.Context) (chained context.Context, wait func(context.Context) error) {
+	cs, ok := s.logged.(chainStore)
+	if s.logged == nil || !ok {
+		return ctx, func(context.Context) error { return nil }
+	}
+	c := cs.NewChain()
+	return context.WithValue(ctx, chainKey{}, c), func(ctx context.Context) error { return wrapErr(c.Wait(ctx)) }
+}
+
+// waitChain waits until the transactions of ctx's chain, if any, are
+// logged: a read must see them, and a wait for durability cover them.
+func waitChain(ctx context.Context) error {
+	if c, ok := ctx.Value(chainKey{}).(kv.Chain); ok {
+		return wrapErr(c.Wait(ctx))
+	}
+	return nil
 }
 
 // countRetries wraps a transaction function so that every run after the
@@ -470,6 +512,9 @@ func (s *Service) sync(ctx context.Context) error {
 	if s.logged == nil {
 		return nil
 	}
+	if err := waitChain(ctx); err != nil {
+		return err
+	}
 	return wrapErr(s.logged.Sync(ctx))
 }
 
@@ -484,6 +529,9 @@ func (s *Service) Sync(ctx context.Context, _ *metapb.SyncRequest) (*metapb.Empt
 
 // view runs fn in a read-only transaction.
 func (s *Service) view(ctx context.Context, fn func(r kv.Reader) error) error {
+	if err := waitChain(ctx); err != nil {
+		return err
+	}
 	return wrapErr(s.store.View(ctx, fn))
 }
 
@@ -498,8 +546,8 @@ func wrapErr(err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	if errors.Is(err, kv.ErrNotLeader) {
-		// Nothing was applied: the client retries on the new leader.
+	if errors.Is(err, kv.ErrNotLeader) || errors.Is(err, kv.ErrNotApplied) {
+		// Nothing was applied: the client retries (on the new leader).
 		return grpcstatus.Error(codes.Unavailable, err.Error())
 	}
 	return metaerr.New(syscall.EIO, "metadata store: %v", err)

@@ -26,6 +26,11 @@ var ErrNotLeader = errors.New("kv: this server is no longer the writer of the st
 // it then failed to make durable (the disk failed): it accepts no more.
 var ErrBroken = errors.New("kv: store broken: acknowledged transactions may not be durable")
 
+// ErrNotApplied is returned (wrapped) for a transaction that was not
+// applied because the store could not commit it or one it followed; the
+// caller may run it again.
+var ErrNotApplied = errors.New("kv: transaction not applied")
+
 // ErrClosed is returned by a Store after Close.
 var ErrClosed = errors.New("kv: store closed")
 
@@ -62,6 +67,18 @@ type Store interface {
 	Update(ctx context.Context, fn func(Txn) error) error
 	// Close releases the store; pending transactions finish first.
 	Close() error
+}
+
+// Chain runs a sequence of transactions without waiting for each to be
+// logged (the bbolt backend's Store.NewChain): each runs at once, after
+// those before it, and Wait returns once all are logged. If one fails to
+// commit, none after it is applied, and Update or Wait returns an error
+// wrapping ErrNotApplied.
+type Chain interface {
+	// Update runs fn and returns its error.
+	Update(ctx context.Context, fn func(Txn) error) error
+	// Wait waits until every transaction run so far is logged.
+	Wait(ctx context.Context) error
 }
 
 // CallSafely runs fn(t), a transaction function given to Store.Update, and

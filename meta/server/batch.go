@@ -45,6 +45,11 @@ func (b *batchService) Batch(ctx context.Context, req *metapb.BatchRequest) (*me
 	}
 	// A retried batch is a retry of each of its calls.
 	outer, _, _ := reqid.FromIncoming(ctx)
+	// The calls share a group commit: the reply waits for all of them to
+	// be logged. If one could not be applied, none after it was, and the
+	// whole batch fails to be retried; the calls applied before it answer
+	// the retry from their request records.
+	ctx, wait := b.Chained(ctx)
 	out := &metapb.BatchReply{Results: make([]*metapb.BatchResult, len(req.Calls))}
 	for i, c := range req.Calls {
 		reply, err := b.call(ctx, c, outer.Retry)
@@ -58,6 +63,9 @@ func (b *batchService) Batch(ctx context.Context, req *metapb.BatchRequest) (*me
 			}
 		}
 		out.Results[i] = res
+	}
+	if err := wait(ctx); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

@@ -143,6 +143,7 @@ type group struct {
 	seq     uint64 // order of the groups in this process
 	reqs    []*request
 	waiting int // requests that wait for durability (not early)
+	chained int // requests of chains (Chain), which do not wake the writer
 	// writes merges the writes of the group's successful transactions in
 	// the order they ran; a nil value is a deletion.
 	writes map[string][]byte
@@ -161,6 +162,7 @@ type request struct {
 	err   error      // what fn returned (set under mu)
 	done  chan error // the outcome, once the request's group is durable (or logged, when early)
 	early bool       // answer once the group is written, before its fdatasync
+	chain *Chain     // the chain the request belongs to, if any
 }
 
 // errRunAgain tells Update that its transaction read writes of a group that
@@ -459,6 +461,11 @@ func (s *Store) run(ctx context.Context, fn func(kv.Txn) error, r *request) erro
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for !s.closed && len(s.open.reqs) >= s.opts.MaxBatch {
+		// The group may be a chain's, which has not woken the writer.
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
 		s.taken.Wait()
 	}
 	if s.closed {
@@ -469,6 +476,9 @@ func (s *Store) run(ctx context.Context, fn func(kv.Txn) error, r *request) erro
 	}
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if r.chain != nil && r.chain.failed != nil {
+		return r.chain.failed
 	}
 	// A read transaction per run: a checkpoint may need every read
 	// transaction closed to grow the memory map.
@@ -497,16 +507,87 @@ func (s *Store) run(ctx context.Context, fn func(kv.Txn) error, r *request) erro
 	if !r.early {
 		g.waiting++
 	}
+	if r.chain != nil {
+		// The chain wakes the writer when it waits (Chain.Wait), so that
+		// its transactions share one group.
+		g.chained++
+		return nil
+	}
 	s.arrived = time.Now()
 	// Wake the writer when it may be idle, or when the group it lingers
 	// for is complete; otherwise it wakes by itself once arrivals pause.
-	if len(g.reqs) == 1 || s.want > 0 && len(g.reqs) >= s.want {
+	if len(g.reqs)-g.chained == 1 || s.want > 0 && len(g.reqs) >= s.want {
 		select {
 		case s.kick <- struct{}{}:
 		default:
 		}
 	}
 	return nil
+}
+
+// A Chain runs a sequence of transactions (the calls of a client's batch)
+// without waiting for each to be logged: each joins the open group as it
+// runs, seeing the writes of those before it, and the writer is woken only
+// when the chain waits, so that they share one group commit. Wait returns
+// once all are logged. If a group holding one of them fails, no later
+// transaction of the chain is applied (they fail too): what a chain applies
+// is always a prefix of it. A Chain is used by one goroutine at a time.
+type Chain struct {
+	s      *Store
+	reqs   []*request // run and not yet waited for
+	failed error      // set under s.mu once a transaction of the chain failed
+	err    error      // the first failure Wait saw
+}
+
+// NewChain returns an empty chain of transactions on s.
+func (s *Store) NewChain() kv.Chain { return &Chain{s: s} }
+
+// Update runs fn now, as UpdateLogged does, and returns its error; it does
+// not wait for the transaction to be logged (Wait does). It fails without
+// running fn once a transaction of the chain has failed.
+func (c *Chain) Update(ctx context.Context, fn func(kv.Txn) error) error {
+	if c.err != nil {
+		return c.err
+	}
+	r := &request{done: make(chan error, 1), early: true, chain: c}
+	if err := c.s.run(ctx, fn, r); err != nil {
+		return err
+	}
+	c.reqs = append(c.reqs, r)
+	return r.err
+}
+
+// Wait returns once every transaction the chain ran is logged (readable,
+// and surviving a crash of this process), or with the failure that kept one
+// from being applied; later transactions of the chain were not applied then
+// either. It may be called again after more Updates.
+func (c *Chain) Wait(ctx context.Context) error {
+	if len(c.reqs) == 0 {
+		return c.err
+	}
+	select {
+	case c.s.kick <- struct{}{}:
+	default:
+	}
+	for len(c.reqs) > 0 {
+		var err error
+		select {
+		case err = <-c.reqs[0].done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		r := c.reqs[0]
+		c.reqs = c.reqs[1:]
+		if err == nil || err == r.err || c.err != nil {
+			continue // applied, or fn's own failure, which Update returned
+		}
+		if err == errRunAgain {
+			c.err = fmt.Errorf("bolt: a transaction read writes of a failed group: %w", kv.ErrNotApplied)
+		} else {
+			c.err = fmt.Errorf("%w: %w", kv.ErrNotApplied, err)
+		}
+	}
+	return c.err
 }
 
 // Close waits for the transactions that ran, applies the log to bbolt and
@@ -642,6 +723,17 @@ func (s *Store) commit(g *group) {
 		// on top of g's writes.
 		clear(s.pending)
 		s.sorted = s.sorted[:0]
+		// No later transaction of a chain that lost one may be applied.
+		for _, r := range g.reqs {
+			if r.chain != nil && r.chain.failed == nil {
+				r.chain.failed = fmt.Errorf("bolt: an earlier transaction of the chain failed: %w: %w", kv.ErrNotApplied, err)
+			}
+		}
+		for _, r := range s.open.reqs {
+			if r.chain != nil && r.chain.failed == nil {
+				r.chain.failed = fmt.Errorf("bolt: an earlier transaction of the chain failed: %w: %w", kv.ErrNotApplied, err)
+			}
+		}
 		again = s.open.reqs
 		s.open = newGroup(s.open.seq + 1)
 		s.taken.Broadcast()
