@@ -34,15 +34,12 @@ var (
 
 // OpendirHandle implements gofs.NodeOpendirHandler.
 func (n *Node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	ctx, done := killable(ctx)
-	defer done()
-	// Listing needs read permission; the service checks it on each page, and
-	// an empty first page fetch checks it now so that opendir fails early.
-	d := &dirHandle{n: n, caller: n.fsys.callers.of(ctx)}
-	if errno := d.fill(ctx); errno != 0 {
-		return nil, 0, errno
-	}
-	return d, 0, 0
+	// Nothing is fetched until the first READDIR: programs open directories
+	// to fsync them (sqlite does per transaction), and a page fetched here
+	// would wait for the changes in the directory sent behind. The kernel
+	// checked read permission (default_permissions); meta checks it again
+	// on each page.
+	return &dirHandle{n: n, caller: n.fsys.callers.of(ctx)}, 0, 0
 }
 
 func (d *dirHandle) fill(ctx context.Context) syscall.Errno {

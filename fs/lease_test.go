@@ -248,3 +248,65 @@ func TestOwnedFileAttrs(t *testing.T) {
 		}
 	}
 }
+
+// TestChownOwnedSentBehind: a chown of a file the mount created under its
+// lease to the owner it has (sqlite's fchown of its journal, every
+// transaction) is answered by the mount and sent behind, with the
+// FATTR_KILL_SUIDGID the kernel adds under HANDLE_KILLPRIV_V2.
+func TestChownOwnedSentBehind(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{Linger: time.Hour}) // calls behind wait for a call to travel with
+	f, err := os.Create(filepath.Join(c.Dir, "journal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	setattrs := c.Meta.Ops(t, "SetAttr")
+	for range 3 {
+		if err := f.Chown(os.Getuid(), os.Getgid()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := c.Meta.Ops(t, "SetAttr") - setattrs; n != 0 {
+		t.Fatalf("meta answered %d SetAttr calls before the chowns of an owned file were synced", n)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Meta.Ops(t, "SetAttr") - setattrs; n != 3 {
+		t.Fatalf("after fsync meta answered %d SetAttr calls, want the 3 chowns", n)
+	}
+}
+
+// TestOpendirAsksNothing: opening a directory (sqlite does, to fsync it
+// after creating its journal) costs no call to meta, so it does not wait
+// for the changes sent behind; the first listing does, and shows them.
+func TestOpendirAsksNothing(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{Linger: time.Hour})
+	f, err := os.Create(filepath.Join(c.Dir, "journal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	readdirs, creates := c.Meta.Ops(t, "ReadDir"), c.Meta.Ops(t, "Create")
+	d, err := os.Open(c.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if n := c.Meta.Ops(t, "ReadDir") - readdirs; n != 0 {
+		t.Fatalf("opendir asked meta for %d pages", n)
+	}
+	if n := c.Meta.Ops(t, "Create") - creates; n != 0 {
+		t.Fatalf("opendir waited for the create sent behind")
+	}
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(names, "journal") {
+		t.Fatalf("listing %v lacks the file created behind", names)
+	}
+	if err := d.Sync(); err != nil {
+		t.Fatalf("fsync of the directory: %v", err)
+	}
+}

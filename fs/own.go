@@ -229,7 +229,9 @@ func (n *Node) OnForget() {
 // with no set-user-ID or set-group-ID bit (a chown clears those).
 func (n *Node) chownOwned(ctx context.Context, in *fuse.SetAttrIn) *metapb.Attr {
 	early := n.fsys.opts.Early
-	const allowed = fuse.FATTR_UID | fuse.FATTR_GID | fuse.FATTR_CTIME | fuse.FATTR_FH | fuse.FATTR_LOCKOWNER
+	// FATTR_KILL_SUIDGID comes with every chown under HANDLE_KILLPRIV_V2;
+	// the file has neither bit (checked below), so it changes nothing.
+	const allowed = fuse.FATTR_UID | fuse.FATTR_GID | fuse.FATTR_CTIME | fuse.FATTR_FH | fuse.FATTR_LOCKOWNER | fuse.FATTR_KILL_SUIDGID
 	if early == nil || in.Valid&(fuse.FATTR_UID|fuse.FATTR_GID) == 0 || in.Valid&^allowed != 0 {
 		return nil
 	}

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rdmafs/rdmafs/internal/cmdbuild"
 	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/auth"
@@ -73,6 +75,8 @@ type Meta struct {
 	DataDir string
 	// Server is the in-process server (nil for a process).
 	Server *server.Server
+	// Registry holds the in-process server's metrics (Ops reads them).
+	Registry *prometheus.Registry
 
 	opts Options
 }
@@ -110,14 +114,39 @@ func Start(t testing.TB, opts Options) *Meta {
 	if opts.Verbose {
 		logger = slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	}
+	reg := prometheus.NewRegistry()
 	srv, err := server.Start(context.Background(), server.Config{DataDir: opts.DataDir, Listen: opts.Listen, Secret: secret,
-		HeartbeatTimeout: opts.HeartbeatTimeout, SessionTTL: opts.SessionTTL, GrantTTL: opts.GrantTTL, Logger: logger})
+		HeartbeatTimeout: opts.HeartbeatTimeout, SessionTTL: opts.SessionTTL, GrantTTL: opts.GrantTTL, Logger: logger, Registry: reg})
 	if err != nil {
 		t.Fatalf("metatest: start meta server: %v", err)
 	}
-	m := &Meta{Addr: srv.Addr(), Secret: secret, SecretFile: secretFile, DataDir: opts.DataDir, Server: srv, opts: opts}
+	m := &Meta{Addr: srv.Addr(), Secret: secret, SecretFile: secretFile, DataDir: opts.DataDir, Server: srv, Registry: reg, opts: opts}
 	t.Cleanup(func() { m.Stop(t) })
 	return m
+}
+
+// Ops returns how many calls of method the in-process server has answered,
+// whatever their outcome (the calls of batches included).
+func (m *Meta) Ops(t testing.TB, method string) int {
+	t.Helper()
+	families, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatalf("metatest: gather metrics: %v", err)
+	}
+	n := 0.0
+	for _, f := range families {
+		if f.GetName() != "rdmafs_meta_ops_total" {
+			continue
+		}
+		for _, mt := range f.GetMetric() {
+			for _, l := range mt.GetLabel() {
+				if l.GetName() == "method" && l.GetValue() == method {
+					n += mt.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return int(n)
 }
 
 // Stop stops an in-process server (idempotent).
