@@ -256,10 +256,16 @@ func (s *Service) waitGrace(ctx context.Context, replay bool) error {
 	return nil
 }
 
-// waitFor waits until done is closed, d has passed or ctx ends.
+// waitFor waits until done is closed, d has passed or ctx ends. A call of
+// a chain first lets the chain's calls before it be logged, which releases
+// the names they hold: another session this call waits for may be waiting
+// for one of them.
 func waitFor(ctx context.Context, done <-chan struct{}, d time.Duration) error {
 	if d <= 0 {
 		return nil
+	}
+	if err := waitChain(ctx); err != nil {
+		return err
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()

@@ -453,8 +453,8 @@ func (s *Service) updateLogged(ctx context.Context, fn func(t kv.Txn) error) err
 	if s.logged == nil {
 		return s.update(ctx, fn)
 	}
-	if c, ok := ctx.Value(chainKey{}).(kv.Chain); ok {
-		return wrapErr(c.Update(ctx, s.countRetries(fn)))
+	if st, ok := ctx.Value(chainKey{}).(*chainState); ok {
+		return wrapErr(st.c.Update(ctx, s.countRetries(fn)))
 	}
 	return wrapErr(s.logged.UpdateLogged(ctx, s.countRetries(fn)))
 }
@@ -467,6 +467,39 @@ type chainStore interface {
 
 // chainKey is the context key of the chain Chained starts.
 type chainKey struct{}
+
+// chainState is a chain and what is to run once its transactions are
+// logged.
+type chainState struct {
+	c     kv.Chain
+	after []func()
+}
+
+// wait waits until the chain's transactions are logged (or known not
+// applied), then runs what waited for that. The wait ignores ctx's
+// cancellation: what it releases must not be released before the
+// transactions are readable, and the writer logs them regardless.
+func (st *chainState) wait(ctx context.Context) error {
+	err := st.c.Wait(context.WithoutCancel(ctx))
+	after := st.after
+	st.after = nil
+	for _, fn := range after {
+		fn()
+	}
+	return wrapErr(err)
+}
+
+// afterLogged runs fn once the transactions ctx's operation ran are
+// readable by every reader: at once, or, under Chained, when the chain is
+// logged. Operations release what they hold in memory (a name) with it:
+// another client must not act on the name before it can read the change.
+func afterLogged(ctx context.Context, fn func()) {
+	if st, ok := ctx.Value(chainKey{}).(*chainState); ok {
+		st.after = append(st.after, fn)
+		return
+	}
+	fn()
+}
 
 // Chained returns a context under which the operations called with it (the
 // calls of one client batch, one after another) do not wait for their
@@ -481,15 +514,15 @@ func (s *Service) Chained(ctx context.Context) (chained context.Context, wait fu
 	if s.logged == nil || !ok {
 		return ctx, func(context.Context) error { return nil }
 	}
-	c := cs.NewChain()
-	return context.WithValue(ctx, chainKey{}, c), func(ctx context.Context) error { return wrapErr(c.Wait(ctx)) }
+	st := &chainState{c: cs.NewChain()}
+	return context.WithValue(ctx, chainKey{}, st), st.wait
 }
 
 // waitChain waits until the transactions of ctx's chain, if any, are
 // logged: a read must see them, and a wait for durability cover them.
 func waitChain(ctx context.Context) error {
-	if c, ok := ctx.Value(chainKey{}).(kv.Chain); ok {
-		return wrapErr(c.Wait(ctx))
+	if st, ok := ctx.Value(chainKey{}).(*chainState); ok {
+		return st.wait(ctx)
 	}
 	return nil
 }

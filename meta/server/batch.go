@@ -50,9 +50,18 @@ func (b *batchService) Batch(ctx context.Context, req *metapb.BatchRequest) (*me
 	// whole batch fails to be retried; the calls applied before it answer
 	// the retry from their request records.
 	ctx, wait := b.Chained(ctx)
-	out := &metapb.BatchReply{Results: make([]*metapb.BatchResult, len(req.Calls))}
-	for i, c := range req.Calls {
-		reply, err := b.call(ctx, c, outer.Retry)
+	out, err := b.runCalls(ctx, req.Calls, outer.Retry)
+	if werr := wait(ctx); werr != nil {
+		return nil, werr
+	}
+	return out, err
+}
+
+// runCalls runs the calls of a batch in order and returns their results.
+func (b *batchService) runCalls(ctx context.Context, calls []*metapb.BatchCall, retry bool) (*metapb.BatchReply, error) {
+	out := &metapb.BatchReply{Results: make([]*metapb.BatchResult, len(calls))}
+	for i, c := range calls {
+		reply, err := b.call(ctx, c, retry)
 		res := &metapb.BatchResult{}
 		if err == nil {
 			res.Reply, err = proto.Marshal(reply)
@@ -63,9 +72,6 @@ func (b *batchService) Batch(ctx context.Context, req *metapb.BatchRequest) (*me
 			}
 		}
 		out.Results[i] = res
-	}
-	if err := wait(ctx); err != nil {
-		return nil, err
 	}
 	return out, nil
 }

@@ -144,6 +144,7 @@ type group struct {
 	reqs    []*request
 	waiting int // requests that wait for durability (not early)
 	chained int // requests of chains (Chain), which do not wake the writer
+	holding int // chains with requests here that have not waited yet: the writer leaves a group of theirs alone
 	// writes merges the writes of the group's successful transactions in
 	// the order they ran; a nil value is a deletion.
 	writes map[string][]byte
@@ -511,6 +512,10 @@ func (s *Store) run(ctx context.Context, fn func(kv.Txn) error, r *request) erro
 		// The chain wakes the writer when it waits (Chain.Wait), so that
 		// its transactions share one group.
 		g.chained++
+		if r.chain.held != g.seq {
+			r.chain.held = g.seq
+			g.holding++
+		}
 		return nil
 	}
 	s.arrived = time.Now()
@@ -536,6 +541,7 @@ type Chain struct {
 	s      *Store
 	reqs   []*request // run and not yet waited for
 	failed error      // set under s.mu once a transaction of the chain failed
+	held   uint64     // under s.mu: the open group the chain holds back (its seq), or 0
 	err    error      // the first failure Wait saw
 }
 
@@ -565,6 +571,12 @@ func (c *Chain) Wait(ctx context.Context) error {
 	if len(c.reqs) == 0 {
 		return c.err
 	}
+	c.s.mu.Lock()
+	if c.held != 0 && c.held == c.s.open.seq {
+		c.s.open.holding--
+	}
+	c.held = 0
+	c.s.mu.Unlock()
 	select {
 	case c.s.kick <- struct{}{}:
 	default:
@@ -627,7 +639,10 @@ func (s *Store) writer() {
 	defer timer.Stop()
 	for {
 		s.mu.Lock()
-		if len(s.open.reqs) == 0 {
+		// A group of chains' transactions only waits for them to be
+		// complete (Chain.Wait), unless it is full or the store closes.
+		held := s.open.holding > 0 && len(s.open.reqs) == s.open.chained && len(s.open.reqs) < s.opts.MaxBatch
+		if len(s.open.reqs) == 0 || held && !s.closed {
 			closed := s.closed
 			s.mu.Unlock()
 			if closed {

@@ -97,11 +97,14 @@ func TestChainStopsAtAFailedGroup(t *testing.T) {
 	if err := c.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The next commit is the failing group's (the writer may take it at
+	// once, or when the other transaction below wakes it): it is held
+	// until the chain's next transaction has run.
+	armed.Store(true)
 	// Too large for the log and for bbolt's maximum size: its group fails.
 	if err := c.Update(ctx, put("big", make([]byte, 2<<20))); err != nil {
 		t.Fatal(err)
 	}
-	armed.Store(true)
 	other := make(chan error, 1)
 	go func() { other <- s.UpdateLogged(ctx, put("x", []byte("1"))) }() // wakes the writer
 	<-inCommit
@@ -109,8 +112,11 @@ func TestChainStopsAtAFailedGroup(t *testing.T) {
 		t.Fatalf("update run while the group before it commits: %v", err)
 	}
 	close(release)
-	if err := <-other; !errors.Is(err, bolterrors.ErrMaxSizeReached) {
-		t.Fatalf("the other transaction of the failed group: %v, want the commit's error", err)
+	// The other transaction failed with the group if it was in it, or ran
+	// again after it.
+	otherErr := <-other
+	if otherErr != nil && !errors.Is(otherErr, bolterrors.ErrMaxSizeReached) {
+		t.Fatalf("the other transaction: %v, want success or the commit's error", otherErr)
 	}
 	ran := false
 	err = c.Update(ctx, func(tx kv.Txn) error { ran = true; return tx.Put([]byte("d"), []byte("4")) })
@@ -123,7 +129,11 @@ func TestChainStopsAtAFailedGroup(t *testing.T) {
 	if err := s.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := contents(t, s); got != "a=1" {
-		t.Fatalf("stored %q, want only the chain's first write", got)
+	want := "a=1"
+	if otherErr == nil {
+		want = "a=1 x=1"
+	}
+	if got := contents(t, s); got != want {
+		t.Fatalf("stored %q, want %q: the chain's first write only", got, want)
 	}
 }
