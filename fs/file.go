@@ -98,7 +98,20 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			return nil, 0, e
 		}
 	}
-	return h, fuseFlags, 0
+	return h, fuseFlags | directOpenFlags(flags), 0
+}
+
+// directOpenFlags returns the FUSE open flags of an open with flags: an
+// O_DIRECT open is a direct-I/O file for the kernel (FOPEN_DIRECT_IO; it
+// would otherwise put the inode in its page-cache mode), whose direct writes
+// within the file's size run in parallel (FOPEN_PARALLEL_DIRECT_WRITES)
+// instead of one at a time under the inode's lock: the engine orders
+// writes to one file itself.
+func directOpenFlags(flags uint32) uint32 {
+	if flags&syscall.O_DIRECT == 0 {
+		return 0
+	}
+	return fuse.FOPEN_DIRECT_IO | fuse.FOPEN_PARALLEL_DIRECT_WRITES
 }
 
 // newHandle returns the handle of an open of ino through node; one open

@@ -61,7 +61,9 @@ func Mount(mountpoint string, root *Node, opts MountOptions) (*fuse.Server, erro
 			// write (killpriv.go), sparing a GETXATTR round trip per write.
 			// ATOMIC_O_TRUNC: an open with O_TRUNC is one request, which
 			// meta answers in one transaction, not a SETATTR before it.
-			ExtraCapabilities: fuse.CAP_ASYNC_DIO | fuse.CAP_HANDLE_KILLPRIV_V2 | fuse.CAP_ATOMIC_O_TRUNC,
+			// DIRECT_IO_ALLOW_MMAP: O_DIRECT opens are direct-I/O files
+			// (directOpenFlags), which may still be mapped.
+			ExtraCapabilities: fuse.CAP_ASYNC_DIO | fuse.CAP_HANDLE_KILLPRIV_V2 | fuse.CAP_ATOMIC_O_TRUNC | fuse.CAP_DIRECT_IO_ALLOW_MMAP,
 		},
 		EntryTimeout:    &timeout,
 		AttrTimeout:     &attrTimeout,

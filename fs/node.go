@@ -773,7 +773,7 @@ func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 // transaction. The kernel has applied the umask to mode already.
 func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
 	if ino, fh, ok := n.createEarly(ctx, name, flags, mode, out); ok {
-		return ino, fh, 0, 0
+		return ino, fh, directOpenFlags(flags), 0
 	}
 	ctx, done := killable(ctx)
 	defer done()
@@ -789,7 +789,7 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	n.noteRepliedDirAttr(gen, r.Parent)
 	if r.Created {
 		ino, fh := n.newFile(ctx, r.Attr, flags, out)
-		return ino, fh, 0, 0
+		return ino, fh, directOpenFlags(flags), 0
 	}
 	ino := n.entry(ctx, r.Attr, out)
 	child, _ := ino.Operations().(*Node)
@@ -798,7 +798,7 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 			return nil, nil, 0, errno(err)
 		}
 	}
-	return ino, n.fsys.newHandle(child, r.Attr.Ino, flags), 0, 0
+	return ino, n.fsys.newHandle(child, r.Attr.Ino, flags), directOpenFlags(flags), 0
 }
 
 // newFile answers a create that made the new, empty file a (by meta, or

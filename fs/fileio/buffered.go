@@ -7,6 +7,8 @@ package fileio
 import (
 	"context"
 	"fmt"
+
+	"github.com/rdmafs/rdmafs/internal/stripe"
 )
 
 // Write implements fs.Data. A stripe whose bytes have all been written starts
@@ -42,10 +44,12 @@ func (e *Engine) Write(ctx context.Context, ino uint64, p []byte, off int64) (in
 		}
 		d.length = max(d.length, sh)
 		d.addExtent(so, sh)
-		// A sparse stripe becomes whole once its writes fill a quarter of
-		// it, or once a small file written in order outgrows the inline
-		// size.
-		if d.buf == nil && (int64(d.sparseBytes()) >= ss/4 || (d.covers(sh) && !inlineSized(f.lay, s, sh))) {
+		// A sparse stripe becomes whole once its writes fill half of it,
+		// or once a small file written in order outgrows the inline size.
+		// A random writer's stripes stay in slabs (4 KiB per 4 KiB write,
+		// where a whole stripe takes (K+M) units) and gather more writes
+		// before memory forces a flush (docs/performance.md).
+		if d.buf == nil && (int64(d.sparseBytes()) >= ss/2 || (d.covers(sh) && !inlineSized(f.lay, s, sh))) {
 			if buf := e.pool.tryGet(bufSize(f.lay)); buf != nil {
 				e.materialize(f, d, buf)
 			}
@@ -150,6 +154,15 @@ func (e *Engine) dirtyStripe(ctx context.Context, f *file, s uint64, lo, hi int6
 // fill reads the committed bytes of d that the writes have not covered into
 // its buffer, once. The caller holds f.mu and owns d (dirty, not flushing).
 func (e *Engine) fill(ctx context.Context, f *file, d *dirtyStripe) error {
+	if err := e.giveBuffer(f, d); err != nil {
+		return err
+	}
+	return e.readBase(ctx, f.ino, f.lay, d)
+}
+
+// giveBuffer gives a sparse d its whole-stripe buffer, or fails with
+// errNoBuffer. The caller holds f.mu and owns d.
+func (e *Engine) giveBuffer(f *file, d *dirtyStripe) error {
 	if d.buf == nil {
 		buf := e.pool.tryGet(bufSize(f.lay))
 		if buf == nil {
@@ -157,6 +170,15 @@ func (e *Engine) fill(ctx context.Context, f *file, d *dirtyStripe) error {
 		}
 		e.materialize(f, d, buf)
 	}
+	return nil
+}
+
+// readBase reads the committed bytes of d (which has its buffer) that the
+// writes have not covered into the buffer, once. It needs no lock: the
+// caller owns d, dirty under f.mu, or flushing and marked filling (the
+// flush reads them without the lock, so that the file's other writers go
+// on).
+func (e *Engine) readBase(ctx context.Context, ino uint64, lay stripe.Layout, d *dirtyStripe) error {
 	d.zero()
 	if d.committed == nil {
 		return nil
@@ -164,10 +186,10 @@ func (e *Engine) fill(ctx context.Context, f *file, d *dirtyStripe) error {
 	read := false
 	err := d.gaps(d.fillEnd, func(lo, hi int64) error {
 		read = true
-		return e.readCommittedTo(ctx, f.ino, f.lay, d.committed, lo, d.buf.b[lo:hi], d.buf, int(lo))
+		return e.readCommittedTo(ctx, ino, lay, d.committed, lo, d.buf.b[lo:hi], d.buf, int(lo))
 	})
 	if err != nil {
-		return fmt.Errorf("fileio: read stripe %d of inode %d to merge a partial write: %w", d.committed.Stripe, f.ino, err)
+		return fmt.Errorf("fileio: read stripe %d of inode %d to merge a partial write: %w", d.committed.Stripe, ino, err)
 	}
 	d.committed = nil
 	if read {

@@ -42,6 +42,9 @@ type dirtyStripe struct {
 	// if any, is then not filled); noDelta once a delta of it failed.
 	delta   *deltaPlan
 	noDelta bool
+	// filling is set (under f.mu) while the stripe flushes and its flush
+	// still reads the committed bytes around the writes into buf.
+	filling bool
 	// The data area, buf.b[:dataLen], is zeroed lazily: [0, clean) holds
 	// written, filled or zeroed bytes and the rest whatever the buffer held
 	// before. A writer that covers the stripe in order, as sequential writes

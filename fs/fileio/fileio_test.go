@@ -413,11 +413,33 @@ func TestOverwriteMerge(t *testing.T) {
 	if err := g.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	if n := st.MergeReads.Load(); n != 1 {
-		t.Fatalf("partial overwrite of one stripe: %d stripes read to merge, want 1", n)
+	// One 4 KiB range in place: a parity delta, nothing read to merge.
+	if m, d := st.MergeReads.Load(), st.DeltaWrites.Load(); m != 0 || d != 1 {
+		t.Fatalf("a 4 KiB overwrite of one stripe: %d stripes read to merge, %d delta writes, want 0 and 1", m, d)
 	}
 	if got, err := os.ReadFile(p); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("after the partial overwrite: %v, %d bytes, or they differ", err, len(got))
+	}
+	// A write that extends the last stripe rewrites it whole: the flush
+	// reads the committed bytes it keeps ([0, 3000) of that stripe) first,
+	// while a read before the flush sees old and new bytes merged.
+	tail := random(4096, 34)
+	copy(buf, tail)
+	if _, err := g.WriteAt(buf[:4096], 4*stripe+3000); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want[:4*stripe+3000], tail...)
+	if n, err := g.ReadAt(buf[:8192], 4*stripe); (err != nil && err != io.EOF) || !bytes.Equal(buf[:n], want[4*stripe:]) {
+		t.Fatalf("read of the extended stripe before flush: %d bytes, %v, or they differ", n, err)
+	}
+	if err := g.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if n := st.MergeReads.Load(); n != 1 {
+		t.Fatalf("a write extending the last stripe: %d stripes read to merge, want 1", n)
+	}
+	if got, err := os.ReadFile(p); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("after the extending write: %v, %d bytes, or they differ", err, len(got))
 	}
 }
 
@@ -853,6 +875,57 @@ func TestShortStripes(t *testing.T) {
 		}
 		if !bytes.Equal(got, data[i]) {
 			t.Fatalf("%d-byte file read back different with two chunkservers gone", n)
+		}
+	}
+}
+
+// TestReadDuringMergeRead reads a stripe again and again while its flush
+// reads in the committed bytes around a write (without the file's lock):
+// every read sees the old bytes with the new ones over them, never a
+// buffer still being filled.
+func TestReadDuringMergeRead(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{})
+	const stripe = 4 * 64 << 10
+	p := filepath.Join(c.Dir, "f")
+	want := random(stripe+stripe/2, 41)
+	if err := os.WriteFile(p, want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(p, os.O_RDWR|syscall.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf, _ := unix.Mmap(-1, 0, 2*stripe, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	defer unix.Munmap(buf)
+	for round := range 20 {
+		// Extending the last stripe: it is rewritten whole, its first
+		// bytes read in by the flush.
+		at := int64(len(want))
+		patch := random(4096, uint64(100+round))
+		copy(buf, patch)
+		if _, err := f.WriteAt(buf[:4096], at); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, patch...)
+		synced := make(chan error, 1)
+		go func() { synced <- f.Sync() }()
+		for done := false; !done; {
+			select {
+			case err := <-synced:
+				if err != nil {
+					t.Fatal(err)
+				}
+				done = true
+			default:
+			}
+			n, err := f.ReadAt(buf[:2*stripe], stripe)
+			if err != nil && err != io.EOF {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(buf[:n], want[stripe:]) {
+				t.Fatalf("round %d: a read during the flush differs from what was written", round)
+			}
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rdmafs/rdmafs/internal/stripe"
 	metaclient "github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
@@ -80,8 +81,6 @@ func (e *Engine) flushOthers(f *file) {
 // startFlush moves stripes from dirty to flushing and writes and commits them
 // in the background. The caller holds f.mu.
 func (e *Engine) startFlush(f *file, stripes []uint64) {
-	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
-	defer cancel()
 	ready := stripes[:0:0]
 	for _, s := range stripes {
 		d := f.dirty[s]
@@ -96,17 +95,12 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 			ready = append(ready, s) // committed from its slabs (inlineData)
 			continue
 		}
-		err := e.fill(ctx, f, d)
-		if err != nil && !errors.Is(err, errNoBuffer) && e.rebaseIfMoved(ctx, f, s) {
-			err = e.fill(ctx, f, d) // rebase keeps d, on the newest version
+		if err := e.giveBuffer(f, d); err != nil {
+			continue // errNoBuffer: stays dirty until memory frees up
 		}
-		switch {
-		case errors.Is(err, errNoBuffer):
-			continue // stays dirty until memory frees up
-		case err != nil:
-			f.err = err // the stripe stays dirty: a later flush tries again
-			continue
-		}
+		// The committed bytes around the writes are read in by the flush,
+		// without f.mu: the file's other writers go on meanwhile.
+		d.filling = true
 		ready = append(ready, s)
 	}
 	stripes = ready
@@ -128,6 +122,9 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 		defer cancel()
+		if stripes, batch = e.readBases(ctx, f, lay, stripes, batch); len(stripes) == 0 {
+			return
+		}
 		var infos []*metapb.StripeInfo
 		var err error
 		if inline {
@@ -199,6 +196,83 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 		}
 		f.err = err
 	}()
+}
+
+// readBases reads in the committed bytes of the stripes of batch marked
+// filling (readBase), without f.mu, and returns the stripes and batch left
+// to write. A stripe whose read failed goes back to the dirty stripes,
+// rebased and flushed again if its committed version moved, else with the
+// error in f.err for the next Flush, as when the read was made under f.mu.
+func (e *Engine) readBases(ctx context.Context, f *file, lay stripe.Layout, stripes []uint64, batch []*dirtyStripe) ([]uint64, []*dirtyStripe) {
+	filling := false
+	var failed map[uint64]error
+	for i, d := range batch {
+		if !d.filling {
+			continue
+		}
+		filling = true
+		if err := e.readBase(ctx, f.ino, lay, d); err != nil {
+			if failed == nil {
+				failed = map[uint64]error{}
+			}
+			failed[stripes[i]] = err
+		}
+	}
+	if !filling {
+		return stripes, batch
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	defer f.cond.Broadcast() // readers wait for filled stripes (waitFilled)
+	for _, d := range batch {
+		d.filling = false
+	}
+	if len(failed) == 0 {
+		return stripes, batch
+	}
+	var again []uint64
+	keptS, keptB := stripes[:0:0], batch[:0:0]
+	for i, s := range stripes {
+		err, bad := failed[s]
+		if !bad {
+			keptS, keptB = append(keptS, s), append(keptB, batch[i])
+			continue
+		}
+		delete(f.flushing, s)
+		f.dirty[s] = batch[i]
+		if e.rebaseIfMoved(ctx, f, s) {
+			again = append(again, s) // rebase keeps d, on the newest version
+		} else {
+			f.err = err // the stripe stays dirty: a later flush tries again
+		}
+	}
+	if len(again) > 0 {
+		e.startFlush(f, again)
+	}
+	if len(keptS) == 0 {
+		e.dropIfForgotten(f)
+	}
+	return keptS, keptB
+}
+
+// waitFilled waits, f.mu released meanwhile, until no stripe of [off, end)
+// is flushing with its committed bytes still being read in (readBases): its
+// buffer is not whole yet. The caller holds f.mu.
+func (e *Engine) waitFilled(ctx context.Context, f *file, off, end int64) error {
+	for {
+		ss := f.lay.StripeSize()
+		busy := false
+		for s := uint64(off / ss); int64(s)*ss < end && !busy; s++ {
+			d := f.flushing[s]
+			busy = d != nil && d.filling
+		}
+		if !busy {
+			return nil
+		}
+		if err := f.wait(ctx); err != nil {
+			return err
+		}
+	}
 }
 
 // commitsInline reports whether d, the dirty stripe 0 of f flushed alone,

@@ -53,6 +53,10 @@ func (e *Engine) read(ctx context.Context, ino uint64, p []byte, off int64, inPl
 		f.mu.Unlock()
 		return 0, nil, nil, err
 	}
+	if err := e.waitFilled(ctx, f, off, off+int64(len(p))); err != nil {
+		f.mu.Unlock()
+		return 0, nil, nil, err
+	}
 	lay := f.lay
 	ss := lay.StripeSize()
 	end := min(off+int64(len(p)), f.size)
