@@ -102,13 +102,14 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 }
 
 // directOpenFlags returns the FUSE open flags of an open with flags: an
-// O_DIRECT open is a direct-I/O file for the kernel (FOPEN_DIRECT_IO; it
-// would otherwise put the inode in its page-cache mode), whose direct writes
-// within the file's size run in parallel (FOPEN_PARALLEL_DIRECT_WRITES)
-// instead of one at a time under the inode's lock: the engine orders
-// writes to one file itself.
+// O_DIRECT open for writing is a direct-I/O file for the kernel
+// (FOPEN_DIRECT_IO; it would otherwise put the inode in its page-cache
+// mode), whose direct writes within the file's size run in parallel
+// (FOPEN_PARALLEL_DIRECT_WRITES) instead of one at a time under the inode's
+// lock: the engine orders writes to one file itself. Read-only opens keep
+// the kernel's usual O_DIRECT path.
 func directOpenFlags(flags uint32) uint32 {
-	if flags&syscall.O_DIRECT == 0 {
+	if flags&syscall.O_DIRECT == 0 || flags&syscall.O_ACCMODE == syscall.O_RDONLY {
 		return 0
 	}
 	return fuse.FOPEN_DIRECT_IO | fuse.FOPEN_PARALLEL_DIRECT_WRITES
