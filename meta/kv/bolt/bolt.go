@@ -83,7 +83,13 @@ type Options struct {
 
 	// maxSize is bbolt's MaxSize, for tests that make commits fail.
 	maxSize int
+	// chainHold is maxChainHold unless set (tests).
+	chainHold time.Duration
 }
+
+// maxChainHold bounds how long the writer leaves a group of chains'
+// transactions alone waiting for the chains to be complete.
+const maxChainHold = 2 * time.Millisecond
 
 // checkpointGroups is how many logged groups start a checkpoint at once.
 const checkpointGroups = 32
@@ -144,7 +150,8 @@ type group struct {
 	reqs    []*request
 	waiting int // requests that wait for durability (not early)
 	chained int // requests of chains (Chain), which do not wake the writer
-	holding int // chains with requests here that have not waited yet: the writer leaves a group of theirs alone
+	holding int // chains with requests here that have not waited yet: the writer leaves a group of theirs alone (for maxChainHold)
+	started time.Time // when the first request joined
 	// writes merges the writes of the group's successful transactions in
 	// the order they ran; a nil value is a deletion.
 	writes map[string][]byte
@@ -198,6 +205,9 @@ func Open(dir string, opts Options) (*Store, error) {
 	}
 	if opts.MaxLinger <= 0 {
 		opts.MaxLinger = 10 * opts.Linger
+	}
+	if opts.chainHold <= 0 {
+		opts.chainHold = maxChainHold
 	}
 	if opts.LogSegment <= 0 {
 		opts.LogSegment = 8 << 20
@@ -505,6 +515,9 @@ func (s *Store) run(ctx context.Context, fn func(kv.Txn) error, r *request) erro
 		}
 	}
 	g.reqs = append(g.reqs, r)
+	if len(g.reqs) == 1 {
+		g.started = time.Now()
+	}
 	if !r.early {
 		g.waiting++
 	}
@@ -639,16 +652,29 @@ func (s *Store) writer() {
 	defer timer.Stop()
 	for {
 		s.mu.Lock()
-		// A group of chains' transactions only waits for them to be
-		// complete (Chain.Wait), unless it is full or the store closes.
-		held := s.open.holding > 0 && len(s.open.reqs) == s.open.chained && len(s.open.reqs) < s.opts.MaxBatch
-		if len(s.open.reqs) == 0 || held && !s.closed {
+		// A group of chains' transactions waits for them to be complete
+		// (Chain.Wait), unless it is full, the store closes, or it has
+		// waited maxChainHold: one chain's long run (a tree removal)
+		// must not hold back another's.
+		var hold time.Duration
+		if s.open.holding > 0 && len(s.open.reqs) == s.open.chained && len(s.open.reqs) < s.opts.MaxBatch && !s.closed {
+			hold = s.opts.chainHold - time.Since(s.open.started)
+		}
+		if len(s.open.reqs) == 0 || hold > 0 {
 			closed := s.closed
 			s.mu.Unlock()
 			if closed {
 				return
 			}
-			<-s.kick
+			if hold > 0 {
+				timer.Reset(hold)
+				select {
+				case <-s.kick:
+				case <-timer.C:
+				}
+			} else {
+				<-s.kick
+			}
 			continue
 		}
 		// Under concurrent load the writers of the previous group are

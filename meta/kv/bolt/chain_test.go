@@ -21,7 +21,8 @@ func TestChainSharesOneGroup(t *testing.T) {
 	ctx := context.Background()
 	var mu sync.Mutex
 	var groups []int
-	s, err := Open(t.TempDir(), Options{Slack: -1, OnCommit: func(n int, _ time.Duration) {
+	// The writer waits for the chain however slow the machine is.
+	s, err := Open(t.TempDir(), Options{Slack: -1, chainHold: time.Hour, OnCommit: func(n int, _ time.Duration) {
 		mu.Lock()
 		groups = append(groups, n)
 		mu.Unlock()
@@ -135,5 +136,35 @@ func TestChainStopsAtAFailedGroup(t *testing.T) {
 	}
 	if got := contents(t, s); got != want {
 		t.Fatalf("stored %q, want %q: the chain's first write only", got, want)
+	}
+}
+
+// TestChainHoldIsBounded: a chain that runs long (a tree removal) does not
+// keep its transactions, or another chain's, from being logged: the writer
+// takes the group once it has waited the hold.
+func TestChainHoldIsBounded(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(t.TempDir(), Options{Slack: -1, chainHold: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	long, short := s.NewChain(), s.NewChain()
+	if err := long.Update(ctx, func(tx kv.Txn) error { return tx.Put([]byte("long"), []byte("1")) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := short.Update(ctx, func(tx kv.Txn) error { return tx.Put([]byte("short"), []byte("1")) }); err != nil {
+		t.Fatal(err)
+	}
+	// The long chain has not waited: the short one's Wait returns all the
+	// same, after the hold.
+	if err := short.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := contents(t, s); got != "long=1 short=1" {
+		t.Fatalf("after the short chain's wait: %q", got)
+	}
+	if err := long.Wait(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
