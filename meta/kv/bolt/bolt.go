@@ -148,9 +148,9 @@ type Store struct {
 type group struct {
 	seq     uint64 // order of the groups in this process
 	reqs    []*request
-	waiting int // requests that wait for durability (not early)
-	chained int // requests of chains (Chain), which do not wake the writer
-	holding int // chains with requests here that have not waited yet: the writer leaves a group of theirs alone (for maxChainHold)
+	waiting int       // requests that wait for durability (not early)
+	chained int       // requests of chains (Chain), which do not wake the writer
+	holding int       // chains with requests here that have not waited yet: the writer leaves a group of theirs alone (for maxChainHold)
 	started time.Time // when the first request joined
 	// writes merges the writes of the group's successful transactions in
 	// the order they ran; a nil value is a deletion.
