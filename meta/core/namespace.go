@@ -156,7 +156,7 @@ func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, n
 	if err != nil {
 		return nil, err
 	}
-	defer afterLogged(ctx, release)
+	defer release()
 	var out *metapb.EntryReply
 	created := false
 	_, err = updateOnce(s, ctx, &out, func(t kv.Txn) error {
@@ -324,7 +324,7 @@ func (s *Service) Link(ctx context.Context, req *metapb.LinkRequest) (*metapb.En
 	if err != nil {
 		return nil, err
 	}
-	defer afterLogged(ctx, release)
+	defer release()
 	var out *metapb.EntryReply
 	_, err = updateOnce(s, ctx, &out, func(t kv.Txn) error {
 		now := s.now().UnixNano()

@@ -37,7 +37,7 @@ func (s *Service) Rename(ctx context.Context, req *metapb.RenameRequest) (*metap
 	if err != nil {
 		return nil, err
 	}
-	defer afterLogged(ctx, release)
+	defer release()
 	if err := s.awaitChildDir(ctx, c, req.NewParent, req.NewName); err != nil {
 		return nil, err
 	}

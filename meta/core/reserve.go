@@ -168,13 +168,17 @@ func (s *Service) acquireName(ctx context.Context, session, dir uint64, name str
 			}
 			res.busy++
 			r.mu.Unlock()
+			// The holder's call consumed the name: it ends once the call's
+			// transaction is readable (afterLogged), so that no other
+			// session finds the name free before it can see the change.
 			return func() {
-				r.mu.Lock()
-				defer r.mu.Unlock()
-				// The holder's call consumed the name: it ends here.
-				if res.busy--; res.busy == 0 && r.names[k] == res {
-					r.dropLocked(k, res)
-				}
+				afterLogged(ctx, func() {
+					r.mu.Lock()
+					defer r.mu.Unlock()
+					if res.busy--; res.busy == 0 && r.names[k] == res {
+						r.dropLocked(k, res)
+					}
+				})
 			}, nil
 		}
 		wait := res.expires.Sub(now)

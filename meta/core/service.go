@@ -491,8 +491,9 @@ func (st *chainState) wait(ctx context.Context) error {
 
 // afterLogged runs fn once the transactions ctx's operation ran are
 // readable by every reader: at once, or, under Chained, when the chain is
-// logged. Operations release what they hold in memory (a name) with it:
-// another client must not act on the name before it can read the change.
+// logged. What an operation holds in memory (a name, acquireName) is
+// released with it: another client must not act on it before it can read
+// the change.
 func afterLogged(ctx context.Context, fn func()) {
 	if st, ok := ctx.Value(chainKey{}).(*chainState); ok {
 		st.after = append(st.after, fn)
@@ -511,7 +512,7 @@ func afterLogged(ctx context.Context, fn func()) {
 // syncs, ctx is returned as it is.
 func (s *Service) Chained(ctx context.Context) (chained context.Context, wait func(context.Context) error) {
 	cs, ok := s.logged.(chainStore)
-	if s.logged == nil || !ok {
+	if !ok {
 		return ctx, func(context.Context) error { return nil }
 	}
 	st := &chainState{c: cs.NewChain()}

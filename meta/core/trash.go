@@ -382,7 +382,7 @@ func (s *Service) purgeTrash(ctx context.Context, c *metapb.Caller, req *metapb.
 		return out, nil
 	}
 	for {
-		n, err := s.purgeTrashBatch(ctx, func(rec *metapb.TrashRecord) bool { return mayTrash(c, rec) })
+		n, err := s.purgeTrashBatch(ctx, c)
 		out.Done += uint64(n)
 		if err != nil || n == 0 {
 			return out, err
@@ -390,9 +390,9 @@ func (s *Service) purgeTrash(ctx context.Context, c *metapb.Caller, req *metapb.
 	}
 }
 
-// purgeTrashBatch purges up to trashBatch files of the trash that match,
-// oldest first, in one transaction, and returns how many.
-func (s *Service) purgeTrashBatch(ctx context.Context, match func(*metapb.TrashRecord) bool) (int, error) {
+// purgeTrashBatch purges up to trashBatch files of the trash that c may
+// purge, in inode order, in one transaction, and returns how many.
+func (s *Service) purgeTrashBatch(ctx context.Context, c *metapb.Caller) (int, error) {
 	var n int
 	var purged int64
 	err := s.update(ctx, func(t kv.Txn) error {
@@ -402,18 +402,8 @@ func (s *Service) purgeTrashBatch(ctx context.Context, match func(*metapb.TrashR
 			rec *metapb.TrashRecord
 		}
 		var items []item
-		if err := t.Scan([]byte{keys.PrefixTrash}, []byte{keys.PrefixTrash + 1}, 0, func(k, v []byte) error {
-			ino, err := keys.ParseTrash(k)
-			if err != nil {
-				return err
-			}
-			rec := &metapb.TrashRecord{}
-			if err := proto.Unmarshal(v, rec); err != nil {
-				return err
-			}
-			if match(rec) {
-				items = append(items, item{ino, rec})
-			}
+		if err := scanTrash(t, c, 0, func(ino uint64, rec *metapb.TrashRecord) error {
+			items = append(items, item{ino, rec})
 			if len(items) == trashBatch {
 				return kv.ErrStop
 			}

@@ -765,14 +765,11 @@ func (s *Store) commit(g *group) {
 		clear(s.pending)
 		s.sorted = s.sorted[:0]
 		// No later transaction of a chain that lost one may be applied.
-		for _, r := range g.reqs {
-			if r.chain != nil && r.chain.failed == nil {
-				r.chain.failed = fmt.Errorf("bolt: an earlier transaction of the chain failed: %w: %w", kv.ErrNotApplied, err)
-			}
-		}
-		for _, r := range s.open.reqs {
-			if r.chain != nil && r.chain.failed == nil {
-				r.chain.failed = fmt.Errorf("bolt: an earlier transaction of the chain failed: %w: %w", kv.ErrNotApplied, err)
+		for _, reqs := range [][]*request{g.reqs, s.open.reqs} {
+			for _, r := range reqs {
+				if r.chain != nil && r.chain.failed == nil {
+					r.chain.failed = fmt.Errorf("bolt: an earlier transaction of the chain failed: %w: %w", kv.ErrNotApplied, err)
+				}
 			}
 		}
 		again = s.open.reqs
