@@ -38,6 +38,11 @@ type Early interface {
 	UnlinkBehind(req *metapb.UnlinkRequest, done func(error)) bool
 	LockBehind(req *metapb.LockRequest, done func(error)) bool
 	SetAttrBehind(req *metapb.SetAttrRequest, done func(error)) bool
+	// CarryInline gives data, the whole content of ino, closed since its
+	// CreateBehind, to that create if it is still queued and the last call
+	// on ino: meta commits it with the create, with mtime and ctime timeNs.
+	// It reports whether it did.
+	CarryInline(ino uint64, data []byte, timeNs int64) bool
 	// ReleaseBehind sends the release of the session's open of ino behind
 	// (nothing if ino's create has not been sent yet: it then opens
 	// nothing); false as CreateBehind.

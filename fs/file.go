@@ -320,7 +320,7 @@ func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
 		// enough to be kept in metadata, may stay behind until the lease
 		// is recalled (lease.go). Larger files wait for their chunkservers
 		// here, so that their errors (ENOSPC) reach the application.
-		if dirty, inline := f.uncommitted(); !dirty || inline && f.node.flushBehind() {
+		if dirty, inline := f.uncommitted(); !dirty || inline && (f.node.carryInline() || f.node.flushBehind()) {
 			return dataErrno(f.writeFailure(nil))
 		}
 	}

@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
@@ -408,6 +410,40 @@ func (n *Node) sendUnderLease(id uint64, send func() bool) bool {
 	defer n.mu.Unlock()
 	l := n.leaseLocked()
 	return l != nil && l.id == id && send()
+}
+
+// inlineCarrier is a data engine that can commit a small new file's data
+// with its create (fileio.Engine.FlushCarried).
+type inlineCarrier interface {
+	FlushCarried(ino uint64, carry func(data []byte) bool) bool
+}
+
+// carryInline commits the data of a file closed under its directory's
+// lease, small enough to be kept in metadata, with its create if that has
+// not been sent yet: meta gets one call for both, applied at once, and the
+// owned attributes become what meta will make of them. It reports whether
+// nothing is left to flush.
+func (n *Node) carryInline() bool {
+	c, ok := n.fsys.opts.Data.(inlineCarrier)
+	early := n.fsys.opts.Early
+	if !ok || early == nil {
+		return false
+	}
+	return c.FlushCarried(n.ino, func(data []byte) bool {
+		now := time.Now().UnixNano()
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if n.createdIn == nil || !early.CarryInline(n.ino, data, now) {
+			return false
+		}
+		if o := &n.owned; o.attr != nil && o.busy == 0 && !o.off {
+			a := proto.CloneOf(o.attr)
+			a.Size, a.Stored, a.MtimeNs, a.CtimeNs = uint64(len(data)), uint64(len(data)), now, now
+			o.attr = a
+			o.gen++
+		}
+		return true
+	})
 }
 
 // flushBehind starts the flush of a file closed under its directory's lease

@@ -1,6 +1,7 @@
 package fs_test
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rdmafs/rdmafs/fs/fstest"
+	"github.com/rdmafs/rdmafs/internal/stripe"
 )
 
 // content is what TestLeaseRecallSendsChanges writes to a file: nothing to
@@ -308,5 +310,76 @@ func TestOpendirAsksNothing(t *testing.T) {
 	}
 	if err := d.Sync(); err != nil {
 		t.Fatalf("fsync of the directory: %v", err)
+	}
+}
+
+// TestSmallFilesRideTheirCreates: the data of a small file written and
+// closed under the directory's lease goes to meta with the file's create,
+// which is still queued (calls behind wait an hour for a call to travel
+// with here): meta gets no commit of its own. The attributes this mount
+// answers meanwhile are those meta then makes, as another mount sees them,
+// with the data; a file written again after its close, and one past the
+// inline size, are committed as usual.
+func TestSmallFilesRideTheirCreates(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{Linger: time.Hour, Layout: stripe.Layout{K: 4, M: 2, Unit: 64 << 10, Inline: 4096}})
+	commits, creates := c.Meta.Ops(t, "CommitStripes"), c.Meta.Ops(t, "Create")
+	want := map[string][]byte{}
+	for i := range 20 {
+		name := fmt.Sprintf("f%02d", i)
+		want[name] = bytes.Repeat([]byte(name), 10*i+1)
+		if err := os.WriteFile(filepath.Join(c.Dir, name), want[name], 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := c.Meta.Ops(t, "CommitStripes") - commits; n != 0 {
+		t.Fatalf("meta answered %d commits of small files created under the lease", n)
+	}
+	stats := map[string]os.FileInfo{}
+	for name := range want {
+		fi, err := os.Stat(filepath.Join(c.Dir, name))
+		if err != nil || fi.Size() != int64(len(want[name])) {
+			t.Fatalf("stat %s: %v, %v", name, fi, err)
+		}
+		stats[name] = fi
+	}
+	d, err := os.Open(c.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	if n, m := c.Meta.Ops(t, "Create")-creates, c.Meta.Ops(t, "CommitStripes")-commits; n != 20 || m != 0 {
+		t.Fatalf("after fsync of the directory meta answered %d creates and %d commits, want 20 and 0", n, m)
+	}
+	// Written again after its close, and past the inline size.
+	want["f03"] = append(want["f03"], "more"...)
+	f, err := os.OpenFile(filepath.Join(c.Dir, "f03"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte("more")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	want["big"] = bytes.Repeat([]byte("b"), 5000)
+	if err := os.WriteFile(filepath.Join(c.Dir, "big"), want["big"], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := c.Mount(t)
+	for name, data := range want {
+		got, err := os.ReadFile(filepath.Join(b, name))
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("%s through the other mount: %d bytes, %v; want %d bytes", name, len(got), err, len(data))
+		}
+		if fi := stats[name]; fi != nil && name != "f03" {
+			other, err := os.Stat(filepath.Join(b, name))
+			if err != nil || !other.ModTime().Equal(fi.ModTime()) || other.Size() != fi.Size() || other.Mode() != fi.Mode() {
+				t.Fatalf("%s: the other mount sees %v, %v; this mount answered %v %v %v", name, other.ModTime(), err, fi.ModTime(), fi.Size(), fi.Mode())
+			}
+		}
 	}
 }

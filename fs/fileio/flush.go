@@ -300,6 +300,41 @@ func (e *Engine) Flush(ctx context.Context, ino uint64) error {
 	return e.flushLocked(ctx, f)
 }
 
+// FlushCarried commits what was written to ino without a call of its own
+// if carry takes it: the file's whole content, within its layout's inline
+// size, of a file this mount created with nothing committed yet, which
+// carry hands to the file's create (still to be sent to meta, which then
+// commits it as stripe 0's first version). It reports whether nothing of
+// ino is left to flush; if not, what was written stays for Flush.
+func (e *Engine) FlushCarried(ino uint64, carry func(data []byte) bool) bool {
+	f := e.file(ino)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.flushing) > 0 || f.err != nil || f.syncing > 0 {
+		return false
+	}
+	if len(f.dirty) == 0 {
+		return true
+	}
+	d := f.dirty[0]
+	if len(f.dirty) != 1 || d == nil || !f.known || len(f.stripes) > 0 || d.base != 0 || d.committed != nil ||
+		d.delta != nil || d.filling || !e.commitsInline(f, d) {
+		return false
+	}
+	data, own := d.inlineData()
+	if !own {
+		data = slices.Clone(data) // the buffer goes back to the pool
+	}
+	if !carry(data) {
+		return false
+	}
+	f.stripes[0] = &metapb.StripeInfo{Stripe: 0, Version: 1, Length: uint64(d.length), InlineData: data}
+	delete(f.dirty, 0)
+	e.dropDirty(f, d)
+	e.stats.InlineCommits.Add(1)
+	return true
+}
+
 // Sync implements fs.Data: Flush, with the commits it makes durable at
 // meta, with everything answered before them, when they return (an
 // fsync's: no Sync call needed after them).

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,6 +57,8 @@ type bgCall struct {
 	keys   []pkey
 	done   chan struct{}
 	cb     func(error)
+	// check, if set, vets a successful result's reply before cb gets it.
+	check func(reply []byte) error
 }
 
 // behind is the grpc.ClientConnInterface of a Client over its failover: it
@@ -360,8 +363,12 @@ func (b *behind) finish(calls []*bgCall, results []*metapb.BatchResult) {
 		close(c.done)
 		b.n.Add(-1)
 		<-b.slots
+		err := resultErr(results[i])
+		if err == nil && c.check != nil {
+			err = c.check(results[i].Reply)
+		}
 		if c.cb != nil {
-			c.cb(resultErr(results[i]))
+			c.cb(err)
 		}
 	}
 }
@@ -468,6 +475,51 @@ func (b *behind) waitAll(ctx context.Context) error {
 // makes the call itself).
 func (s *Session) CreateBehind(req *metapb.CreateRequest, done func(error)) bool {
 	return s.c.bg.goCall("Create", req, []pkey{{ino: req.Parent}, {req.Parent, req.Name}, {ino: req.Ino}}, done)
+}
+
+// CarryInline gives data, the whole content of ino, a file created with
+// CreateBehind and closed since, to its create if that is still queued and
+// is the last call queued on ino: meta then commits the data with the
+// create, as stripe 0's first version kept inline, with mtime and ctime
+// timeNs, and the data needs no call of its own. It reports whether it did;
+// the caller must not change data afterwards. The create's outcome reaches
+// its done, also if meta kept the file but not the data and the commit
+// made in its place failed.
+func (s *Session) CarryInline(ino uint64, data []byte, timeNs int64) bool {
+	b := s.c.bg
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	list := b.pending[pkey{ino: ino}]
+	if len(list) == 0 {
+		return false
+	}
+	c := list[len(list)-1]
+	cr, ok := c.args.(*metapb.CreateRequest)
+	if !ok || cr.Ino != ino || len(cr.InlineData) > 0 || !slices.Contains(b.queue, c) {
+		return false
+	}
+	cr.InlineData, cr.InlineTimeNs = data, timeNs
+	c.check = func(reply []byte) error { return s.checkCarried(ino, data, timeNs, reply) }
+	return true
+}
+
+// checkCarried checks that meta kept the data a create carried (the size in
+// its reply): a meta server that predates CreateRequest.inline_data ignores
+// it, and the data is then committed by a call of its own, as the first
+// version of stripe 0, which it is.
+func (s *Session) checkCarried(ino uint64, data []byte, timeNs int64, reply []byte) error {
+	r := &metapb.EntryReply{}
+	if err := proto.Unmarshal(reply, r); err != nil {
+		return status.Errorf(codes.Internal, "create of inode %d: decode the reply: %v", ino, err)
+	}
+	if r.GetAttr().GetSize() == uint64(len(data)) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), BehindTimeout)
+	defer cancel()
+	_, err := s.c.CommitStripes(ctx, &metapb.CommitStripesRequest{Ino: ino, Size: uint64(len(data)), MtimeNs: timeNs,
+		Stripes: []*metapb.StripeCommit{{Stripe: 0, Length: uint64(len(data)), Inline: true, Data: data}}})
+	return err
 }
 
 // UnlinkBehind is CreateBehind for an unlink of the inode req.Ino (done gets

@@ -7,6 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/core"
 	"github.com/rdmafs/rdmafs/meta/metapb"
@@ -25,7 +29,11 @@ type behindFixture struct {
 }
 
 func newBehindFixture(t *testing.T) *behindFixture {
-	m := metatest.Start(t, metatest.Options{})
+	return newBehindFixtureOpts(t, metatest.Options{})
+}
+
+func newBehindFixtureOpts(t *testing.T, opts metatest.Options) *behindFixture {
+	m := metatest.Start(t, opts)
 	f := &behindFixture{t: t, ctx: context.Background(), m: m, c: m.Client(t), errs: map[string]error{}}
 	var err error
 	if f.sess, err = f.c.StartSession(f.ctx, "behind test", 0); err != nil {
@@ -163,4 +171,142 @@ func TestCallsBehindSurviveRestart(t *testing.T) {
 			t.Errorf("lookup %s after the restart: %v, %v (want inode %d)", name, r, err, ino)
 		}
 	}
+}
+
+// TestCarryInline: a small file's data given to its create still queued is
+// committed by the create, as stripe 0's first version with the times
+// given; it is not given to a create in flight, or followed by another call
+// on the file. A meta server that ignores the data (one that predates it:
+// here a client that strips it from the batches) gets it by a commit of its
+// own, and the file ends up the same.
+func TestCarryInline(t *testing.T) {
+	for _, strip := range []bool{false, true} {
+		t.Run(map[bool]string{false: "carried", true: "meta ignores it"}[strip], func(t *testing.T) {
+			f := newBehindFixtureOpts(t, metatest.Options{Layout: stripe.Layout{K: 4, M: 2, Unit: 64 << 10, Inline: 4096}})
+			gate := &batchGate{strip: strip}
+			c, err := client.Dial(f.m.Addr, f.m.Secret, grpc.WithUnaryInterceptor(gate.intercept))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			f.c = c
+			if f.sess, err = f.c.StartSession(f.ctx, "behind test", 0); err != nil {
+				t.Fatal(err)
+			}
+			f.c.SetLinger(time.Hour) // queued until a call takes them along
+			data := []byte("small file content")
+			at := time.Now().Add(-time.Hour).UnixNano()
+			a := f.createBehind("a")
+			if !f.sess.CarryInline(a, data, at) {
+				t.Fatal("the data was not given to a create still queued")
+			}
+			if f.sess.CarryInline(a, []byte("again"), at) {
+				t.Fatal("a create carried data twice")
+			}
+			b := f.createBehind("b")
+			if !f.sess.SetAttrBehind(&metapb.SetAttrRequest{Caller: f.caller(), Ino: b, SetMode: true, Mode: 0o600}, f.done("chmod b")) {
+				t.Fatal("SetAttrBehind queued nothing")
+			}
+			if f.sess.CarryInline(b, data, at) {
+				t.Fatal("the data was given to a create followed by another call on the file")
+			}
+			// The batch with c's create is held in flight.
+			cIno := f.createBehind("c")
+			entered := gate.hold()
+			waited := make(chan error, 1)
+			go func() { waited <- f.sess.WaitBehind(f.ctx) }()
+			<-entered
+			if f.sess.CarryInline(cIno, data, at) {
+				t.Fatal("the data was given to a create in flight")
+			}
+			gate.release()
+			if err := <-waited; err != nil {
+				t.Fatal(err)
+			}
+			for _, name := range []string{"a", "b", "chmod b", "c"} {
+				if err, ok := f.outcome(name); !ok || err != nil {
+					t.Fatalf("%s behind: done %v, %v", name, ok, err)
+				}
+			}
+			r, err := f.c.GetAttr(f.ctx, &metapb.GetAttrRequest{Ino: a})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Attr.Size != uint64(len(data)) || r.Attr.Stored != uint64(len(data)) || r.Attr.MtimeNs != at {
+				t.Fatalf("attributes of the file whose create carried its data: size %d stored %d mtime %d, want %d, %d, %d",
+					r.Attr.Size, r.Attr.Stored, r.Attr.MtimeNs, len(data), len(data), at)
+			}
+			if !strip && r.Attr.CtimeNs != at {
+				t.Fatalf("ctime %d, want %d", r.Attr.CtimeNs, at)
+			}
+			s, err := f.c.GetStripes(f.ctx, &metapb.GetStripesRequest{Ino: a, First: 0, Count: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(s.Stripes) != 1 || s.Stripes[0].Version != 1 || string(s.Stripes[0].InlineData) != string(data) {
+				t.Fatalf("stripes of the file whose create carried its data: %v", s.Stripes)
+			}
+			for _, ino := range []uint64{b, cIno} {
+				if r, err := f.c.GetAttr(f.ctx, &metapb.GetAttrRequest{Ino: ino}); err != nil || r.Attr.Size != 0 {
+					t.Fatalf("a file whose create carried nothing: %v, %v", r, err)
+				}
+			}
+		})
+	}
+}
+
+// batchGate intercepts a client's calls: with strip it removes the data
+// creates carry from batches, as a meta server that predates
+// CreateRequest.inline_data ignores it; after hold, the next batch waits
+// (the channel hold returns is closed when it does) until release.
+type batchGate struct {
+	strip   bool
+	mu      sync.Mutex
+	held    chan struct{}
+	entered chan struct{}
+}
+
+func (g *batchGate) hold() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.held, g.entered = make(chan struct{}), make(chan struct{})
+	return g.entered
+}
+
+func (g *batchGate) release() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	close(g.held)
+	g.held = nil
+}
+
+func (g *batchGate) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	b, ok := req.(*metapb.BatchRequest)
+	if !ok {
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	g.mu.Lock()
+	held, entered := g.held, g.entered
+	g.entered = nil
+	g.mu.Unlock()
+	if held != nil && entered != nil {
+		close(entered)
+		<-held
+	}
+	for _, call := range b.Calls {
+		if !g.strip || call.Method != "Create" {
+			continue
+		}
+		cr := &metapb.CreateRequest{}
+		if err := proto.Unmarshal(call.Request, cr); err != nil {
+			return err
+		}
+		cr.InlineData, cr.InlineTimeNs = nil, 0
+		body, err := proto.Marshal(cr)
+		if err != nil {
+			return err
+		}
+		call.Request = body
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
 }

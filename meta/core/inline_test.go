@@ -137,3 +137,52 @@ func TestInlineCommits(t *testing.T) {
 		}
 	})
 }
+
+// TestCreateCarriesInline: a create the client answered early may carry the
+// file's whole content; it becomes stripe 0's first version, inline, with
+// the file's size and times, and survives a restart. Data past the layout's
+// inline size, or on a create whose inode the client did not choose, is
+// refused and creates nothing; a later commit builds on version 1.
+func TestCreateCarriesInline(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		d := e.mkdir(root, RootIno, "small", 0o777)
+		if _, err := e.s.SetLayout(e.ctx, &metapb.SetLayoutRequest{Ino: d, Layout: &metapb.Layout{K: 4, M: 2, Unit: 64 << 10, InlineMax: 4096}}); err != nil {
+			t.Fatal(err)
+		}
+		session, first := e.session(8)
+		create := func(name string, ino uint64, data []byte) (*metapb.EntryReply, error) {
+			e.reserve(session, d, name)
+			return e.s.Create(e.ctx, &metapb.CreateRequest{Caller: &metapb.Caller{Session: session}, Parent: d, Name: name,
+				Mode: 0o644, Ino: ino, TimeNs: 42, InlineData: data, InlineTimeNs: 77})
+		}
+		_, err := create("big", first, make([]byte, 4097))
+		wantErrno(t, err, syscall.EINVAL)
+		_, err = e.s.Create(e.ctx, &metapb.CreateRequest{Caller: &metapb.Caller{Session: session}, Parent: d, Name: "noino",
+			Mode: 0o644, InlineData: []byte("x")})
+		wantErrno(t, err, syscall.EINVAL)
+		for _, name := range []string{"big", "noino"} {
+			_, err := e.s.Lookup(e.ctx, &metapb.LookupRequest{Caller: root, Parent: d, Name: name})
+			wantErrno(t, err, syscall.ENOENT)
+		}
+		r, err := create("f", first+1, []byte("hello"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a := r.Attr; a.Size != 5 || a.Stored != 5 || a.MtimeNs != 77 || a.CtimeNs != 77 || a.AtimeNs != 42 {
+			t.Fatalf("create with inline data answered %v", a)
+		}
+		e.restart()
+		s, err := e.s.GetStripes(e.ctx, &metapb.GetStripesRequest{Ino: first + 1})
+		if err != nil || len(s.Stripes) != 1 {
+			t.Fatalf("get stripes: %v %v", s, err)
+		}
+		if si := s.Stripes[0]; si.Version != 1 || string(si.InlineData) != "hello" || si.Length != 5 {
+			t.Fatalf("the created file's stripe reads back as %v", si)
+		}
+		c, err := e.s.CommitStripes(e.ctx, &metapb.CommitStripesRequest{Ino: first + 1, Size: 6,
+			Stripes: []*metapb.StripeCommit{{Stripe: 0, ExpectedVersion: 1, Length: 6, Inline: true, Data: []byte("hello!")}}})
+		if err != nil || len(c.ConflictStripes) != 0 || c.Versions[0] != 2 || c.Attr.Size != 6 || c.Attr.Stored != 6 {
+			t.Fatalf("commit on the created version: %v, %v", c, err)
+		}
+	})
+}

@@ -138,6 +138,10 @@ type newNode struct {
 	// client chose: it answered the create before sending it.
 	ino    uint64
 	timeNs int64
+	// inlineData, with ino set, is the new regular file's content,
+	// committed inline as stripe 0's first version at inlineTimeNs.
+	inlineData   []byte
+	inlineTimeNs int64
 }
 
 // create makes a new entry name in parent. For a non-exclusive create of a
@@ -151,6 +155,9 @@ func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, n
 	}
 	if n.ino != 0 {
 		n.exclusive = true // the client gave the kernel a new file already
+	}
+	if len(n.inlineData) > 0 && (n.ino == 0 || fileType(n.mode) != syscall.S_IFREG) {
+		return nil, metaerr.New(syscall.EINVAL, "create with inline data: only of a regular file whose inode number the client chose")
 	}
 	release, err := s.acquireName(ctx, c.Session, parent, name, n.ino != 0)
 	if err != nil {
@@ -230,6 +237,11 @@ func (s *Service) create(ctx context.Context, c *metapb.Caller, parent uint64, n
 				l = p.DirLayout
 			}
 			a.Layout = l
+			if len(n.inlineData) > 0 {
+				if err := putInlineStripe(t, rec, n.inlineData, n.inlineTimeNs); err != nil {
+					return err
+				}
+			}
 		case syscall.S_IFLNK:
 			a.Size = uint64(len(n.symlink))
 		}
@@ -270,6 +282,7 @@ func (s *Service) Create(ctx context.Context, req *metapb.CreateRequest) (*metap
 	return s.create(ctx, caller(req.Caller), req.Parent, req.Name, newNode{
 		mode: syscall.S_IFREG | req.Mode&0o7777, exclusive: req.Exclusive,
 		session: req.SessionId, openFlags: req.OpenFlags, ino: req.Ino, timeNs: req.TimeNs,
+		inlineData: req.InlineData, inlineTimeNs: req.InlineTimeNs,
 	})
 }
 

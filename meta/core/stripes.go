@@ -447,6 +447,26 @@ func checkInline(l *metapb.Layout, sc *metapb.StripeCommit) error {
 	return nil
 }
 
+// putInlineStripe commits data as the first version of stripe 0 of rec, a
+// regular file just made in this transaction (stored by the caller), kept
+// inline; the file's size, stored bytes, mtime and ctime follow (timeNs).
+func putInlineStripe(t kv.Txn, rec *metapb.InodeRecord, data []byte, timeNs int64) error {
+	l := rec.Attr.Layout
+	if uint64(len(data)) > l.GetInlineMax() {
+		return metaerr.New(syscall.EINVAL, "create with %d bytes of inline data: the layout keeps at most %d inline", len(data), l.GetInlineMax())
+	}
+	st := &metapb.StripeRecord{Version: 1, NextVersion: 2, Length: uint64(len(data)), Layout: l, InlineData: data}
+	if err := putMsg(t, keys.Stripe(rec.Attr.Ino, 0), st); err != nil {
+		return err
+	}
+	a := rec.Attr
+	a.Size, a.Stored = st.Length, st.Length
+	if timeNs != 0 {
+		a.MtimeNs, a.CtimeNs = timeNs, timeNs
+	}
+	return nil
+}
+
 // markMissing applies a commit's missing shards to its grant: they lose
 // their chunkserver (repair rebuilds them) and whatever a failed write left
 // of their chunks is collected. Shards the grant placed nowhere are missing

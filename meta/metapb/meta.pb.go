@@ -1376,8 +1376,16 @@ type CreateRequest struct {
 	// Such a create is exclusive; the range is the caller's session's
 	// (Caller.session), and the file is opened in session_id only if that is
 	// set (a file closed before its create was sent is not).
-	Ino           uint64 `protobuf:"varint,8,opt,name=ino,proto3" json:"ino,omitempty"`
-	TimeNs        int64  `protobuf:"varint,9,opt,name=time_ns,json=timeNs,proto3" json:"time_ns,omitempty"`
+	Ino    uint64 `protobuf:"varint,8,opt,name=ino,proto3" json:"ino,omitempty"`
+	TimeNs int64  `protobuf:"varint,9,opt,name=time_ns,json=timeNs,proto3" json:"time_ns,omitempty"`
+	// inline_data, on a create with ino set, is the new file's whole content,
+	// written and closed before the create was sent: meta commits it in the
+	// same transaction as stripe 0's first version, kept inline (at most the
+	// layout's inline size), with the file's mtime and ctime inline_time_ns.
+	// The reply's attributes then carry its size (a client checks that they
+	// do: a meta server that predates the field ignores it).
+	InlineData    []byte `protobuf:"bytes,10,opt,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
+	InlineTimeNs  int64  `protobuf:"varint,11,opt,name=inline_time_ns,json=inlineTimeNs,proto3" json:"inline_time_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1471,6 +1479,20 @@ func (x *CreateRequest) GetIno() uint64 {
 func (x *CreateRequest) GetTimeNs() int64 {
 	if x != nil {
 		return x.TimeNs
+	}
+	return 0
+}
+
+func (x *CreateRequest) GetInlineData() []byte {
+	if x != nil {
+		return x.InlineData
+	}
+	return nil
+}
+
+func (x *CreateRequest) GetInlineTimeNs() int64 {
+	if x != nil {
+		return x.InlineTimeNs
 	}
 	return 0
 }
@@ -9756,7 +9778,7 @@ const file_meta_proto_rawDesc = "" +
 	"\tset_ctime\x18\x11 \x01(\bR\bsetCtime\x12\x19\n" +
 	"\bctime_ns\x18\x12 \x01(\x03R\actimeNs\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x13 \x01(\x04R\tsessionId\"\x86\x02\n" +
+	"session_id\x18\x13 \x01(\x04R\tsessionId\"\xcd\x02\n" +
 	"\rCreateRequest\x12.\n" +
 	"\x06caller\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.CallerR\x06caller\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
@@ -9768,7 +9790,11 @@ const file_meta_proto_rawDesc = "" +
 	"\n" +
 	"open_flags\x18\a \x01(\rR\topenFlags\x12\x10\n" +
 	"\x03ino\x18\b \x01(\x04R\x03ino\x12\x17\n" +
-	"\atime_ns\x18\t \x01(\x03R\x06timeNs\"\x92\x01\n" +
+	"\atime_ns\x18\t \x01(\x03R\x06timeNs\x12\x1f\n" +
+	"\vinline_data\x18\n" +
+	" \x01(\fR\n" +
+	"inlineData\x12$\n" +
+	"\x0einline_time_ns\x18\v \x01(\x03R\finlineTimeNs\"\x92\x01\n" +
 	"\fMknodRequest\x12.\n" +
 	"\x06caller\x18\x01 \x01(\v2\x16.rdmafs.meta.v1.CallerR\x06caller\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
