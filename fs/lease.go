@@ -31,6 +31,14 @@ import (
 // reach no application (as a write-back error on a local file system no one
 // fsyncs): they are logged and counted with EarlyLost.
 //
+// The kernel may cache a name the lease says is missing (a negative entry),
+// for no longer than the mount may use the lease without hearing from meta
+// again (negativeTTL): a lookup of a name a build or an application probes
+// for, and the lookup before each create, then cost no request. When the
+// lease goes, the mount invalidates the negative entries it gave under it
+// before it hands the lease back (waiting a bounded time: the kernel takes
+// the directory's lock to do it, which a request in the directory may hold).
+//
 // A goroutine keeps a Recalls call at meta: it returns the recalls, and at
 // least every half second an empty answer. A lease is used only while such
 // an answer arrived within leaseFresh and of the epoch of the grant: meta
@@ -52,6 +60,17 @@ const maxLeaseNames = 1 << 18
 // ask for a directory's lease again.
 const leaseBackoff = time.Second
 
+// maxNegative bounds the negative entries the mount gives the kernel under
+// one lease; past it, missing names are answered uncached.
+const maxNegative = 4096
+
+// minNegativeTTL is the shortest negative entry worth giving.
+const minNegativeTTL = 10 * time.Millisecond
+
+// invalidateWait bounds how long the hand-back of leases waits for the
+// invalidation of their negative entries.
+const invalidateWait = 300 * time.Millisecond
+
 // dirLease is a directory lease this mount holds (under its Node's mu).
 type dirLease struct {
 	id, epoch uint64
@@ -62,6 +81,9 @@ type dirLease struct {
 	// mount left them (it answers getattr); nil while a change's outcome
 	// is not known.
 	attr *metapb.Attr
+	// negative holds the names the kernel may cache as missing (at most
+	// maxNegative).
+	negative map[string]struct{}
 }
 
 // leaseTable is the mount's side of the leases.
@@ -75,9 +97,12 @@ type leaseTable struct {
 	stop     context.CancelFunc
 	done     chan struct{}
 	flushes  sync.WaitGroup // flushes behind running
-	on       bool           // set before the mount serves, never changed
-	ready    chan struct{}  // closed at the first Recalls answer (or when there will be none)
-	once     sync.Once
+	// invalidating counts the negative entries of leases gone still to be
+	// invalidated in the kernel.
+	invalidating sync.WaitGroup
+	on           bool          // set before the mount serves, never changed
+	ready        chan struct{} // closed at the first Recalls answer (or when there will be none)
+	once         sync.Once
 }
 
 // startLeases starts the Recalls loop.
@@ -149,6 +174,8 @@ func (fsys *FS) recallLoop(ctx context.Context) {
 		t.release = nil
 		t.mu.Unlock()
 		if len(release) > 0 {
+			// The kernel drops what it cached under them first.
+			waitTimeout(&t.invalidating, invalidateWait)
 			// What was answered under the leases goes to meta before they
 			// do (meta fences a lease's files until then: lease.go there).
 			// The wait is short, so that the Recalls calls go on (a holder
@@ -234,13 +261,62 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
+// waitTimeout waits for wg, at most d.
+func waitTimeout(wg *sync.WaitGroup, d time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-done:
+	case <-tm.C:
+	}
+}
+
 // forgetLease drops the node's lease (recalled, or void) and starts the
 // backoff before it asks again.
 func (n *Node) forgetLease(now time.Time) {
 	n.mu.Lock()
+	l := n.lease
 	n.lease = nil
 	n.leaseAskAfter = now.Add(leaseBackoff)
 	n.mu.Unlock()
+	n.invalidateNegative(l)
+}
+
+// invalidateNegative has the kernel drop the negative entries it was given
+// under l, a lease the node no longer holds, in the background: a request
+// in the directory may hold the directory's lock the kernel needs for it.
+func (n *Node) invalidateNegative(l *dirLease) {
+	if l == nil || len(l.negative) == 0 {
+		return
+	}
+	names := l.negative
+	t := &n.fsys.leases
+	t.invalidating.Add(1)
+	go func() {
+		defer t.invalidating.Done()
+		for name := range names {
+			n.NotifyEntry(name) // ENOENT: the kernel has it no more
+		}
+	}()
+}
+
+// negativeTTL returns how long the kernel may cache a name the lease says is
+// missing: until the mount would stop using the lease unless it heard from
+// meta again, at most the entry timeout (0: not at all).
+func (fsys *FS) negativeTTL(now time.Time) time.Duration {
+	t := &fsys.leases
+	t.mu.Lock()
+	left := t.heard.Add(leaseFresh).Sub(now)
+	t.mu.Unlock()
+	if left = min(left, fsys.opts.EntryTimeout); left < minNegativeTTL {
+		return 0
+	}
+	return left
 }
 
 // wantLease reports whether a lookup in the directory should ask for its
@@ -288,6 +364,7 @@ func (n *Node) installLease(g *metapb.DirLease, r *metapb.EntryReply) {
 	n.lastAttr = r.Parent
 	n.mu.Unlock()
 	if old != nil {
+		n.invalidateNegative(old)
 		n.fsys.giveBack(old.id)
 	}
 }
@@ -310,6 +387,7 @@ func (n *Node) dropLease() {
 	n.lease = nil
 	n.mu.Unlock()
 	if l != nil {
+		n.invalidateNegative(l)
 		n.fsys.giveBack(l.id)
 	}
 }
@@ -345,14 +423,34 @@ func (n *Node) leased() bool {
 // leaseSaysMissing reports whether the lease answers a lookup of name: it
 // is not in the directory.
 func (n *Node) leaseSaysMissing(name string) bool {
+	missing, _ := n.leaseMissing(name, false)
+	return missing
+}
+
+// leaseMissing reports whether the directory's lease says name is missing
+// and, if cache is set, for how long the kernel may cache that (0: not at
+// all); the name is then among those invalidated when the lease goes.
+func (n *Node) leaseMissing(name string, cache bool) (bool, time.Duration) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	l := n.leaseLocked()
 	if l == nil {
-		return false
+		return false, 0
 	}
-	_, ok := l.names[name]
-	return !ok
+	if _, ok := l.names[name]; ok {
+		return false, 0
+	}
+	if !cache || len(l.negative) >= maxNegative {
+		return true, 0
+	}
+	ttl := n.fsys.negativeTTL(time.Now())
+	if ttl > 0 {
+		if l.negative == nil {
+			l.negative = map[string]struct{}{}
+		}
+		l.negative[name] = struct{}{}
+	}
+	return true, ttl
 }
 
 // leaseID returns the id of the directory's lease, or 0.

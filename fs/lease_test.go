@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rdmafs/rdmafs/fs/fstest"
 	"github.com/rdmafs/rdmafs/internal/stripe"
 )
@@ -380,6 +382,81 @@ func TestSmallFilesRideTheirCreates(t *testing.T) {
 			if err != nil || !other.ModTime().Equal(fi.ModTime()) || other.Size() != fi.Size() || other.Mode() != fi.Mode() {
 				t.Fatalf("%s: the other mount sees %v, %v; this mount answered %v %v %v", name, other.ModTime(), err, fi.ModTime(), fi.Size(), fi.Mode())
 			}
+		}
+	}
+}
+
+// fuseRequests returns how many requests of op the mount whose metrics reg
+// holds has answered.
+func fuseRequests(t *testing.T, reg *prometheus.Registry, op string) uint64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != "rdmafs_client_fuse_request_duration_seconds" {
+			continue
+		}
+		for _, m := range f.Metric {
+			if len(m.Label) == 1 && m.Label[0].GetValue() == op {
+				return m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return 0
+}
+
+// TestNegativeEntries: the kernel caches a name the directory's lease says
+// is missing, so probing it again costs no request, nor does the lookup
+// before its create. When another mount creates such a name, the recall has
+// the kernel drop the negative entry before the lease goes back: the first
+// mount sees the file as soon as the other's create has returned.
+func TestNegativeEntries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := fstest.Start(t, fstest.Options{Metrics: reg})
+	b, _ := c.Mount(t)
+	// A directory per round: after a recall the mount waits a while before
+	// it asks for the lease again.
+	for round := range 3 {
+		d := fmt.Sprintf("d%d", round)
+		dir := filepath.Join(c.Dir, d)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// The first lookup of a missing name asks meta (and gets the
+		// lease); the next is answered under the lease.
+		for range 2 {
+			if _, err := os.Stat(filepath.Join(dir, "x")); !os.IsNotExist(err) {
+				t.Fatalf("stat of a missing name: %v", err)
+			}
+		}
+		lookups := fuseRequests(t, reg, "lookup")
+		for range 10 {
+			if _, err := os.Stat(filepath.Join(dir, "x")); !os.IsNotExist(err) {
+				t.Fatalf("stat of a missing name: %v", err)
+			}
+		}
+		if n := fuseRequests(t, reg, "lookup") - lookups; n > 1 {
+			t.Fatalf("round %d: 10 stats of a name the lease says is missing cost %d lookups", round, n)
+		}
+		// This mount creates a name it was told is missing.
+		mine := filepath.Join(dir, "mine")
+		if _, err := os.Stat(mine); !os.IsNotExist(err) {
+			t.Fatalf("stat of a missing name: %v", err)
+		}
+		if err := os.WriteFile(mine, []byte("mine"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// Another mount creates one: this one sees it at once.
+		if err := os.WriteFile(filepath.Join(b, d, "x"), []byte(d), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if data, err := os.ReadFile(filepath.Join(dir, "x")); err != nil || string(data) != d {
+			t.Fatalf("round %d: a file created by another mount reads here as %q, %v", round, data, err)
+		}
+		if data, err := os.ReadFile(filepath.Join(b, d, "mine")); err != nil || string(data) != "mine" {
+			t.Fatalf("round %d: a file created here, through the other mount: %q, %v", round, data, err)
 		}
 	}
 }

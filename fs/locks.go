@@ -249,13 +249,25 @@ func (f *fileHandle) unlockAll(owner uint64, flock bool) {
 	}
 }
 
-// rawFS passes to the node API what it does not carry: the lock owner of
-// FLUSH requests, and the kernel's requests to clear set-user-ID
-// (killpriv.go).
+// rawFS passes between the kernel and the node API what the latter does not
+// carry: the lock owner of FLUSH requests, the kernel's requests to clear
+// set-user-ID (killpriv.go), and negative entries with a timeout.
 type rawFS struct {
 	fuse.RawFileSystem
 	locks *lockTable
 	kill  *reqNotes[bool] // requests to clear set-user-ID (killpriv.go)
+}
+
+// Lookup answers a missing name the node gave an entry timeout (one the
+// directory's lease says is missing: Node.Lookup) with a negative entry,
+// which the kernel caches that long.
+func (r *rawFS) Lookup(cancel <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+	st := r.RawFileSystem.Lookup(cancel, h, name, out)
+	if st == fuse.ENOENT && out.EntryTimeout() > 0 {
+		out.NodeId, out.Generation = 0, 0
+		return fuse.OK
+	}
+	return st
 }
 
 // Flush hands the request's lock owner to fileHandle.Flush when it holds

@@ -593,9 +593,14 @@ func (n *Node) filledEntry(ctx context.Context, a *metapb.Attr, out *fuse.EntryO
 // name is reserved for the mount (early.go).
 func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	early := n.fsys.opts.Early != nil
-	if early && n.leaseSaysMissing(name) {
-		n.fsys.stats.KeptAnswers.Add(1)
-		return nil, syscall.ENOENT
+	if early {
+		if missing, ttl := n.leaseMissing(name, true); missing {
+			// With a timeout, rawFS makes it a negative entry the kernel
+			// caches that long.
+			n.fsys.stats.KeptAnswers.Add(1)
+			out.SetEntryTimeout(ttl)
+			return nil, syscall.ENOENT
+		}
 	}
 	if _, o := n.ownedChild(name); o.attr != nil {
 		n.fsys.stats.KeptAnswers.Add(1)
