@@ -575,13 +575,24 @@ func (n *Node) flushBehind() bool {
 			delete(dir.flushing, n.ino)
 		}
 		dir.mu.Unlock()
-		if err != nil && client.Errno(err) != syscall.ENOENT && client.Errno(err) != syscall.ESTALE { // not removed meanwhile
+		if err != nil && !removed(err) {
 			n.fsys.earlyLost.Add(1)
 			n.fsys.log.Error("the data of a file closed before it was written failed to write: the application was told it succeeded",
 				"ino", n.ino, "dir", dir.ino, "err", err)
 		}
 	}()
 	return true
+}
+
+// removed reports whether err, a flush's, says the file was removed
+// meanwhile: nothing of it is lost.
+func removed(err error) bool {
+	var r interface{ Removed() bool }
+	if errors.As(err, &r) && r.Removed() {
+		return true
+	}
+	e := client.Errno(err)
+	return e == syscall.ENOENT || e == syscall.ESTALE
 }
 
 // flushBehindTimeout bounds a flush behind, as the data engine's own retries.

@@ -177,7 +177,11 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 			return
 		}
 		if failed {
-			e.log.Error("fileio: write failed, data not written", "ino", f.ino, "stripes", len(stripes), "err", err)
+			if w := (*writeFailed)(nil); errors.As(err, &w) && w.removed {
+				e.log.Info("fileio: file removed before its data was written", "ino", f.ino, "err", err)
+			} else {
+				e.log.Error("fileio: write failed, data not written", "ino", f.ino, "stripes", len(stripes), "err", err)
+			}
 			clear(f.stripes) // the size and stripes this writer assumed did not commit
 			f.known = false
 			f.size = -1

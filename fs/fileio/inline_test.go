@@ -3,6 +3,7 @@ package fileio_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -260,5 +261,33 @@ func TestForgottenFilesDropped(t *testing.T) {
 		if err != nil || !bytes.Equal(got, data) {
 			t.Fatalf("%s read back after the engine forgot it: %d bytes, %v; want %d", name, len(got), err, len(data))
 		}
+	}
+}
+
+// TestFlushOfRemovedFile: a flush of a file removed at meta meanwhile (its
+// last close released, then unlinked, before the data got there) fails, as
+// EIO to an application, and says the file was removed: nothing is lost.
+func TestFlushOfRemovedFile(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{Layout: inlineLayout})
+	ctx := context.Background()
+	mc := c.Meta.Client(t)
+	r, err := mc.Create(ctx, &metapb.CreateRequest{Parent: 1, Name: "gone", Mode: 0o644})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ino := r.Attr.Ino
+	if err := c.Engine.Open(ctx, ino); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Engine.Write(ctx, ino, []byte("written, then removed"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mc.Unlink(ctx, &metapb.UnlinkRequest{Parent: 1, Name: "gone"}); err != nil {
+		t.Fatal(err)
+	}
+	err = c.Engine.Flush(ctx, ino)
+	var removed interface{ Removed() bool }
+	if !errors.As(err, &removed) || !removed.Removed() || !errors.Is(err, syscall.EIO) {
+		t.Fatalf("flush of a removed file: %v, want EIO that says the file was removed", err)
 	}
 }

@@ -34,7 +34,10 @@ import (
 // writeFailed is a write that failed for good (below min-write-shards past
 // the write timeout, or no space): its data is dropped and the error
 // reported, as a local file system reports a failed write-back.
-type writeFailed struct{ err error }
+type writeFailed struct {
+	err     error
+	removed bool // meta has no such file (Removed)
+}
 
 func (w *writeFailed) Error() string { return w.err.Error() }
 func (w *writeFailed) Unwrap() error { return w.err }
@@ -46,13 +49,20 @@ func failWrite(err error) error {
 		return err
 	}
 	if errors.Is(err, syscall.ENOSPC) || metaerr.Errno(err) == syscall.ENOSPC {
-		return &writeFailed{fmt.Errorf("%w (%v)", syscall.ENOSPC, err)}
+		return &writeFailed{err: fmt.Errorf("%w (%v)", syscall.ENOSPC, err)}
 	}
 	if errors.Is(err, syscall.EDQUOT) || metaerr.Errno(err) == syscall.EDQUOT {
-		return &writeFailed{fmt.Errorf("%w (%v)", syscall.EDQUOT, err)}
+		return &writeFailed{err: fmt.Errorf("%w (%v)", syscall.EDQUOT, err)}
 	}
-	return &writeFailed{fmt.Errorf("%w (%v)", syscall.EIO, err)}
+	if e := metaerr.Errno(err); e == syscall.ENOENT || e == syscall.ESTALE {
+		return &writeFailed{err: fmt.Errorf("%w (%v)", syscall.EIO, err), removed: true}
+	}
+	return &writeFailed{err: fmt.Errorf("%w (%v)", syscall.EIO, err)}
 }
+
+// Removed reports whether the write failed because meta no longer has the
+// file: it was removed meanwhile, and nothing it held is lost.
+func (w *writeFailed) Removed() bool { return w.removed }
 
 // isWriteFailed reports whether err is a write that failed for good.
 func isWriteFailed(err error) bool {
@@ -261,15 +271,15 @@ func (e *Engine) grant(ctx context.Context, ino uint64, stripes, inPlace []uint6
 		case err == nil:
 			return g, nil
 		case errno == syscall.ENOSPC:
-			return nil, &writeFailed{fmt.Errorf("fileio: inode %d: no chunkserver has room: %w", ino, syscall.ENOSPC)}
+			return nil, &writeFailed{err: fmt.Errorf("fileio: inode %d: no chunkserver has room: %w", ino, syscall.ENOSPC)}
 		case errno == syscall.EDQUOT:
-			return nil, &writeFailed{fmt.Errorf("fileio: inode %d: %v: %w", ino, err, syscall.EDQUOT)}
+			return nil, &writeFailed{err: fmt.Errorf("fileio: inode %d: %v: %w", ino, err, syscall.EDQUOT)}
 		case errno != syscall.EHOSTDOWN:
 			return nil, err
 		case e.conns.AnyFull():
-			return nil, &writeFailed{fmt.Errorf("fileio: inode %d: too few chunkservers with room (%v): %w", ino, err, syscall.ENOSPC)}
+			return nil, &writeFailed{err: fmt.Errorf("fileio: inode %d: too few chunkservers with room (%v): %w", ino, err, syscall.ENOSPC)}
 		case !e.cfg.Now().Before(deadline):
-			return nil, &writeFailed{fmt.Errorf("fileio: inode %d: too few chunkservers reachable for %v (%v): %w", ino, e.cfg.WriteTimeout, err, syscall.EIO)}
+			return nil, &writeFailed{err: fmt.Errorf("fileio: inode %d: too few chunkservers reachable for %v (%v): %w", ino, e.cfg.WriteTimeout, err, syscall.EIO)}
 		}
 		e.conns.KickProbes() // the chunkservers this mount avoids may be back
 		if err := sleep(ctx, wait); err != nil {
@@ -344,10 +354,10 @@ func (e *Engine) writeStripe(ctx context.Context, ino uint64, lay stripe.Layout,
 		}
 		switch {
 		case full || e.conns.AnyFull():
-			return nil, nil, &writeFailed{fmt.Errorf("fileio: stripe %d of inode %d: %d of %d shards written, chunkservers full: %w",
+			return nil, nil, &writeFailed{err: fmt.Errorf("fileio: stripe %d of inode %d: %d of %d shards written, chunkservers full: %w",
 				gr.Stripe, ino, n-len(missing), n, syscall.ENOSPC)}
 		case past:
-			return nil, nil, &writeFailed{fmt.Errorf("fileio: stripe %d of inode %d: %d of %d shards written in %v, %d needed: %w",
+			return nil, nil, &writeFailed{err: fmt.Errorf("fileio: stripe %d of inode %d: %d of %d shards written in %v, %d needed: %w",
 				gr.Stripe, ino, n-len(missing), n, e.cfg.WriteTimeout, need, syscall.EIO)}
 		}
 		e.conns.KickProbes()
