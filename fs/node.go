@@ -346,7 +346,8 @@ func dataErrno(err error) syscall.Errno {
 // action is to terminate) cannot exit until its request is answered, so the
 // returned context is cancelled, and the operation gives up, once the caller
 // is found dying (a local disk's waits are killable the same way). The
-// caller is checked when the kernel interrupts the request and, because
+// caller is checked when the kernel interrupts the request (noticed once
+// the operation has lasted interruptWatch) and, because
 // some requests are never interrupted (the parts of an asynchronous direct
 // I/O), whenever the operation has lasted longWait. done must be called
 // when the operation ends.
@@ -365,14 +366,29 @@ func killable(ctx context.Context) (context.Context, func()) {
 			watchDying(kctx, cancel, pid)
 		}
 	}
-	stop := context.AfterFunc(ctx, watch)
-	t := time.AfterFunc(longWait, watch)
+	// The request's context is go-fuse's, on which context.AfterFunc
+	// would start a goroutine per operation: a timer starts one only for
+	// an operation still running after interruptWatch (most end sooner),
+	// and it watches for the kernel's interrupt from then on.
+	interrupted := time.AfterFunc(interruptWatch, func() {
+		select {
+		case <-ctx.Done():
+			watch()
+		case <-kctx.Done():
+		}
+	})
+	long := time.AfterFunc(longWait, watch)
 	return kctx, func() {
-		stop()
-		t.Stop()
+		interrupted.Stop()
+		long.Stop()
 		cancel()
 	}
 }
+
+// interruptWatch is how long an operation runs before it watches for the
+// kernel's interrupt: a killed caller's request notices it that much later
+// at most.
+const interruptWatch = 20 * time.Millisecond
 
 // longWait is how long an operation runs before it checks, from then on
 // every dyingPoll, whether its caller is being killed.

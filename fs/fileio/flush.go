@@ -80,7 +80,13 @@ func (e *Engine) flushOthers(f *file) {
 
 // startFlush moves stripes from dirty to flushing and writes and commits them
 // in the background. The caller holds f.mu.
-func (e *Engine) startFlush(f *file, stripes []uint64) {
+func (e *Engine) startFlush(f *file, stripes []uint64) { e.flushStripes(f, stripes, false) }
+
+// flushStripes is startFlush, and returns how many stripes it started; with
+// wait set (the caller waits for the flush: an fsync's), a commit into
+// metadata runs in the caller's goroutine, f.mu released meanwhile, which
+// spares an fsync two goroutine hand-offs.
+func (e *Engine) flushStripes(f *file, stripes []uint64, wait bool) int {
 	ready := stripes[:0:0]
 	for _, s := range stripes {
 		d := f.dirty[s]
@@ -105,7 +111,7 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 	}
 	stripes = ready
 	if len(stripes) == 0 {
-		return
+		return 0
 	}
 	batch := make([]*dirtyStripe, 0, len(stripes))
 	for _, s := range stripes {
@@ -119,7 +125,7 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 	// stripe into metadata.
 	inline := len(stripes) == 1 && stripes[0] == 0 && e.commitsInline(f, batch[0])
 	durable := f.syncing > 0
-	go func() {
+	run := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 		defer cancel()
 		if stripes, batch = e.readBases(ctx, f, lay, stripes, batch); len(stripes) == 0 {
@@ -199,7 +205,16 @@ func (e *Engine) startFlush(f *file, stripes []uint64) {
 			return
 		}
 		f.err = err
-	}()
+	}
+	started := len(stripes)
+	if wait && inline {
+		f.mu.Unlock()
+		run() // takes f.mu to finish
+		f.mu.Lock()
+		return started
+	}
+	go run()
+	return started
 }
 
 // readBases reads in the committed bytes of the stripes of batch marked
@@ -358,9 +373,7 @@ func (e *Engine) flushLocked(ctx context.Context, f *file) error {
 	for attempt := 0; ; attempt++ {
 		started := 0
 		if len(f.dirty) > 0 {
-			before := len(f.flushing)
-			e.startFlush(f, keys(f.dirty))
-			started = len(f.flushing) - before
+			started = e.flushStripes(f, keys(f.dirty), f.syncing > 0)
 		}
 		for len(f.flushing) > 0 {
 			if err := f.wait(ctx); err != nil {
