@@ -25,23 +25,7 @@ func TestOpenTruncate(t *testing.T) {
 	if err := os.WriteFile(p, old, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	setattrs := func() uint64 {
-		fams, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range fams {
-			if f.GetName() != "rdmafs_client_fuse_request_duration_seconds" {
-				continue
-			}
-			for _, m := range f.Metric {
-				if m.Label[0].GetValue() == "setattr" {
-					return m.GetHistogram().GetSampleCount()
-				}
-			}
-		}
-		return 0
-	}
+	setattrs := func() uint64 { return fuseRequests(t, reg, "setattr") }
 
 	// Committed data.
 	before := setattrs()
