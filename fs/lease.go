@@ -420,17 +420,10 @@ func (n *Node) leased() bool {
 	return n.leaseLocked() != nil
 }
 
-// leaseSaysMissing reports whether the lease answers a lookup of name: it
-// is not in the directory.
-func (n *Node) leaseSaysMissing(name string) bool {
-	missing, _ := n.leaseMissing(name, false)
-	return missing
-}
-
 // leaseMissing reports whether the directory's lease says name is missing
-// and, if cache is set, for how long the kernel may cache that (0: not at
-// all); the name is then among those invalidated when the lease goes.
-func (n *Node) leaseMissing(name string, cache bool) (bool, time.Duration) {
+// and for how long the kernel may cache that (0: not at all); the name is
+// then among those invalidated when the lease goes.
+func (n *Node) leaseMissing(name string) (bool, time.Duration) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	l := n.leaseLocked()
@@ -440,7 +433,7 @@ func (n *Node) leaseMissing(name string, cache bool) (bool, time.Duration) {
 	if _, ok := l.names[name]; ok {
 		return false, 0
 	}
-	if !cache || len(l.negative) >= maxNegative {
+	if len(l.negative) >= maxNegative {
 		return true, 0
 	}
 	ttl := n.fsys.negativeTTL(time.Now())

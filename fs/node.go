@@ -610,7 +610,7 @@ func (n *Node) filledEntry(ctx context.Context, a *metapb.Attr, out *fuse.EntryO
 func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	early := n.fsys.opts.Early != nil
 	if early {
-		if missing, ttl := n.leaseMissing(name, true); missing {
+		if missing, ttl := n.leaseMissing(name); missing {
 			// With a timeout, rawFS makes it a negative entry the kernel
 			// caches that long.
 			n.fsys.stats.KeptAnswers.Add(1)
