@@ -359,28 +359,24 @@ func killable(ctx context.Context) (context.Context, func()) {
 		return ctx, func() {}
 	}
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	pid := fc.Pid
-	var watching atomic.Bool
-	watch := func() {
-		if watching.CompareAndSwap(false, true) {
-			watchDying(kctx, cancel, pid)
-		}
-	}
 	// The request's context is go-fuse's, on which context.AfterFunc
-	// would start a goroutine per operation: a timer starts one only for
-	// an operation still running after interruptWatch (most end sooner),
-	// and it watches for the kernel's interrupt from then on.
-	interrupted := time.AfterFunc(interruptWatch, func() {
+	// would start a goroutine per operation: one timer starts the watch
+	// only for an operation still running after interruptWatch (most end
+	// sooner). It then checks the caller at the kernel's interrupt, or
+	// once the operation has lasted longWait.
+	watch := time.AfterFunc(interruptWatch, func() {
+		long := time.NewTimer(longWait - interruptWatch)
+		defer long.Stop()
 		select {
 		case <-ctx.Done():
-			watch()
+		case <-long.C:
 		case <-kctx.Done():
+			return
 		}
+		watchDying(kctx, cancel, fc.Pid)
 	})
-	long := time.AfterFunc(longWait, watch)
 	return kctx, func() {
-		interrupted.Stop()
-		long.Stop()
+		watch.Stop()
 		cancel()
 	}
 }

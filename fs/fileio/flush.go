@@ -183,7 +183,7 @@ func (e *Engine) flushStripes(f *file, stripes []uint64, wait bool) int {
 			return
 		}
 		if failed {
-			if w := (*writeFailed)(nil); errors.As(err, &w) && w.removed {
+			if isRemoved(err) {
 				e.log.Info("fileio: file removed before its data was written", "ino", f.ino, "err", err)
 			} else {
 				e.log.Error("fileio: write failed, data not written", "ino", f.ino, "stripes", len(stripes), "err", err)

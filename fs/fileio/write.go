@@ -64,6 +64,13 @@ func failWrite(err error) error {
 // file: it was removed meanwhile, and nothing it held is lost.
 func (w *writeFailed) Removed() bool { return w.removed }
 
+// isRemoved reports whether err is a write that failed because meta no
+// longer has the file (writeFailed.Removed).
+func isRemoved(err error) bool {
+	var w *writeFailed
+	return errors.As(err, &w) && w.removed
+}
+
 // isWriteFailed reports whether err is a write that failed for good.
 func isWriteFailed(err error) bool {
 	var w *writeFailed

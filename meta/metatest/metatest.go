@@ -129,7 +129,13 @@ func Start(t testing.TB, opts Options) *Meta {
 // whatever their outcome (the calls of batches included).
 func (m *Meta) Ops(t testing.TB, method string) int {
 	t.Helper()
-	families, err := m.Registry.Gather()
+	return OpsIn(t, m.Registry, method)
+}
+
+// OpsIn is Ops for a meta server whose metrics reg gathers.
+func OpsIn(t testing.TB, reg prometheus.Gatherer, method string) int {
+	t.Helper()
+	families, err := reg.Gather()
 	if err != nil {
 		t.Fatalf("metatest: gather metrics: %v", err)
 	}

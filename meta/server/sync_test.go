@@ -12,6 +12,7 @@ import (
 	"github.com/rdmafs/rdmafs/meta/client"
 	"github.com/rdmafs/rdmafs/meta/core"
 	"github.com/rdmafs/rdmafs/meta/metapb"
+	"github.com/rdmafs/rdmafs/meta/metatest"
 	"github.com/rdmafs/rdmafs/meta/server"
 )
 
@@ -34,27 +35,7 @@ func TestSyncedCommitCoversSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	syncs := func() float64 {
-		t.Helper()
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0.0
-		for _, mf := range mfs {
-			if mf.GetName() != "rdmafs_meta_ops_total" {
-				continue
-			}
-			for _, m := range mf.GetMetric() {
-				for _, l := range m.GetLabel() {
-					if l.GetName() == "method" && l.GetValue() == "Sync" {
-						n += m.GetCounter().GetValue()
-					}
-				}
-			}
-		}
-		return n
-	}
+	syncs := func() int { return metatest.OpsIn(t, reg, "Sync") }
 	r, err := c.Create(ctx, &metapb.CreateRequest{Parent: core.RootIno, Name: "f", Mode: 0o644})
 	if err != nil {
 		t.Fatal(err)
