@@ -39,8 +39,12 @@ const BehindTimeout = 10 * time.Minute
 const maxBehind = 1024
 
 // defaultLinger is how long calls queued behind wait for another call to
-// travel with before they are sent on their own (Client.SetLinger).
-const defaultLinger = 1 * time.Millisecond
+// travel with before they are sent on their own (Client.SetLinger). They
+// are answered already, and another mount's access recalls the lease and
+// sends them at once, so the linger costs no caller a wait; long enough, it
+// lets the commit of an fsync that follows a burst of answered calls (an
+// application's create, chown and locks) carry them in its own round trip.
+const defaultLinger = 5 * time.Millisecond
 
 // pkey names what a call touches: an inode (name "") or a name in a
 // directory.
