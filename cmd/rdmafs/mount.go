@@ -557,6 +557,7 @@ func mountMetrics(eng *fileio.Engine, transport string) *prometheus.Registry {
 		counter("readahead_hits_total", "Reads served from prefetched stripes.", &st.ReadaheadHits),
 		counter("merge_reads_total", "Partly overwritten stripes whose committed data was read in to merge with the new bytes.", &st.MergeReads),
 		counter("delta_writes_total", "Stripes written as a parity delta (only the changed ranges and the parity's).", &st.DeltaWrites),
+		counter("delta_old_kept_total", "Ranges of parity deltas whose old bytes the mount kept from the stripe's previous delta instead of reading them.", &st.DeltaOldKept),
 		counter("degraded_writes_total", "Stripes committed with shards missing, left to repair.", &st.DegradedWrites),
 		counter("inline_commits_total", "Small files' stripes committed into metadata instead of shards.", &st.InlineCommits),
 		counter("sparse_stripes_total", "Dirty stripes begun sparse: small writes gathered without a whole-stripe buffer.", &st.SparseStripes),

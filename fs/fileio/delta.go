@@ -56,6 +56,9 @@ type deltaPlan struct {
 	union   []span       // the ranges touched in any data shard
 	shards  []deltaShard // k + m
 	buf     *buffer      // the patches, one area per patched shard
+	// old is the stripe's previous delta made by this mount, when it
+	// wrote the committed version si: the old bytes it holds are not read.
+	old *patched
 }
 
 // deltaShard is one shard's part of a delta.
@@ -154,6 +157,9 @@ func (e *Engine) planDelta(f *file, s uint64, d *dirtyStripe) *deltaPlan {
 		return nil
 	}
 	e.addBuf(f, len(p.buf.b))
+	if needOld {
+		p.old = e.patchedFor(f, s, si)
+	}
 	return p
 }
 
@@ -256,6 +262,11 @@ func (e *Engine) writeDelta(ctx context.Context, lay stripe.Layout, gr *metapb.S
 			sh := gr.Shards[x]
 			at := ds.off + proto.PatchHeaderLen(len(ds.ranges))
 			for _, r := range ds.ranges {
+				if p.old != nil && p.old.old(x, r, p.buf.b[at:at+r.len()]) {
+					e.stats.DeltaOldKept.Add(1)
+					at += r.len()
+					continue
+				}
 				sgl := []rdma.SGE{p.buf.sge(at, r.len())}
 				if err := e.readShard(ctx, sh, chunk.Key{Chunk: sh.ChunkId, Version: base}, int(r.lo), sgl); err != nil {
 					return fmt.Errorf("read shard %d: %w", x, err)

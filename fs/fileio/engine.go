@@ -101,7 +101,8 @@ type Engine struct {
 	stats Stats
 	wire  chunkclient.WireStats // the connections' work requests (Wire)
 
-	dirtyBytes atomic.Int64 // buffer bytes of all files' dirty and flushing stripes (addBuf)
+	dirtyBytes   atomic.Int64 // buffer bytes of all files' dirty and flushing stripes (addBuf)
+	patchedBytes atomic.Int64 // bytes of kept deltas of all files (keepPatched)
 
 	slabs       sync.Pool    // of *slab, for sparse stripes
 	sparseTotal atomic.Int64 // slab bytes held by all files' sparse stripes
@@ -179,6 +180,10 @@ type Stats struct {
 	// WriteRetries counts shard writes tried again: after a chunkserver
 	// answered busy, or on another chunkserver after one failed.
 	WriteRetries atomic.Int64
+	// DeltaOldKept counts ranges of parity deltas whose old bytes the mount
+	// had from the stripe's previous delta (patched), where they would
+	// otherwise be read from a chunkserver.
+	DeltaOldKept atomic.Int64
 }
 
 // Stats returns the engine's counters.
@@ -300,6 +305,7 @@ type file struct {
 
 	readahead *seqWindow           // the sequential-read policy; nil until the first read
 	cache     map[uint64]*prefetch // stripes fetched ahead of the reader
+	patched   map[uint64]*patched  // the last parity delta of stripes, for the next one's old bytes
 }
 
 func (e *Engine) file(ino uint64) *file {
@@ -354,6 +360,7 @@ func (e *Engine) dropIfForgotten(f *file) {
 		return
 	}
 	e.dropCacheLocked(f)
+	e.dropAllPatched(f)
 	e.mu.Lock()
 	if e.files[f.ino] == f {
 		delete(e.files, f.ino)

@@ -155,6 +155,11 @@ func (e *Engine) flushStripes(f *file, stripes []uint64, wait bool) int {
 			switch {
 			case err == nil:
 				f.stripes[s] = infos[i]
+				if d.delta != nil {
+					e.keepPatched(f, s, infos[i].Version, d.delta)
+				} else {
+					e.dropPatched(f, s)
+				}
 				fallthrough
 			case failed:
 				// Written, or failed for good: a failed write-back's
