@@ -2,8 +2,8 @@ package fileio_test
 
 import (
 	"bytes"
-	"errors"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
