@@ -156,7 +156,7 @@ func (n *Node) createEarly(ctx context.Context, name string, flags, mode uint32,
 			if ino, ok := early.NextIno(); ok {
 				req.Ino = ino
 				if early.CreateBehind(req, n.fsys.lostEarly("create", n, name, ino)) {
-					l.names[name] = struct{}{}
+					l.added(name)
 					parent, layout, leaseID = l.parent, l.layout, l.id
 					before := l.attr
 					n.dirChangeLocked()

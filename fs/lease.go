@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -60,9 +61,16 @@ const maxLeaseNames = 1 << 18
 // ask for a directory's lease again.
 const leaseBackoff = time.Second
 
-// maxNegative bounds the negative entries the mount gives the kernel under
-// one lease; past it, missing names are answered uncached.
-const maxNegative = 4096
+// maxNegative bounds the negative entries the kernel may still hold that
+// the mount gave under one lease (those of about the last two entry
+// timeouts: negativeNames); past it, missing names are answered uncached.
+// A program that probes every name before it creates it (fio does, three
+// times over) makes thousands a second.
+const maxNegative = 16384
+
+// maxNegativeTotal bounds the live negative entries of all of a mount's
+// leases together.
+const maxNegativeTotal = 1 << 16
 
 // minNegativeTTL is the shortest negative entry worth giving.
 const minNegativeTTL = 10 * time.Millisecond
@@ -81,22 +89,103 @@ type dirLease struct {
 	// mount left them (it answers getattr); nil while a change's outcome
 	// is not known.
 	attr *metapb.Attr
-	// negative holds the names the kernel may cache as missing (at most
-	// maxNegative).
-	negative map[string]struct{}
+	// negative holds the names the kernel may cache as missing.
+	negative negativeNames
+}
+
+// added records that name was added to the directory through this mount.
+// The kernel then holds the name as an entry, no longer as missing.
+func (l *dirLease) added(name string) {
+	l.names[name] = struct{}{}
+	l.negative.remove(name)
+}
+
+// negativeNames are the names a lease gave the kernel as missing that the
+// kernel may still hold: those given since since (recent), and those given
+// in the entry timeout before that (older). Names given earlier still have
+// expired in the kernel and are forgotten, so that a long-held lease keeps
+// giving negative entries and its loss invalidates only live ones.
+type negativeNames struct {
+	recent, older map[string]struct{}
+	since         time.Time
+	total         *atomic.Int64 // the mount's count (leaseTable.negatives), once a name is added
+}
+
+// add records name, given at now with an entry timeout of at most timeout,
+// and reports whether it could: false when maxNegative are live, or
+// maxNegativeTotal in the mount (counted in total).
+func (g *negativeNames) add(name string, now time.Time, timeout time.Duration, total *atomic.Int64) bool {
+	g.total = total
+	if age := now.Sub(g.since); age >= timeout {
+		expired := len(g.older)
+		g.older = g.recent
+		if age >= 2*timeout {
+			expired += len(g.older) // given before the last rotation but one
+			g.older = nil
+		}
+		g.recent, g.since = nil, now
+		total.Add(-int64(expired))
+	}
+	if len(g.recent)+len(g.older) >= maxNegative {
+		return false
+	}
+	if _, ok := g.recent[name]; ok {
+		return true
+	}
+	if total.Add(1) > maxNegativeTotal {
+		total.Add(-1)
+		return false
+	}
+	if g.recent == nil {
+		g.recent = map[string]struct{}{}
+	}
+	g.recent[name] = struct{}{}
+	if _, ok := g.older[name]; ok {
+		delete(g.older, name)
+		total.Add(-1)
+	}
+	return true
+}
+
+// remove forgets name: the kernel holds it as an entry now.
+func (g *negativeNames) remove(name string) {
+	n := len(g.recent) + len(g.older)
+	delete(g.recent, name)
+	delete(g.older, name)
+	if d := n - len(g.recent) - len(g.older); d > 0 {
+		g.total.Add(-int64(d))
+	}
+}
+
+// drop forgets every name and returns those the kernel may still hold as
+// missing.
+func (g *negativeNames) drop() []string {
+	out := make([]string, 0, len(g.recent)+len(g.older))
+	for name := range g.recent {
+		out = append(out, name)
+	}
+	for name := range g.older {
+		out = append(out, name)
+	}
+	if g.total != nil {
+		g.total.Add(-int64(len(out)))
+	}
+	g.recent, g.older = nil, nil
+	return out
 }
 
 // leaseTable is the mount's side of the leases.
 type leaseTable struct {
-	mu       sync.Mutex
-	epoch    uint64    // of the last Recalls answer
-	heard    time.Time // when it arrived
-	byID     map[uint64]*Node
-	recalled map[uint64]bool // recalls of leases whose grant had not arrived
-	release  []uint64        // ids to give back with the next Recalls call
-	stop     context.CancelFunc
-	done     chan struct{}
-	flushes  sync.WaitGroup // flushes behind running
+	mu        sync.Mutex
+	epoch     uint64    // of the last Recalls answer
+	heard     time.Time // when it arrived
+	byID      map[uint64]*Node
+	recalled  map[uint64]bool // recalls of leases whose grant had not arrived
+	release   []uint64        // ids to give back with the next Recalls call
+	stop      context.CancelFunc
+	done      chan struct{}
+	flushes   sync.WaitGroup // flushes behind running
+	negatives atomic.Int64   // live negative entries of all leases (negativeNames)
 	// invalidating counts the negative entries of leases gone still to be
 	// invalidated in the kernel.
 	invalidating sync.WaitGroup
@@ -291,15 +380,18 @@ func (n *Node) forgetLease(now time.Time) {
 // under l, a lease the node no longer holds, in the background: a request
 // in the directory may hold the directory's lock the kernel needs for it.
 func (n *Node) invalidateNegative(l *dirLease) {
-	if l == nil || len(l.negative) == 0 {
+	if l == nil {
 		return
 	}
-	names := l.negative
+	names := l.negative.drop()
+	if len(names) == 0 {
+		return
+	}
 	t := &n.fsys.leases
 	t.invalidating.Add(1)
 	go func() {
 		defer t.invalidating.Done()
-		for name := range names {
+		for _, name := range names {
 			n.NotifyEntry(name) // ENOENT: the kernel has it no more
 		}
 	}()
@@ -433,15 +525,10 @@ func (n *Node) leaseMissing(name string) (bool, time.Duration) {
 	if _, ok := l.names[name]; ok {
 		return false, 0
 	}
-	if len(l.negative) >= maxNegative {
-		return true, 0
-	}
-	ttl := n.fsys.negativeTTL(time.Now())
-	if ttl > 0 {
-		if l.negative == nil {
-			l.negative = map[string]struct{}{}
-		}
-		l.negative[name] = struct{}{}
+	now := time.Now()
+	ttl := n.fsys.negativeTTL(now)
+	if ttl > 0 && !l.negative.add(name, now, n.fsys.opts.EntryTimeout, &n.fsys.leases.negatives) {
+		ttl = 0
 	}
 	return true, ttl
 }
@@ -468,7 +555,7 @@ func (n *Node) leaseNote(id uint64, name string, added bool) {
 		return
 	}
 	if added {
-		n.lease.names[name] = struct{}{}
+		n.lease.added(name)
 	} else {
 		delete(n.lease.names, name)
 	}

@@ -1,6 +1,8 @@
 package fs
 
 import (
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -31,5 +33,64 @@ func TestNegativeTTL(t *testing.T) {
 	fsys.leases.heard = now
 	if got := fsys.negativeTTL(now); got != 200*time.Millisecond {
 		t.Errorf("entry timeout 200ms: negative entries for %v", got)
+	}
+}
+
+// TestNegativeNames: a lease keeps the names it gave the kernel as missing
+// for about two entry timeouts, so that a long-held lease does not fill up
+// with names long expired in the kernel and go on giving negative entries;
+// at most maxNegative live ones per lease and maxNegativeTotal in the mount.
+func TestNegativeNames(t *testing.T) {
+	const timeout = time.Second
+	var total atomic.Int64
+	var g negativeNames
+	t0 := time.Unix(1000, 0)
+	for i := range maxNegative {
+		if !g.add(fmt.Sprint(i), t0, timeout, &total) {
+			t.Fatalf("name %d refused", i)
+		}
+	}
+	if g.add("one more", t0.Add(timeout/2), timeout, &total) {
+		t.Fatalf("%d names live: one more taken", maxNegative)
+	}
+	// One entry timeout on, the first names may still be live in the
+	// kernel (given half a timeout ago, say): still full.
+	if g.add("one more", t0.Add(timeout), timeout, &total) {
+		t.Fatalf("one timeout on: one more taken while %d may be live", maxNegative)
+	}
+	// Two on, every name given before the last rotation has expired.
+	t2 := t0.Add(2 * timeout)
+	if !g.add("one more", t2, timeout, &total) {
+		t.Fatal("two timeouts on: refused, though every earlier name has expired")
+	}
+	if got := total.Load(); got != 1 {
+		t.Fatalf("mount's count %d, want 1", got)
+	}
+	g.add("made", t2, timeout, &total)
+	g.remove("made") // created through the mount: no longer missing
+	g.remove("never given")
+	if got := total.Load(); got != 1 {
+		t.Fatalf("mount's count %d after a removal, want 1", got)
+	}
+	// A name given again moves to the recent ones, counted once.
+	t3 := t2.Add(timeout)
+	g.add("one more", t3, timeout, &total)
+	if got := total.Load(); got != 1 {
+		t.Fatalf("mount's count %d after a name given again, want 1", got)
+	}
+	g.add("b", t3, timeout, &total)
+	// Long after the last name, all have expired.
+	g.add("c", t3.Add(3*timeout), timeout, &total)
+	if got := total.Load(); got != 1 {
+		t.Fatalf("mount's count %d three timeouts after the last names, want 1", got)
+	}
+	if got := g.drop(); len(got) != 1 || got[0] != "c" || total.Load() != 0 {
+		t.Fatalf("drop returned %q, mount's count %d; want [c], 0", got, total.Load())
+	}
+	// The mount-wide bound.
+	total.Store(maxNegativeTotal)
+	var h negativeNames
+	if h.add("x", t0, timeout, &total) {
+		t.Fatalf("%d negative entries in the mount: one more taken", maxNegativeTotal)
 	}
 }
