@@ -558,6 +558,7 @@ func mountMetrics(eng *fileio.Engine, transport string) *prometheus.Registry {
 		counter("merge_reads_total", "Partly overwritten stripes whose committed data was read in to merge with the new bytes.", &st.MergeReads),
 		counter("delta_writes_total", "Stripes written as a parity delta (only the changed ranges and the parity's).", &st.DeltaWrites),
 		counter("delta_old_kept_total", "Ranges of parity deltas whose old bytes the mount kept from the stripe's previous delta instead of reading them.", &st.DeltaOldKept),
+		counter("next_grants_used_total", "Stripes written with the grant the commit of their previous delta made, without asking meta for one.", &st.NextGrantsUsed),
 		counter("degraded_writes_total", "Stripes committed with shards missing, left to repair.", &st.DegradedWrites),
 		counter("inline_commits_total", "Small files' stripes committed into metadata instead of shards.", &st.InlineCommits),
 		counter("sparse_stripes_total", "Dirty stripes begun sparse: small writes gathered without a whole-stripe buffer.", &st.SparseStripes),

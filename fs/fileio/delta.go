@@ -59,6 +59,11 @@ type deltaPlan struct {
 	// old is the stripe's previous delta made by this mount, when it
 	// wrote the committed version si: the old bytes it holds are not read.
 	old *patched
+	// grant is the in-place grant the commit of the stripe's previous
+	// delta made for this one (nil: none usable), and next the one this
+	// delta's commit makes for the following (nextgrant.go).
+	grant *metapb.StripeGrant
+	next  *nextGrant
 }
 
 // deltaShard is one shard's part of a delta.
@@ -160,6 +165,7 @@ func (e *Engine) planDelta(f *file, s uint64, d *dirtyStripe) *deltaPlan {
 	if needOld {
 		p.old = e.patchedFor(f, s, si)
 	}
+	p.grant = e.takeNextGrant(f, s, d, si)
 	return p
 }
 

@@ -137,7 +137,8 @@ func checkParity(t *testing.T, c *fstest.Cluster, p string) {
 // TestDeltaKeepsOldBytes rewrites the same pages of a file at every fsync,
 // as a database commits: the header page and the page it appends to, which
 // moves on now and then. The old bytes of those ranges come from the mount's
-// copy of the stripe's previous delta instead of chunkserver reads. Another
+// copy of the stripe's previous delta instead of chunkserver reads, and the
+// grant from the previous delta's commit instead of a GrantWrite. Another
 // mount writes the same stripe now and then, so the committed version moves
 // on without this mount's delta: the copy no longer matches and must not be
 // used. Every step checks that the parity on the chunkservers matches the
@@ -199,11 +200,11 @@ func TestDeltaKeepsOldBytes(t *testing.T) {
 		}
 		checkParity(t, c, p)
 	}
-	kept, deltas := st.DeltaOldKept.Load(), st.DeltaWrites.Load()
-	if deltas < 30 || kept < 20 {
-		t.Fatalf("%d delta writes, %d ranges' old bytes kept by the mount, in 40 fsyncs of the same pages", deltas, kept)
+	kept, deltas, held := st.DeltaOldKept.Load(), st.DeltaWrites.Load(), st.NextGrantsUsed.Load()
+	if deltas < 30 || kept < 20 || held < 20 {
+		t.Fatalf("%d delta writes, %d ranges' old bytes kept by the mount, %d written with a grant held, in 40 fsyncs of the same pages", deltas, kept, held)
 	}
 	fresh, _ := c.Mount(t)
 	readsBack(t, "db", model, fresh, other)
-	t.Logf("%d delta writes, %d ranges' old bytes kept", deltas, kept)
+	t.Logf("%d delta writes, %d ranges' old bytes kept, %d with a grant held", deltas, kept, held)
 }

@@ -184,6 +184,9 @@ type Stats struct {
 	// had from the stripe's previous delta (patched), where they would
 	// otherwise be read from a chunkserver.
 	DeltaOldKept atomic.Int64
+	// NextGrantsUsed counts stripes written with the grant the commit of
+	// their previous delta made (nextgrant.go), without a GrantWrite call.
+	NextGrantsUsed atomic.Int64
 }
 
 // Stats returns the engine's counters.
@@ -303,9 +306,10 @@ type file struct {
 	capped    bool
 	sizeCap   int64
 
-	readahead *seqWindow           // the sequential-read policy; nil until the first read
-	cache     map[uint64]*prefetch // stripes fetched ahead of the reader
-	patched   map[uint64]*patched  // the last parity delta of stripes, for the next one's old bytes
+	readahead *seqWindow            // the sequential-read policy; nil until the first read
+	cache     map[uint64]*prefetch  // stripes fetched ahead of the reader
+	patched   map[uint64]*patched   // the last parity delta of stripes, for the next one's old bytes
+	next      map[uint64]*nextGrant // grants made for stripes' next deltas (nextgrant.go)
 }
 
 func (e *Engine) file(ino uint64) *file {

@@ -157,6 +157,12 @@ func (e *Engine) flushStripes(f *file, stripes []uint64, wait bool) int {
 				f.stripes[s] = infos[i]
 				if d.delta != nil {
 					e.keepPatched(f, s, infos[i].Version, d.delta)
+					if d.delta.next != nil {
+						if f.next == nil {
+							f.next = map[uint64]*nextGrant{}
+						}
+						f.next[s] = d.delta.next
+					}
 				} else {
 					e.dropPatched(f, s)
 				}

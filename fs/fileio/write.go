@@ -112,9 +112,14 @@ func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay stripe.Layout
 	}
 	deadline := e.cfg.Now().Add(e.cfg.WriteTimeout)
 	t0 := time.Now()
-	g, err := e.grant(ctx, ino, stripes, inPlace, deadline)
-	if err != nil {
-		return nil, err
+	g := grantsHeld(batch)
+	if g != nil {
+		e.stats.NextGrantsUsed.Add(int64(len(batch)))
+	} else {
+		var err error
+		if g, err = e.grant(ctx, ino, stripes, inPlace, deadline); err != nil {
+			return nil, err
+		}
 	}
 	if len(g.Grants) != len(stripes) {
 		return nil, fmt.Errorf("fileio: %d grants for %d stripes: %w", len(g.Grants), len(stripes), syscall.EIO)
@@ -178,9 +183,11 @@ func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay stripe.Layout
 			degraded++
 		}
 	}
-	if _, err := e.commit(ctx, &metapb.CommitStripesRequest{Ino: ino, Stripes: commits, Size: uint64(size), Sync: durable}); err != nil {
+	r, err := e.commit(ctx, &metapb.CommitStripesRequest{Ino: ino, Stripes: commits, Size: uint64(size), Sync: durable, GrantNext: inPlace})
+	if err != nil {
 		return nil, err
 	}
+	e.keepNextGrants(r, stripes, batch)
 	if degraded > 0 {
 		e.stats.DegradedWrites.Add(int64(degraded))
 	}

@@ -123,7 +123,6 @@ func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest)
 			return err
 		}
 		l := rec.Attr.Layout
-		n := int(l.K + l.M)
 		expires := s.now().Add(s.cfg.GrantTTL).UnixNano()
 		for _, idx := range req.Stripes {
 			st := &metapb.StripeRecord{}
@@ -137,24 +136,19 @@ func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest)
 					return err
 				}
 			}
-			v := max(st.NextVersion, st.Version+1, 1)
-			st.NextVersion = v + 1
-			if err := putMsg(t, keys.Stripe(req.Ino, idx), st); err != nil {
-				return err
-			}
 			var shards []*metapb.Shard
-			keep := inPlace[idx] && st.Version > 0 && !st.Shared && len(st.Shards) == n && proto.Equal(st.Layout, l) &&
-				s.members.canKeep(st.Shards, l.Unit, exclude)
+			keep := inPlace[idx] && s.canGrantInPlace(st, l, exclude)
 			if keep {
 				shards = st.Shards
 			} else if shards, err = s.placeStripe(t, l, exclude); err != nil {
 				return err
 			}
-			if err := putMsg(t, keys.Grant(req.Ino, idx, v), &metapb.GrantRecord{Shards: shards, ExpiresNs: expires, Layout: l}); err != nil {
+			g, err := s.putGrant(t, req.Ino, idx, st, l, shards, expires)
+			if err != nil {
 				return err
 			}
-			out.Grants = append(out.Grants, &metapb.StripeGrant{Stripe: idx, Version: v, CommittedVersion: st.Version,
-				Layout: l, Shards: s.members.withAddresses(shards), InPlace: keep})
+			g.InPlace = keep
+			out.Grants = append(out.Grants, g)
 		}
 		return nil
 	})
@@ -162,6 +156,30 @@ func (s *Service) GrantWrite(ctx context.Context, req *metapb.GrantWriteRequest)
 		return nil, err
 	}
 	return out, nil
+}
+
+// canGrantInPlace reports whether the next version of stripe st of a file of
+// layout l may be written on its committed chunks (see
+// GrantWriteRequest.in_place): it has shards, all of them on live
+// chunkservers not in exclude, in l, shared with no snapshot.
+func (s *Service) canGrantInPlace(st *metapb.StripeRecord, l *metapb.Layout, exclude map[string]bool) bool {
+	return st.Version > 0 && !st.Shared && len(st.Shards) == int(l.K+l.M) && proto.Equal(st.Layout, l) &&
+		s.members.canKeep(st.Shards, l.Unit, exclude)
+}
+
+// putGrant grants the next version of stripe idx of inode ino (record st,
+// stored again with its version counter moved on) on shards, until expires,
+// and returns the grant for the writer.
+func (s *Service) putGrant(t kv.Txn, ino, idx uint64, st *metapb.StripeRecord, l *metapb.Layout, shards []*metapb.Shard, expires int64) (*metapb.StripeGrant, error) {
+	v := max(st.NextVersion, st.Version+1, 1)
+	st.NextVersion = v + 1
+	if err := putMsg(t, keys.Stripe(ino, idx), st); err != nil {
+		return nil, err
+	}
+	if err := putMsg(t, keys.Grant(ino, idx, v), &metapb.GrantRecord{Shards: shards, ExpiresNs: expires, Layout: l}); err != nil {
+		return nil, err
+	}
+	return &metapb.StripeGrant{Stripe: idx, Version: v, CommittedVersion: st.Version, Layout: l, Shards: s.members.withAddresses(shards)}, nil
 }
 
 // placeStripe chooses chunkservers and fresh chunk ids for the k+m shards
@@ -408,7 +426,16 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 			return err
 		}
 		out = &metapb.CommitStripesReply{Attr: a, Versions: versions}
-		return nil
+		if len(req.GrantNext) == 0 {
+			return nil
+		}
+		committed := make(map[uint64]*metapb.StripeRecord, len(todo))
+		for _, p := range todo {
+			if p.grant != nil {
+				committed[p.sc.Stripe] = p.st
+			}
+		}
+		return s.grantNext(t, req, rec, committed, out)
 	})
 	if err != nil {
 		return nil, err
@@ -430,6 +457,40 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 			"commit of inode %d lost the version compare-and-set on stripes %v: get a new grant and retry", req.Ino, conflicts)
 	}
 	return out, nil
+}
+
+// grantNext grants in place the next version of each stripe of
+// req.GrantNext that this commit committed (committed holds their records),
+// where GrantWrite with in_place would, into out.NextGrants. A stripe that
+// cannot be granted so, or over the file's quota, is left out: the writer
+// asks GrantWrite for it.
+func (s *Service) grantNext(t kv.Txn, req *metapb.CommitStripesRequest, rec *metapb.InodeRecord, committed map[uint64]*metapb.StripeRecord, out *metapb.CommitStripesReply) error {
+	l := rec.Attr.Layout
+	expires := s.now().Add(s.cfg.GrantTTL).UnixNano()
+	seen := map[uint64]bool{}
+	for _, idx := range req.GrantNext {
+		st := committed[idx]
+		if st == nil || seen[idx] || !s.canGrantInPlace(st, l, nil) {
+			continue
+		}
+		seen[idx] = true
+		if err := s.checkSpaceQuota(t, rec, stripeBytes(l)); err != nil {
+			if metaerr.Errno(err) == syscall.EDQUOT || metaerr.Errno(err) == syscall.ENOSPC {
+				break
+			}
+			return err
+		}
+		g, err := s.putGrant(t, req.Ino, idx, st, l, st.Shards, expires)
+		if err != nil {
+			return err
+		}
+		g.InPlace = true
+		out.NextGrants = append(out.NextGrants, g)
+	}
+	if len(out.NextGrants) > 0 {
+		out.NextGrantsTtlMs = uint32(s.cfg.GrantTTL.Milliseconds())
+	}
+	return nil
 }
 
 // checkInline validates an inline commit against the file's layout.

@@ -5532,7 +5532,13 @@ type CommitStripesRequest struct {
 	// sync: the reply waits until the commit, and every operation answered
 	// before it, is durable, as a Sync call after it would (an fsync's
 	// commit: one round trip instead of two).
-	Sync          bool `protobuf:"varint,5,opt,name=sync,proto3" json:"sync,omitempty"`
+	Sync bool `protobuf:"varint,5,opt,name=sync,proto3" json:"sync,omitempty"`
+	// grant_next lists stripes of this commit, written in place, that the
+	// writer will likely write in place again (a database rewriting its
+	// pages): meta grants each their next version in place at once
+	// (CommitStripesReply.next_grants), as GrantWrite with in_place would,
+	// which spares the writer that call before its next partial-stripe write.
+	GrantNext     []uint64 `protobuf:"varint,6,rep,packed,name=grant_next,json=grantNext,proto3" json:"grant_next,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5602,6 +5608,13 @@ func (x *CommitStripesRequest) GetSync() bool {
 	return false
 }
 
+func (x *CommitStripesRequest) GetGrantNext() []uint64 {
+	if x != nil {
+		return x.GrantNext
+	}
+	return nil
+}
+
 type CommitStripesReply struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Attr  *Attr                  `protobuf:"bytes,1,opt,name=attr,proto3" json:"attr,omitempty"`
@@ -5612,6 +5625,12 @@ type CommitStripesReply struct {
 	// failed: nothing was committed (the call fails with codes.Aborted; kept
 	// in the reply so that a retried call gets the same outcome).
 	ConflictStripes []uint64 `protobuf:"varint,3,rep,packed,name=conflict_stripes,json=conflictStripes,proto3" json:"conflict_stripes,omitempty"`
+	// next_grants are the in-place grants of the request's grant_next that
+	// could be made (a stripe left out is granted by GrantWrite as before);
+	// they expire next_grants_ttl_ms after the reply was made, unless
+	// committed: a writer uses one only while it can still commit in time.
+	NextGrants      []*StripeGrant `protobuf:"bytes,4,rep,name=next_grants,json=nextGrants,proto3" json:"next_grants,omitempty"`
+	NextGrantsTtlMs uint32         `protobuf:"varint,5,opt,name=next_grants_ttl_ms,json=nextGrantsTtlMs,proto3" json:"next_grants_ttl_ms,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -5665,6 +5684,20 @@ func (x *CommitStripesReply) GetConflictStripes() []uint64 {
 		return x.ConflictStripes
 	}
 	return nil
+}
+
+func (x *CommitStripesReply) GetNextGrants() []*StripeGrant {
+	if x != nil {
+		return x.NextGrants
+	}
+	return nil
+}
+
+func (x *CommitStripesReply) GetNextGrantsTtlMs() uint32 {
+	if x != nil {
+		return x.NextGrantsTtlMs
+	}
+	return 0
 }
 
 type GetStripesRequest struct {
@@ -10116,17 +10149,22 @@ const file_meta_proto_rawDesc = "" +
 	"\x06shards\x18\x04 \x03(\rR\x06shards\x12\x18\n" +
 	"\aexclude\x18\x05 \x03(\tR\aexclude\"C\n" +
 	"\x12ReplaceShardsReply\x12-\n" +
-	"\x06shards\x18\x01 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\"\xa3\x01\n" +
+	"\x06shards\x18\x01 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\"\xc2\x01\n" +
 	"\x14CommitStripesRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x126\n" +
 	"\astripes\x18\x02 \x03(\v2\x1c.rdmafs.meta.v1.StripeCommitR\astripes\x12\x12\n" +
 	"\x04size\x18\x03 \x01(\x04R\x04size\x12\x19\n" +
 	"\bmtime_ns\x18\x04 \x01(\x03R\amtimeNs\x12\x12\n" +
-	"\x04sync\x18\x05 \x01(\bR\x04sync\"\x85\x01\n" +
+	"\x04sync\x18\x05 \x01(\bR\x04sync\x12\x1d\n" +
+	"\n" +
+	"grant_next\x18\x06 \x03(\x04R\tgrantNext\"\xf0\x01\n" +
 	"\x12CommitStripesReply\x12(\n" +
 	"\x04attr\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x04attr\x12\x1a\n" +
 	"\bversions\x18\x02 \x03(\x04R\bversions\x12)\n" +
-	"\x10conflict_stripes\x18\x03 \x03(\x04R\x0fconflictStripes\"Q\n" +
+	"\x10conflict_stripes\x18\x03 \x03(\x04R\x0fconflictStripes\x12<\n" +
+	"\vnext_grants\x18\x04 \x03(\v2\x1b.rdmafs.meta.v1.StripeGrantR\n" +
+	"nextGrants\x12+\n" +
+	"\x12next_grants_ttl_ms\x18\x05 \x01(\rR\x0fnextGrantsTtlMs\"Q\n" +
 	"\x11GetStripesRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
 	"\x05first\x18\x02 \x01(\x04R\x05first\x12\x14\n" +
@@ -10760,154 +10798,155 @@ var file_meta_proto_depIdxs = []int32{
 	73,  // 45: rdmafs.meta.v1.ReplaceShardsReply.shards:type_name -> rdmafs.meta.v1.Shard
 	77,  // 46: rdmafs.meta.v1.CommitStripesRequest.stripes:type_name -> rdmafs.meta.v1.StripeCommit
 	7,   // 47: rdmafs.meta.v1.CommitStripesReply.attr:type_name -> rdmafs.meta.v1.Attr
-	6,   // 48: rdmafs.meta.v1.StripeInfo.layout:type_name -> rdmafs.meta.v1.Layout
-	73,  // 49: rdmafs.meta.v1.StripeInfo.shards:type_name -> rdmafs.meta.v1.Shard
-	83,  // 50: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
-	6,   // 51: rdmafs.meta.v1.GetStripesReply.layout:type_name -> rdmafs.meta.v1.Layout
-	87,  // 52: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
-	89,  // 53: rdmafs.meta.v1.HeartbeatRequest.scrub:type_name -> rdmafs.meta.v1.ScrubReport
-	87,  // 54: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
-	87,  // 55: rdmafs.meta.v1.InventoryRequest.chunks:type_name -> rdmafs.meta.v1.ChunkRef
-	6,   // 56: rdmafs.meta.v1.StripeDetail.layout:type_name -> rdmafs.meta.v1.Layout
-	95,  // 57: rdmafs.meta.v1.StripeDetail.shards:type_name -> rdmafs.meta.v1.ShardInfo
-	7,   // 58: rdmafs.meta.v1.InfoReply.attr:type_name -> rdmafs.meta.v1.Attr
-	6,   // 59: rdmafs.meta.v1.InfoReply.layout:type_name -> rdmafs.meta.v1.Layout
-	96,  // 60: rdmafs.meta.v1.InfoReply.stripes:type_name -> rdmafs.meta.v1.StripeDetail
-	97,  // 61: rdmafs.meta.v1.InfoReply.totals:type_name -> rdmafs.meta.v1.TreeTotals
-	50,  // 62: rdmafs.meta.v1.InfoReply.quota:type_name -> rdmafs.meta.v1.QuotaInfo
-	89,  // 63: rdmafs.meta.v1.ChunkserverStatus.scrub:type_name -> rdmafs.meta.v1.ScrubReport
-	6,   // 64: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
-	102, // 65: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
-	50,  // 66: rdmafs.meta.v1.StatusReply.quotas:type_name -> rdmafs.meta.v1.QuotaInfo
-	124, // 67: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
-	104, // 68: rdmafs.meta.v1.StatusReply.scrub:type_name -> rdmafs.meta.v1.ScrubStatus
-	71,  // 69: rdmafs.meta.v1.StatusReply.relayout:type_name -> rdmafs.meta.v1.RelayoutStatus
-	7,   // 70: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
-	6,   // 71: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
-	6,   // 72: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	73,  // 73: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	40,  // 74: rdmafs.meta.v1.SnapshotJob.totals:type_name -> rdmafs.meta.v1.SnapshotReply
-	73,  // 75: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	6,   // 76: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	115, // 77: rdmafs.meta.v1.SessionRecord.ino_ranges:type_name -> rdmafs.meta.v1.InoRange
-	6,   // 78: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
-	6,   // 79: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
-	73,  // 80: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
-	6,   // 81: rdmafs.meta.v1.RepairTask.relayout_to:type_name -> rdmafs.meta.v1.Layout
-	118, // 82: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
-	87,  // 83: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
-	117, // 84: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
-	128, // 85: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
-	127, // 86: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
-	2,   // 87: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
-	129, // 88: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
-	129, // 89: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
-	129, // 90: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
-	9,   // 91: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
-	15,  // 92: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
-	17,  // 93: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
-	18,  // 94: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
-	19,  // 95: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
-	20,  // 96: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
-	21,  // 97: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
-	22,  // 98: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
-	24,  // 99: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
-	25,  // 100: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
-	26,  // 101: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
-	29,  // 102: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
-	30,  // 103: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
-	33,  // 104: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
-	35,  // 105: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
-	36,  // 106: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
-	38,  // 107: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
-	53,  // 108: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
-	28,  // 109: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
-	55,  // 110: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
-	61,  // 111: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
-	57,  // 112: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
-	63,  // 113: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
-	12,  // 114: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
-	64,  // 115: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
-	65,  // 116: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
-	66,  // 117: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
-	131, // 118: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
-	67,  // 119: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
-	68,  // 120: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
-	69,  // 121: rdmafs.meta.v1.Meta.Relayout:input_type -> rdmafs.meta.v1.RelayoutRequest
-	74,  // 122: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
-	80,  // 123: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
-	78,  // 124: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
-	82,  // 125: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
-	94,  // 126: rdmafs.meta.v1.Meta.Info:input_type -> rdmafs.meta.v1.InfoRequest
-	39,  // 127: rdmafs.meta.v1.Meta.Snapshot:input_type -> rdmafs.meta.v1.SnapshotRequest
-	41,  // 128: rdmafs.meta.v1.Meta.RemoveTree:input_type -> rdmafs.meta.v1.RemoveTreeRequest
-	43,  // 129: rdmafs.meta.v1.Meta.Trash:input_type -> rdmafs.meta.v1.TrashRequest
-	46,  // 130: rdmafs.meta.v1.Meta.Config:input_type -> rdmafs.meta.v1.ConfigRequest
-	49,  // 131: rdmafs.meta.v1.Meta.Quota:input_type -> rdmafs.meta.v1.QuotaRequest
-	99,  // 132: rdmafs.meta.v1.Meta.Check:input_type -> rdmafs.meta.v1.CheckRequest
-	85,  // 133: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
-	88,  // 134: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
-	101, // 135: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
-	119, // 136: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
-	121, // 137: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
-	92,  // 138: rdmafs.meta.v1.Meta.Scrub:input_type -> rdmafs.meta.v1.ScrubRequest
-	91,  // 139: rdmafs.meta.v1.Meta.Inventory:input_type -> rdmafs.meta.v1.InventoryRequest
-	122, // 140: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
-	10,  // 141: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
-	16,  // 142: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	16,  // 143: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	10,  // 144: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
-	10,  // 145: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
-	10,  // 146: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
-	10,  // 147: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
-	23,  // 148: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
-	10,  // 149: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
-	14,  // 150: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
-	14,  // 151: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
-	27,  // 152: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
-	32,  // 153: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
-	34,  // 154: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
-	27,  // 155: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
-	37,  // 156: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
-	27,  // 157: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
-	54,  // 158: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
-	27,  // 159: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
-	56,  // 160: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
-	62,  // 161: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
-	59,  // 162: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
-	27,  // 163: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
-	13,  // 164: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
-	27,  // 165: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
-	16,  // 166: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
-	27,  // 167: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
-	132, // 168: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
-	27,  // 169: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
-	72,  // 170: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
-	70,  // 171: rdmafs.meta.v1.Meta.Relayout:output_type -> rdmafs.meta.v1.RelayoutReply
-	76,  // 172: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
-	81,  // 173: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
-	79,  // 174: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
-	84,  // 175: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
-	98,  // 176: rdmafs.meta.v1.Meta.Info:output_type -> rdmafs.meta.v1.InfoReply
-	40,  // 177: rdmafs.meta.v1.Meta.Snapshot:output_type -> rdmafs.meta.v1.SnapshotReply
-	42,  // 178: rdmafs.meta.v1.Meta.RemoveTree:output_type -> rdmafs.meta.v1.RemoveTreeReply
-	45,  // 179: rdmafs.meta.v1.Meta.Trash:output_type -> rdmafs.meta.v1.TrashReply
-	48,  // 180: rdmafs.meta.v1.Meta.Config:output_type -> rdmafs.meta.v1.ConfigReply
-	51,  // 181: rdmafs.meta.v1.Meta.Quota:output_type -> rdmafs.meta.v1.QuotaReply
-	100, // 182: rdmafs.meta.v1.Meta.Check:output_type -> rdmafs.meta.v1.CheckReply
-	86,  // 183: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
-	90,  // 184: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
-	103, // 185: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
-	120, // 186: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
-	27,  // 187: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
-	93,  // 188: rdmafs.meta.v1.Meta.Scrub:output_type -> rdmafs.meta.v1.ScrubReply
-	27,  // 189: rdmafs.meta.v1.Meta.Inventory:output_type -> rdmafs.meta.v1.Empty
-	123, // 190: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
-	141, // [141:191] is the sub-list for method output_type
-	91,  // [91:141] is the sub-list for method input_type
-	91,  // [91:91] is the sub-list for extension type_name
-	91,  // [91:91] is the sub-list for extension extendee
-	0,   // [0:91] is the sub-list for field type_name
+	75,  // 48: rdmafs.meta.v1.CommitStripesReply.next_grants:type_name -> rdmafs.meta.v1.StripeGrant
+	6,   // 49: rdmafs.meta.v1.StripeInfo.layout:type_name -> rdmafs.meta.v1.Layout
+	73,  // 50: rdmafs.meta.v1.StripeInfo.shards:type_name -> rdmafs.meta.v1.Shard
+	83,  // 51: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
+	6,   // 52: rdmafs.meta.v1.GetStripesReply.layout:type_name -> rdmafs.meta.v1.Layout
+	87,  // 53: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
+	89,  // 54: rdmafs.meta.v1.HeartbeatRequest.scrub:type_name -> rdmafs.meta.v1.ScrubReport
+	87,  // 55: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
+	87,  // 56: rdmafs.meta.v1.InventoryRequest.chunks:type_name -> rdmafs.meta.v1.ChunkRef
+	6,   // 57: rdmafs.meta.v1.StripeDetail.layout:type_name -> rdmafs.meta.v1.Layout
+	95,  // 58: rdmafs.meta.v1.StripeDetail.shards:type_name -> rdmafs.meta.v1.ShardInfo
+	7,   // 59: rdmafs.meta.v1.InfoReply.attr:type_name -> rdmafs.meta.v1.Attr
+	6,   // 60: rdmafs.meta.v1.InfoReply.layout:type_name -> rdmafs.meta.v1.Layout
+	96,  // 61: rdmafs.meta.v1.InfoReply.stripes:type_name -> rdmafs.meta.v1.StripeDetail
+	97,  // 62: rdmafs.meta.v1.InfoReply.totals:type_name -> rdmafs.meta.v1.TreeTotals
+	50,  // 63: rdmafs.meta.v1.InfoReply.quota:type_name -> rdmafs.meta.v1.QuotaInfo
+	89,  // 64: rdmafs.meta.v1.ChunkserverStatus.scrub:type_name -> rdmafs.meta.v1.ScrubReport
+	6,   // 65: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
+	102, // 66: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
+	50,  // 67: rdmafs.meta.v1.StatusReply.quotas:type_name -> rdmafs.meta.v1.QuotaInfo
+	124, // 68: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
+	104, // 69: rdmafs.meta.v1.StatusReply.scrub:type_name -> rdmafs.meta.v1.ScrubStatus
+	71,  // 70: rdmafs.meta.v1.StatusReply.relayout:type_name -> rdmafs.meta.v1.RelayoutStatus
+	7,   // 71: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
+	6,   // 72: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
+	6,   // 73: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	73,  // 74: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	40,  // 75: rdmafs.meta.v1.SnapshotJob.totals:type_name -> rdmafs.meta.v1.SnapshotReply
+	73,  // 76: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	6,   // 77: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	115, // 78: rdmafs.meta.v1.SessionRecord.ino_ranges:type_name -> rdmafs.meta.v1.InoRange
+	6,   // 79: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
+	6,   // 80: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
+	73,  // 81: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
+	6,   // 82: rdmafs.meta.v1.RepairTask.relayout_to:type_name -> rdmafs.meta.v1.Layout
+	118, // 83: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
+	87,  // 84: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
+	117, // 85: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
+	128, // 86: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
+	127, // 87: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
+	2,   // 88: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
+	129, // 89: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
+	129, // 90: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
+	129, // 91: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
+	9,   // 92: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
+	15,  // 93: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
+	17,  // 94: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
+	18,  // 95: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
+	19,  // 96: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
+	20,  // 97: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
+	21,  // 98: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
+	22,  // 99: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
+	24,  // 100: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
+	25,  // 101: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
+	26,  // 102: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
+	29,  // 103: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
+	30,  // 104: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
+	33,  // 105: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
+	35,  // 106: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
+	36,  // 107: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
+	38,  // 108: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
+	53,  // 109: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
+	28,  // 110: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
+	55,  // 111: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
+	61,  // 112: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
+	57,  // 113: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
+	63,  // 114: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
+	12,  // 115: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
+	64,  // 116: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
+	65,  // 117: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
+	66,  // 118: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
+	131, // 119: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
+	67,  // 120: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
+	68,  // 121: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
+	69,  // 122: rdmafs.meta.v1.Meta.Relayout:input_type -> rdmafs.meta.v1.RelayoutRequest
+	74,  // 123: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
+	80,  // 124: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
+	78,  // 125: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
+	82,  // 126: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
+	94,  // 127: rdmafs.meta.v1.Meta.Info:input_type -> rdmafs.meta.v1.InfoRequest
+	39,  // 128: rdmafs.meta.v1.Meta.Snapshot:input_type -> rdmafs.meta.v1.SnapshotRequest
+	41,  // 129: rdmafs.meta.v1.Meta.RemoveTree:input_type -> rdmafs.meta.v1.RemoveTreeRequest
+	43,  // 130: rdmafs.meta.v1.Meta.Trash:input_type -> rdmafs.meta.v1.TrashRequest
+	46,  // 131: rdmafs.meta.v1.Meta.Config:input_type -> rdmafs.meta.v1.ConfigRequest
+	49,  // 132: rdmafs.meta.v1.Meta.Quota:input_type -> rdmafs.meta.v1.QuotaRequest
+	99,  // 133: rdmafs.meta.v1.Meta.Check:input_type -> rdmafs.meta.v1.CheckRequest
+	85,  // 134: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
+	88,  // 135: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
+	101, // 136: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
+	119, // 137: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
+	121, // 138: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
+	92,  // 139: rdmafs.meta.v1.Meta.Scrub:input_type -> rdmafs.meta.v1.ScrubRequest
+	91,  // 140: rdmafs.meta.v1.Meta.Inventory:input_type -> rdmafs.meta.v1.InventoryRequest
+	122, // 141: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
+	10,  // 142: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
+	16,  // 143: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	16,  // 144: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	10,  // 145: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
+	10,  // 146: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
+	10,  // 147: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
+	10,  // 148: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
+	23,  // 149: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
+	10,  // 150: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
+	14,  // 151: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
+	14,  // 152: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
+	27,  // 153: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
+	32,  // 154: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
+	34,  // 155: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
+	27,  // 156: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
+	37,  // 157: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
+	27,  // 158: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
+	54,  // 159: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
+	27,  // 160: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
+	56,  // 161: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
+	62,  // 162: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
+	59,  // 163: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
+	27,  // 164: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
+	13,  // 165: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
+	27,  // 166: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
+	16,  // 167: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
+	27,  // 168: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
+	132, // 169: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
+	27,  // 170: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
+	72,  // 171: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
+	70,  // 172: rdmafs.meta.v1.Meta.Relayout:output_type -> rdmafs.meta.v1.RelayoutReply
+	76,  // 173: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
+	81,  // 174: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
+	79,  // 175: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
+	84,  // 176: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
+	98,  // 177: rdmafs.meta.v1.Meta.Info:output_type -> rdmafs.meta.v1.InfoReply
+	40,  // 178: rdmafs.meta.v1.Meta.Snapshot:output_type -> rdmafs.meta.v1.SnapshotReply
+	42,  // 179: rdmafs.meta.v1.Meta.RemoveTree:output_type -> rdmafs.meta.v1.RemoveTreeReply
+	45,  // 180: rdmafs.meta.v1.Meta.Trash:output_type -> rdmafs.meta.v1.TrashReply
+	48,  // 181: rdmafs.meta.v1.Meta.Config:output_type -> rdmafs.meta.v1.ConfigReply
+	51,  // 182: rdmafs.meta.v1.Meta.Quota:output_type -> rdmafs.meta.v1.QuotaReply
+	100, // 183: rdmafs.meta.v1.Meta.Check:output_type -> rdmafs.meta.v1.CheckReply
+	86,  // 184: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
+	90,  // 185: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
+	103, // 186: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
+	120, // 187: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
+	27,  // 188: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
+	93,  // 189: rdmafs.meta.v1.Meta.Scrub:output_type -> rdmafs.meta.v1.ScrubReply
+	27,  // 190: rdmafs.meta.v1.Meta.Inventory:output_type -> rdmafs.meta.v1.Empty
+	123, // 191: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
+	142, // [142:192] is the sub-list for method output_type
+	92,  // [92:142] is the sub-list for method input_type
+	92,  // [92:92] is the sub-list for extension type_name
+	92,  // [92:92] is the sub-list for extension extendee
+	0,   // [0:92] is the sub-list for field type_name
 }
 
 func init() { file_meta_proto_init() }

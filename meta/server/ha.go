@@ -383,8 +383,9 @@ func restrictTokens(svc *core.Service, guard *auth.Guard, secret []byte) grpc.Un
 			r = proto.Clone(r)
 		}
 		svc.Admitted(t, r)
-		// Write capabilities only where meta grants a write.
-		write := !t.ReadOnly && (method == "GrantWrite" || method == "ReplaceShards")
+		// Write capabilities only where meta grants a write (a commit's
+		// reply names shards only in the next grants it makes).
+		write := !t.ReadOnly && (method == "GrantWrite" || method == "ReplaceShards" || method == "CommitStripes")
 		metapb.EachShard(r, func(sh *metapb.Shard) {
 			sh.Cap, sh.CapWrite = datakey.Capability(secret, t.ID, sh.ChunkId, write), write
 		})
