@@ -35,13 +35,7 @@ func TestDeltaWrites(t *testing.T) {
 			stripe := int(lay.StripeSize())
 			model := random(3*stripe-5000, 1) // the last stripe partly filled
 			p := filepath.Join(c.Dir, "db")
-			if err := writeSync(p, model); err != nil {
-				t.Fatal(err)
-			}
-			f, err := os.OpenFile(p, os.O_RDWR, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
+			f := writeAndOpen(t, p, model)
 			defer f.Close()
 			r := rand.New(rand.NewPCG(2, 3))
 			for step := range 60 {
@@ -77,6 +71,20 @@ func TestDeltaWrites(t *testing.T) {
 			t.Logf("%d delta writes", deltas)
 		})
 	}
+}
+
+// writeAndOpen writes data to a new file at p, synced, and opens it for
+// reading and writing.
+func writeAndOpen(t *testing.T, p string, data []byte) *os.File {
+	t.Helper()
+	if err := writeSync(p, data); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 // checkParity reads every shard of every stripe of the file at p straight
@@ -151,13 +159,7 @@ func TestDeltaKeepsOldBytes(t *testing.T) {
 	const page = 4096
 	model := random(int(lay.StripeSize())+5*page, 1)
 	p := filepath.Join(c.Dir, "db")
-	if err := writeSync(p, model); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(p, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := writeAndOpen(t, p, model)
 	defer func() { f.Close() }()
 	write := func(f *os.File, off int) {
 		t.Helper()
