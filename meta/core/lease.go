@@ -40,8 +40,9 @@ import (
 // the holder may have granted and not sent yet.
 
 // MaxLeaseNames is the most entries a directory may have to be leased: the
-// grant lists them all.
-const MaxLeaseNames = 4096
+// grant lists them all, at most 2 MiB with names of NAME_MAX bytes, half of
+// gRPC's default bound on a message the mount receives.
+const MaxLeaseNames = 8192
 
 // maxLeases bounds the leases held at once.
 const maxLeases = 1 << 16

@@ -2,10 +2,14 @@ package core
 
 import (
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
@@ -261,6 +265,34 @@ func TestLeaseFence(t *testing.T) {
 		e.recalls(c, epoch, r.Lease.Id)
 		if err := lock(b, cFirst, W, false); err != nil {
 			t.Fatalf("lock of a file created under a lease given back: %v", err)
+		}
+	})
+}
+
+// TestDirLeaseOfLargeDirectory: a directory of MaxLeaseNames entries is
+// leased with all of them, in a reply the mount's gRPC client takes (4 MiB
+// by default) even when every name is NAME_MAX bytes long; one entry more
+// and it is not leased.
+func TestDirLeaseOfLargeDirectory(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		a, _ := e.session(16)
+		dir := e.mkdir(root, RootIno, "d", 0o777)
+		long := strings.Repeat("n", 255-5)
+		for i := range MaxLeaseNames {
+			e.create(root, dir, fmt.Sprintf("%s%05d", long, i), 0o644)
+		}
+		epoch := e.recalls(a, 0).Epoch
+		r := e.leaseLookup(a, dir, "missing")
+		if r.Lease == nil || r.Lease.Epoch != epoch || len(r.Lease.Names) != MaxLeaseNames {
+			t.Fatalf("lease of a directory of %d entries: %d names (lease %v)", MaxLeaseNames, len(r.GetLease().GetNames()), r.Lease != nil)
+		}
+		if n := proto.Size(r); n >= 4<<20 {
+			t.Fatalf("the lease's reply is %d bytes, more than gRPC's default 4 MiB", n)
+		}
+		e.recalls(a, epoch, r.Lease.Id) // given back
+		e.create(root, dir, "one more", 0o644)
+		if r := e.leaseLookup(a, dir, "missing too"); r.Lease != nil {
+			t.Fatalf("lease of a directory of %d entries", MaxLeaseNames+1)
 		}
 	})
 }
