@@ -108,14 +108,14 @@ func (l *dirLease) added(name string) {
 type negativeNames struct {
 	recent, older map[string]struct{}
 	since         time.Time
-	total         *atomic.Int64 // the mount's count (leaseTable.negatives), once a name is added
+	total         *atomic.Int64 // the mount's count of them all (leaseTable.negatives)
 }
 
 // add records name, given at now with an entry timeout of at most timeout,
 // and reports whether it could: false when maxNegative are live, or
-// maxNegativeTotal in the mount (counted in total).
-func (g *negativeNames) add(name string, now time.Time, timeout time.Duration, total *atomic.Int64) bool {
-	g.total = total
+// maxNegativeTotal in the mount.
+func (g *negativeNames) add(name string, now time.Time, timeout time.Duration) bool {
+	total := g.total
 	if age := now.Sub(g.since); age >= timeout {
 		expired := len(g.older)
 		g.older = g.recent
@@ -126,11 +126,11 @@ func (g *negativeNames) add(name string, now time.Time, timeout time.Duration, t
 		g.recent, g.since = nil, now
 		total.Add(-int64(expired))
 	}
-	if len(g.recent)+len(g.older) >= maxNegative {
-		return false
-	}
 	if _, ok := g.recent[name]; ok {
 		return true
+	}
+	if len(g.recent)+len(g.older) >= maxNegative {
+		return false
 	}
 	if total.Add(1) > maxNegativeTotal {
 		total.Add(-1)
@@ -167,9 +167,7 @@ func (g *negativeNames) drop() []string {
 	for name := range g.older {
 		out = append(out, name)
 	}
-	if g.total != nil {
-		g.total.Add(-int64(len(out)))
-	}
+	g.total.Add(-int64(len(out)))
 	g.recent, g.older = nil, nil
 	return out
 }
@@ -452,7 +450,8 @@ func (n *Node) installLease(g *metapb.DirLease, r *metapb.EntryReply) {
 	}
 	n.mu.Lock()
 	old := n.lease
-	n.lease = &dirLease{id: g.Id, epoch: g.Epoch, names: names, parent: r.Parent, layout: r.NewLayout, attr: r.Parent}
+	n.lease = &dirLease{id: g.Id, epoch: g.Epoch, names: names, parent: r.Parent, layout: r.NewLayout, attr: r.Parent,
+		negative: negativeNames{total: &t.negatives}}
 	n.lastAttr = r.Parent
 	n.mu.Unlock()
 	if old != nil {
@@ -527,7 +526,7 @@ func (n *Node) leaseMissing(name string) (bool, time.Duration) {
 	}
 	now := time.Now()
 	ttl := n.fsys.negativeTTL(now)
-	if ttl > 0 && !l.negative.add(name, now, n.fsys.opts.EntryTimeout, &n.fsys.leases.negatives) {
+	if ttl > 0 && !l.negative.add(name, now, n.fsys.opts.EntryTimeout) {
 		ttl = 0
 	}
 	return true, ttl

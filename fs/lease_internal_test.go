@@ -43,30 +43,30 @@ func TestNegativeTTL(t *testing.T) {
 func TestNegativeNames(t *testing.T) {
 	const timeout = time.Second
 	var total atomic.Int64
-	var g negativeNames
+	g := negativeNames{total: &total}
 	t0 := time.Unix(1000, 0)
 	for i := range maxNegative {
-		if !g.add(fmt.Sprint(i), t0, timeout, &total) {
+		if !g.add(fmt.Sprint(i), t0, timeout) {
 			t.Fatalf("name %d refused", i)
 		}
 	}
-	if g.add("one more", t0.Add(timeout/2), timeout, &total) {
+	if g.add("one more", t0.Add(timeout/2), timeout) {
 		t.Fatalf("%d names live: one more taken", maxNegative)
 	}
 	// One entry timeout on, the first names may still be live in the
 	// kernel (given half a timeout ago, say): still full.
-	if g.add("one more", t0.Add(timeout), timeout, &total) {
+	if g.add("one more", t0.Add(timeout), timeout) {
 		t.Fatalf("one timeout on: one more taken while %d may be live", maxNegative)
 	}
 	// Two on, every name given before the last rotation has expired.
 	t2 := t0.Add(2 * timeout)
-	if !g.add("one more", t2, timeout, &total) {
+	if !g.add("one more", t2, timeout) {
 		t.Fatal("two timeouts on: refused, though every earlier name has expired")
 	}
 	if got := total.Load(); got != 1 {
 		t.Fatalf("mount's count %d, want 1", got)
 	}
-	g.add("made", t2, timeout, &total)
+	g.add("made", t2, timeout)
 	g.remove("made") // created through the mount: no longer missing
 	g.remove("never given")
 	if got := total.Load(); got != 1 {
@@ -74,13 +74,13 @@ func TestNegativeNames(t *testing.T) {
 	}
 	// A name given again moves to the recent ones, counted once.
 	t3 := t2.Add(timeout)
-	g.add("one more", t3, timeout, &total)
+	g.add("one more", t3, timeout)
 	if got := total.Load(); got != 1 {
 		t.Fatalf("mount's count %d after a name given again, want 1", got)
 	}
-	g.add("b", t3, timeout, &total)
+	g.add("b", t3, timeout)
 	// Long after the last name, all have expired.
-	g.add("c", t3.Add(3*timeout), timeout, &total)
+	g.add("c", t3.Add(3*timeout), timeout)
 	if got := total.Load(); got != 1 {
 		t.Fatalf("mount's count %d three timeouts after the last names, want 1", got)
 	}
@@ -89,8 +89,8 @@ func TestNegativeNames(t *testing.T) {
 	}
 	// The mount-wide bound.
 	total.Store(maxNegativeTotal)
-	var h negativeNames
-	if h.add("x", t0, timeout, &total) {
+	h := negativeNames{total: &total}
+	if h.add("x", t0, timeout) {
 		t.Fatalf("%d negative entries in the mount: one more taken", maxNegativeTotal)
 	}
 }

@@ -205,7 +205,7 @@ func runBenchFS(ctx context.Context, w io.Writer, cfg benchFSConfig) error {
 	type target struct {
 		name, mnt string
 		runs      [][]fiorun.Result
-		sqlite    [2][]float64 // inserts/s per run, per database of sqliteDatabases
+		sqlite    [len(sqliteDatabases)][]float64 // inserts/s per run, per database
 	}
 	ours := &target{name: "rdmafs", mnt: cl.MountPoint}
 	ceil := &target{name: "ceiling", mnt: ceilMnt}

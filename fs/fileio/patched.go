@@ -27,8 +27,9 @@ type patched struct {
 	version uint64   // the stripe version the delta committed
 	chunks  []uint64 // the chunk of each shard
 	ranges  [][]span // per shard, sorted and disjoint; nil for a shard not patched
-	bytes   [][]byte // per shard, the bytes of its ranges back to back
-	size    int      // len of all bytes
+	bytes   [][]byte // per shard, the bytes of its ranges back to back, in buf
+	buf     []byte
+	size    int // bytes of buf in use
 }
 
 // old copies the bytes of shard x's range r into dst and reports whether it
@@ -73,11 +74,13 @@ func (e *Engine) patchedFor(f *file, s uint64, si *metapb.StripeInfo) *patched {
 }
 
 // keepPatched records the bytes delta p wrote, committed as version v of
-// stripe s of f, for the stripe's next delta; the copy it replaces is
-// dropped. Within the bounds (maxPatchedPerFile, maxPatchedBytes) it makes
-// room by dropping another stripe's copy of f; past them nothing is kept.
-// The caller holds f.mu.
+// stripe s of f, for the stripe's next delta, in the memory of the copy it
+// replaces when that is large enough (a stripe flushes once at a time, so
+// the delta that read that copy is done). Within the bounds
+// (maxPatchedPerFile, maxPatchedBytes) it makes room by dropping another
+// stripe's copy of f; past them nothing is kept. The caller holds f.mu.
 func (e *Engine) keepPatched(f *file, s uint64, v uint64, p *deltaPlan) {
+	prev := f.patched[s]
 	e.dropPatched(f, s)
 	if !p.needOld {
 		return // no old bytes are read for this layout
@@ -98,18 +101,24 @@ func (e *Engine) keepPatched(f *file, s uint64, v uint64, p *deltaPlan) {
 		e.patchedBytes.Add(-int64(size))
 		return
 	}
-	pc := &patched{version: v, chunks: make([]uint64, len(p.si.Shards)), ranges: make([][]span, len(p.shards)),
-		bytes: make([][]byte, len(p.shards)), size: size}
+	pc := prev
+	if pc == nil || len(pc.chunks) != len(p.si.Shards) || cap(pc.buf) < size {
+		pc = &patched{chunks: make([]uint64, len(p.si.Shards)), ranges: make([][]span, len(p.shards)),
+			bytes: make([][]byte, len(p.shards)), buf: make([]byte, size)}
+	}
+	pc.version, pc.size, pc.buf = v, size, pc.buf[:size]
 	for i, sh := range p.si.Shards {
 		pc.chunks[i] = sh.ChunkId
 	}
+	at := 0
 	for x := range p.shards {
 		ds := &p.shards[x]
-		if ds.ranges == nil {
-			continue
+		pc.ranges[x], pc.bytes[x] = ds.ranges, nil
+		if ds.ranges != nil {
+			n := copy(pc.buf[at:], ds.data(p.buf))
+			pc.bytes[x] = pc.buf[at : at+n]
+			at += n
 		}
-		pc.ranges[x] = ds.ranges
-		pc.bytes[x] = append([]byte(nil), ds.data(p.buf)...)
 	}
 	if f.patched == nil {
 		f.patched = map[uint64]*patched{}

@@ -467,15 +467,14 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 func (s *Service) grantNext(t kv.Txn, req *metapb.CommitStripesRequest, rec *metapb.InodeRecord, committed map[uint64]*metapb.StripeRecord, out *metapb.CommitStripesReply) error {
 	l := rec.Attr.Layout
 	expires := s.now().Add(s.cfg.GrantTTL).UnixNano()
-	seen := map[uint64]bool{}
 	for _, idx := range req.GrantNext {
 		st := committed[idx]
-		if st == nil || seen[idx] || !s.canGrantInPlace(st, l, nil) {
+		delete(committed, idx) // granted once, however often listed
+		if st == nil || !s.canGrantInPlace(st, l, nil) {
 			continue
 		}
-		seen[idx] = true
 		if err := s.checkSpaceQuota(t, rec, stripeBytes(l)); err != nil {
-			if metaerr.Errno(err) == syscall.EDQUOT || metaerr.Errno(err) == syscall.ENOSPC {
+			if metaerr.Errno(err) == syscall.EDQUOT {
 				break
 			}
 			return err
