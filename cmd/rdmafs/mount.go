@@ -561,6 +561,7 @@ func mountMetrics(eng *fileio.Engine, transport string) *prometheus.Registry {
 		counter("next_grants_used_total", "Stripes written with the grant the commit of their previous delta made, without asking meta for one.", &st.NextGrantsUsed),
 		counter("degraded_writes_total", "Stripes committed with shards missing, left to repair.", &st.DegradedWrites),
 		counter("inline_commits_total", "Small files' stripes committed into metadata instead of shards.", &st.InlineCommits),
+		counter("inline_patched_total", "Inline commits that sent only the bytes that changed.", &st.InlinePatched),
 		counter("sparse_stripes_total", "Dirty stripes begun sparse: small writes gathered without a whole-stripe buffer.", &st.SparseStripes),
 		counter("write_retries_total", "Shard writes tried again: after a chunkserver answered busy, or on another chunkserver after one failed.", &st.WriteRetries),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "rdmafs", Subsystem: "client", Name: "dirty_bytes",

@@ -170,6 +170,9 @@ type Stats struct {
 	// InlineCommits counts small files' stripes committed into metadata
 	// instead of shards.
 	InlineCommits atomic.Int64
+	// InlinePatched counts inline commits that sent only the changed bytes
+	// of the file (StripeCommit.patch).
+	InlinePatched atomic.Int64
 	// SparseStripes counts dirty stripes begun sparse (small writes
 	// gathered without a whole-stripe buffer).
 	SparseStripes atomic.Int64

@@ -124,6 +124,10 @@ func (e *Engine) flushStripes(f *file, stripes []uint64, wait bool) int {
 	// A file that stays within the layout's inline size commits its one
 	// stripe into metadata.
 	inline := len(stripes) == 1 && stripes[0] == 0 && e.commitsInline(f, batch[0])
+	var inlineBase []byte // the bytes of the inline version the stripe builds on
+	if si := f.stripes[0]; inline && si != nil && si.Version == batch[0].base && si.Version > 0 && isInline(si) {
+		inlineBase = si.InlineData
+	}
 	durable := f.syncing > 0
 	run := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
@@ -134,7 +138,7 @@ func (e *Engine) flushStripes(f *file, stripes []uint64, wait bool) int {
 		var infos []*metapb.StripeInfo
 		var err error
 		if inline {
-			infos, err = e.commitInline(ctx, f.ino, batch[0], durable)
+			infos, err = e.commitInline(ctx, f.ino, batch[0], inlineBase, durable)
 		} else {
 			infos, err = e.writeStripes(ctx, f.ino, lay, stripes, batch, durable)
 		}

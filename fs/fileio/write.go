@@ -1,6 +1,7 @@
 package fileio
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -255,13 +256,29 @@ func (e *Engine) growBuffer(ctx context.Context, ino uint64, d *dirtyStripe, n i
 func sameCoding(a, b stripe.Layout) bool { return a.K == b.K && a.M == b.M && a.Unit == b.Unit }
 
 // commitInline commits stripe 0 of a small file with its bytes in metadata:
-// one call, no grant, no shards.
-func (e *Engine) commitInline(ctx context.Context, ino uint64, d *dirtyStripe, durable bool) ([]*metapb.StripeInfo, error) {
+// one call, no grant, no shards. With base, the bytes of the inline version
+// d builds on, only what changed travels (a database rewrites a few pages
+// of its file per transaction), unless that is most of it.
+func (e *Engine) commitInline(ctx context.Context, ino uint64, d *dirtyStripe, base []byte, durable bool) ([]*metapb.StripeInfo, error) {
 	data, own := d.inlineData()
-	r, err := e.commit(ctx, &metapb.CommitStripesRequest{Ino: ino, Size: uint64(d.length), Sync: durable,
-		Stripes: []*metapb.StripeCommit{{Stripe: 0, ExpectedVersion: d.base, Length: uint64(d.length), Inline: true, Data: data}}})
+	sc := &metapb.StripeCommit{Stripe: 0, ExpectedVersion: d.base, Length: uint64(d.length), Inline: true, Data: data}
+	if base != nil {
+		if patches, ok := inlinePatches(base, data); ok {
+			sc.Data, sc.Patch, sc.Patches = nil, true, patches
+		}
+	}
+	req := &metapb.CommitStripesRequest{Ino: ino, Size: uint64(d.length), Sync: durable, Stripes: []*metapb.StripeCommit{sc}}
+	r, err := e.commit(ctx, req)
+	if err != nil && sc.Patch && metaerr.Errno(err) == syscall.EINVAL {
+		// A meta server that predates patches: the bytes go whole.
+		sc.Data, sc.Patch, sc.Patches = data, false, nil
+		r, err = e.commit(ctx, req)
+	}
 	if err != nil {
 		return nil, err
+	}
+	if sc.Patch {
+		e.stats.InlinePatched.Add(1)
 	}
 	if len(r.Versions) != 1 || r.Versions[0] == 0 {
 		return nil, fmt.Errorf("fileio: inline commit of inode %d: no version in the reply: %w", ino, syscall.EIO)
@@ -271,6 +288,59 @@ func (e *Engine) commitInline(ctx context.Context, ino uint64, d *dirtyStripe, d
 		data = slices.Clone(data)
 	}
 	return []*metapb.StripeInfo{{Stripe: 0, Version: r.Versions[0], Length: uint64(d.length), InlineData: data}}, nil
+}
+
+// patchBlock is the granularity at which inlinePatches compares bytes.
+const patchBlock = 64
+
+// maxInlinePatches bounds the patches of one inline commit, as meta does.
+const maxInlinePatches = 1024
+
+// inlinePatches returns the changes that turn old, cut or zero-extended to
+// len(data), into data, as meta applies them (StripeCommit.patch): runs of
+// differing patchBlock-byte blocks, merged across a single equal block. ok
+// is false when they would carry more than half of data: it then goes whole.
+func inlinePatches(old, data []byte) (patches []*metapb.InlinePatch, ok bool) {
+	sent := 0
+	var cur *metapb.InlinePatch
+	curEnd := 0
+	for off := 0; off < len(data); off += patchBlock {
+		end := min(off+patchBlock, len(data))
+		if sameAsOld(old, data, off, end) {
+			continue
+		}
+		if cur != nil && off-curEnd <= patchBlock {
+			sent += end - curEnd
+			curEnd = end
+			cur.Data = data[cur.Offset:end]
+			continue
+		}
+		if len(patches) == maxInlinePatches {
+			return nil, false
+		}
+		cur, curEnd = &metapb.InlinePatch{Offset: uint64(off), Data: data[off:end]}, end
+		sent += end - off
+		patches = append(patches, cur)
+	}
+	if 2*sent > len(data) {
+		return nil, false
+	}
+	return patches, true
+}
+
+// sameAsOld reports whether data[off:end] equals old's bytes there, old
+// read as zeros past its end.
+func sameAsOld(old, data []byte, off, end int) bool {
+	n := min(max(len(old)-off, 0), end-off) // bytes of old in the block
+	if n > 0 && !bytes.Equal(data[off:off+n], old[off:off+n]) {
+		return false
+	}
+	for _, b := range data[off+n : end] {
+		if b != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // grant asks meta for write grants, placing no shard on the chunkservers

@@ -186,3 +186,97 @@ func TestCreateCarriesInline(t *testing.T) {
 		}
 	})
 }
+
+// TestInlinePatchCommits covers inline commits that send only what changed
+// (StripeCommit.patch): the checks on their patches, the bytes they make
+// over the expected version (cut, grown with zeros, rewritten), a patch over
+// a stripe that was never written, and a patch over a stripe on shards,
+// which is a conflict.
+func TestInlinePatchCommits(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		e.chunkservers(6)
+		d := e.mkdir(root, RootIno, "small", 0o777)
+		l := &metapb.Layout{K: 4, M: 2, Unit: 64 << 10, InlineMax: 4096}
+		if _, err := e.s.SetLayout(e.ctx, &metapb.SetLayoutRequest{Ino: d, Layout: l}); err != nil {
+			t.Fatal(err)
+		}
+		f := e.create(root, d, "f", 0o644)
+		patch := func(expected, length uint64, patches ...*metapb.InlinePatch) (*metapb.CommitStripesReply, error) {
+			return e.s.CommitStripes(e.ctx, &metapb.CommitStripesRequest{Ino: f, Size: length,
+				Stripes: []*metapb.StripeCommit{{Stripe: 0, ExpectedVersion: expected, Length: length, Inline: true, Patch: true, Patches: patches}}})
+		}
+		at := func(off uint64, s string) *metapb.InlinePatch {
+			return &metapb.InlinePatch{Offset: off, Data: []byte(s)}
+		}
+		read := func() *metapb.StripeInfo {
+			t.Helper()
+			r, err := e.s.GetStripes(e.ctx, &metapb.GetStripesRequest{Ino: f})
+			if err != nil || len(r.Stripes) != 1 {
+				t.Fatalf("get stripes: %v %v", r, err)
+			}
+			return r.Stripes[0]
+		}
+		// Bad patches change nothing.
+		for _, bad := range []*metapb.StripeCommit{
+			{Stripe: 0, Length: 4, Inline: true, Patch: true, Patches: []*metapb.InlinePatch{at(2, "abc")}},        // past the length
+			{Stripe: 0, Length: 4, Inline: true, Patch: true, Patches: []*metapb.InlinePatch{at(5, "")}},           // starts past it
+			{Stripe: 0, Length: 4, Inline: true, Patch: true, Data: []byte("abcd")},                                // data too
+			{Stripe: 0, Length: 4, Inline: true, Data: []byte("abcd"), Patches: []*metapb.InlinePatch{at(0, "x")}}, // not marked
+			{Stripe: 0, Length: 4097, Inline: true, Patch: true},                                                   // past the inline size
+		} {
+			_, err := e.s.CommitStripes(e.ctx, &metapb.CommitStripesRequest{Ino: f, Size: bad.Length, Stripes: []*metapb.StripeCommit{bad}})
+			wantErrno(t, err, syscall.EINVAL)
+		}
+		many := make([]*metapb.InlinePatch, MaxInlinePatches+1)
+		for i := range many {
+			many[i] = at(0, "x")
+		}
+		_, err := patch(0, 4, many...)
+		wantErrno(t, err, syscall.EINVAL)
+
+		// Over a stripe never written: the patches over zeros.
+		r, err := patch(0, 8, at(2, "ab"), at(6, "cd"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := r.Versions[0]
+		if si := read(); si.Version != v || !bytes.Equal(si.InlineData, []byte("\x00\x00ab\x00\x00cd")) || si.Length != 8 {
+			t.Fatalf("patch over nothing reads back as %q (version %d, want %d)", si.InlineData, si.Version, v)
+		}
+		// Grown: the old bytes, zeros, then the patch; later patches win.
+		if r, err = patch(v, 12, at(9, "xyz"), at(0, "AB"), at(1, "Q")); err != nil {
+			t.Fatal(err)
+		}
+		v = r.Versions[0]
+		if si := read(); !bytes.Equal(si.InlineData, []byte("AQab\x00\x00cd\x00xyz")) || r.Attr.Size != 12 {
+			t.Fatalf("grown patch reads back as %q, size %d", si.InlineData, r.Attr.Size)
+		}
+		// Cut: no patch at all keeps the first bytes.
+		if _, err := e.s.SetAttr(e.ctx, &metapb.SetAttrRequest{Ino: f, SetSize: true, Size: 5}); err != nil {
+			t.Fatal(err)
+		}
+		if r, err = patch(v, 5); err != nil {
+			t.Fatal(err)
+		}
+		v = r.Versions[0]
+		if si := read(); !bytes.Equal(si.InlineData, []byte("AQab\x00")) {
+			t.Fatalf("cut patch reads back as %q", si.InlineData)
+		}
+		// A stale expected version loses the compare-and-set.
+		if _, err := patch(v-1, 5, at(0, "z")); status(err) != codes.Aborted {
+			t.Fatalf("patch over a stale version: %v", err)
+		}
+		// Over a stripe on shards the writer's bytes are stale: a conflict,
+		// and the stripe stays as it is.
+		g := e.grant(f, 0)
+		if err := e.commit(f, g, v, 64<<10, 64<<10); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := patch(g.Version, 5, at(0, "z")); status(err) != codes.Aborted {
+			t.Fatalf("patch over a sharded stripe: %v", err)
+		}
+		if si := read(); si.Version != g.Version || len(si.Shards) != 6 {
+			t.Fatalf("sharded stripe after a refused patch: %v", si)
+		}
+	})
+}

@@ -308,6 +308,7 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 			sc    *metapb.StripeCommit
 			st    *metapb.StripeRecord
 			grant *metapb.GrantRecord // nil: inline
+			data  []byte              // an inline commit's new bytes
 		}
 		var todo []pending
 		versions := make([]uint64, len(req.Stripes))
@@ -326,11 +327,17 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 				if err := checkInline(rec.Attr.Layout, sc); err != nil {
 					return err
 				}
-				if st.Version != sc.ExpectedVersion {
+				if st.Version != sc.ExpectedVersion || sc.Patch && len(st.Shards) > 0 {
+					// A patch needs the expected version's bytes here: one
+					// on shards means the writer's view is stale.
 					conflicts = append(conflicts, sc.Stripe)
 					continue
 				}
-				todo = append(todo, pending{i, sc, st, nil})
+				data := sc.Data
+				if sc.Patch {
+					data = patchInline(st.InlineData, sc)
+				}
+				todo = append(todo, pending{i, sc, st, nil, data})
 				continue
 			}
 			if st.Version == sc.Version && sc.Version != 0 {
@@ -361,7 +368,7 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 			if missing > 0 {
 				degraded++
 			}
-			todo = append(todo, pending{i, sc, st, g})
+			todo = append(todo, pending{i, sc, st, g, nil})
 		}
 		if len(conflicts) > 0 {
 			// The losing grants are dead: their chunks become garbage and
@@ -398,7 +405,7 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 				p.st.NextVersion = p.st.Version + 1
 				p.st.Layout = rec.Attr.Layout
 				p.st.Shards = nil
-				p.st.InlineData = p.sc.Data
+				p.st.InlineData = p.data
 			} else {
 				p.st.Version = p.sc.Version
 				p.st.Layout = p.grant.Layout
@@ -499,12 +506,38 @@ func checkInline(l *metapb.Layout, sc *metapb.StripeCommit) error {
 		return metaerr.New(syscall.EINVAL, "inline commit of stripe %d: only stripe 0 can be inline", sc.Stripe)
 	case sc.Version != 0 || len(sc.Shards) > 0 || len(sc.Missing) > 0:
 		return metaerr.New(syscall.EINVAL, "inline commit of stripe 0 with a version or shards")
-	case uint64(len(sc.Data)) != sc.Length:
-		return metaerr.New(syscall.EINVAL, "inline commit of %d bytes with length %d", len(sc.Data), sc.Length)
 	case sc.Length > l.GetInlineMax():
 		return metaerr.New(syscall.EINVAL, "inline commit of %d bytes: the layout keeps at most %d inline", sc.Length, l.GetInlineMax())
+	case !sc.Patch && uint64(len(sc.Data)) != sc.Length:
+		return metaerr.New(syscall.EINVAL, "inline commit of %d bytes with length %d", len(sc.Data), sc.Length)
+	case !sc.Patch && len(sc.Patches) > 0:
+		return metaerr.New(syscall.EINVAL, "inline commit with patches but not marked as a patch")
+	case sc.Patch && len(sc.Data) > 0:
+		return metaerr.New(syscall.EINVAL, "patched inline commit with whole data too")
+	case len(sc.Patches) > MaxInlinePatches:
+		return metaerr.New(syscall.EINVAL, "inline commit of %d patches: at most %d", len(sc.Patches), MaxInlinePatches)
+	}
+	for _, p := range sc.Patches {
+		if p.Offset > sc.Length || uint64(len(p.Data)) > sc.Length-p.Offset {
+			return metaerr.New(syscall.EINVAL, "inline patch of %d bytes at %d past the length %d", len(p.Data), p.Offset, sc.Length)
+		}
 	}
 	return nil
+}
+
+// MaxInlinePatches bounds the patches of one inline commit.
+const MaxInlinePatches = 1024
+
+// patchInline returns the new bytes of a patched inline commit sc (checked by
+// checkInline) over old, the expected version's: old cut or zero-extended to
+// sc.Length, with sc's patches written over it in order.
+func patchInline(old []byte, sc *metapb.StripeCommit) []byte {
+	data := make([]byte, sc.Length)
+	copy(data, old)
+	for _, p := range sc.Patches {
+		copy(data[p.Offset:], p.Data)
+	}
+	return data
 }
 
 // putInlineStripe commits data as the first version of stripe 0 of rec, a

@@ -5302,8 +5302,17 @@ type StripeCommit struct {
 	// inline commits data (length bytes) into metadata instead of shards:
 	// stripe 0 only, length at most the layout's inline_max, version 0 (meta
 	// assigns the next one), no grant, no shards.
-	Inline        bool   `protobuf:"varint,7,opt,name=inline,proto3" json:"inline,omitempty"`
-	Data          []byte `protobuf:"bytes,8,opt,name=data,proto3" json:"data,omitempty"`
+	Inline bool   `protobuf:"varint,7,opt,name=inline,proto3" json:"inline,omitempty"`
+	Data   []byte `protobuf:"bytes,8,opt,name=data,proto3" json:"data,omitempty"`
+	// patch, on an inline commit, gives the new bytes as changes to those of
+	// expected_version instead of whole (data is then empty): the expected
+	// version's inline bytes cut or zero-extended to length, then each of
+	// patches written at its offset, in order. The expected version must be
+	// inline (or the stripe never written); a stripe on shards is a conflict.
+	// A server that predates patches refuses such a commit (its data does not
+	// have length bytes), so the writer sends the data whole.
+	Patch         bool           `protobuf:"varint,9,opt,name=patch,proto3" json:"patch,omitempty"`
+	Patches       []*InlinePatch `protobuf:"bytes,10,rep,name=patches,proto3" json:"patches,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5394,6 +5403,73 @@ func (x *StripeCommit) GetData() []byte {
 	return nil
 }
 
+func (x *StripeCommit) GetPatch() bool {
+	if x != nil {
+		return x.Patch
+	}
+	return false
+}
+
+func (x *StripeCommit) GetPatches() []*InlinePatch {
+	if x != nil {
+		return x.Patches
+	}
+	return nil
+}
+
+// InlinePatch is bytes of an inline commit's new data at offset.
+type InlinePatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Offset        uint64                 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InlinePatch) Reset() {
+	*x = InlinePatch{}
+	mi := &file_meta_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InlinePatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InlinePatch) ProtoMessage() {}
+
+func (x *InlinePatch) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InlinePatch.ProtoReflect.Descriptor instead.
+func (*InlinePatch) Descriptor() ([]byte, []int) {
+	return file_meta_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *InlinePatch) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *InlinePatch) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 // ReplaceShardsRequest moves shards of an outstanding grant to other
 // chunkservers after their writes failed: each listed shard gets a fresh
 // chunk on a live chunkserver holding no other shard of the stripe and not
@@ -5411,7 +5487,7 @@ type ReplaceShardsRequest struct {
 
 func (x *ReplaceShardsRequest) Reset() {
 	*x = ReplaceShardsRequest{}
-	mi := &file_meta_proto_msgTypes[73]
+	mi := &file_meta_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5423,7 +5499,7 @@ func (x *ReplaceShardsRequest) String() string {
 func (*ReplaceShardsRequest) ProtoMessage() {}
 
 func (x *ReplaceShardsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[73]
+	mi := &file_meta_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5436,7 +5512,7 @@ func (x *ReplaceShardsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceShardsRequest.ProtoReflect.Descriptor instead.
 func (*ReplaceShardsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{73}
+	return file_meta_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ReplaceShardsRequest) GetIno() uint64 {
@@ -5484,7 +5560,7 @@ type ReplaceShardsReply struct {
 
 func (x *ReplaceShardsReply) Reset() {
 	*x = ReplaceShardsReply{}
-	mi := &file_meta_proto_msgTypes[74]
+	mi := &file_meta_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5496,7 +5572,7 @@ func (x *ReplaceShardsReply) String() string {
 func (*ReplaceShardsReply) ProtoMessage() {}
 
 func (x *ReplaceShardsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[74]
+	mi := &file_meta_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5509,7 +5585,7 @@ func (x *ReplaceShardsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceShardsReply.ProtoReflect.Descriptor instead.
 func (*ReplaceShardsReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{74}
+	return file_meta_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ReplaceShardsReply) GetShards() []*Shard {
@@ -5545,7 +5621,7 @@ type CommitStripesRequest struct {
 
 func (x *CommitStripesRequest) Reset() {
 	*x = CommitStripesRequest{}
-	mi := &file_meta_proto_msgTypes[75]
+	mi := &file_meta_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5557,7 +5633,7 @@ func (x *CommitStripesRequest) String() string {
 func (*CommitStripesRequest) ProtoMessage() {}
 
 func (x *CommitStripesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[75]
+	mi := &file_meta_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5570,7 +5646,7 @@ func (x *CommitStripesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitStripesRequest.ProtoReflect.Descriptor instead.
 func (*CommitStripesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{75}
+	return file_meta_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *CommitStripesRequest) GetIno() uint64 {
@@ -5637,7 +5713,7 @@ type CommitStripesReply struct {
 
 func (x *CommitStripesReply) Reset() {
 	*x = CommitStripesReply{}
-	mi := &file_meta_proto_msgTypes[76]
+	mi := &file_meta_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5649,7 +5725,7 @@ func (x *CommitStripesReply) String() string {
 func (*CommitStripesReply) ProtoMessage() {}
 
 func (x *CommitStripesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[76]
+	mi := &file_meta_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5662,7 +5738,7 @@ func (x *CommitStripesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitStripesReply.ProtoReflect.Descriptor instead.
 func (*CommitStripesReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{76}
+	return file_meta_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *CommitStripesReply) GetAttr() *Attr {
@@ -5711,7 +5787,7 @@ type GetStripesRequest struct {
 
 func (x *GetStripesRequest) Reset() {
 	*x = GetStripesRequest{}
-	mi := &file_meta_proto_msgTypes[77]
+	mi := &file_meta_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5723,7 +5799,7 @@ func (x *GetStripesRequest) String() string {
 func (*GetStripesRequest) ProtoMessage() {}
 
 func (x *GetStripesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[77]
+	mi := &file_meta_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5736,7 +5812,7 @@ func (x *GetStripesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStripesRequest.ProtoReflect.Descriptor instead.
 func (*GetStripesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{77}
+	return file_meta_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *GetStripesRequest) GetIno() uint64 {
@@ -5778,7 +5854,7 @@ type StripeInfo struct {
 
 func (x *StripeInfo) Reset() {
 	*x = StripeInfo{}
-	mi := &file_meta_proto_msgTypes[78]
+	mi := &file_meta_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5790,7 +5866,7 @@ func (x *StripeInfo) String() string {
 func (*StripeInfo) ProtoMessage() {}
 
 func (x *StripeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[78]
+	mi := &file_meta_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5803,7 +5879,7 @@ func (x *StripeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeInfo.ProtoReflect.Descriptor instead.
 func (*StripeInfo) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{78}
+	return file_meta_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *StripeInfo) GetStripe() uint64 {
@@ -5859,7 +5935,7 @@ type GetStripesReply struct {
 
 func (x *GetStripesReply) Reset() {
 	*x = GetStripesReply{}
-	mi := &file_meta_proto_msgTypes[79]
+	mi := &file_meta_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5871,7 +5947,7 @@ func (x *GetStripesReply) String() string {
 func (*GetStripesReply) ProtoMessage() {}
 
 func (x *GetStripesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[79]
+	mi := &file_meta_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5884,7 +5960,7 @@ func (x *GetStripesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStripesReply.ProtoReflect.Descriptor instead.
 func (*GetStripesReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{79}
+	return file_meta_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *GetStripesReply) GetStripes() []*StripeInfo {
@@ -5922,7 +5998,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_meta_proto_msgTypes[80]
+	mi := &file_meta_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5934,7 +6010,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[80]
+	mi := &file_meta_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5947,7 +6023,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{80}
+	return file_meta_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *RegisterRequest) GetId() string {
@@ -6002,7 +6078,7 @@ type RegisterReply struct {
 
 func (x *RegisterReply) Reset() {
 	*x = RegisterReply{}
-	mi := &file_meta_proto_msgTypes[81]
+	mi := &file_meta_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6014,7 +6090,7 @@ func (x *RegisterReply) String() string {
 func (*RegisterReply) ProtoMessage() {}
 
 func (x *RegisterReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[81]
+	mi := &file_meta_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6027,7 +6103,7 @@ func (x *RegisterReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterReply.ProtoReflect.Descriptor instead.
 func (*RegisterReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{81}
+	return file_meta_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *RegisterReply) GetHeartbeatIntervalMs() int64 {
@@ -6055,7 +6131,7 @@ type ChunkRef struct {
 
 func (x *ChunkRef) Reset() {
 	*x = ChunkRef{}
-	mi := &file_meta_proto_msgTypes[82]
+	mi := &file_meta_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6067,7 +6143,7 @@ func (x *ChunkRef) String() string {
 func (*ChunkRef) ProtoMessage() {}
 
 func (x *ChunkRef) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[82]
+	mi := &file_meta_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6080,7 +6156,7 @@ func (x *ChunkRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkRef.ProtoReflect.Descriptor instead.
 func (*ChunkRef) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{82}
+	return file_meta_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ChunkRef) GetChunkId() uint64 {
@@ -6112,7 +6188,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_meta_proto_msgTypes[83]
+	mi := &file_meta_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6124,7 +6200,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[83]
+	mi := &file_meta_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6137,7 +6213,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{83}
+	return file_meta_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *HeartbeatRequest) GetId() string {
@@ -6208,7 +6284,7 @@ type ScrubReport struct {
 
 func (x *ScrubReport) Reset() {
 	*x = ScrubReport{}
-	mi := &file_meta_proto_msgTypes[84]
+	mi := &file_meta_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6220,7 +6296,7 @@ func (x *ScrubReport) String() string {
 func (*ScrubReport) ProtoMessage() {}
 
 func (x *ScrubReport) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[84]
+	mi := &file_meta_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6233,7 +6309,7 @@ func (x *ScrubReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubReport.ProtoReflect.Descriptor instead.
 func (*ScrubReport) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{84}
+	return file_meta_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ScrubReport) GetRequestedNs() int64 {
@@ -6304,7 +6380,7 @@ type HeartbeatReply struct {
 
 func (x *HeartbeatReply) Reset() {
 	*x = HeartbeatReply{}
-	mi := &file_meta_proto_msgTypes[85]
+	mi := &file_meta_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6316,7 +6392,7 @@ func (x *HeartbeatReply) String() string {
 func (*HeartbeatReply) ProtoMessage() {}
 
 func (x *HeartbeatReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[85]
+	mi := &file_meta_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6329,7 +6405,7 @@ func (x *HeartbeatReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatReply.ProtoReflect.Descriptor instead.
 func (*HeartbeatReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{85}
+	return file_meta_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *HeartbeatReply) GetDelete() []*ChunkRef {
@@ -6375,7 +6451,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_meta_proto_msgTypes[86]
+	mi := &file_meta_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6387,7 +6463,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[86]
+	mi := &file_meta_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6400,7 +6476,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{86}
+	return file_meta_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *InventoryRequest) GetId() string {
@@ -6443,7 +6519,7 @@ type ScrubRequest struct {
 
 func (x *ScrubRequest) Reset() {
 	*x = ScrubRequest{}
-	mi := &file_meta_proto_msgTypes[87]
+	mi := &file_meta_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6455,7 +6531,7 @@ func (x *ScrubRequest) String() string {
 func (*ScrubRequest) ProtoMessage() {}
 
 func (x *ScrubRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[87]
+	mi := &file_meta_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6468,7 +6544,7 @@ func (x *ScrubRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubRequest.ProtoReflect.Descriptor instead.
 func (*ScrubRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{87}
+	return file_meta_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ScrubRequest) GetIno() uint64 {
@@ -6487,7 +6563,7 @@ type ScrubReply struct {
 
 func (x *ScrubReply) Reset() {
 	*x = ScrubReply{}
-	mi := &file_meta_proto_msgTypes[88]
+	mi := &file_meta_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6499,7 +6575,7 @@ func (x *ScrubReply) String() string {
 func (*ScrubReply) ProtoMessage() {}
 
 func (x *ScrubReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[88]
+	mi := &file_meta_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6512,7 +6588,7 @@ func (x *ScrubReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubReply.ProtoReflect.Descriptor instead.
 func (*ScrubReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{88}
+	return file_meta_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ScrubReply) GetRequestedNs() int64 {
@@ -6536,7 +6612,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_meta_proto_msgTypes[89]
+	mi := &file_meta_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6548,7 +6624,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[89]
+	mi := &file_meta_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6561,7 +6637,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{89}
+	return file_meta_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *InfoRequest) GetIno() uint64 {
@@ -6609,7 +6685,7 @@ type ShardInfo struct {
 
 func (x *ShardInfo) Reset() {
 	*x = ShardInfo{}
-	mi := &file_meta_proto_msgTypes[90]
+	mi := &file_meta_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6621,7 +6697,7 @@ func (x *ShardInfo) String() string {
 func (*ShardInfo) ProtoMessage() {}
 
 func (x *ShardInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[90]
+	mi := &file_meta_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6634,7 +6710,7 @@ func (x *ShardInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardInfo.ProtoReflect.Descriptor instead.
 func (*ShardInfo) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{90}
+	return file_meta_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *ShardInfo) GetChunkId() uint64 {
@@ -6689,7 +6765,7 @@ type StripeDetail struct {
 
 func (x *StripeDetail) Reset() {
 	*x = StripeDetail{}
-	mi := &file_meta_proto_msgTypes[91]
+	mi := &file_meta_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6701,7 +6777,7 @@ func (x *StripeDetail) String() string {
 func (*StripeDetail) ProtoMessage() {}
 
 func (x *StripeDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[91]
+	mi := &file_meta_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6714,7 +6790,7 @@ func (x *StripeDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeDetail.ProtoReflect.Descriptor instead.
 func (*StripeDetail) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{91}
+	return file_meta_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *StripeDetail) GetStripe() uint64 {
@@ -6790,7 +6866,7 @@ type TreeTotals struct {
 
 func (x *TreeTotals) Reset() {
 	*x = TreeTotals{}
-	mi := &file_meta_proto_msgTypes[92]
+	mi := &file_meta_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6802,7 +6878,7 @@ func (x *TreeTotals) String() string {
 func (*TreeTotals) ProtoMessage() {}
 
 func (x *TreeTotals) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[92]
+	mi := &file_meta_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6815,7 +6891,7 @@ func (x *TreeTotals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeTotals.ProtoReflect.Descriptor instead.
 func (*TreeTotals) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{92}
+	return file_meta_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *TreeTotals) GetFiles() uint64 {
@@ -6889,7 +6965,7 @@ type InfoReply struct {
 
 func (x *InfoReply) Reset() {
 	*x = InfoReply{}
-	mi := &file_meta_proto_msgTypes[93]
+	mi := &file_meta_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6901,7 +6977,7 @@ func (x *InfoReply) String() string {
 func (*InfoReply) ProtoMessage() {}
 
 func (x *InfoReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[93]
+	mi := &file_meta_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6914,7 +6990,7 @@ func (x *InfoReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoReply.ProtoReflect.Descriptor instead.
 func (*InfoReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{93}
+	return file_meta_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *InfoReply) GetAttr() *Attr {
@@ -6969,7 +7045,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_meta_proto_msgTypes[94]
+	mi := &file_meta_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6981,7 +7057,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[94]
+	mi := &file_meta_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6994,7 +7070,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{94}
+	return file_meta_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *CheckRequest) GetRepair() bool {
@@ -7016,7 +7092,7 @@ type CheckReply struct {
 
 func (x *CheckReply) Reset() {
 	*x = CheckReply{}
-	mi := &file_meta_proto_msgTypes[95]
+	mi := &file_meta_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7028,7 +7104,7 @@ func (x *CheckReply) String() string {
 func (*CheckReply) ProtoMessage() {}
 
 func (x *CheckReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[95]
+	mi := &file_meta_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7041,7 +7117,7 @@ func (x *CheckReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckReply.ProtoReflect.Descriptor instead.
 func (*CheckReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{95}
+	return file_meta_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *CheckReply) GetProblems() []string {
@@ -7085,7 +7161,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_meta_proto_msgTypes[96]
+	mi := &file_meta_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7097,7 +7173,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[96]
+	mi := &file_meta_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7110,7 +7186,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{96}
+	return file_meta_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *StatusRequest) GetBrief() bool {
@@ -7143,7 +7219,7 @@ type ChunkserverStatus struct {
 
 func (x *ChunkserverStatus) Reset() {
 	*x = ChunkserverStatus{}
-	mi := &file_meta_proto_msgTypes[97]
+	mi := &file_meta_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7155,7 +7231,7 @@ func (x *ChunkserverStatus) String() string {
 func (*ChunkserverStatus) ProtoMessage() {}
 
 func (x *ChunkserverStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[97]
+	mi := &file_meta_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7168,7 +7244,7 @@ func (x *ChunkserverStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkserverStatus.ProtoReflect.Descriptor instead.
 func (*ChunkserverStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{97}
+	return file_meta_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *ChunkserverStatus) GetId() string {
@@ -7304,7 +7380,7 @@ type StatusReply struct {
 
 func (x *StatusReply) Reset() {
 	*x = StatusReply{}
-	mi := &file_meta_proto_msgTypes[98]
+	mi := &file_meta_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7316,7 +7392,7 @@ func (x *StatusReply) String() string {
 func (*StatusReply) ProtoMessage() {}
 
 func (x *StatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[98]
+	mi := &file_meta_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7329,7 +7405,7 @@ func (x *StatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReply.ProtoReflect.Descriptor instead.
 func (*StatusReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{98}
+	return file_meta_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *StatusReply) GetClusterId() string {
@@ -7483,7 +7559,7 @@ type ScrubStatus struct {
 
 func (x *ScrubStatus) Reset() {
 	*x = ScrubStatus{}
-	mi := &file_meta_proto_msgTypes[99]
+	mi := &file_meta_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7495,7 +7571,7 @@ func (x *ScrubStatus) String() string {
 func (*ScrubStatus) ProtoMessage() {}
 
 func (x *ScrubStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[99]
+	mi := &file_meta_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7508,7 +7584,7 @@ func (x *ScrubStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScrubStatus.ProtoReflect.Descriptor instead.
 func (*ScrubStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{99}
+	return file_meta_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *ScrubStatus) GetIntervalNs() int64 {
@@ -7620,7 +7696,7 @@ type InodeRecord struct {
 
 func (x *InodeRecord) Reset() {
 	*x = InodeRecord{}
-	mi := &file_meta_proto_msgTypes[100]
+	mi := &file_meta_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7632,7 +7708,7 @@ func (x *InodeRecord) String() string {
 func (*InodeRecord) ProtoMessage() {}
 
 func (x *InodeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[100]
+	mi := &file_meta_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7645,7 +7721,7 @@ func (x *InodeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InodeRecord.ProtoReflect.Descriptor instead.
 func (*InodeRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{100}
+	return file_meta_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *InodeRecord) GetAttr() *Attr {
@@ -7702,7 +7778,7 @@ type DentryRecord struct {
 
 func (x *DentryRecord) Reset() {
 	*x = DentryRecord{}
-	mi := &file_meta_proto_msgTypes[101]
+	mi := &file_meta_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7714,7 +7790,7 @@ func (x *DentryRecord) String() string {
 func (*DentryRecord) ProtoMessage() {}
 
 func (x *DentryRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[101]
+	mi := &file_meta_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7727,7 +7803,7 @@ func (x *DentryRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DentryRecord.ProtoReflect.Descriptor instead.
 func (*DentryRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{101}
+	return file_meta_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *DentryRecord) GetIno() uint64 {
@@ -7763,7 +7839,7 @@ type CookieRecord struct {
 
 func (x *CookieRecord) Reset() {
 	*x = CookieRecord{}
-	mi := &file_meta_proto_msgTypes[102]
+	mi := &file_meta_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7775,7 +7851,7 @@ func (x *CookieRecord) String() string {
 func (*CookieRecord) ProtoMessage() {}
 
 func (x *CookieRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[102]
+	mi := &file_meta_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7788,7 +7864,7 @@ func (x *CookieRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CookieRecord.ProtoReflect.Descriptor instead.
 func (*CookieRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{102}
+	return file_meta_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *CookieRecord) GetName() string {
@@ -7832,7 +7908,7 @@ type StripeRecord struct {
 
 func (x *StripeRecord) Reset() {
 	*x = StripeRecord{}
-	mi := &file_meta_proto_msgTypes[103]
+	mi := &file_meta_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7844,7 +7920,7 @@ func (x *StripeRecord) String() string {
 func (*StripeRecord) ProtoMessage() {}
 
 func (x *StripeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[103]
+	mi := &file_meta_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7857,7 +7933,7 @@ func (x *StripeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StripeRecord.ProtoReflect.Descriptor instead.
 func (*StripeRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{103}
+	return file_meta_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *StripeRecord) GetVersion() uint64 {
@@ -7924,7 +8000,7 @@ type TrashRecord struct {
 
 func (x *TrashRecord) Reset() {
 	*x = TrashRecord{}
-	mi := &file_meta_proto_msgTypes[104]
+	mi := &file_meta_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7936,7 +8012,7 @@ func (x *TrashRecord) String() string {
 func (*TrashRecord) ProtoMessage() {}
 
 func (x *TrashRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[104]
+	mi := &file_meta_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7949,7 +8025,7 @@ func (x *TrashRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrashRecord.ProtoReflect.Descriptor instead.
 func (*TrashRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{104}
+	return file_meta_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *TrashRecord) GetDeletedNs() int64 {
@@ -8002,7 +8078,7 @@ type SnapshotJob struct {
 
 func (x *SnapshotJob) Reset() {
 	*x = SnapshotJob{}
-	mi := &file_meta_proto_msgTypes[105]
+	mi := &file_meta_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8014,7 +8090,7 @@ func (x *SnapshotJob) String() string {
 func (*SnapshotJob) ProtoMessage() {}
 
 func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[105]
+	mi := &file_meta_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8027,7 +8103,7 @@ func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotJob.ProtoReflect.Descriptor instead.
 func (*SnapshotJob) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{105}
+	return file_meta_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *SnapshotJob) GetSrc() uint64 {
@@ -8086,7 +8162,7 @@ type SnapshotTask struct {
 
 func (x *SnapshotTask) Reset() {
 	*x = SnapshotTask{}
-	mi := &file_meta_proto_msgTypes[106]
+	mi := &file_meta_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8098,7 +8174,7 @@ func (x *SnapshotTask) String() string {
 func (*SnapshotTask) ProtoMessage() {}
 
 func (x *SnapshotTask) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[106]
+	mi := &file_meta_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8111,7 +8187,7 @@ func (x *SnapshotTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotTask.ProtoReflect.Descriptor instead.
 func (*SnapshotTask) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{106}
+	return file_meta_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *SnapshotTask) GetSrcDir() uint64 {
@@ -8157,7 +8233,7 @@ type GrantRecord struct {
 
 func (x *GrantRecord) Reset() {
 	*x = GrantRecord{}
-	mi := &file_meta_proto_msgTypes[107]
+	mi := &file_meta_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8169,7 +8245,7 @@ func (x *GrantRecord) String() string {
 func (*GrantRecord) ProtoMessage() {}
 
 func (x *GrantRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[107]
+	mi := &file_meta_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8182,7 +8258,7 @@ func (x *GrantRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRecord.ProtoReflect.Descriptor instead.
 func (*GrantRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{107}
+	return file_meta_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *GrantRecord) GetShards() []*Shard {
@@ -8230,7 +8306,7 @@ type ChunkserverRecord struct {
 
 func (x *ChunkserverRecord) Reset() {
 	*x = ChunkserverRecord{}
-	mi := &file_meta_proto_msgTypes[108]
+	mi := &file_meta_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8242,7 +8318,7 @@ func (x *ChunkserverRecord) String() string {
 func (*ChunkserverRecord) ProtoMessage() {}
 
 func (x *ChunkserverRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[108]
+	mi := &file_meta_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8255,7 +8331,7 @@ func (x *ChunkserverRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkserverRecord.ProtoReflect.Descriptor instead.
 func (*ChunkserverRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{108}
+	return file_meta_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *ChunkserverRecord) GetId() string {
@@ -8332,7 +8408,7 @@ type SessionRecord struct {
 
 func (x *SessionRecord) Reset() {
 	*x = SessionRecord{}
-	mi := &file_meta_proto_msgTypes[109]
+	mi := &file_meta_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8344,7 +8420,7 @@ func (x *SessionRecord) String() string {
 func (*SessionRecord) ProtoMessage() {}
 
 func (x *SessionRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[109]
+	mi := &file_meta_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8357,7 +8433,7 @@ func (x *SessionRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRecord.ProtoReflect.Descriptor instead.
 func (*SessionRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{109}
+	return file_meta_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *SessionRecord) GetClient() string {
@@ -8406,7 +8482,7 @@ type InoRange struct {
 
 func (x *InoRange) Reset() {
 	*x = InoRange{}
-	mi := &file_meta_proto_msgTypes[110]
+	mi := &file_meta_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8418,7 +8494,7 @@ func (x *InoRange) String() string {
 func (*InoRange) ProtoMessage() {}
 
 func (x *InoRange) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[110]
+	mi := &file_meta_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8431,7 +8507,7 @@ func (x *InoRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InoRange.ProtoReflect.Descriptor instead.
 func (*InoRange) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{110}
+	return file_meta_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *InoRange) GetFirst() uint64 {
@@ -8464,7 +8540,7 @@ type ClusterRecord struct {
 
 func (x *ClusterRecord) Reset() {
 	*x = ClusterRecord{}
-	mi := &file_meta_proto_msgTypes[111]
+	mi := &file_meta_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8476,7 +8552,7 @@ func (x *ClusterRecord) String() string {
 func (*ClusterRecord) ProtoMessage() {}
 
 func (x *ClusterRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[111]
+	mi := &file_meta_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8489,7 +8565,7 @@ func (x *ClusterRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterRecord.ProtoReflect.Descriptor instead.
 func (*ClusterRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{111}
+	return file_meta_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *ClusterRecord) GetClusterId() string {
@@ -8559,7 +8635,7 @@ type RepairTask struct {
 
 func (x *RepairTask) Reset() {
 	*x = RepairTask{}
-	mi := &file_meta_proto_msgTypes[112]
+	mi := &file_meta_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8571,7 +8647,7 @@ func (x *RepairTask) String() string {
 func (*RepairTask) ProtoMessage() {}
 
 func (x *RepairTask) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[112]
+	mi := &file_meta_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8584,7 +8660,7 @@ func (x *RepairTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairTask.ProtoReflect.Descriptor instead.
 func (*RepairTask) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{112}
+	return file_meta_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *RepairTask) GetTaskId() uint64 {
@@ -8703,7 +8779,7 @@ type RepairResult struct {
 
 func (x *RepairResult) Reset() {
 	*x = RepairResult{}
-	mi := &file_meta_proto_msgTypes[113]
+	mi := &file_meta_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8715,7 +8791,7 @@ func (x *RepairResult) String() string {
 func (*RepairResult) ProtoMessage() {}
 
 func (x *RepairResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[113]
+	mi := &file_meta_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8728,7 +8804,7 @@ func (x *RepairResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairResult.ProtoReflect.Descriptor instead.
 func (*RepairResult) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{113}
+	return file_meta_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *RepairResult) GetTaskId() uint64 {
@@ -8808,7 +8884,7 @@ type RepairPollRequest struct {
 
 func (x *RepairPollRequest) Reset() {
 	*x = RepairPollRequest{}
-	mi := &file_meta_proto_msgTypes[114]
+	mi := &file_meta_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8820,7 +8896,7 @@ func (x *RepairPollRequest) String() string {
 func (*RepairPollRequest) ProtoMessage() {}
 
 func (x *RepairPollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[114]
+	mi := &file_meta_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8833,7 +8909,7 @@ func (x *RepairPollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPollRequest.ProtoReflect.Descriptor instead.
 func (*RepairPollRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{114}
+	return file_meta_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *RepairPollRequest) GetId() string {
@@ -8874,7 +8950,7 @@ type RepairPollReply struct {
 
 func (x *RepairPollReply) Reset() {
 	*x = RepairPollReply{}
-	mi := &file_meta_proto_msgTypes[115]
+	mi := &file_meta_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8886,7 +8962,7 @@ func (x *RepairPollReply) String() string {
 func (*RepairPollReply) ProtoMessage() {}
 
 func (x *RepairPollReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[115]
+	mi := &file_meta_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8899,7 +8975,7 @@ func (x *RepairPollReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPollReply.ProtoReflect.Descriptor instead.
 func (*RepairPollReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{115}
+	return file_meta_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *RepairPollReply) GetTasks() []*RepairTask {
@@ -8928,7 +9004,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_meta_proto_msgTypes[116]
+	mi := &file_meta_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8940,7 +9016,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[116]
+	mi := &file_meta_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8953,7 +9029,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{116}
+	return file_meta_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *DrainRequest) GetId() string {
@@ -8980,7 +9056,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_meta_proto_msgTypes[117]
+	mi := &file_meta_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8992,7 +9068,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[117]
+	mi := &file_meta_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9005,7 +9081,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{117}
+	return file_meta_proto_rawDescGZIP(), []int{118}
 }
 
 type RebalanceReply struct {
@@ -9017,7 +9093,7 @@ type RebalanceReply struct {
 
 func (x *RebalanceReply) Reset() {
 	*x = RebalanceReply{}
-	mi := &file_meta_proto_msgTypes[118]
+	mi := &file_meta_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9029,7 +9105,7 @@ func (x *RebalanceReply) String() string {
 func (*RebalanceReply) ProtoMessage() {}
 
 func (x *RebalanceReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[118]
+	mi := &file_meta_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9042,7 +9118,7 @@ func (x *RebalanceReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceReply.ProtoReflect.Descriptor instead.
 func (*RebalanceReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{118}
+	return file_meta_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *RebalanceReply) GetMovesPlanned() uint64 {
@@ -9074,7 +9150,7 @@ type RepairStatus struct {
 
 func (x *RepairStatus) Reset() {
 	*x = RepairStatus{}
-	mi := &file_meta_proto_msgTypes[119]
+	mi := &file_meta_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9086,7 +9162,7 @@ func (x *RepairStatus) String() string {
 func (*RepairStatus) ProtoMessage() {}
 
 func (x *RepairStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[119]
+	mi := &file_meta_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9099,7 +9175,7 @@ func (x *RepairStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairStatus.ProtoReflect.Descriptor instead.
 func (*RepairStatus) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{119}
+	return file_meta_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *RepairStatus) GetHealthyStripes() uint64 {
@@ -9207,7 +9283,7 @@ type RequestRecord struct {
 
 func (x *RequestRecord) Reset() {
 	*x = RequestRecord{}
-	mi := &file_meta_proto_msgTypes[120]
+	mi := &file_meta_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9219,7 +9295,7 @@ func (x *RequestRecord) String() string {
 func (*RequestRecord) ProtoMessage() {}
 
 func (x *RequestRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[120]
+	mi := &file_meta_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9232,7 +9308,7 @@ func (x *RequestRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRecord.ProtoReflect.Descriptor instead.
 func (*RequestRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{120}
+	return file_meta_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *RequestRecord) GetCommittedNs() int64 {
@@ -9265,7 +9341,7 @@ type DumpRecord struct {
 
 func (x *DumpRecord) Reset() {
 	*x = DumpRecord{}
-	mi := &file_meta_proto_msgTypes[121]
+	mi := &file_meta_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9277,7 +9353,7 @@ func (x *DumpRecord) String() string {
 func (*DumpRecord) ProtoMessage() {}
 
 func (x *DumpRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[121]
+	mi := &file_meta_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9290,7 +9366,7 @@ func (x *DumpRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpRecord.ProtoReflect.Descriptor instead.
 func (*DumpRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{121}
+	return file_meta_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *DumpRecord) GetHeader() *DumpHeader {
@@ -9335,7 +9411,7 @@ type DumpTrailer struct {
 
 func (x *DumpTrailer) Reset() {
 	*x = DumpTrailer{}
-	mi := &file_meta_proto_msgTypes[122]
+	mi := &file_meta_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9347,7 +9423,7 @@ func (x *DumpTrailer) String() string {
 func (*DumpTrailer) ProtoMessage() {}
 
 func (x *DumpTrailer) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[122]
+	mi := &file_meta_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9360,7 +9436,7 @@ func (x *DumpTrailer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpTrailer.ProtoReflect.Descriptor instead.
 func (*DumpTrailer) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{122}
+	return file_meta_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *DumpTrailer) GetRecords() uint64 {
@@ -9390,7 +9466,7 @@ type DumpHeader struct {
 
 func (x *DumpHeader) Reset() {
 	*x = DumpHeader{}
-	mi := &file_meta_proto_msgTypes[123]
+	mi := &file_meta_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9402,7 +9478,7 @@ func (x *DumpHeader) String() string {
 func (*DumpHeader) ProtoMessage() {}
 
 func (x *DumpHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[123]
+	mi := &file_meta_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9415,7 +9491,7 @@ func (x *DumpHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpHeader.ProtoReflect.Descriptor instead.
 func (*DumpHeader) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{123}
+	return file_meta_proto_rawDescGZIP(), []int{124}
 }
 
 func (x *DumpHeader) GetFormatVersion() uint32 {
@@ -9463,7 +9539,7 @@ type FileLock struct {
 
 func (x *FileLock) Reset() {
 	*x = FileLock{}
-	mi := &file_meta_proto_msgTypes[124]
+	mi := &file_meta_proto_msgTypes[125]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9475,7 +9551,7 @@ func (x *FileLock) String() string {
 func (*FileLock) ProtoMessage() {}
 
 func (x *FileLock) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[124]
+	mi := &file_meta_proto_msgTypes[125]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9488,7 +9564,7 @@ func (x *FileLock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileLock.ProtoReflect.Descriptor instead.
 func (*FileLock) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{124}
+	return file_meta_proto_rawDescGZIP(), []int{125}
 }
 
 func (x *FileLock) GetSession() uint64 {
@@ -9550,7 +9626,7 @@ type LockRecord struct {
 
 func (x *LockRecord) Reset() {
 	*x = LockRecord{}
-	mi := &file_meta_proto_msgTypes[125]
+	mi := &file_meta_proto_msgTypes[126]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9562,7 +9638,7 @@ func (x *LockRecord) String() string {
 func (*LockRecord) ProtoMessage() {}
 
 func (x *LockRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[125]
+	mi := &file_meta_proto_msgTypes[126]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9575,7 +9651,7 @@ func (x *LockRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecord.ProtoReflect.Descriptor instead.
 func (*LockRecord) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{125}
+	return file_meta_proto_rawDescGZIP(), []int{126}
 }
 
 func (x *LockRecord) GetLocks() []*FileLock {
@@ -9606,7 +9682,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_meta_proto_msgTypes[126]
+	mi := &file_meta_proto_msgTypes[127]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9618,7 +9694,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[126]
+	mi := &file_meta_proto_msgTypes[127]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9631,7 +9707,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{126}
+	return file_meta_proto_rawDescGZIP(), []int{127}
 }
 
 func (x *LockRequest) GetIno() uint64 {
@@ -9672,7 +9748,7 @@ type LockReply struct {
 
 func (x *LockReply) Reset() {
 	*x = LockReply{}
-	mi := &file_meta_proto_msgTypes[127]
+	mi := &file_meta_proto_msgTypes[128]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9684,7 +9760,7 @@ func (x *LockReply) String() string {
 func (*LockReply) ProtoMessage() {}
 
 func (x *LockReply) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_proto_msgTypes[127]
+	mi := &file_meta_proto_msgTypes[128]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9697,7 +9773,7 @@ func (x *LockReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockReply.ProtoReflect.Descriptor instead.
 func (*LockReply) Descriptor() ([]byte, []int) {
-	return file_meta_proto_rawDescGZIP(), []int{127}
+	return file_meta_proto_rawDescGZIP(), []int{128}
 }
 
 func (x *LockReply) GetGranted() bool {
@@ -10132,7 +10208,7 @@ const file_meta_proto_rawDesc = "" +
 	"\x06shards\x18\x05 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\x12\x19\n" +
 	"\bin_place\x18\x06 \x01(\bR\ainPlace\"F\n" +
 	"\x0fGrantWriteReply\x123\n" +
-	"\x06grants\x18\x01 \x03(\v2\x1b.rdmafs.meta.v1.StripeGrantR\x06grants\"\xf8\x01\n" +
+	"\x06grants\x18\x01 \x03(\v2\x1b.rdmafs.meta.v1.StripeGrantR\x06grants\"\xc5\x02\n" +
 	"\fStripeCommit\x12\x16\n" +
 	"\x06stripe\x18\x01 \x01(\x04R\x06stripe\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12)\n" +
@@ -10141,7 +10217,13 @@ const file_meta_proto_rawDesc = "" +
 	"\x06shards\x18\x05 \x03(\v2\x15.rdmafs.meta.v1.ShardR\x06shards\x12\x18\n" +
 	"\amissing\x18\x06 \x03(\rR\amissing\x12\x16\n" +
 	"\x06inline\x18\a \x01(\bR\x06inline\x12\x12\n" +
-	"\x04data\x18\b \x01(\fR\x04data\"\x8c\x01\n" +
+	"\x04data\x18\b \x01(\fR\x04data\x12\x14\n" +
+	"\x05patch\x18\t \x01(\bR\x05patch\x125\n" +
+	"\apatches\x18\n" +
+	" \x03(\v2\x1b.rdmafs.meta.v1.InlinePatchR\apatches\"9\n" +
+	"\vInlinePatch\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\x8c\x01\n" +
 	"\x14ReplaceShardsRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x16\n" +
 	"\x06stripe\x18\x02 \x01(\x04R\x06stripe\x12\x18\n" +
@@ -10613,7 +10695,7 @@ func file_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 128)
+var file_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 129)
 var file_meta_proto_goTypes = []any{
 	(RenameFlag)(0),              // 0: rdmafs.meta.v1.RenameFlag
 	(XattrFlag)(0),               // 1: rdmafs.meta.v1.XattrFlag
@@ -10693,61 +10775,62 @@ var file_meta_proto_goTypes = []any{
 	(*StripeGrant)(nil),          // 75: rdmafs.meta.v1.StripeGrant
 	(*GrantWriteReply)(nil),      // 76: rdmafs.meta.v1.GrantWriteReply
 	(*StripeCommit)(nil),         // 77: rdmafs.meta.v1.StripeCommit
-	(*ReplaceShardsRequest)(nil), // 78: rdmafs.meta.v1.ReplaceShardsRequest
-	(*ReplaceShardsReply)(nil),   // 79: rdmafs.meta.v1.ReplaceShardsReply
-	(*CommitStripesRequest)(nil), // 80: rdmafs.meta.v1.CommitStripesRequest
-	(*CommitStripesReply)(nil),   // 81: rdmafs.meta.v1.CommitStripesReply
-	(*GetStripesRequest)(nil),    // 82: rdmafs.meta.v1.GetStripesRequest
-	(*StripeInfo)(nil),           // 83: rdmafs.meta.v1.StripeInfo
-	(*GetStripesReply)(nil),      // 84: rdmafs.meta.v1.GetStripesReply
-	(*RegisterRequest)(nil),      // 85: rdmafs.meta.v1.RegisterRequest
-	(*RegisterReply)(nil),        // 86: rdmafs.meta.v1.RegisterReply
-	(*ChunkRef)(nil),             // 87: rdmafs.meta.v1.ChunkRef
-	(*HeartbeatRequest)(nil),     // 88: rdmafs.meta.v1.HeartbeatRequest
-	(*ScrubReport)(nil),          // 89: rdmafs.meta.v1.ScrubReport
-	(*HeartbeatReply)(nil),       // 90: rdmafs.meta.v1.HeartbeatReply
-	(*InventoryRequest)(nil),     // 91: rdmafs.meta.v1.InventoryRequest
-	(*ScrubRequest)(nil),         // 92: rdmafs.meta.v1.ScrubRequest
-	(*ScrubReply)(nil),           // 93: rdmafs.meta.v1.ScrubReply
-	(*InfoRequest)(nil),          // 94: rdmafs.meta.v1.InfoRequest
-	(*ShardInfo)(nil),            // 95: rdmafs.meta.v1.ShardInfo
-	(*StripeDetail)(nil),         // 96: rdmafs.meta.v1.StripeDetail
-	(*TreeTotals)(nil),           // 97: rdmafs.meta.v1.TreeTotals
-	(*InfoReply)(nil),            // 98: rdmafs.meta.v1.InfoReply
-	(*CheckRequest)(nil),         // 99: rdmafs.meta.v1.CheckRequest
-	(*CheckReply)(nil),           // 100: rdmafs.meta.v1.CheckReply
-	(*StatusRequest)(nil),        // 101: rdmafs.meta.v1.StatusRequest
-	(*ChunkserverStatus)(nil),    // 102: rdmafs.meta.v1.ChunkserverStatus
-	(*StatusReply)(nil),          // 103: rdmafs.meta.v1.StatusReply
-	(*ScrubStatus)(nil),          // 104: rdmafs.meta.v1.ScrubStatus
-	(*InodeRecord)(nil),          // 105: rdmafs.meta.v1.InodeRecord
-	(*DentryRecord)(nil),         // 106: rdmafs.meta.v1.DentryRecord
-	(*CookieRecord)(nil),         // 107: rdmafs.meta.v1.CookieRecord
-	(*StripeRecord)(nil),         // 108: rdmafs.meta.v1.StripeRecord
-	(*TrashRecord)(nil),          // 109: rdmafs.meta.v1.TrashRecord
-	(*SnapshotJob)(nil),          // 110: rdmafs.meta.v1.SnapshotJob
-	(*SnapshotTask)(nil),         // 111: rdmafs.meta.v1.SnapshotTask
-	(*GrantRecord)(nil),          // 112: rdmafs.meta.v1.GrantRecord
-	(*ChunkserverRecord)(nil),    // 113: rdmafs.meta.v1.ChunkserverRecord
-	(*SessionRecord)(nil),        // 114: rdmafs.meta.v1.SessionRecord
-	(*InoRange)(nil),             // 115: rdmafs.meta.v1.InoRange
-	(*ClusterRecord)(nil),        // 116: rdmafs.meta.v1.ClusterRecord
-	(*RepairTask)(nil),           // 117: rdmafs.meta.v1.RepairTask
-	(*RepairResult)(nil),         // 118: rdmafs.meta.v1.RepairResult
-	(*RepairPollRequest)(nil),    // 119: rdmafs.meta.v1.RepairPollRequest
-	(*RepairPollReply)(nil),      // 120: rdmafs.meta.v1.RepairPollReply
-	(*DrainRequest)(nil),         // 121: rdmafs.meta.v1.DrainRequest
-	(*RebalanceRequest)(nil),     // 122: rdmafs.meta.v1.RebalanceRequest
-	(*RebalanceReply)(nil),       // 123: rdmafs.meta.v1.RebalanceReply
-	(*RepairStatus)(nil),         // 124: rdmafs.meta.v1.RepairStatus
-	(*RequestRecord)(nil),        // 125: rdmafs.meta.v1.RequestRecord
-	(*DumpRecord)(nil),           // 126: rdmafs.meta.v1.DumpRecord
-	(*DumpTrailer)(nil),          // 127: rdmafs.meta.v1.DumpTrailer
-	(*DumpHeader)(nil),           // 128: rdmafs.meta.v1.DumpHeader
-	(*FileLock)(nil),             // 129: rdmafs.meta.v1.FileLock
-	(*LockRecord)(nil),           // 130: rdmafs.meta.v1.LockRecord
-	(*LockRequest)(nil),          // 131: rdmafs.meta.v1.LockRequest
-	(*LockReply)(nil),            // 132: rdmafs.meta.v1.LockReply
+	(*InlinePatch)(nil),          // 78: rdmafs.meta.v1.InlinePatch
+	(*ReplaceShardsRequest)(nil), // 79: rdmafs.meta.v1.ReplaceShardsRequest
+	(*ReplaceShardsReply)(nil),   // 80: rdmafs.meta.v1.ReplaceShardsReply
+	(*CommitStripesRequest)(nil), // 81: rdmafs.meta.v1.CommitStripesRequest
+	(*CommitStripesReply)(nil),   // 82: rdmafs.meta.v1.CommitStripesReply
+	(*GetStripesRequest)(nil),    // 83: rdmafs.meta.v1.GetStripesRequest
+	(*StripeInfo)(nil),           // 84: rdmafs.meta.v1.StripeInfo
+	(*GetStripesReply)(nil),      // 85: rdmafs.meta.v1.GetStripesReply
+	(*RegisterRequest)(nil),      // 86: rdmafs.meta.v1.RegisterRequest
+	(*RegisterReply)(nil),        // 87: rdmafs.meta.v1.RegisterReply
+	(*ChunkRef)(nil),             // 88: rdmafs.meta.v1.ChunkRef
+	(*HeartbeatRequest)(nil),     // 89: rdmafs.meta.v1.HeartbeatRequest
+	(*ScrubReport)(nil),          // 90: rdmafs.meta.v1.ScrubReport
+	(*HeartbeatReply)(nil),       // 91: rdmafs.meta.v1.HeartbeatReply
+	(*InventoryRequest)(nil),     // 92: rdmafs.meta.v1.InventoryRequest
+	(*ScrubRequest)(nil),         // 93: rdmafs.meta.v1.ScrubRequest
+	(*ScrubReply)(nil),           // 94: rdmafs.meta.v1.ScrubReply
+	(*InfoRequest)(nil),          // 95: rdmafs.meta.v1.InfoRequest
+	(*ShardInfo)(nil),            // 96: rdmafs.meta.v1.ShardInfo
+	(*StripeDetail)(nil),         // 97: rdmafs.meta.v1.StripeDetail
+	(*TreeTotals)(nil),           // 98: rdmafs.meta.v1.TreeTotals
+	(*InfoReply)(nil),            // 99: rdmafs.meta.v1.InfoReply
+	(*CheckRequest)(nil),         // 100: rdmafs.meta.v1.CheckRequest
+	(*CheckReply)(nil),           // 101: rdmafs.meta.v1.CheckReply
+	(*StatusRequest)(nil),        // 102: rdmafs.meta.v1.StatusRequest
+	(*ChunkserverStatus)(nil),    // 103: rdmafs.meta.v1.ChunkserverStatus
+	(*StatusReply)(nil),          // 104: rdmafs.meta.v1.StatusReply
+	(*ScrubStatus)(nil),          // 105: rdmafs.meta.v1.ScrubStatus
+	(*InodeRecord)(nil),          // 106: rdmafs.meta.v1.InodeRecord
+	(*DentryRecord)(nil),         // 107: rdmafs.meta.v1.DentryRecord
+	(*CookieRecord)(nil),         // 108: rdmafs.meta.v1.CookieRecord
+	(*StripeRecord)(nil),         // 109: rdmafs.meta.v1.StripeRecord
+	(*TrashRecord)(nil),          // 110: rdmafs.meta.v1.TrashRecord
+	(*SnapshotJob)(nil),          // 111: rdmafs.meta.v1.SnapshotJob
+	(*SnapshotTask)(nil),         // 112: rdmafs.meta.v1.SnapshotTask
+	(*GrantRecord)(nil),          // 113: rdmafs.meta.v1.GrantRecord
+	(*ChunkserverRecord)(nil),    // 114: rdmafs.meta.v1.ChunkserverRecord
+	(*SessionRecord)(nil),        // 115: rdmafs.meta.v1.SessionRecord
+	(*InoRange)(nil),             // 116: rdmafs.meta.v1.InoRange
+	(*ClusterRecord)(nil),        // 117: rdmafs.meta.v1.ClusterRecord
+	(*RepairTask)(nil),           // 118: rdmafs.meta.v1.RepairTask
+	(*RepairResult)(nil),         // 119: rdmafs.meta.v1.RepairResult
+	(*RepairPollRequest)(nil),    // 120: rdmafs.meta.v1.RepairPollRequest
+	(*RepairPollReply)(nil),      // 121: rdmafs.meta.v1.RepairPollReply
+	(*DrainRequest)(nil),         // 122: rdmafs.meta.v1.DrainRequest
+	(*RebalanceRequest)(nil),     // 123: rdmafs.meta.v1.RebalanceRequest
+	(*RebalanceReply)(nil),       // 124: rdmafs.meta.v1.RebalanceReply
+	(*RepairStatus)(nil),         // 125: rdmafs.meta.v1.RepairStatus
+	(*RequestRecord)(nil),        // 126: rdmafs.meta.v1.RequestRecord
+	(*DumpRecord)(nil),           // 127: rdmafs.meta.v1.DumpRecord
+	(*DumpTrailer)(nil),          // 128: rdmafs.meta.v1.DumpTrailer
+	(*DumpHeader)(nil),           // 129: rdmafs.meta.v1.DumpHeader
+	(*FileLock)(nil),             // 130: rdmafs.meta.v1.FileLock
+	(*LockRecord)(nil),           // 131: rdmafs.meta.v1.LockRecord
+	(*LockRequest)(nil),          // 132: rdmafs.meta.v1.LockRequest
+	(*LockReply)(nil),            // 133: rdmafs.meta.v1.LockReply
 }
 var file_meta_proto_depIdxs = []int32{
 	6,   // 0: rdmafs.meta.v1.Attr.layout:type_name -> rdmafs.meta.v1.Layout
@@ -10795,158 +10878,159 @@ var file_meta_proto_depIdxs = []int32{
 	73,  // 42: rdmafs.meta.v1.StripeGrant.shards:type_name -> rdmafs.meta.v1.Shard
 	75,  // 43: rdmafs.meta.v1.GrantWriteReply.grants:type_name -> rdmafs.meta.v1.StripeGrant
 	73,  // 44: rdmafs.meta.v1.StripeCommit.shards:type_name -> rdmafs.meta.v1.Shard
-	73,  // 45: rdmafs.meta.v1.ReplaceShardsReply.shards:type_name -> rdmafs.meta.v1.Shard
-	77,  // 46: rdmafs.meta.v1.CommitStripesRequest.stripes:type_name -> rdmafs.meta.v1.StripeCommit
-	7,   // 47: rdmafs.meta.v1.CommitStripesReply.attr:type_name -> rdmafs.meta.v1.Attr
-	75,  // 48: rdmafs.meta.v1.CommitStripesReply.next_grants:type_name -> rdmafs.meta.v1.StripeGrant
-	6,   // 49: rdmafs.meta.v1.StripeInfo.layout:type_name -> rdmafs.meta.v1.Layout
-	73,  // 50: rdmafs.meta.v1.StripeInfo.shards:type_name -> rdmafs.meta.v1.Shard
-	83,  // 51: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
-	6,   // 52: rdmafs.meta.v1.GetStripesReply.layout:type_name -> rdmafs.meta.v1.Layout
-	87,  // 53: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
-	89,  // 54: rdmafs.meta.v1.HeartbeatRequest.scrub:type_name -> rdmafs.meta.v1.ScrubReport
-	87,  // 55: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
-	87,  // 56: rdmafs.meta.v1.InventoryRequest.chunks:type_name -> rdmafs.meta.v1.ChunkRef
-	6,   // 57: rdmafs.meta.v1.StripeDetail.layout:type_name -> rdmafs.meta.v1.Layout
-	95,  // 58: rdmafs.meta.v1.StripeDetail.shards:type_name -> rdmafs.meta.v1.ShardInfo
-	7,   // 59: rdmafs.meta.v1.InfoReply.attr:type_name -> rdmafs.meta.v1.Attr
-	6,   // 60: rdmafs.meta.v1.InfoReply.layout:type_name -> rdmafs.meta.v1.Layout
-	96,  // 61: rdmafs.meta.v1.InfoReply.stripes:type_name -> rdmafs.meta.v1.StripeDetail
-	97,  // 62: rdmafs.meta.v1.InfoReply.totals:type_name -> rdmafs.meta.v1.TreeTotals
-	50,  // 63: rdmafs.meta.v1.InfoReply.quota:type_name -> rdmafs.meta.v1.QuotaInfo
-	89,  // 64: rdmafs.meta.v1.ChunkserverStatus.scrub:type_name -> rdmafs.meta.v1.ScrubReport
-	6,   // 65: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
-	102, // 66: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
-	50,  // 67: rdmafs.meta.v1.StatusReply.quotas:type_name -> rdmafs.meta.v1.QuotaInfo
-	124, // 68: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
-	104, // 69: rdmafs.meta.v1.StatusReply.scrub:type_name -> rdmafs.meta.v1.ScrubStatus
-	71,  // 70: rdmafs.meta.v1.StatusReply.relayout:type_name -> rdmafs.meta.v1.RelayoutStatus
-	7,   // 71: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
-	6,   // 72: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
-	6,   // 73: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	73,  // 74: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	40,  // 75: rdmafs.meta.v1.SnapshotJob.totals:type_name -> rdmafs.meta.v1.SnapshotReply
-	73,  // 76: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
-	6,   // 77: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
-	115, // 78: rdmafs.meta.v1.SessionRecord.ino_ranges:type_name -> rdmafs.meta.v1.InoRange
-	6,   // 79: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
-	6,   // 80: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
-	73,  // 81: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
-	6,   // 82: rdmafs.meta.v1.RepairTask.relayout_to:type_name -> rdmafs.meta.v1.Layout
-	118, // 83: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
-	87,  // 84: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
-	117, // 85: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
-	128, // 86: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
-	127, // 87: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
-	2,   // 88: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
-	129, // 89: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
-	129, // 90: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
-	129, // 91: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
-	9,   // 92: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
-	15,  // 93: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
-	17,  // 94: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
-	18,  // 95: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
-	19,  // 96: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
-	20,  // 97: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
-	21,  // 98: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
-	22,  // 99: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
-	24,  // 100: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
-	25,  // 101: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
-	26,  // 102: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
-	29,  // 103: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
-	30,  // 104: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
-	33,  // 105: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
-	35,  // 106: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
-	36,  // 107: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
-	38,  // 108: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
-	53,  // 109: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
-	28,  // 110: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
-	55,  // 111: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
-	61,  // 112: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
-	57,  // 113: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
-	63,  // 114: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
-	12,  // 115: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
-	64,  // 116: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
-	65,  // 117: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
-	66,  // 118: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
-	131, // 119: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
-	67,  // 120: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
-	68,  // 121: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
-	69,  // 122: rdmafs.meta.v1.Meta.Relayout:input_type -> rdmafs.meta.v1.RelayoutRequest
-	74,  // 123: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
-	80,  // 124: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
-	78,  // 125: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
-	82,  // 126: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
-	94,  // 127: rdmafs.meta.v1.Meta.Info:input_type -> rdmafs.meta.v1.InfoRequest
-	39,  // 128: rdmafs.meta.v1.Meta.Snapshot:input_type -> rdmafs.meta.v1.SnapshotRequest
-	41,  // 129: rdmafs.meta.v1.Meta.RemoveTree:input_type -> rdmafs.meta.v1.RemoveTreeRequest
-	43,  // 130: rdmafs.meta.v1.Meta.Trash:input_type -> rdmafs.meta.v1.TrashRequest
-	46,  // 131: rdmafs.meta.v1.Meta.Config:input_type -> rdmafs.meta.v1.ConfigRequest
-	49,  // 132: rdmafs.meta.v1.Meta.Quota:input_type -> rdmafs.meta.v1.QuotaRequest
-	99,  // 133: rdmafs.meta.v1.Meta.Check:input_type -> rdmafs.meta.v1.CheckRequest
-	85,  // 134: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
-	88,  // 135: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
-	101, // 136: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
-	119, // 137: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
-	121, // 138: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
-	92,  // 139: rdmafs.meta.v1.Meta.Scrub:input_type -> rdmafs.meta.v1.ScrubRequest
-	91,  // 140: rdmafs.meta.v1.Meta.Inventory:input_type -> rdmafs.meta.v1.InventoryRequest
-	122, // 141: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
-	10,  // 142: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
-	16,  // 143: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	16,  // 144: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	10,  // 145: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
-	10,  // 146: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
-	10,  // 147: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
-	10,  // 148: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
-	23,  // 149: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
-	10,  // 150: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
-	14,  // 151: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
-	14,  // 152: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
-	27,  // 153: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
-	32,  // 154: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
-	34,  // 155: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
-	27,  // 156: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
-	37,  // 157: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
-	27,  // 158: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
-	54,  // 159: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
-	27,  // 160: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
-	56,  // 161: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
-	62,  // 162: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
-	59,  // 163: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
-	27,  // 164: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
-	13,  // 165: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
-	27,  // 166: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
-	16,  // 167: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
-	27,  // 168: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
-	132, // 169: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
-	27,  // 170: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
-	72,  // 171: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
-	70,  // 172: rdmafs.meta.v1.Meta.Relayout:output_type -> rdmafs.meta.v1.RelayoutReply
-	76,  // 173: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
-	81,  // 174: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
-	79,  // 175: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
-	84,  // 176: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
-	98,  // 177: rdmafs.meta.v1.Meta.Info:output_type -> rdmafs.meta.v1.InfoReply
-	40,  // 178: rdmafs.meta.v1.Meta.Snapshot:output_type -> rdmafs.meta.v1.SnapshotReply
-	42,  // 179: rdmafs.meta.v1.Meta.RemoveTree:output_type -> rdmafs.meta.v1.RemoveTreeReply
-	45,  // 180: rdmafs.meta.v1.Meta.Trash:output_type -> rdmafs.meta.v1.TrashReply
-	48,  // 181: rdmafs.meta.v1.Meta.Config:output_type -> rdmafs.meta.v1.ConfigReply
-	51,  // 182: rdmafs.meta.v1.Meta.Quota:output_type -> rdmafs.meta.v1.QuotaReply
-	100, // 183: rdmafs.meta.v1.Meta.Check:output_type -> rdmafs.meta.v1.CheckReply
-	86,  // 184: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
-	90,  // 185: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
-	103, // 186: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
-	120, // 187: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
-	27,  // 188: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
-	93,  // 189: rdmafs.meta.v1.Meta.Scrub:output_type -> rdmafs.meta.v1.ScrubReply
-	27,  // 190: rdmafs.meta.v1.Meta.Inventory:output_type -> rdmafs.meta.v1.Empty
-	123, // 191: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
-	142, // [142:192] is the sub-list for method output_type
-	92,  // [92:142] is the sub-list for method input_type
-	92,  // [92:92] is the sub-list for extension type_name
-	92,  // [92:92] is the sub-list for extension extendee
-	0,   // [0:92] is the sub-list for field type_name
+	78,  // 45: rdmafs.meta.v1.StripeCommit.patches:type_name -> rdmafs.meta.v1.InlinePatch
+	73,  // 46: rdmafs.meta.v1.ReplaceShardsReply.shards:type_name -> rdmafs.meta.v1.Shard
+	77,  // 47: rdmafs.meta.v1.CommitStripesRequest.stripes:type_name -> rdmafs.meta.v1.StripeCommit
+	7,   // 48: rdmafs.meta.v1.CommitStripesReply.attr:type_name -> rdmafs.meta.v1.Attr
+	75,  // 49: rdmafs.meta.v1.CommitStripesReply.next_grants:type_name -> rdmafs.meta.v1.StripeGrant
+	6,   // 50: rdmafs.meta.v1.StripeInfo.layout:type_name -> rdmafs.meta.v1.Layout
+	73,  // 51: rdmafs.meta.v1.StripeInfo.shards:type_name -> rdmafs.meta.v1.Shard
+	84,  // 52: rdmafs.meta.v1.GetStripesReply.stripes:type_name -> rdmafs.meta.v1.StripeInfo
+	6,   // 53: rdmafs.meta.v1.GetStripesReply.layout:type_name -> rdmafs.meta.v1.Layout
+	88,  // 54: rdmafs.meta.v1.HeartbeatRequest.deleted:type_name -> rdmafs.meta.v1.ChunkRef
+	90,  // 55: rdmafs.meta.v1.HeartbeatRequest.scrub:type_name -> rdmafs.meta.v1.ScrubReport
+	88,  // 56: rdmafs.meta.v1.HeartbeatReply.delete:type_name -> rdmafs.meta.v1.ChunkRef
+	88,  // 57: rdmafs.meta.v1.InventoryRequest.chunks:type_name -> rdmafs.meta.v1.ChunkRef
+	6,   // 58: rdmafs.meta.v1.StripeDetail.layout:type_name -> rdmafs.meta.v1.Layout
+	96,  // 59: rdmafs.meta.v1.StripeDetail.shards:type_name -> rdmafs.meta.v1.ShardInfo
+	7,   // 60: rdmafs.meta.v1.InfoReply.attr:type_name -> rdmafs.meta.v1.Attr
+	6,   // 61: rdmafs.meta.v1.InfoReply.layout:type_name -> rdmafs.meta.v1.Layout
+	97,  // 62: rdmafs.meta.v1.InfoReply.stripes:type_name -> rdmafs.meta.v1.StripeDetail
+	98,  // 63: rdmafs.meta.v1.InfoReply.totals:type_name -> rdmafs.meta.v1.TreeTotals
+	50,  // 64: rdmafs.meta.v1.InfoReply.quota:type_name -> rdmafs.meta.v1.QuotaInfo
+	90,  // 65: rdmafs.meta.v1.ChunkserverStatus.scrub:type_name -> rdmafs.meta.v1.ScrubReport
+	6,   // 66: rdmafs.meta.v1.StatusReply.default_layout:type_name -> rdmafs.meta.v1.Layout
+	103, // 67: rdmafs.meta.v1.StatusReply.chunkservers:type_name -> rdmafs.meta.v1.ChunkserverStatus
+	50,  // 68: rdmafs.meta.v1.StatusReply.quotas:type_name -> rdmafs.meta.v1.QuotaInfo
+	125, // 69: rdmafs.meta.v1.StatusReply.repair:type_name -> rdmafs.meta.v1.RepairStatus
+	105, // 70: rdmafs.meta.v1.StatusReply.scrub:type_name -> rdmafs.meta.v1.ScrubStatus
+	71,  // 71: rdmafs.meta.v1.StatusReply.relayout:type_name -> rdmafs.meta.v1.RelayoutStatus
+	7,   // 72: rdmafs.meta.v1.InodeRecord.attr:type_name -> rdmafs.meta.v1.Attr
+	6,   // 73: rdmafs.meta.v1.InodeRecord.dir_layout:type_name -> rdmafs.meta.v1.Layout
+	6,   // 74: rdmafs.meta.v1.StripeRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	73,  // 75: rdmafs.meta.v1.StripeRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	40,  // 76: rdmafs.meta.v1.SnapshotJob.totals:type_name -> rdmafs.meta.v1.SnapshotReply
+	73,  // 77: rdmafs.meta.v1.GrantRecord.shards:type_name -> rdmafs.meta.v1.Shard
+	6,   // 78: rdmafs.meta.v1.GrantRecord.layout:type_name -> rdmafs.meta.v1.Layout
+	116, // 79: rdmafs.meta.v1.SessionRecord.ino_ranges:type_name -> rdmafs.meta.v1.InoRange
+	6,   // 80: rdmafs.meta.v1.ClusterRecord.default_layout:type_name -> rdmafs.meta.v1.Layout
+	6,   // 81: rdmafs.meta.v1.RepairTask.layout:type_name -> rdmafs.meta.v1.Layout
+	73,  // 82: rdmafs.meta.v1.RepairTask.sources:type_name -> rdmafs.meta.v1.Shard
+	6,   // 83: rdmafs.meta.v1.RepairTask.relayout_to:type_name -> rdmafs.meta.v1.Layout
+	119, // 84: rdmafs.meta.v1.RepairPollRequest.results:type_name -> rdmafs.meta.v1.RepairResult
+	88,  // 85: rdmafs.meta.v1.RepairPollRequest.corrupt:type_name -> rdmafs.meta.v1.ChunkRef
+	118, // 86: rdmafs.meta.v1.RepairPollReply.tasks:type_name -> rdmafs.meta.v1.RepairTask
+	129, // 87: rdmafs.meta.v1.DumpRecord.header:type_name -> rdmafs.meta.v1.DumpHeader
+	128, // 88: rdmafs.meta.v1.DumpRecord.trailer:type_name -> rdmafs.meta.v1.DumpTrailer
+	2,   // 89: rdmafs.meta.v1.FileLock.type:type_name -> rdmafs.meta.v1.LockType
+	130, // 90: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
+	130, // 91: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
+	130, // 92: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
+	9,   // 93: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
+	15,  // 94: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
+	17,  // 95: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
+	18,  // 96: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
+	19,  // 97: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
+	20,  // 98: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
+	21,  // 99: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
+	22,  // 100: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
+	24,  // 101: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
+	25,  // 102: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
+	26,  // 103: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
+	29,  // 104: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
+	30,  // 105: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
+	33,  // 106: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
+	35,  // 107: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
+	36,  // 108: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
+	38,  // 109: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
+	53,  // 110: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
+	28,  // 111: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
+	55,  // 112: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
+	61,  // 113: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
+	57,  // 114: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
+	63,  // 115: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
+	12,  // 116: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
+	64,  // 117: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
+	65,  // 118: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
+	66,  // 119: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
+	132, // 120: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
+	67,  // 121: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
+	68,  // 122: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
+	69,  // 123: rdmafs.meta.v1.Meta.Relayout:input_type -> rdmafs.meta.v1.RelayoutRequest
+	74,  // 124: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
+	81,  // 125: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
+	79,  // 126: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
+	83,  // 127: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
+	95,  // 128: rdmafs.meta.v1.Meta.Info:input_type -> rdmafs.meta.v1.InfoRequest
+	39,  // 129: rdmafs.meta.v1.Meta.Snapshot:input_type -> rdmafs.meta.v1.SnapshotRequest
+	41,  // 130: rdmafs.meta.v1.Meta.RemoveTree:input_type -> rdmafs.meta.v1.RemoveTreeRequest
+	43,  // 131: rdmafs.meta.v1.Meta.Trash:input_type -> rdmafs.meta.v1.TrashRequest
+	46,  // 132: rdmafs.meta.v1.Meta.Config:input_type -> rdmafs.meta.v1.ConfigRequest
+	49,  // 133: rdmafs.meta.v1.Meta.Quota:input_type -> rdmafs.meta.v1.QuotaRequest
+	100, // 134: rdmafs.meta.v1.Meta.Check:input_type -> rdmafs.meta.v1.CheckRequest
+	86,  // 135: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
+	89,  // 136: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
+	102, // 137: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
+	120, // 138: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
+	122, // 139: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
+	93,  // 140: rdmafs.meta.v1.Meta.Scrub:input_type -> rdmafs.meta.v1.ScrubRequest
+	92,  // 141: rdmafs.meta.v1.Meta.Inventory:input_type -> rdmafs.meta.v1.InventoryRequest
+	123, // 142: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
+	10,  // 143: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
+	16,  // 144: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	16,  // 145: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	10,  // 146: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
+	10,  // 147: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
+	10,  // 148: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
+	10,  // 149: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
+	23,  // 150: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
+	10,  // 151: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
+	14,  // 152: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
+	14,  // 153: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
+	27,  // 154: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
+	32,  // 155: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
+	34,  // 156: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
+	27,  // 157: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
+	37,  // 158: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
+	27,  // 159: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
+	54,  // 160: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
+	27,  // 161: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
+	56,  // 162: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
+	62,  // 163: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
+	59,  // 164: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
+	27,  // 165: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
+	13,  // 166: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
+	27,  // 167: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
+	16,  // 168: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
+	27,  // 169: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
+	133, // 170: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
+	27,  // 171: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
+	72,  // 172: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
+	70,  // 173: rdmafs.meta.v1.Meta.Relayout:output_type -> rdmafs.meta.v1.RelayoutReply
+	76,  // 174: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
+	82,  // 175: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
+	80,  // 176: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
+	85,  // 177: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
+	99,  // 178: rdmafs.meta.v1.Meta.Info:output_type -> rdmafs.meta.v1.InfoReply
+	40,  // 179: rdmafs.meta.v1.Meta.Snapshot:output_type -> rdmafs.meta.v1.SnapshotReply
+	42,  // 180: rdmafs.meta.v1.Meta.RemoveTree:output_type -> rdmafs.meta.v1.RemoveTreeReply
+	45,  // 181: rdmafs.meta.v1.Meta.Trash:output_type -> rdmafs.meta.v1.TrashReply
+	48,  // 182: rdmafs.meta.v1.Meta.Config:output_type -> rdmafs.meta.v1.ConfigReply
+	51,  // 183: rdmafs.meta.v1.Meta.Quota:output_type -> rdmafs.meta.v1.QuotaReply
+	101, // 184: rdmafs.meta.v1.Meta.Check:output_type -> rdmafs.meta.v1.CheckReply
+	87,  // 185: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
+	91,  // 186: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
+	104, // 187: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
+	121, // 188: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
+	27,  // 189: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
+	94,  // 190: rdmafs.meta.v1.Meta.Scrub:output_type -> rdmafs.meta.v1.ScrubReply
+	27,  // 191: rdmafs.meta.v1.Meta.Inventory:output_type -> rdmafs.meta.v1.Empty
+	124, // 192: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
+	143, // [143:193] is the sub-list for method output_type
+	93,  // [93:143] is the sub-list for method input_type
+	93,  // [93:93] is the sub-list for extension type_name
+	93,  // [93:93] is the sub-list for extension extendee
+	0,   // [0:93] is the sub-list for field type_name
 }
 
 func init() { file_meta_proto_init() }
@@ -10960,7 +11044,7 @@ func file_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_proto_rawDesc), len(file_meta_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   128,
+			NumMessages:   129,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
