@@ -62,11 +62,13 @@ func TestInlineSmallFiles(t *testing.T) {
 // TestInlineModel runs random writes, truncates and reopens on files that
 // cross the inline size both ways (inline → shards → truncated small →
 // inline again) and checks every byte against a model after each close,
-// from a second mount too.
+// from a second mount too. Rewrites of an inline file send only what
+// changed (StripeCommit.patch), over bytes cut and grown by truncates.
 func TestInlineModel(t *testing.T) {
 	c := fstest.Start(t, fstest.Options{Layout: inlineLayout})
 	other, _ := c.Mount(t)
 	r := rand.New(rand.NewPCG(7, 8))
+	patched := c.Engine.Stats().InlinePatched.Load()
 	for file := 0; file < 4; file++ {
 		name := "m" + string(rune('0'+file))
 		p := filepath.Join(c.Dir, name)
@@ -117,6 +119,10 @@ func TestInlineModel(t *testing.T) {
 			}
 			readsBack(t, name, model, c.Dir, other)
 		}
+	}
+	// Rewrites of an inline file send only what changed.
+	if n := c.Engine.Stats().InlinePatched.Load() - patched; n == 0 {
+		t.Error("no inline commit was patched")
 	}
 }
 

@@ -251,16 +251,25 @@ func TestInlinePatchCommits(t *testing.T) {
 		if si := read(); !bytes.Equal(si.InlineData, []byte("AQab\x00\x00cd\x00xyz")) || r.Attr.Size != 12 {
 			t.Fatalf("grown patch reads back as %q, size %d", si.InlineData, r.Attr.Size)
 		}
-		// Cut: no patch at all keeps the first bytes.
+		// Cut at meta: other bytes, so another version; a patch built on
+		// the uncut bytes conflicts instead of landing on the cut ones.
 		if _, err := e.s.SetAttr(e.ctx, &metapb.SetAttrRequest{Ino: f, SetSize: true, Size: 5}); err != nil {
 			t.Fatal(err)
 		}
-		if r, err = patch(v, 5); err != nil {
+		si := read()
+		if si.Version <= v || !bytes.Equal(si.InlineData, []byte("AQab\x00")) {
+			t.Fatalf("inline stripe cut to 5 bytes: version %d (was %d), %q", si.Version, v, si.InlineData)
+		}
+		if _, err := patch(v, 12, at(0, "A")); status(err) != codes.Aborted {
+			t.Fatalf("patch over the uncut version: %v", err)
+		}
+		// Grown back by a patch over the cut version: zeros, not the old bytes.
+		if r, err = patch(si.Version, 12, at(11, "!")); err != nil {
 			t.Fatal(err)
 		}
 		v = r.Versions[0]
-		if si := read(); !bytes.Equal(si.InlineData, []byte("AQab\x00")) {
-			t.Fatalf("cut patch reads back as %q", si.InlineData)
+		if si := read(); !bytes.Equal(si.InlineData, []byte("AQab\x00\x00\x00\x00\x00\x00\x00!")) {
+			t.Fatalf("patch over the cut version reads back as %q", si.InlineData)
 		}
 		// A stale expected version loses the compare-and-set.
 		if _, err := patch(v-1, 5, at(0, "z")); status(err) != codes.Aborted {

@@ -682,6 +682,11 @@ func truncateStripes(t kv.Txn, rec *metapb.InodeRecord, size uint64, purge bool)
 				it.st.Length = keep
 				if uint64(len(it.st.InlineData)) > keep {
 					it.st.InlineData = it.st.InlineData[:keep]
+					// Other bytes, another version: a writer's patch built
+					// on the uncut bytes conflicts instead of landing on
+					// these (StripeCommit.patch).
+					it.st.Version = max(it.st.NextVersion, it.st.Version+1)
+					it.st.NextVersion = it.st.Version + 1
 				}
 				if err := putMsg(t, keys.Stripe(rec.Attr.Ino, it.idx), it.st); err != nil {
 					return err
