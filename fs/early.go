@@ -55,7 +55,7 @@ type Early interface {
 	// waits a moment for recalls of those held (lease.go); it returns
 	// meta's epoch and the ids of the leases recalled, or an error
 	// wrapping client.ErrNoLeases from a meta server that grants none.
-	Recalls(ctx context.Context, epoch uint64, release []uint64) (uint64, []uint64, error)
+	Recalls(ctx context.Context, epoch uint64, release []uint64) (*metapb.RecallsReply, error)
 }
 
 // maxReserved bounds the reservations a directory node remembers; past it

@@ -33,22 +33,35 @@ import (
 // fsyncs): they are logged and counted with EarlyLost.
 //
 // The kernel may cache a name the lease says is missing (a negative entry),
-// for no longer than the mount may use the lease without hearing from meta
-// again (negativeTTL): a lookup of a name a build or an application probes
-// for, and the lookup before each create, then cost no request. When the
-// lease goes, the mount invalidates the negative entries it gave under it
-// before it hands the lease back (waiting a bounded time: the kernel takes
-// the directory's lock to do it, which a request in the directory may hold).
+// and the entries of names in the directory, for as long as the mount may
+// use the lease without hearing from meta again (leaseTTL): a lookup of a
+// name a build or an application probes for, the lookup before each create,
+// and the lookup before each unlink then cost no request. When the lease
+// goes, the mount invalidates the entries it gave under it before it hands
+// the lease back (waiting a bounded time: the kernel takes the directory's
+// lock to do it, which a request in the directory may hold).
 //
 // A goroutine keeps a Recalls call at meta: it returns the recalls, and at
 // least every half second an empty answer. A lease is used only while such
-// an answer arrived within leaseFresh and of the epoch of the grant: meta
-// takes back the leases of a holder silent for longer (LeaseSilence, 1.5s),
-// and a restarted meta has another epoch.
+// an answer arrived within the lease's freshness (two thirds of meta's
+// LeaseSilence, which each answer gives: RecallsReply.silence_ms) and of the
+// epoch of the grant: meta takes back the leases of a holder silent for
+// longer, and a restarted meta has another epoch.
 
-// leaseFresh is how long after the last Recalls answer the mount still uses
-// its leases.
-const leaseFresh = time.Second
+// defaultLeaseFresh is how long after a Recalls answer a mount uses its
+// leases when meta does not say (an older server, whose LeaseSilence was
+// 1.5s).
+const defaultLeaseFresh = time.Second
+
+// leaseFreshFor returns how long after a Recalls answer the mount may use
+// its leases when meta keeps those of a silent holder for silence: two
+// thirds of it, leaving meta's answer time to arrive.
+func leaseFreshFor(silence time.Duration) time.Duration {
+	if silence <= 0 {
+		return defaultLeaseFresh
+	}
+	return silence * 2 / 3
+}
 
 // maxLeasedDirs bounds the directories the mount holds leases on.
 const maxLeasedDirs = 256
@@ -91,6 +104,9 @@ type dirLease struct {
 	attr *metapb.Attr
 	// negative holds the names the kernel may cache as missing.
 	negative negativeNames
+	// longEntries is set once the kernel got an entry of a name in the
+	// directory for longer than the entry timeout (Node.entryTimeout).
+	longEntries bool
 }
 
 // added records that name was added to the directory through this mount.
@@ -175,8 +191,9 @@ func (g *negativeNames) drop() []string {
 // leaseTable is the mount's side of the leases.
 type leaseTable struct {
 	mu        sync.Mutex
-	epoch     uint64    // of the last Recalls answer
-	heard     time.Time // when it arrived
+	epoch     uint64        // of the last Recalls answer
+	heard     time.Time     // when it arrived
+	fresh     time.Duration // how long after heard the leases are used (leaseFreshFor)
 	byID      map[uint64]*Node
 	recalled  map[uint64]bool // recalls of leases whose grant had not arrived
 	release   []uint64        // ids to give back with the next Recalls call
@@ -196,6 +213,7 @@ type leaseTable struct {
 func (fsys *FS) startLeases() {
 	t := &fsys.leases
 	t.on = true
+	t.fresh = defaultLeaseFresh
 	t.ready = make(chan struct{})
 	t.byID = map[uint64]*Node{}
 	t.recalled = map[uint64]bool{}
@@ -240,7 +258,7 @@ func (fsys *FS) LeasesReady() <-chan struct{} {
 
 // live reports whether leases of epoch may be used now (caller holds t.mu).
 func (t *leaseTable) liveLocked(epoch uint64, now time.Time) bool {
-	return epoch == t.epoch && now.Sub(t.heard) < leaseFresh
+	return epoch == t.epoch && now.Sub(t.heard) < t.fresh
 }
 
 func (fsys *FS) leaseLive(epoch uint64) bool {
@@ -266,8 +284,8 @@ func (fsys *FS) recallLoop(ctx context.Context) {
 			// What was answered under the leases goes to meta before they
 			// do (meta fences a lease's files until then: lease.go there).
 			// The wait is short, so that the Recalls calls go on (a holder
-			// silent for 1.5s loses its leases); leases whose calls are not
-			// all sent yet go back with a later call.
+			// silent for meta's LeaseSilence loses its leases); leases whose
+			// calls are not all sent yet go back with a later call.
 			wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 			err := early.WaitBehind(wctx)
 			cancel()
@@ -279,7 +297,7 @@ func (fsys *FS) recallLoop(ctx context.Context) {
 			}
 		}
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		newEpoch, recall, err := early.Recalls(cctx, epoch, release)
+		reply, err := early.Recalls(cctx, epoch, release)
 		cancel()
 		if errors.Is(err, client.ErrNoLeases) {
 			fsys.log.Info("the meta server grants no directory leases: the mount answers lookups of missing names through it")
@@ -295,6 +313,7 @@ func (fsys *FS) recallLoop(ctx context.Context) {
 			continue
 		}
 		now := time.Now()
+		newEpoch, recall := reply.Epoch, reply.Recall
 		var dropped []*Node
 		t.mu.Lock()
 		if newEpoch != t.epoch {
@@ -308,6 +327,7 @@ func (fsys *FS) recallLoop(ctx context.Context) {
 			t.epoch = newEpoch
 		}
 		t.heard = now
+		t.fresh = leaseFreshFor(time.Duration(reply.SilenceMs) * time.Millisecond)
 		t.once.Do(func() { close(t.ready) })
 		for _, id := range recall {
 			if n := t.byID[id]; n != nil {
@@ -371,17 +391,27 @@ func (n *Node) forgetLease(now time.Time) {
 	n.lease = nil
 	n.leaseAskAfter = now.Add(leaseBackoff)
 	n.mu.Unlock()
-	n.invalidateNegative(l)
+	n.invalidateEntries(l)
 }
 
-// invalidateNegative has the kernel drop the negative entries it was given
-// under l, a lease the node no longer holds, in the background: a request
-// in the directory may hold the directory's lock the kernel needs for it.
-func (n *Node) invalidateNegative(l *dirLease) {
+// invalidateEntries has the kernel drop the entries it was given under l, a
+// lease the node no longer holds, in the background: a request in the
+// directory may hold the directory's lock the kernel needs for it. Those
+// are the negative entries it may still hold and, if any name was given
+// for longer than the entry timeout, the entries of the names it knows.
+func (n *Node) invalidateEntries(l *dirLease) {
 	if l == nil {
 		return
 	}
 	names := l.negative.drop()
+	n.mu.Lock()
+	long := l.longEntries
+	n.mu.Unlock()
+	if long {
+		for name := range n.Children() {
+			names = append(names, name)
+		}
+	}
 	if len(names) == 0 {
 		return
 	}
@@ -390,23 +420,41 @@ func (n *Node) invalidateNegative(l *dirLease) {
 	go func() {
 		defer t.invalidating.Done()
 		for _, name := range names {
-			n.NotifyEntry(name) // ENOENT: the kernel has it no more
+			n.NotifyEntry(name) // ENOENT: the kernel has it no more (or another entry)
 		}
 	}()
 }
 
-// negativeTTL returns how long the kernel may cache a name the lease says is
-// missing: until the mount would stop using the lease unless it heard from
-// meta again, at most the entry timeout (0: not at all).
-func (fsys *FS) negativeTTL(now time.Time) time.Duration {
+// leaseTTL returns how long the kernel may cache an entry given under a
+// lease: until the mount would stop using the lease unless it heard from
+// meta again (0: not at all); and the longest it gives, the freshness.
+func (fsys *FS) leaseTTL(now time.Time) (ttl, longest time.Duration) {
 	t := &fsys.leases
 	t.mu.Lock()
-	left := t.heard.Add(leaseFresh).Sub(now)
+	left, longest := t.heard.Add(t.fresh).Sub(now), t.fresh
 	t.mu.Unlock()
-	if left = min(left, fsys.opts.EntryTimeout); left < minNegativeTTL {
-		return 0
+	if left < minNegativeTTL {
+		return 0, longest
 	}
-	return left
+	return left, longest
+}
+
+// entryTimeout returns how long the kernel may cache the entry of a name in
+// the directory: the entry timeout, or longer while the mount holds the
+// directory's lease (then its loss invalidates the entry).
+func (n *Node) entryTimeout() time.Duration {
+	timeout := n.fsys.opts.EntryTimeout
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	l := n.leaseLocked()
+	if l == nil {
+		return timeout
+	}
+	if ttl, _ := n.fsys.leaseTTL(time.Now()); ttl > timeout {
+		l.longEntries = true
+		return ttl
+	}
+	return timeout
 }
 
 // wantLease reports whether a lookup in the directory should ask for its
@@ -455,7 +503,7 @@ func (n *Node) installLease(g *metapb.DirLease, r *metapb.EntryReply) {
 	n.lastAttr = r.Parent
 	n.mu.Unlock()
 	if old != nil {
-		n.invalidateNegative(old)
+		n.invalidateEntries(old)
 		n.fsys.giveBack(old.id)
 	}
 }
@@ -478,7 +526,7 @@ func (n *Node) dropLease() {
 	n.lease = nil
 	n.mu.Unlock()
 	if l != nil {
-		n.invalidateNegative(l)
+		n.invalidateEntries(l)
 		n.fsys.giveBack(l.id)
 	}
 }
@@ -525,8 +573,8 @@ func (n *Node) leaseMissing(name string) (bool, time.Duration) {
 		return false, 0
 	}
 	now := time.Now()
-	ttl := n.fsys.negativeTTL(now)
-	if ttl > 0 && !l.negative.add(name, now, n.fsys.opts.EntryTimeout) {
+	ttl, longest := n.fsys.leaseTTL(now)
+	if ttl > 0 && !l.negative.add(name, now, longest) {
 		ttl = 0
 	}
 	return true, ttl

@@ -7,32 +7,52 @@ import (
 	"time"
 )
 
-// TestNegativeTTL: the kernel may cache a missing name only until the mount
-// would stop using the lease without hearing from meta (leaseFresh after the
-// last Recalls answer), at most the entry timeout, and not at all when that
-// is too near; meta takes the lease back only later (LeaseSilence).
-func TestNegativeTTL(t *testing.T) {
+// TestLeaseTTL: the kernel may cache an entry given under a lease only
+// until the mount would stop using the lease without hearing from meta (two
+// thirds of meta's LeaseSilence after the last Recalls answer), and not at
+// all when that is too near; meta takes the lease back only later. A name
+// in a leased directory gets the longer of that and the entry timeout, and
+// marks the lease as one whose loss invalidates the directory's entries.
+func TestLeaseTTL(t *testing.T) {
+	if got := leaseFreshFor(3 * time.Second); got != 2*time.Second {
+		t.Errorf("LeaseSilence 3s: leases used for %v after an answer", got)
+	}
+	if got := leaseFreshFor(0); got != time.Second {
+		t.Errorf("no LeaseSilence (an older meta): leases used for %v after an answer", got)
+	}
 	fsys := &FS{opts: Options{EntryTimeout: time.Second}}
+	fsys.leases.fresh = 3 * time.Second
 	now := time.Now()
 	for _, c := range []struct {
 		heard time.Time
 		want  time.Duration
 	}{
-		{now, time.Second},
-		{now.Add(-300 * time.Millisecond), 700 * time.Millisecond},
-		{now.Add(-995 * time.Millisecond), 0},
-		{now.Add(-2 * time.Second), 0},
+		{now, 3 * time.Second},
+		{now.Add(-300 * time.Millisecond), 2700 * time.Millisecond},
+		{now.Add(-2995 * time.Millisecond), 0},
+		{now.Add(-4 * time.Second), 0},
 		{time.Time{}, 0},
 	} {
 		fsys.leases.heard = c.heard
-		if got := fsys.negativeTTL(now); got != c.want {
-			t.Errorf("heard %v ago: negative entries for %v, want %v", now.Sub(c.heard), got, c.want)
+		if got, longest := fsys.leaseTTL(now); got != c.want || longest != 3*time.Second {
+			t.Errorf("heard %v ago: entries for %v (longest %v), want %v", now.Sub(c.heard), got, longest, c.want)
 		}
 	}
-	fsys.opts.EntryTimeout = 200 * time.Millisecond
-	fsys.leases.heard = now
-	if got := fsys.negativeTTL(now); got != 200*time.Millisecond {
-		t.Errorf("entry timeout 200ms: negative entries for %v", got)
+	// A name in a directory: the entry timeout without the lease, the
+	// lease's time with it.
+	fsys.leases.epoch, fsys.leases.heard = 1, time.Now()
+	n := &Node{fsys: fsys}
+	if got := n.entryTimeout(); got != time.Second {
+		t.Errorf("no lease: entry for %v", got)
+	}
+	n.lease = &dirLease{epoch: 1}
+	if got := n.entryTimeout(); got <= 2*time.Second || got > 3*time.Second || !n.lease.longEntries {
+		t.Errorf("leased: entry for %v, long entries %v", got, n.lease.longEntries)
+	}
+	fsys.leases.fresh = 500 * time.Millisecond // an older meta's: no longer than the entry timeout
+	n.lease = &dirLease{epoch: 1}
+	if got := n.entryTimeout(); got != time.Second || n.lease.longEntries {
+		t.Errorf("leased with short freshness: entry for %v, long entries %v", got, n.lease.longEntries)
 	}
 }
 

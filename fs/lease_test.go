@@ -460,3 +460,65 @@ func TestNegativeEntries(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaseEntries: under a directory lease the kernel keeps the entries of
+// the directory's names for as long as the mount may use the lease, past
+// the entry timeout: a stat or an unlink of a name it knows costs no
+// lookup. When another mount replaces or removes such a name, the recall
+// has the kernel drop the entries before the lease goes back: this mount
+// sees the change as soon as the other's call has returned.
+func TestLeaseEntries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := fstest.Start(t, fstest.Options{Metrics: reg, EntryTimeout: time.Millisecond})
+	b, _ := c.Mount(t)
+	dir := filepath.Join(c.Dir, "d")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	name := func(i int) string { return filepath.Join(dir, fmt.Sprintf("f%d", i)) }
+	// The first lookup of a missing name gets the lease; the files are
+	// created under it.
+	if _, err := os.Stat(name(0)); !os.IsNotExist(err) {
+		t.Fatalf("stat of a missing name: %v", err)
+	}
+	for i := range 20 {
+		if err := os.WriteFile(name(i), []byte("old"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(20 * time.Millisecond) // twenty entry timeouts go by
+	lookups := fuseRequests(t, reg, "lookup")
+	for i := range 20 {
+		if _, err := os.Stat(name(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 10 {
+		if err := os.Remove(name(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := fuseRequests(t, reg, "lookup") - lookups; n > 0 {
+		t.Errorf("20 stats and 10 unlinks of names known under the lease cost %d lookups", n)
+	}
+	// Another mount replaces f10 and removes f11.
+	other := filepath.Join(b, "d")
+	if err := os.WriteFile(filepath.Join(other, "new"), []byte("new"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(other, "new"), filepath.Join(other, "f10")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(other, "f11")); err != nil {
+		t.Fatal(err)
+	}
+	if data, err := os.ReadFile(name(10)); err != nil || string(data) != "new" {
+		t.Errorf("a file replaced by another mount reads here as %q, %v", data, err)
+	}
+	if _, err := os.Stat(name(11)); !os.IsNotExist(err) {
+		t.Errorf("a file removed by another mount: stat here: %v", err)
+	}
+	if data, err := os.ReadFile(name(12)); err != nil || string(data) != "old" {
+		t.Errorf("an untouched file reads as %q, %v", data, err)
+	}
+}

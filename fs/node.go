@@ -595,7 +595,7 @@ func (n *Node) entry(ctx context.Context, a *metapb.Attr, out *fuse.EntryOut) *g
 
 // filledEntry is entry with out.Attr filled already.
 func (n *Node) filledEntry(ctx context.Context, a *metapb.Attr, out *fuse.EntryOut) *gofs.Inode {
-	out.SetEntryTimeout(n.fsys.opts.EntryTimeout)
+	out.SetEntryTimeout(n.entryTimeout())
 	out.SetAttrTimeout(n.fsys.opts.AttrTimeout)
 	child := &Node{fsys: n.fsys, ino: a.Ino}
 	return n.NewInode(ctx, child, gofs.StableAttr{Mode: a.Mode & syscall.S_IFMT, Ino: a.Ino, Gen: a.Generation})

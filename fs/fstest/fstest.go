@@ -49,6 +49,9 @@ type Options struct {
 	// and fs.Options.MetricsAddr.
 	Metrics     prometheus.Registerer
 	MetricsAddr string
+	// EntryTimeout is fs.Options.EntryTimeout for every mount (default:
+	// fs's).
+	EntryTimeout time.Duration
 }
 
 // Cluster is a running test file system.
@@ -123,7 +126,7 @@ func (c *Cluster) mount(t *testing.T, wrap func(metapb.MetaClient) metapb.MetaCl
 		sess.Close(ctx)
 		eng.Close()
 	})
-	opts := fs.Options{Meta: fsMeta, Session: sess.ID(), Data: eng, DropBehind: c.opts.DropBehind}
+	opts := fs.Options{Meta: fsMeta, Session: sess.ID(), Data: eng, DropBehind: c.opts.DropBehind, EntryTimeout: c.opts.EntryTimeout}
 	var mopts fs.MountOptions
 	if c.Dir == "" { // the first mount
 		opts.MetricsAddr, mopts.Metrics = c.opts.MetricsAddr, c.opts.Metrics

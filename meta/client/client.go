@@ -274,19 +274,20 @@ func (s *Session) Close(ctx context.Context) error {
 
 // Recalls gives back the directory leases release (granted in epoch) and
 // waits up to about half a second for recalls of the leases the session
-// holds; it returns meta's epoch and the ids of the leases recalled. It
-// goes straight to meta: a long poll would hold back calls queued behind.
-func (s *Session) Recalls(ctx context.Context, epoch uint64, release []uint64) (uint64, []uint64, error) {
+// holds; it returns meta's answer: its epoch, the ids of the leases
+// recalled and how long it keeps the leases of a silent holder. It goes
+// straight to meta: a long poll would hold back calls queued behind.
+func (s *Session) Recalls(ctx context.Context, epoch uint64, release []uint64) (*metapb.RecallsReply, error) {
 	r := &metapb.RecallsReply{}
 	err := s.c.fo.Invoke(ctx, metapb.Meta_Recalls_FullMethodName,
 		&metapb.RecallsRequest{SessionId: s.id, Epoch: epoch, Release: release}, r)
 	if status.Code(err) == codes.Unimplemented {
-		return 0, nil, fmt.Errorf("client: recalls: %w", ErrNoLeases)
+		return nil, fmt.Errorf("client: recalls: %w", ErrNoLeases)
 	}
 	if err != nil {
-		return 0, nil, err
+		return nil, err
 	}
-	return r.Epoch, r.Recall, nil
+	return r, nil
 }
 
 // ErrNoLeases is the error of Recalls to a meta server that grants no

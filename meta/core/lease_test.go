@@ -129,7 +129,7 @@ func TestDirLeaseSilentHolder(t *testing.T) {
 			done <- result{r, err}
 		}()
 		blocked(t, done, "another session's create")
-		e.clock.Advance(2 * time.Second) // past LeaseSilence (1.5s) since the last poll
+		e.clock.Advance(4 * time.Second) // past LeaseSilence (3s) since the last poll
 		select {
 		case res := <-done:
 			if res.err != nil {
@@ -160,7 +160,7 @@ func TestDirLeaseExcludesReservations(t *testing.T) {
 			t.Fatal("no lease once the other hold ended")
 		}
 		// A silent holder, so that B's reserving lookup ends the lease.
-		e.clock.Advance(2 * time.Second)
+		e.clock.Advance(4 * time.Second)
 		e.reserve(b, dir, "n")
 	})
 }
@@ -200,7 +200,7 @@ func TestLeaseFence(t *testing.T) {
 				done <- result{r, err}
 			}()
 			blocked(t, done, "another session's lookup")
-			e.clock.Advance(2 * time.Second) // past LeaseSilence
+			e.clock.Advance(4 * time.Second) // past LeaseSilence
 			if res := <-done; res.err != nil {
 				t.Fatalf("lookup after the holder went silent: %v", res.err)
 			}

@@ -112,11 +112,15 @@ type Config struct {
 	ReserveGrace time.Duration
 	// LeaseRecallTimeout is how long a call waits for the holder of a
 	// directory lease to give it back before meta takes it back (default
-	// 3s); LeaseSilence how long a holder may go without calling Recalls
-	// before its leases are void (default 1.5s; a mount stops using them
-	// after 1s without a reply); LeasePollWait how long a Recalls call
-	// waits for a recall (default 500ms); LeaseBackoff how long after a
-	// recall the directory is not leased again (default 1s). See lease.go.
+	// 5s; longer than LeaseSilence, so that a holder cut off while a
+	// Recalls call of its seemed in flight has stopped using the lease
+	// too); LeaseSilence how long a holder may go without calling Recalls
+	// before its leases are void (default 3s: a mount stops using them,
+	// and the kernel's entries under them expire, two thirds of it after
+	// the last answer, RecallsReply.silence_ms); LeasePollWait how long a
+	// Recalls call waits for a recall (default 500ms); LeaseBackoff how
+	// long after a recall the directory is not leased again (default 1s).
+	// See lease.go.
 	LeaseRecallTimeout, LeaseSilence, LeasePollWait, LeaseBackoff time.Duration
 }
 
@@ -262,10 +266,10 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		cfg.ReserveGrace = 2 * time.Second
 	}
 	if cfg.LeaseRecallTimeout <= 0 {
-		cfg.LeaseRecallTimeout = 3 * time.Second
+		cfg.LeaseRecallTimeout = 5 * time.Second
 	}
 	if cfg.LeaseSilence <= 0 {
-		cfg.LeaseSilence = 1500 * time.Millisecond
+		cfg.LeaseSilence = 3 * time.Second
 	}
 	if cfg.LeasePollWait <= 0 {
 		cfg.LeasePollWait = 500 * time.Millisecond

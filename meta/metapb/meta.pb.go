@@ -972,9 +972,14 @@ func (x *RecallsRequest) GetRelease() []uint64 {
 // them. epoch identifies the meta server's run: leases of another epoch are
 // void.
 type RecallsReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Recall        []uint64               `protobuf:"varint,2,rep,packed,name=recall,proto3" json:"recall,omitempty"` // lease ids
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Epoch  uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Recall []uint64               `protobuf:"varint,2,rep,packed,name=recall,proto3" json:"recall,omitempty"` // lease ids
+	// silence_ms is how long meta keeps the leases of a holder that stops
+	// calling Recalls (its LeaseSilence): the holder uses its leases, and has
+	// the kernel cache entries under them, for at most two thirds of that
+	// after an answer arrived. 0 (an older server): 1.5 seconds.
+	SilenceMs     uint32 `protobuf:"varint,3,opt,name=silence_ms,json=silenceMs,proto3" json:"silence_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1021,6 +1026,13 @@ func (x *RecallsReply) GetRecall() []uint64 {
 		return x.Recall
 	}
 	return nil
+}
+
+func (x *RecallsReply) GetSilenceMs() uint32 {
+	if x != nil {
+		return x.SilenceMs
+	}
+	return 0
 }
 
 // DirReply answers removals: the directory's attributes after the call.
@@ -9855,10 +9867,12 @@ const file_meta_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x18\n" +
-	"\arelease\x18\x03 \x03(\x04R\arelease\"<\n" +
+	"\arelease\x18\x03 \x03(\x04R\arelease\"[\n" +
 	"\fRecallsReply\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x16\n" +
-	"\x06recall\x18\x02 \x03(\x04R\x06recall\"8\n" +
+	"\x06recall\x18\x02 \x03(\x04R\x06recall\x12\x1d\n" +
+	"\n" +
+	"silence_ms\x18\x03 \x01(\rR\tsilenceMs\"8\n" +
 	"\bDirReply\x12,\n" +
 	"\x06parent\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x06parent\"G\n" +
 	"\x0eGetAttrRequest\x12\x10\n" +

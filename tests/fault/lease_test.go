@@ -53,10 +53,10 @@ func TestLeaseOfKilledMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	listed := time.Since(listStart)
-	// Meta takes back the lease of a holder silent for 1.5 s (the kill
-	// began that silence before the remount), waking every 375 ms to check;
-	// a recall left unanswered would take 3 s.
-	if listed >= 2700*time.Millisecond {
+	// Meta takes back the lease of a holder silent for 3 s (the kill began
+	// that silence before the remount), waking every 750 ms to check; a
+	// recall left unanswered would take 5 s.
+	if listed >= 4500*time.Millisecond {
 		t.Fatalf("the listing took %v: meta waited for the recall's timeout, not for the holder's silence", listed)
 	}
 	took := time.Since(killed)
