@@ -11,18 +11,25 @@ import (
 	"github.com/rdmafs/rdmafs/meta/reqid"
 )
 
+// smallFile makes six chunkservers and a file in a directory whose layout
+// keeps up to 4 KiB inline, and returns the file's inode.
+func smallFile(t *testing.T, e *env) uint64 {
+	t.Helper()
+	e.chunkservers(6)
+	d := e.mkdir(root, RootIno, "small", 0o777)
+	l := &metapb.Layout{K: 4, M: 2, Unit: 64 << 10, InlineMax: 4096}
+	if _, err := e.s.SetLayout(e.ctx, &metapb.SetLayoutRequest{Ino: d, Layout: l}); err != nil {
+		t.Fatal(err)
+	}
+	return e.create(root, d, "f", 0o644)
+}
+
 // TestInlineCommits covers stripes whose bytes live in metadata: the checks
 // on an inline commit, its compare-and-set, the versions it takes from the
 // stripe's counter, and the moves between inline and sharded both ways.
 func TestInlineCommits(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, e *env) {
-		e.chunkservers(6)
-		d := e.mkdir(root, RootIno, "small", 0o777)
-		l := &metapb.Layout{K: 4, M: 2, Unit: 64 << 10, InlineMax: 4096}
-		if _, err := e.s.SetLayout(e.ctx, &metapb.SetLayoutRequest{Ino: d, Layout: l}); err != nil {
-			t.Fatal(err)
-		}
-		f := e.create(root, d, "f", 0o644)
+		f := smallFile(t, e)
 		inline := func(stripe, expected uint64, data []byte) (*metapb.CommitStripesReply, error) {
 			return e.s.CommitStripes(e.ctx, &metapb.CommitStripesRequest{Ino: f, Size: uint64(len(data)),
 				Stripes: []*metapb.StripeCommit{{Stripe: stripe, ExpectedVersion: expected, Length: uint64(len(data)), Inline: true, Data: data}}})
@@ -194,13 +201,7 @@ func TestCreateCarriesInline(t *testing.T) {
 // which is a conflict.
 func TestInlinePatchCommits(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, e *env) {
-		e.chunkservers(6)
-		d := e.mkdir(root, RootIno, "small", 0o777)
-		l := &metapb.Layout{K: 4, M: 2, Unit: 64 << 10, InlineMax: 4096}
-		if _, err := e.s.SetLayout(e.ctx, &metapb.SetLayoutRequest{Ino: d, Layout: l}); err != nil {
-			t.Fatal(err)
-		}
-		f := e.create(root, d, "f", 0o644)
+		f := smallFile(t, e)
 		patch := func(expected, length uint64, patches ...*metapb.InlinePatch) (*metapb.CommitStripesReply, error) {
 			return e.s.CommitStripes(e.ctx, &metapb.CommitStripesRequest{Ino: f, Size: length,
 				Stripes: []*metapb.StripeCommit{{Stripe: 0, ExpectedVersion: expected, Length: length, Inline: true, Patch: true, Patches: patches}}})
