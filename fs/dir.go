@@ -88,7 +88,7 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	if d.last == nil || d.last.Name != name || d.last.Attr == nil {
 		return d.n.Lookup(ctx, name, out)
 	}
-	return d.n.entry(ctx, d.last.Attr, out), 0
+	return d.n.entry(ctx, name, d.last.Attr, out), 0
 }
 
 // Fsyncdir implements gofs.FileFsyncdirer: it returns once every operation

@@ -53,8 +53,9 @@ type Early interface {
 	WaitIno(ctx context.Context, ino uint64) error
 	// Recalls gives back the directory leases release (of epoch) and
 	// waits a moment for recalls of those held (lease.go); it returns
-	// meta's epoch and the ids of the leases recalled, or an error
-	// wrapping client.ErrNoLeases from a meta server that grants none.
+	// meta's answer (its epoch, the ids of the leases recalled, how long
+	// it keeps a silent holder's leases), or an error wrapping
+	// client.ErrNoLeases from a meta server that grants none.
 	Recalls(ctx context.Context, epoch uint64, release []uint64) (*metapb.RecallsReply, error)
 }
 
@@ -186,7 +187,7 @@ func (n *Node) createEarly(ctx context.Context, name string, flags, mode uint32,
 	}
 	a := metapb.NewAttr(c, parent, req.Ino, syscall.S_IFREG|mode&0o7777, now)
 	a.Layout = layout
-	inode, fh := n.newFile(ctx, a, flags, out)
+	inode, fh := n.newFile(ctx, name, a, flags, out)
 	if child, ok := inode.Operations().(*Node); ok && leaseID != 0 {
 		child.mu.Lock()
 		child.createdIn, child.createdLease, child.createdInline = n, leaseID, layout.GetInlineMax()

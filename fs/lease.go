@@ -75,8 +75,9 @@ const maxLeaseNames = 1 << 18
 const leaseBackoff = time.Second
 
 // maxNegative bounds the negative entries the kernel may still hold that
-// the mount gave under one lease (those of about the last two entry
-// timeouts: negativeNames); past it, missing names are answered uncached.
+// the mount gave under one lease (those of about the last two lease
+// freshness periods: negativeNames); past it, missing names are answered
+// uncached.
 // A program that probes every name before it creates it (fio does, three
 // times over) makes thousands a second.
 const maxNegative = 16384
@@ -85,12 +86,18 @@ const maxNegative = 16384
 // leases together.
 const maxNegativeTotal = 1 << 16
 
-// minNegativeTTL is the shortest negative entry worth giving.
-const minNegativeTTL = 10 * time.Millisecond
+// minLeaseTTL is the shortest entry worth giving under a lease.
+const minLeaseTTL = 10 * time.Millisecond
 
-// invalidateWait bounds how long the hand-back of leases waits for the
-// invalidation of their negative entries.
+// invalidateWait bounds how long the Recalls loop waits for the
+// invalidation of the entries of leases it gives back; a lease whose
+// invalidation takes longer goes back with a later call, once it is done or
+// its entries have expired anyway.
 const invalidateWait = 300 * time.Millisecond
+
+// maxLongEntries bounds the names of one lease the kernel may hold for
+// longer than the entry timeout; past it, names get the entry timeout.
+const maxLongEntries = 1 << 16
 
 // dirLease is a directory lease this mount holds (under its Node's mu).
 type dirLease struct {
@@ -104,9 +111,11 @@ type dirLease struct {
 	attr *metapb.Attr
 	// negative holds the names the kernel may cache as missing.
 	negative negativeNames
-	// longEntries is set once the kernel got an entry of a name in the
-	// directory for longer than the entry timeout (Node.entryTimeout).
-	longEntries bool
+	// long holds the names of files the kernel got an entry of for longer
+	// than the entry timeout (Node.entryTimeout), and until the time by
+	// which every entry given under the lease, long or negative, expires.
+	long  map[string]struct{}
+	until time.Time
 }
 
 // added records that name was added to the directory through this mount.
@@ -118,9 +127,9 @@ func (l *dirLease) added(name string) {
 
 // negativeNames are the names a lease gave the kernel as missing that the
 // kernel may still hold: those given since since (recent), and those given
-// in the entry timeout before that (older). Names given earlier still have
-// expired in the kernel and are forgotten, so that a long-held lease keeps
-// giving negative entries and its loss invalidates only live ones.
+// in the longest entry time before that (older). Names given earlier still
+// have expired in the kernel and are forgotten, so that a long-held lease
+// keeps giving negative entries and its loss invalidates only live ones.
 type negativeNames struct {
 	recent, older map[string]struct{}
 	since         time.Time
@@ -201,9 +210,9 @@ type leaseTable struct {
 	done      chan struct{}
 	flushes   sync.WaitGroup // flushes behind running
 	negatives atomic.Int64   // live negative entries of all leases (negativeNames)
-	// invalidating counts the negative entries of leases gone still to be
-	// invalidated in the kernel.
-	invalidating sync.WaitGroup
+	// invalidating holds the invalidations of the entries of leases gone
+	// that may still be running, by lease id.
+	invalidating map[uint64]invalidation
 	on           bool          // set before the mount serves, never changed
 	ready        chan struct{} // closed at the first Recalls answer (or when there will be none)
 	once         sync.Once
@@ -256,16 +265,59 @@ func (fsys *FS) LeasesReady() <-chan struct{} {
 	return closed
 }
 
+// invalidation is the invalidation of a lease's entries in the kernel:
+// done is closed when it has finished; the entries expire by until anyway.
+type invalidation struct {
+	done  chan struct{}
+	until time.Time
+}
+
 // live reports whether leases of epoch may be used now (caller holds t.mu).
 func (t *leaseTable) liveLocked(epoch uint64, now time.Time) bool {
 	return epoch == t.epoch && now.Sub(t.heard) < t.fresh
 }
 
-func (fsys *FS) leaseLive(epoch uint64) bool {
+// leaseUsable reports whether l, n's lease, may be used now: of the current
+// epoch, heard of recently, and not recalled meanwhile (the Recalls loop
+// takes a recalled lease out of byID before the node lets go of it).
+func (fsys *FS) leaseUsable(n *Node, l *dirLease) bool {
 	t := &fsys.leases
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.liveLocked(epoch, time.Now())
+	return t.liveLocked(l.epoch, time.Now()) && t.byID[l.id] == n
+}
+
+// releasable splits ids, leases to give back, into those whose entries the
+// kernel has dropped or whose entries have expired, and those to give back
+// later. It waits up to invalidateWait for invalidations still running.
+func (t *leaseTable) releasable(ids []uint64) (now, later []uint64) {
+	deadline := time.NewTimer(invalidateWait)
+	defer deadline.Stop()
+	for _, id := range ids {
+		t.mu.Lock()
+		inv, ok := t.invalidating[id]
+		t.mu.Unlock()
+		if ok {
+			select {
+			case <-inv.done:
+			case <-deadline.C:
+				deadline.Reset(0)
+			}
+			select {
+			case <-inv.done:
+			default:
+				if time.Now().Before(inv.until) {
+					later = append(later, id)
+					continue
+				}
+			}
+			t.mu.Lock()
+			delete(t.invalidating, id)
+			t.mu.Unlock()
+		}
+		now = append(now, id)
+	}
+	return now, later
 }
 
 // recallLoop keeps a Recalls call at meta and hands back recalled leases.
@@ -280,7 +332,15 @@ func (fsys *FS) recallLoop(ctx context.Context) {
 		t.mu.Unlock()
 		if len(release) > 0 {
 			// The kernel drops what it cached under them first.
-			waitTimeout(&t.invalidating, invalidateWait)
+			var later []uint64
+			release, later = t.releasable(release)
+			if len(later) > 0 {
+				t.mu.Lock()
+				t.release = append(t.release, later...)
+				t.mu.Unlock()
+			}
+		}
+		if len(release) > 0 {
 			// What was answered under the leases goes to meta before they
 			// do (meta fences a lease's files until then: lease.go there).
 			// The wait is short, so that the Recalls calls go on (a holder
@@ -368,21 +428,6 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
-// waitTimeout waits for wg, at most d.
-func waitTimeout(wg *sync.WaitGroup, d time.Duration) {
-	done := make(chan struct{})
-	go func() {
-		wg.Wait()
-		close(done)
-	}()
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-done:
-	case <-tm.C:
-	}
-}
-
 // forgetLease drops the node's lease (recalled, or void) and starts the
 // backoff before it asks again.
 func (n *Node) forgetLease(now time.Time) {
@@ -397,32 +442,54 @@ func (n *Node) forgetLease(now time.Time) {
 // invalidateEntries has the kernel drop the entries it was given under l, a
 // lease the node no longer holds, in the background: a request in the
 // directory may hold the directory's lock the kernel needs for it. Those
-// are the negative entries it may still hold and, if any name was given
-// for longer than the entry timeout, the entries of the names it knows.
+// are the negative entries it may still hold and the entries of files it
+// got for longer than the entry timeout. The lease goes back to meta once
+// that is done, or once they have expired (leaseTable.releasable).
 func (n *Node) invalidateEntries(l *dirLease) {
 	if l == nil {
 		return
 	}
 	names := l.negative.drop()
 	n.mu.Lock()
-	long := l.longEntries
-	n.mu.Unlock()
-	if long {
-		for name := range n.Children() {
-			names = append(names, name)
-		}
+	for name := range l.long {
+		names = append(names, name)
 	}
+	l.long = nil
+	until := l.until
+	n.mu.Unlock()
 	if len(names) == 0 {
 		return
 	}
 	t := &n.fsys.leases
-	t.invalidating.Add(1)
+	inv := invalidation{done: make(chan struct{}), until: until}
+	t.mu.Lock()
+	if t.invalidating == nil {
+		t.invalidating = map[uint64]invalidation{}
+	}
+	t.invalidating[l.id] = inv
+	t.mu.Unlock()
 	go func() {
-		defer t.invalidating.Done()
+		defer close(inv.done)
 		for _, name := range names {
 			n.NotifyEntry(name) // ENOENT: the kernel has it no more (or another entry)
 		}
 	}()
+}
+
+// forgetLong forgets name's entry among those the kernel got for longer
+// than the entry timeout under the directory's lease, and reports whether
+// it was: a rename by this mount moves that entry, with its time, out of
+// the lease's reach, so the caller has the kernel drop it.
+func (n *Node) forgetLong(name string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	l := n.lease
+	if l == nil {
+		return false
+	}
+	_, long := l.long[name]
+	delete(l.long, name)
+	return long
 }
 
 // leaseTTL returns how long the kernel may cache an entry given under a
@@ -433,28 +500,46 @@ func (fsys *FS) leaseTTL(now time.Time) (ttl, longest time.Duration) {
 	t.mu.Lock()
 	left, longest := t.heard.Add(t.fresh).Sub(now), t.fresh
 	t.mu.Unlock()
-	if left < minNegativeTTL {
+	if left < minLeaseTTL {
 		return 0, longest
 	}
 	return left, longest
 }
 
-// entryTimeout returns how long the kernel may cache the entry of a name in
-// the directory: the entry timeout, or longer while the mount holds the
-// directory's lease (then its loss invalidates the entry).
-func (n *Node) entryTimeout() time.Duration {
+// entryTimeout returns how long the kernel may cache the entry of name in
+// the directory, for an inode of mode: the entry timeout, or for a file
+// longer, while the mount holds the directory's lease (whose loss then
+// invalidates the entry). A directory's entry keeps the entry timeout: the
+// invalidation of a directory's entry would also detach mounts below it.
+func (n *Node) entryTimeout(name string, mode uint32) time.Duration {
 	timeout := n.fsys.opts.EntryTimeout
+	if mode&syscall.S_IFMT == syscall.S_IFDIR {
+		return timeout
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	l := n.leaseLocked()
 	if l == nil {
 		return timeout
 	}
-	if ttl, _ := n.fsys.leaseTTL(time.Now()); ttl > timeout {
-		l.longEntries = true
-		return ttl
+	now := time.Now()
+	ttl, _ := n.fsys.leaseTTL(now)
+	if ttl <= timeout {
+		return timeout
 	}
-	return timeout
+	if _, ok := l.long[name]; !ok {
+		if len(l.long) >= maxLongEntries {
+			return timeout
+		}
+		if l.long == nil {
+			l.long = map[string]struct{}{}
+		}
+		l.long[name] = struct{}{}
+	}
+	if end := now.Add(ttl); end.After(l.until) {
+		l.until = end
+	}
+	return ttl
 }
 
 // wantLease reports whether a lookup in the directory should ask for its
@@ -534,7 +619,7 @@ func (n *Node) dropLease() {
 // leaseLocked returns the directory's lease if it may be used now (caller
 // holds n.mu).
 func (n *Node) leaseLocked() *dirLease {
-	if n.lease == nil || !n.fsys.leaseLive(n.lease.epoch) {
+	if n.lease == nil || !n.fsys.leaseUsable(n, n.lease) {
 		return nil
 	}
 	return n.lease
@@ -576,6 +661,9 @@ func (n *Node) leaseMissing(name string) (bool, time.Duration) {
 	ttl, longest := n.fsys.leaseTTL(now)
 	if ttl > 0 && !l.negative.add(name, now, longest) {
 		ttl = 0
+	}
+	if end := now.Add(ttl); end.After(l.until) {
+		l.until = end
 	}
 	return true, ttl
 }

@@ -3,6 +3,7 @@ package fs
 import (
 	"fmt"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -38,21 +39,34 @@ func TestLeaseTTL(t *testing.T) {
 			t.Errorf("heard %v ago: entries for %v (longest %v), want %v", now.Sub(c.heard), got, longest, c.want)
 		}
 	}
-	// A name in a directory: the entry timeout without the lease, the
-	// lease's time with it.
+	// A file's name: the entry timeout without the lease, the lease's time
+	// with it, recorded for the invalidation; a directory's: the entry
+	// timeout, always.
 	fsys.leases.epoch, fsys.leases.heard = 1, time.Now()
 	n := &Node{fsys: fsys}
-	if got := n.entryTimeout(); got != time.Second {
+	fsys.leases.byID = map[uint64]*Node{7: n}
+	if got := n.entryTimeout("f", syscall.S_IFREG); got != time.Second {
 		t.Errorf("no lease: entry for %v", got)
 	}
-	n.lease = &dirLease{epoch: 1}
-	if got := n.entryTimeout(); got <= 2*time.Second || got > 3*time.Second || !n.lease.longEntries {
-		t.Errorf("leased: entry for %v, long entries %v", got, n.lease.longEntries)
+	n.lease = &dirLease{id: 7, epoch: 1}
+	if got := n.entryTimeout("f", syscall.S_IFREG); got <= 2*time.Second || got > 3*time.Second || len(n.lease.long) != 1 || !n.lease.until.After(time.Now().Add(2*time.Second)) {
+		t.Errorf("leased: entry for %v, long entries %v, until %v", got, n.lease.long, n.lease.until)
 	}
+	if got := n.entryTimeout("d", syscall.S_IFDIR); got != time.Second || len(n.lease.long) != 1 {
+		t.Errorf("leased, a directory: entry for %v, long entries %v", got, n.lease.long)
+	}
+	if !n.forgetLong("f") || n.forgetLong("f") || len(n.lease.long) != 0 {
+		t.Errorf("forgetLong: long entries %v", n.lease.long)
+	}
+	delete(fsys.leases.byID, 7) // recalled: the Recalls loop took it out
+	if got := n.entryTimeout("g", syscall.S_IFREG); got != time.Second {
+		t.Errorf("recalled lease: entry for %v", got)
+	}
+	fsys.leases.byID[7] = n
 	fsys.leases.fresh = 500 * time.Millisecond // an older meta's: no longer than the entry timeout
-	n.lease = &dirLease{epoch: 1}
-	if got := n.entryTimeout(); got != time.Second || n.lease.longEntries {
-		t.Errorf("leased with short freshness: entry for %v, long entries %v", got, n.lease.longEntries)
+	n.lease = &dirLease{id: 7, epoch: 1}
+	if got := n.entryTimeout("f", syscall.S_IFREG); got != time.Second || len(n.lease.long) != 0 {
+		t.Errorf("leased with short freshness: entry for %v, long entries %v", got, n.lease.long)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmafs/rdmafs/fs/fstest"
 	"github.com/rdmafs/rdmafs/internal/stripe"
@@ -466,7 +467,8 @@ func TestNegativeEntries(t *testing.T) {
 // the entry timeout: a stat or an unlink of a name it knows costs no
 // lookup. When another mount replaces or removes such a name, the recall
 // has the kernel drop the entries before the lease goes back: this mount
-// sees the change as soon as the other's call has returned.
+// sees the change as soon as the other's change is durable. A rename by
+// this mount moves an entry out of its lease's reach: it is dropped too.
 func TestLeaseEntries(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	c := fstest.Start(t, fstest.Options{Metrics: reg, EntryTimeout: time.Millisecond})
@@ -487,21 +489,42 @@ func TestLeaseEntries(t *testing.T) {
 		}
 	}
 	time.Sleep(20 * time.Millisecond) // twenty entry timeouts go by
+	// Stats and unlinks relative to the directory: the path walk to it
+	// would revalidate the directory's own entry, which keeps the entry
+	// timeout.
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
 	lookups := fuseRequests(t, reg, "lookup")
 	for i := range 20 {
-		if _, err := os.Stat(name(i)); err != nil {
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, fmt.Sprintf("f%d", i), &st, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i := range 10 {
-		if err := os.Remove(name(i)); err != nil {
+		if err := unix.Unlinkat(fd, fmt.Sprintf("f%d", i), 0); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if n := fuseRequests(t, reg, "lookup") - lookups; n > 0 {
 		t.Errorf("20 stats and 10 unlinks of names known under the lease cost %d lookups", n)
 	}
-	// Another mount replaces f10 and removes f11.
+	// This mount moves f12 to another directory it leases: the kernel
+	// moves the entry with its time, so the move has it dropped.
+	d2 := filepath.Join(c.Dir, "d2")
+	if err := os.Mkdir(d2, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(name(12), filepath.Join(d2, "f12")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(d2, "f12")); err != nil {
+		t.Fatal(err)
+	}
+	// Another mount replaces f10 and removes f11, and removes the moved f12.
 	other := filepath.Join(b, "d")
 	if err := os.WriteFile(filepath.Join(other, "new"), []byte("new"), 0o644); err != nil {
 		t.Fatal(err)
@@ -512,13 +535,32 @@ func TestLeaseEntries(t *testing.T) {
 	if err := os.Remove(filepath.Join(other, "f11")); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Remove(filepath.Join(b, "d2", "f12")); err != nil {
+		t.Fatal(err)
+	}
+	// The other mount answers its unlink at once and sends it behind (it
+	// holds no lease there: the directory was just contended); an fsync of
+	// the directory makes it durable, as an application would to publish.
+	for _, d := range []string{other, filepath.Join(b, "d2")} {
+		od, err := os.Open(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := od.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		od.Close()
+	}
 	if data, err := os.ReadFile(name(10)); err != nil || string(data) != "new" {
 		t.Errorf("a file replaced by another mount reads here as %q, %v", data, err)
 	}
 	if _, err := os.Stat(name(11)); !os.IsNotExist(err) {
 		t.Errorf("a file removed by another mount: stat here: %v", err)
 	}
-	if data, err := os.ReadFile(name(12)); err != nil || string(data) != "old" {
+	if _, err := os.Stat(filepath.Join(d2, "f12")); !os.IsNotExist(err) {
+		t.Errorf("a file moved here and removed by another mount: stat here: %v", err)
+	}
+	if data, err := os.ReadFile(name(13)); err != nil || string(data) != "old" {
 		t.Errorf("an untouched file reads as %q, %v", data, err)
 	}
 }

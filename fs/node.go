@@ -588,14 +588,14 @@ func (fsys *FS) syncMeta(ctx context.Context) syscall.Errno {
 
 // entry fills out for a new or found entry and returns its inode, reusing the
 // kernel's inode for a number it already knows.
-func (n *Node) entry(ctx context.Context, a *metapb.Attr, out *fuse.EntryOut) *gofs.Inode {
+func (n *Node) entry(ctx context.Context, name string, a *metapb.Attr, out *fuse.EntryOut) *gofs.Inode {
 	n.fsys.fillAttr(a, &out.Attr)
-	return n.filledEntry(ctx, a, out)
+	return n.filledEntry(ctx, name, a, out)
 }
 
 // filledEntry is entry with out.Attr filled already.
-func (n *Node) filledEntry(ctx context.Context, a *metapb.Attr, out *fuse.EntryOut) *gofs.Inode {
-	out.SetEntryTimeout(n.entryTimeout())
+func (n *Node) filledEntry(ctx context.Context, name string, a *metapb.Attr, out *fuse.EntryOut) *gofs.Inode {
+	out.SetEntryTimeout(n.entryTimeout(name, a.Mode))
 	out.SetAttrTimeout(n.fsys.opts.AttrTimeout)
 	child := &Node{fsys: n.fsys, ino: a.Ino}
 	return n.NewInode(ctx, child, gofs.StableAttr{Mode: a.Mode & syscall.S_IFMT, Ino: a.Ino, Gen: a.Generation})
@@ -617,7 +617,7 @@ func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	if _, o := n.ownedChild(name); o.attr != nil {
 		n.fsys.stats.KeptAnswers.Add(1)
 		n.fsys.fillAttrSized(o.attr, &out.Attr, o.size, o.dirty)
-		return n.filledEntry(ctx, o.attr, out), 0
+		return n.filledEntry(ctx, name, o.attr, out), 0
 	}
 	n.fsys.stats.MetaAnswers.Add(1)
 	ctx, done := killable(ctx)
@@ -660,7 +660,7 @@ func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 			child.noteFetched(gen, r.Attr)
 		}
 	}
-	return n.entry(ctx, r.Attr, out), 0
+	return n.entry(ctx, name, r.Attr, out), 0
 }
 
 // Getattr implements gofs.NodeGetattrer.
@@ -805,10 +805,10 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	n.leaseNote(lease, name, true)
 	n.noteRepliedDirAttr(gen, r.Parent)
 	if r.Created {
-		ino, fh := n.newFile(ctx, r.Attr, flags, out)
+		ino, fh := n.newFile(ctx, name, r.Attr, flags, out)
 		return ino, fh, directOpenFlags(flags), 0
 	}
-	ino := n.entry(ctx, r.Attr, out)
+	ino := n.entry(ctx, name, r.Attr, out)
 	child, _ := ino.Operations().(*Node)
 	if d := n.fsys.opts.Data; d != nil {
 		if err := d.Open(ctx, r.Attr.Ino); err != nil {
@@ -821,8 +821,8 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 // newFile answers a create that made the new, empty file a (by meta, or
 // by this mount early): its entry, and an open handle the data engine
 // knows empty.
-func (n *Node) newFile(ctx context.Context, a *metapb.Attr, flags uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle) {
-	ino := n.entry(ctx, a, out)
+func (n *Node) newFile(ctx context.Context, name string, a *metapb.Attr, flags uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle) {
+	ino := n.entry(ctx, name, a, out)
 	child, _ := ino.Operations().(*Node)
 	if child != nil {
 		// A new file has no file capabilities: its first write needs no
@@ -848,7 +848,7 @@ func (n *Node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 		return nil, errno(err)
 	}
 	n.leaseNote(lease, name, true)
-	return n.entry(ctx, r.Attr, out), 0
+	return n.entry(ctx, name, r.Attr, out), 0
 }
 
 // Mkdir implements gofs.NodeMkdirer.
@@ -862,7 +862,7 @@ func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, errno(err)
 	}
 	n.leaseNote(lease, name, true)
-	return n.entry(ctx, r.Attr, out), 0
+	return n.entry(ctx, name, r.Attr, out), 0
 }
 
 // Symlink implements gofs.NodeSymlinker.
@@ -876,7 +876,7 @@ func (n *Node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 		return nil, errno(err)
 	}
 	n.leaseNote(lease, name, true)
-	return n.entry(ctx, r.Attr, out), 0
+	return n.entry(ctx, name, r.Attr, out), 0
 }
 
 // Readlink implements gofs.NodeReadlinker.
@@ -906,7 +906,7 @@ func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 		return nil, errno(err)
 	}
 	n.leaseNote(lease, name, true)
-	return n.entry(ctx, r.Attr, out), 0
+	return n.entry(ctx, name, r.Attr, out), 0
 }
 
 // Unlink implements gofs.NodeUnlinker.
@@ -984,6 +984,14 @@ func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	// An exchange leaves both names in place.
 	n.leaseNote(from, name, flags&unix.RENAME_EXCHANGE != 0)
 	p.leaseNote(to, newName, true)
+	// The kernel moves its entries, with their times: one given for longer
+	// than the entry timeout under a lease would outlive the lease there.
+	if moved, replaced := n.forgetLong(name), p.forgetLong(newName); moved || replaced {
+		go func() {
+			p.NotifyEntry(newName)
+			n.NotifyEntry(name)
+		}()
+	}
 	return 0
 }
 

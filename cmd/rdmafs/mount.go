@@ -125,7 +125,7 @@ unmounts; --background returns once the file system is mounted.`,
 	fl.DurationVar(&f.ioTimeout, "io-timeout", 10*time.Second, "longest a chunkserver may leave requests unanswered before it is routed around (below it the timeout follows observed latency, from the larger of 2s and a fifth of this; raise it for chunkservers on slow disks)")
 	fl.DurationVar(&f.writeTimeout, "write-timeout", 60*time.Second, "how long a write waits while fewer chunkservers than the layout's min-write-shards are reachable, before it fails with EIO")
 	fl.DurationVar(&f.attrTimeout, "attr-timeout", time.Second, "how long the kernel caches attributes")
-	fl.DurationVar(&f.entryTimeout, "entry-timeout", time.Second, "how long the kernel caches names")
+	fl.DurationVar(&f.entryTimeout, "entry-timeout", time.Second, "how long the kernel caches names (in a directory whose lease the mount holds, a file's name as long as the lease may be used, up to 2 s)")
 	fl.StringVar(&f.metrics, "metrics", "127.0.0.1:0", "serve Prometheus metrics (/metrics) and Go profiles (/debug/pprof/) on this address; the default, a free port of 127.0.0.1, is found by `rdmafs stats MOUNTPOINT` (\"off\": no metrics)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFile, "log-file", "", "log to this file, created 0600 (default stderr; --background: mount-MOUNTPOINT.log in /var/log/rdmafs, or ~/.local/state/rdmafs when not root)")

@@ -108,6 +108,10 @@ type Engine struct {
 	sparseTotal atomic.Int64 // slab bytes held by all files' sparse stripes
 
 	observer atomic.Pointer[commitObserver] // ObserveCommits
+
+	// noPatches is set once meta refused a patched inline commit (a server
+	// that predates them): inline commits then send their bytes whole.
+	noPatches atomic.Bool
 }
 
 // commitObserver is what ObserveCommits registered.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/rdmafs/rdmafs/fs/fstest"
 	"github.com/rdmafs/rdmafs/internal/stripe"
+	"github.com/rdmafs/rdmafs/meta/metaerr"
 	"github.com/rdmafs/rdmafs/meta/metapb"
 )
 
@@ -296,4 +298,61 @@ func TestFlushOfRemovedFile(t *testing.T) {
 	if !errors.As(err, &removed) || !removed.Removed() || !errors.Is(err, syscall.EIO) {
 		t.Fatalf("flush of a removed file: %v, want EIO that says the file was removed", err)
 	}
+}
+
+// patchRefusingMeta refuses patched inline commits with EINVAL, as a meta
+// server that predates them does.
+type patchRefusingMeta struct {
+	metapb.MetaClient
+	refused atomic.Int64
+}
+
+func (m *patchRefusingMeta) CommitStripes(ctx context.Context, in *metapb.CommitStripesRequest, opts ...grpc.CallOption) (*metapb.CommitStripesReply, error) {
+	for _, sc := range in.Stripes {
+		if sc.Patch {
+			m.refused.Add(1)
+			return nil, metaerr.New(syscall.EINVAL, "inline commit of 0 bytes with length %d", sc.Length)
+		}
+	}
+	return m.MetaClient.CommitStripes(ctx, in, opts...)
+}
+
+// TestInlinePatchesRefused: against a meta server that refuses patched
+// inline commits, rewrites of a small file go whole after the first
+// refusal, and every byte reads back right through another mount.
+func TestInlinePatchesRefused(t *testing.T) {
+	m := &patchRefusingMeta{}
+	c := fstest.Start(t, fstest.Options{Layout: inlineLayout, WrapMeta: func(mc metapb.MetaClient) metapb.MetaClient {
+		m.MetaClient = mc
+		return m
+	}})
+	other, _ := c.Mount(t)
+	p := filepath.Join(c.Dir, "db")
+	data := random(12<<10, 1)
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for i := range 10 {
+		page := random(512, uint64(i+2))
+		off := 4096 * (i % 3)
+		if _, err := f.WriteAt(page, int64(off)); err != nil {
+			t.Fatal(err)
+		}
+		copy(data[off:], page)
+		if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := m.refused.Load(); n != 1 {
+		t.Errorf("%d patched commits refused, want 1 (then whole)", n)
+	}
+	if n := c.Engine.Stats().InlinePatched.Load(); n != 0 {
+		t.Errorf("%d inline commits counted as patched against a server that refuses them", n)
+	}
+	readsBack(t, "db", data, c.Dir, other)
 }

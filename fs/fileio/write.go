@@ -262,7 +262,7 @@ func sameCoding(a, b stripe.Layout) bool { return a.K == b.K && a.M == b.M && a.
 func (e *Engine) commitInline(ctx context.Context, ino uint64, d *dirtyStripe, base []byte, durable bool) ([]*metapb.StripeInfo, error) {
 	data, own := d.inlineData()
 	sc := &metapb.StripeCommit{Stripe: 0, ExpectedVersion: d.base, Length: uint64(d.length), Inline: true, Data: data}
-	if base != nil {
+	if base != nil && !e.noPatches.Load() {
 		if patches, ok := inlinePatches(base, data); ok {
 			sc.Data, sc.Patch, sc.Patches = nil, true, patches
 		}
@@ -270,9 +270,13 @@ func (e *Engine) commitInline(ctx context.Context, ino uint64, d *dirtyStripe, b
 	req := &metapb.CommitStripesRequest{Ino: ino, Size: uint64(d.length), Sync: durable, Stripes: []*metapb.StripeCommit{sc}}
 	r, err := e.commit(ctx, req)
 	if err != nil && sc.Patch && metaerr.Errno(err) == syscall.EINVAL {
-		// A meta server that predates patches: the bytes go whole.
+		// Perhaps a meta server that predates patches: the bytes go
+		// whole, and from now on if that passes.
 		sc.Data, sc.Patch, sc.Patches = data, false, nil
-		r, err = e.commit(ctx, req)
+		refused := err
+		if r, err = e.commit(ctx, req); err == nil && !e.noPatches.Swap(true) {
+			e.log.Info("fileio: the meta server refused a patched inline commit; inline commits send their bytes whole", "ino", ino, "err", refused)
+		}
 	}
 	if err != nil {
 		return nil, err

@@ -343,7 +343,7 @@ func (s *Service) Recalls(ctx context.Context, req *metapb.RecallsRequest) (*met
 		}
 		r.mu.Lock()
 	}
-	out := &metapb.RecallsReply{Epoch: r.leases.epoch, SilenceMs: uint32(s.cfg.LeaseSilence.Milliseconds())}
+	out := &metapb.RecallsReply{Epoch: r.leases.epoch, SilenceMs: uint32(max(s.cfg.LeaseSilence.Milliseconds(), 1))}
 	// A caller that does not know the epoch yet gets it at once.
 	if len(h.recall) == 0 && req.Epoch == r.leases.epoch {
 		h.polling++
