@@ -759,6 +759,13 @@ func (n *Node) carryInline() bool {
 	})
 }
 
+// behindFlusher is a data engine that can flush a file without a call of
+// its own to meta, its commit sent with the next batch of calls behind
+// (fileio.Engine.FlushBehind).
+type behindFlusher interface {
+	FlushBehind(ctx context.Context, ino uint64) error
+}
+
 // flushBehind starts the flush of a file closed under its directory's lease
 // and reports whether it did (not if a rename or link just made the file
 // reachable from elsewhere: the caller flushes it then); the directory's
@@ -783,7 +790,12 @@ func (n *Node) flushBehind() bool {
 	go func() {
 		defer t.flushes.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), flushBehindTimeout)
-		err := d.Flush(ctx, n.ino)
+		var err error
+		if b, ok := d.(behindFlusher); ok {
+			err = b.FlushBehind(ctx, n.ino) // its commit rides the next batch
+		} else {
+			err = d.Flush(ctx, n.ino)
+		}
 		cancel()
 		dir.mu.Lock()
 		if dir.flushing[n.ino]--; dir.flushing[n.ino] <= 0 {

@@ -562,6 +562,7 @@ func mountMetrics(eng *fileio.Engine, transport string) *prometheus.Registry {
 		counter("degraded_writes_total", "Stripes committed with shards missing, left to repair.", &st.DegradedWrites),
 		counter("inline_commits_total", "Small files' stripes committed into metadata instead of shards.", &st.InlineCommits),
 		counter("inline_patched_total", "Inline commits that sent only the bytes that changed.", &st.InlinePatched),
+		counter("inline_behind_total", "Inline commits of files closed under their directory's lease sent with the next batch of calls.", &st.InlineBehind),
 		counter("sparse_stripes_total", "Dirty stripes begun sparse: small writes gathered without a whole-stripe buffer.", &st.SparseStripes),
 		counter("write_retries_total", "Shard writes tried again: after a chunkserver answered busy, or on another chunkserver after one failed.", &st.WriteRetries),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "rdmafs", Subsystem: "client", Name: "dirty_bytes",

@@ -132,19 +132,31 @@ func (e *Engine) ObserveCommits(begin func(ino uint64), end func(ino uint64, a *
 // commit sends req, a commit of stripes of req.Ino, to meta, between the
 // observer's begin and end.
 func (e *Engine) commit(ctx context.Context, req *metapb.CommitStripesRequest) (*metapb.CommitStripesReply, error) {
+	return e.observed(req.Ino, func() (*metapb.CommitStripesReply, error) { return e.cfg.Meta.CommitStripes(ctx, req) })
+}
+
+// observed makes the commit call of ino, telling the commit observer
+// (ObserveCommits) when it begins and ends.
+func (e *Engine) observed(ino uint64, call func() (*metapb.CommitStripesReply, error)) (*metapb.CommitStripesReply, error) {
 	o := e.observer.Load()
 	if o != nil {
-		o.begin(req.Ino)
+		o.begin(ino)
 	}
-	r, err := e.cfg.Meta.CommitStripes(ctx, req)
+	r, err := call()
 	if o != nil {
 		var a *metapb.Attr
 		if err == nil {
 			a = r.GetAttr()
 		}
-		o.end(req.Ino, a)
+		o.end(ino, a)
 	}
 	return r, err
+}
+
+// commitBehinder is a metadata client that can send a commit behind, with
+// its next batch of calls (meta/client.Client.CommitBehind).
+type commitBehinder interface {
+	CommitBehind(ctx context.Context, req *metapb.CommitStripesRequest) (*metapb.CommitStripesReply, error)
 }
 
 // WriteErrors implements fs.Data: the number of writes of ino that failed
@@ -174,6 +186,9 @@ type Stats struct {
 	// InlineCommits counts small files' stripes committed into metadata
 	// instead of shards.
 	InlineCommits atomic.Int64
+	// InlineBehind counts inline commits sent behind, with a batch of the
+	// mount's other calls (FlushBehind).
+	InlineBehind atomic.Int64
 	// InlinePatched counts inline commits that sent only the changed bytes
 	// of the file (StripeCommit.patch).
 	InlinePatched atomic.Int64
@@ -310,6 +325,7 @@ type file struct {
 	// once nothing of it is dirty or flushing (Forget).
 	forgotten bool
 	syncing   int // Sync calls in progress: commits started meanwhile are durable at once
+	behind    int // FlushBehind calls in progress: inline commits started meanwhile go behind
 	capped    bool
 	sizeCap   int64
 

@@ -129,6 +129,7 @@ func (e *Engine) flushStripes(f *file, stripes []uint64, wait bool) int {
 		inlineBase = si.InlineData
 	}
 	durable := f.syncing > 0
+	behind := f.behind > 0 && !durable
 	run := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 		defer cancel()
@@ -138,7 +139,7 @@ func (e *Engine) flushStripes(f *file, stripes []uint64, wait bool) int {
 		var infos []*metapb.StripeInfo
 		var err error
 		if inline {
-			infos, err = e.commitInline(ctx, f.ino, batch[0], inlineBase, durable)
+			infos, err = e.commitInline(ctx, f.ino, batch[0], inlineBase, durable, behind)
 		} else {
 			infos, err = e.writeStripes(ctx, f.ino, lay, stripes, batch, durable)
 		}
@@ -331,6 +332,19 @@ func (e *Engine) Flush(ctx context.Context, ino uint64) error {
 	f := e.file(ino)
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return e.flushLocked(ctx, f)
+}
+
+// FlushBehind is Flush for a flush no application waits for (a file closed
+// under its directory's lease): an inline commit goes behind, with the
+// next batch of the mount's calls, when the metadata client can send it so
+// (Config.Meta implements CommitBehind).
+func (e *Engine) FlushBehind(ctx context.Context, ino uint64) error {
+	f := e.file(ino)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.behind++
+	defer func() { f.behind-- }()
 	return e.flushLocked(ctx, f)
 }
 

@@ -259,7 +259,7 @@ func sameCoding(a, b stripe.Layout) bool { return a.K == b.K && a.M == b.M && a.
 // one call, no grant, no shards. With base, the bytes of the inline version
 // d builds on, only what changed travels (a database rewrites a few pages
 // of its file per transaction), unless that is most of it.
-func (e *Engine) commitInline(ctx context.Context, ino uint64, d *dirtyStripe, base []byte, durable bool) ([]*metapb.StripeInfo, error) {
+func (e *Engine) commitInline(ctx context.Context, ino uint64, d *dirtyStripe, base []byte, durable, behind bool) ([]*metapb.StripeInfo, error) {
 	data, own := d.inlineData()
 	sc := &metapb.StripeCommit{Stripe: 0, ExpectedVersion: d.base, Length: uint64(d.length), Inline: true, Data: data}
 	if base != nil && !e.noPatches.Load() {
@@ -268,13 +268,20 @@ func (e *Engine) commitInline(ctx context.Context, ino uint64, d *dirtyStripe, b
 		}
 	}
 	req := &metapb.CommitStripesRequest{Ino: ino, Size: uint64(d.length), Sync: durable, Stripes: []*metapb.StripeCommit{sc}}
-	r, err := e.commit(ctx, req)
+	commit := e.commit
+	if cb, ok := e.cfg.Meta.(commitBehinder); ok && behind {
+		commit = func(ctx context.Context, req *metapb.CommitStripesRequest) (*metapb.CommitStripesReply, error) {
+			e.stats.InlineBehind.Add(1)
+			return e.observed(req.Ino, func() (*metapb.CommitStripesReply, error) { return cb.CommitBehind(ctx, req) })
+		}
+	}
+	r, err := commit(ctx, req)
 	if err != nil && sc.Patch && metaerr.Errno(err) == syscall.EINVAL {
 		// Perhaps a meta server that predates patches: the bytes go
 		// whole, and from now on if that passes.
 		sc.Data, sc.Patch, sc.Patches = data, false, nil
 		refused := err
-		if r, err = e.commit(ctx, req); err == nil && !e.noPatches.Swap(true) {
+		if r, err = commit(ctx, req); err == nil && !e.noPatches.Swap(true) {
 			e.log.Info("fileio: the meta server refused a patched inline commit; inline commits send their bytes whole", "ino", ino, "err", refused)
 		}
 	}

@@ -424,12 +424,18 @@ func (b *behind) sender() {
 // once it has returned; until then, calls on keys go after it. With
 // maxBehind calls queued or in flight it does nothing and returns false.
 func (b *behind) goCall(method string, args proto.Message, keys []pkey, cb func(error)) bool {
+	return b.goCallChecked(method, args, keys, nil, cb)
+}
+
+// goCallChecked is goCall with check, which vets (and may decode) a
+// successful result's reply before cb gets the outcome.
+func (b *behind) goCallChecked(method string, args proto.Message, keys []pkey, check func(reply []byte) error, cb func(error)) bool {
 	select {
 	case b.slots <- struct{}{}:
 	default:
 		return false
 	}
-	c := &bgCall{method: method, args: args, id: b.fo.newID(), keys: keys, done: make(chan struct{}), cb: cb}
+	c := &bgCall{method: method, args: args, id: b.fo.newID(), keys: keys, done: make(chan struct{}), cb: cb, check: check}
 	b.n.Add(1)
 	b.mu.Lock()
 	b.queue = append(b.queue, c)
@@ -532,6 +538,50 @@ func (s *Session) checkCarried(ino uint64, data []byte, timeNs int64, reply []by
 func (s *Session) UnlinkBehind(req *metapb.UnlinkRequest, done func(error)) bool {
 	return s.c.bg.goCall("Unlink", req, []pkey{{ino: req.Parent}, {req.Parent, req.Name}, {ino: req.Ino}}, done)
 }
+
+// CommitBehind is CommitStripes sent behind, with the next batch of calls
+// (at the latest after the linger), for a commit the caller waits for but no
+// application does: the data of a file closed under its directory's lease,
+// which a recall sends with the other calls behind. It returns meta's reply
+// once the batch has returned, or makes the call itself when too many calls
+// are behind already. The commit goes after the calls queued on req.Ino
+// (the file's create).
+func (c *Client) CommitBehind(ctx context.Context, req *metapb.CommitStripesRequest) (*metapb.CommitStripesReply, error) {
+	reply := &metapb.CommitStripesReply{}
+	done := make(chan error, 1)
+	decode := func(b []byte) error {
+		if err := proto.Unmarshal(b, reply); err != nil {
+			return status.Errorf(codes.Internal, "commit of inode %d: decode the reply: %v", req.Ino, err)
+		}
+		return nil
+	}
+	if !c.bg.goCallChecked("CommitStripes", req, []pkey{{ino: req.Ino}}, decode, func(err error) { done <- err }) {
+		return c.CommitStripes(ctx, req)
+	}
+	// A longer linger (Client.SetLinger) does not hold the commit longer:
+	// a recall of the lease waits for it.
+	wait := time.NewTimer(commitBehindWait)
+	defer wait.Stop()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				return nil, err
+			}
+			return reply, nil
+		case <-wait.C:
+			if err := c.bg.flush(ctx); err != nil && ctx.Err() != nil {
+				return nil, err
+			}
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+}
+
+// commitBehindWait is how long a commit sent behind waits for a batch to
+// carry it before it sends the queued calls itself.
+const commitBehindWait = 2 * defaultLinger
 
 // LockBehind is CreateBehind for a lock or unlock that does not wait
 // (req.Wait false); done gets EAGAIN if meta found a conflicting lock.
