@@ -358,16 +358,7 @@ func TestSmallFilesRideTheirCreates(t *testing.T) {
 	}
 	// Written again after its close, and past the inline size.
 	want["f03"] = append(want["f03"], "more"...)
-	f, err := os.OpenFile(filepath.Join(c.Dir, "f03"), os.O_WRONLY|os.O_APPEND, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.Write([]byte("more")); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
+	appendMore(t, filepath.Join(c.Dir, "f03"))
 	want["big"] = bytes.Repeat([]byte("b"), 5000)
 	if err := os.WriteFile(filepath.Join(c.Dir, "big"), want["big"], 0o644); err != nil {
 		t.Fatal(err)
@@ -582,16 +573,7 @@ func TestSmallFilesCommitBehind(t *testing.T) {
 		}
 		// Its data rode the create; what is appended after the close
 		// needs a commit of its own.
-		f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := f.Write([]byte("more")); err != nil {
-			t.Fatal(err)
-		}
-		if err := f.Close(); err != nil {
-			t.Fatal(err)
-		}
+		appendMore(t, p)
 		want[name] = append(want[name], "more"...)
 	}
 	if n := c.Engine.Stats().InlineBehind.Load() - behind; n == 0 {
@@ -603,5 +585,20 @@ func TestSmallFilesCommitBehind(t *testing.T) {
 		if err != nil || !bytes.Equal(got, data) {
 			t.Fatalf("%s through the other mount: %q, %v; want %q", name, got, err, data)
 		}
+	}
+}
+
+// appendMore appends "more" to the file at p and closes it.
+func appendMore(t *testing.T, p string) {
+	t.Helper()
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte("more")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
