@@ -130,25 +130,27 @@ func (e *Engine) ObserveCommits(begin func(ino uint64), end func(ino uint64, a *
 }
 
 // commit sends req, a commit of stripes of req.Ino, to meta, between the
-// observer's begin and end.
-func (e *Engine) commit(ctx context.Context, req *metapb.CommitStripesRequest) (*metapb.CommitStripesReply, error) {
-	return e.observed(req.Ino, func() (*metapb.CommitStripesReply, error) { return e.cfg.Meta.CommitStripes(ctx, req) })
-}
-
-// observed makes the commit call of ino, telling the commit observer
-// (ObserveCommits) when it begins and ends.
-func (e *Engine) observed(ino uint64, call func() (*metapb.CommitStripesReply, error)) (*metapb.CommitStripesReply, error) {
+// observer's begin and end. With behind, and a metadata client that can,
+// it goes with the client's next batch of calls (FlushBehind).
+func (e *Engine) commit(ctx context.Context, req *metapb.CommitStripesRequest, behind bool) (*metapb.CommitStripesReply, error) {
 	o := e.observer.Load()
 	if o != nil {
-		o.begin(ino)
+		o.begin(req.Ino)
 	}
-	r, err := call()
+	var r *metapb.CommitStripesReply
+	var err error
+	if cb, ok := e.cfg.Meta.(commitBehinder); ok && behind {
+		e.stats.InlineBehind.Add(1)
+		r, err = cb.CommitBehind(ctx, req)
+	} else {
+		r, err = e.cfg.Meta.CommitStripes(ctx, req)
+	}
 	if o != nil {
 		var a *metapb.Attr
 		if err == nil {
 			a = r.GetAttr()
 		}
-		o.end(ino, a)
+		o.end(req.Ino, a)
 	}
 	return r, err
 }

@@ -38,7 +38,7 @@ func TestInlinePatches(t *testing.T) {
 		}
 		data := make([]byte, n)
 		copy(data, old)
-		changed := 0
+		changed, writes := 0, 0
 		for range r.IntN(6) {
 			if n == 0 {
 				break
@@ -49,6 +49,7 @@ func TestInlinePatches(t *testing.T) {
 				data[j] = byte(r.IntN(256))
 			}
 			changed += w
+			writes++
 		}
 		patches, ok := inlinePatches(old, data)
 		if !ok {
@@ -64,8 +65,10 @@ func TestInlinePatches(t *testing.T) {
 		for _, p := range patches {
 			sent += len(p.Data)
 		}
-		if sent > 2*n {
-			t.Fatalf("case %d: %d patch bytes for %d", i, sent, n)
+		// Each write costs at most its bytes, the blocks it starts and ends
+		// in, and a merge across one equal block.
+		if limit := changed + writes*3*patchBlock; sent > limit {
+			t.Fatalf("case %d: %d patch bytes for %d bytes changed in %d writes (at most %d)", i, sent, changed, writes, limit)
 		}
 	}
 	// A page rewritten in a 48 KiB file: one patch within the page.

@@ -184,7 +184,7 @@ func (e *Engine) writeStripes(ctx context.Context, ino uint64, lay stripe.Layout
 			degraded++
 		}
 	}
-	r, err := e.commit(ctx, &metapb.CommitStripesRequest{Ino: ino, Stripes: commits, Size: uint64(size), Sync: durable, GrantNext: inPlace})
+	r, err := e.commit(ctx, &metapb.CommitStripesRequest{Ino: ino, Stripes: commits, Size: uint64(size), Sync: durable, GrantNext: inPlace}, false)
 	if err != nil {
 		return nil, err
 	}
@@ -268,20 +268,13 @@ func (e *Engine) commitInline(ctx context.Context, ino uint64, d *dirtyStripe, b
 		}
 	}
 	req := &metapb.CommitStripesRequest{Ino: ino, Size: uint64(d.length), Sync: durable, Stripes: []*metapb.StripeCommit{sc}}
-	commit := e.commit
-	if cb, ok := e.cfg.Meta.(commitBehinder); ok && behind {
-		commit = func(ctx context.Context, req *metapb.CommitStripesRequest) (*metapb.CommitStripesReply, error) {
-			e.stats.InlineBehind.Add(1)
-			return e.observed(req.Ino, func() (*metapb.CommitStripesReply, error) { return cb.CommitBehind(ctx, req) })
-		}
-	}
-	r, err := commit(ctx, req)
+	r, err := e.commit(ctx, req, behind)
 	if err != nil && sc.Patch && metaerr.Errno(err) == syscall.EINVAL {
 		// Perhaps a meta server that predates patches: the bytes go
 		// whole, and from now on if that passes.
 		sc.Data, sc.Patch, sc.Patches = data, false, nil
 		refused := err
-		if r, err = commit(ctx, req); err == nil && !e.noPatches.Swap(true) {
+		if r, err = e.commit(ctx, req, behind); err == nil && !e.noPatches.Swap(true) {
 			e.log.Info("fileio: the meta server refused a patched inline commit; inline commits send their bytes whole", "ino", ino, "err", refused)
 		}
 	}

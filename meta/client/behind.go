@@ -540,7 +540,7 @@ func (s *Session) UnlinkBehind(req *metapb.UnlinkRequest, done func(error)) bool
 }
 
 // CommitBehind is CommitStripes sent behind, with the next batch of calls
-// (at the latest after the linger), for a commit the caller waits for but no
+// (at the latest after commitBehindWait), for a commit the caller waits for but no
 // application does: the data of a file closed under its directory's lease,
 // which a recall sends with the other calls behind. It returns meta's reply
 // once the batch has returned, or makes the call itself when too many calls
