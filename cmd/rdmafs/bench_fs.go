@@ -45,7 +45,12 @@ durable writes are bound by the disk (every commit is synced, and EC 4+2 writes
 Each round runs the job set twice per file system, in the order rdmafs, ceiling,
 ceiling, rdmafs, and a figure is the median of a file system's runs (all are
 printed): on a shared machine a run's speed depends on what ran just before it,
-and now and then on a neighbour that takes the CPU for a few seconds.`,
+and now and then on a neighbour that takes the CPU for a few seconds.
+
+The reference of a fio job is the FUSE ceiling. sqlite's inserts are timed on
+rdmafs, on the ceiling and on the machine's local disk ($TMPDIR), and compared
+with each: the ceiling does no durable writes at all, so it bounds what any
+FUSE file system can reach against the local disk.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if rounds < 1 {
@@ -74,7 +79,7 @@ and now and then on a neighbour that takes the CPU for a few seconds.`,
 	fl.IntVar(&runtime, "runtime", 10, "seconds of each timed job")
 	fl.IntVar(&rounds, "rounds", 2, "rounds of four runs (rdmafs, ceiling, ceiling, rdmafs)")
 	fl.StringVar(&jobs, "jobs", "bench/jobs.fio,bench/small.fio,bench/small-stat.fio", "fio job files, comma-separated (they use DIR, SIZE, RUNTIME)")
-	fl.IntVar(&inserts, "sqlite-inserts", 300, "sqlite rollback-journal inserts (one transaction each) timed on rdmafs and on local disk ($TMPDIR); 0: skip")
+	fl.IntVar(&inserts, "sqlite-inserts", 300, "sqlite rollback-journal inserts (one transaction each) timed on rdmafs, the ceiling and local disk ($TMPDIR); 0: skip")
 	fl.StringVar(&transport, "transport", "auto", "rdma transport")
 	fl.StringVar(&clusterDir, "dir", "", "cluster directory (default: a new one where --data says, removed after)")
 	fl.StringVar(&data, "data", "memory", `where the cluster keeps its data: "memory" (tmpfs, like the ceiling) or "disk"`)
@@ -209,6 +214,7 @@ func runBenchFS(ctx context.Context, w io.Writer, cfg benchFSConfig) error {
 	}
 	ours := &target{name: "rdmafs", mnt: cl.MountPoint}
 	ceil := &target{name: "ceiling", mnt: ceilMnt}
+	local := &target{name: "local disk"} // sqlite only
 	var order []*target
 	for range rounds {
 		order = append(order, ours, ceil, ceil, ours)
@@ -227,14 +233,10 @@ func runBenchFS(ctx context.Context, w io.Writer, cfg benchFSConfig) error {
 			}
 			res = append(res, r...)
 		}
-		if t == ours && cfg.inserts > 0 {
-			for j, db := range sqliteDatabases {
-				r, err := sqliteRun(ctx, dir, cfg.inserts, db.rows)
-				if err != nil {
-					os.RemoveAll(dir)
-					return fmt.Errorf("bench fs: %s: %w", t.name, err)
-				}
-				ours.sqlite[j] = append(ours.sqlite[j], r)
+		if cfg.inserts > 0 {
+			if err := sqliteRuns(ctx, dir, cfg.inserts, &t.sqlite); err != nil {
+				os.RemoveAll(dir)
+				return fmt.Errorf("bench fs: %s: %w", t.name, err)
 			}
 		}
 		if err := os.RemoveAll(dir); err != nil {
@@ -242,25 +244,21 @@ func runBenchFS(ctx context.Context, w io.Writer, cfg benchFSConfig) error {
 		}
 		t.runs = append(t.runs, res)
 		if t == ceil && cfg.inserts > 0 {
-			// sqlite's reference is the machine's local disk, in the
-			// ceiling's turn.
-			local, err := os.MkdirTemp("", "rdmafs-sqlite-")
+			// sqlite's other reference is the machine's local disk, in
+			// the ceiling's turn.
+			dir, err := os.MkdirTemp("", "rdmafs-sqlite-")
 			if err != nil {
 				return err
 			}
-			for j, db := range sqliteDatabases {
-				r, err := sqliteRun(ctx, local, cfg.inserts, db.rows)
-				if err != nil {
-					os.RemoveAll(local)
-					return fmt.Errorf("bench fs: local disk: %w", err)
-				}
-				ceil.sqlite[j] = append(ceil.sqlite[j], r)
+			err = sqliteRuns(ctx, dir, cfg.inserts, &local.sqlite)
+			os.RemoveAll(dir)
+			if err != nil {
+				return fmt.Errorf("bench fs: local disk: %w", err)
 			}
-			os.RemoveAll(local)
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "job\trdmafs\tFUSE ceiling\tratio\trdmafs runs\tceiling runs\t")
+	fmt.Fprintln(tw, "job\trdmafs\treference\tratio\trdmafs runs\treference runs\t")
 	for i, r := range ours.runs[0] {
 		a, unit, aok := figures(ours.runs, i)
 		b, _, bok := figures(ceil.runs, i)
@@ -270,11 +268,13 @@ func runBenchFS(ctx context.Context, w io.Writer, cfg benchFSConfig) error {
 		fmt.Fprintf(tw, "%s\t%.0f %s\t%.0f %s\t%.2f\t%s\t%s\t\n", r.Name, median(a), unit, median(b), unit, median(a)/median(b), joinFigures(a), joinFigures(b))
 	}
 	for j, db := range sqliteDatabases {
-		a, b := ours.sqlite[j], ceil.sqlite[j]
-		if len(a) == 0 {
-			break
+		for _, ref := range []*target{local, ceil} {
+			a, b := ours.sqlite[j], ref.sqlite[j]
+			if len(a) == 0 || len(b) == 0 {
+				continue
+			}
+			fmt.Fprintf(tw, "%s (vs %s)\t%.0f %s\t%.0f %s\t%.2f\t%s\t%s\t\n", db.name, ref.name, median(a), "txn/s", median(b), "txn/s", median(a)/median(b), joinFigures(a), joinFigures(b))
 		}
-		fmt.Fprintf(tw, "%s\t%.0f %s\t%.0f %s\t%.2f\t%s\t%s\t\n", db.name, median(a), "txn/s", median(b), "txn/s", median(a)/median(b), joinFigures(a), joinFigures(b))
 	}
 	return tw.Flush()
 }
@@ -334,8 +334,21 @@ var sqliteDatabases = [2]struct {
 	name string
 	rows int // rows filled in before the timed inserts
 }{
-	{"sqlite-insert (vs local disk)", 0},
-	{"sqlite-insert, 1 MiB db (vs local disk)", 8000},
+	{"sqlite-insert", 0},
+	{"sqlite-insert, 1 MiB db", 8000},
+}
+
+// sqliteRuns times n inserts into each of sqliteDatabases in dir and
+// appends the figures to per.
+func sqliteRuns(ctx context.Context, dir string, n int, per *[len(sqliteDatabases)][]float64) error {
+	for j, db := range sqliteDatabases {
+		r, err := sqliteRun(ctx, dir, n, db.rows)
+		if err != nil {
+			return err
+		}
+		per[j] = append(per[j], r)
+	}
+	return nil
 }
 
 // sqliteRun times n inserts into a new sqlite database in dir, filled with

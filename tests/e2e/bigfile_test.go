@@ -71,9 +71,10 @@ func runChild(spec string) int {
 			}
 			return f.Close()
 		}()
-	case len(args) == 3 && args[0] == "model":
+	case len(args) == 4 && args[0] == "model":
 		var checks int
-		checks, err = modelWriter(args[1], func() bool { _, err := os.Stat(args[2]); return err == nil })
+		stop := func() bool { _, err := os.Stat(args[2]); return err == nil }
+		checks, err = modelWriter(args[1], stop, func(n int) error { return writeCount(args[3], n) })
 		if err == nil {
 			fmt.Printf("checks %d\n", checks)
 			return 0

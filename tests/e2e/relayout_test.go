@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -75,7 +76,7 @@ func TestRelayout(t *testing.T) {
 
 	// Phase 1: to 4+2, with load, meta and a chunkd killed -9 meanwhile.
 	load := startRelayoutLoad(t, dir)
-	t.Logf("%v: tree written, relayout to 4+2", time.Now().Format(time.StampMilli))
+	t.Logf("%v: tree written, load running, relayout to 4+2", time.Now().Format(time.StampMilli))
 	if out, err := rdmafs(t, "relayout", dir, "--ec", "4+2"); err != nil || !strings.Contains(out, "converting to 4+2") {
 		t.Fatalf("rdmafs relayout: %v\n%s", err, out)
 	}
@@ -275,13 +276,15 @@ func dirBytes(t *testing.T, dir string) int64 {
 // the descriptor, and that close flushes the data through the meta server
 // it is about to become (NFS's close-to-open has the same shape).
 type relayoutLoad struct {
-	done     chan struct{}
-	stopFile string // the model writer stops once this file exists
-	wg       sync.WaitGroup
-	mu       sync.Mutex
-	errs     []string
-	fioRuns  int
-	checks   string
+	done       chan struct{}
+	stopFile   string // the model writer stops once this file exists
+	countFile  string // where the model writer counts its checked reads
+	wg         sync.WaitGroup
+	mu         sync.Mutex
+	errs       []string
+	fioRuns    int
+	checks     string
+	startCount int // the model writer's checked reads when the load was ready
 }
 
 func (l *relayoutLoad) fail(format string, args ...any) {
@@ -299,9 +302,13 @@ func (l *relayoutLoad) stopped() bool {
 	}
 }
 
-// startRelayoutLoad starts the load on dir.
+// startRelayoutLoad starts the load on dir and returns once the model
+// writer has checked a read, so that what the caller starts next runs under
+// the load.
 func startRelayoutLoad(t *testing.T, dir string) *relayoutLoad {
-	l := &relayoutLoad{done: make(chan struct{}), stopFile: filepath.Join(t.TempDir(), "stop")}
+	t.Helper()
+	tmp := t.TempDir()
+	l := &relayoutLoad{done: make(chan struct{}), stopFile: filepath.Join(tmp, "stop"), countFile: filepath.Join(tmp, "checks")}
 	l.wg.Go(func() {
 		for !l.stopped() {
 			out, err := exec.Command("fio", "--name=fio", "--directory="+dir, "--rw=randwrite", "--bs=64k", "--size=16M", "--nrfiles=2",
@@ -317,22 +324,54 @@ func startRelayoutLoad(t *testing.T, dir string) *relayoutLoad {
 	})
 	l.wg.Go(func() {
 		cmd := exec.Command(os.Args[0])
-		cmd.Env = append(os.Environ(), childEnv+"=model "+filepath.Join(dir, "model")+" "+l.stopFile)
+		cmd.Env = append(os.Environ(), childEnv+"=model "+filepath.Join(dir, "model")+" "+l.stopFile+" "+l.countFile)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			l.fail("model writer: %v\n%s", err, out)
 			return
 		}
+		l.mu.Lock()
 		l.checks = strings.TrimSpace(string(out))
+		l.mu.Unlock()
 	})
+	deadline := time.Now().Add(2 * time.Minute)
+	for l.startCount = readCount(l.countFile); l.startCount == 0; l.startCount = readCount(l.countFile) {
+		l.mu.Lock()
+		errs := l.errs
+		l.mu.Unlock()
+		if len(errs) > 0 || time.Now().After(deadline) {
+			l.stop(t)
+			t.Fatalf("the model writer checked no read in two minutes")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	return l
+}
+
+// writeCount records n in the file p, replacing it whole.
+func writeCount(p string, n int) error {
+	if err := os.WriteFile(p+".new", []byte(strconv.Itoa(n)), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(p+".new", p)
+}
+
+// readCount returns the count writeCount recorded in p, 0 if none yet.
+func readCount(p string) int {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(string(b))
+	return n
 }
 
 // modelWriter writes random ranges of a 24 MiB file, syncs every few
 // writes, and reads random aligned ranges back with O_DIRECT (so that they
-// come from the chunkservers), each compared with the model, until stop;
-// then it compares the whole file. It returns the reads checked.
-func modelWriter(p string, stop func() bool) (int, error) {
+// come from the chunkservers), each compared with the model and counted
+// with checked, until stop; then it compares the whole file. It returns the
+// reads checked.
+func modelWriter(p string, stop func() bool, checked func(int) error) (int, error) {
 	const size = 24 << 20
 	model := pattern(size, 77)
 	if err := os.WriteFile(p, model, 0o644); err != nil {
@@ -379,6 +418,9 @@ func modelWriter(p string, stop func() bool) (int, error) {
 				got == len(rbuf) && bytes.Equal(rbuf, model[ro:ro+int64(len(rbuf))]))
 		}
 		checks++
+		if err := checked(checks); err != nil {
+			return checks, err
+		}
 	}
 	if err := w.Sync(); err != nil {
 		return checks, fmt.Errorf("fsync: %w", err)
@@ -401,8 +443,12 @@ func (l *relayoutLoad) stop(t *testing.T) {
 	if len(l.errs) > 0 {
 		t.Fatalf("the load failed during the conversion:\n%s", strings.Join(l.errs, "\n"))
 	}
-	if l.fioRuns == 0 || l.checks == "checks 0" {
-		t.Fatalf("the load did nothing during the conversion: %d fio runs, model writer %q", l.fioRuns, l.checks)
+	var checks int
+	if _, err := fmt.Sscanf(l.checks, "checks %d", &checks); err != nil {
+		t.Fatalf("model writer printed %q", l.checks)
 	}
-	t.Logf("load during the conversion: %d fio verify runs, model writer: %s reads checked", l.fioRuns, l.checks)
+	if l.fioRuns == 0 || checks <= l.startCount {
+		t.Fatalf("the load did nothing during the conversion: %d fio runs, model writer checked %d reads, %d of them before", l.fioRuns, checks, l.startCount)
+	}
+	t.Logf("load during the conversion: %d fio verify runs, model writer: %d reads checked (%d before the conversion)", l.fioRuns, checks, l.startCount)
 }
