@@ -53,6 +53,15 @@ type conn struct {
 	byKey       map[chunk.Key]*lease
 	staging     map[chunk.Key]*staging
 	stagedBytes int
+	slab        slab // the connection's staging slab, once granted
+}
+
+// slab is a connection's staging slab (OpSlab): a buffer the client may write
+// patches into for the connection's life, through mw.
+type slab struct {
+	buf mempool.Buf
+	mw  rdma.MemoryWindow
+	rep proto.Reply // the grant: Addr, RKey, Length
 }
 
 type received struct {
@@ -199,6 +208,14 @@ func (c *conn) destroy() {
 	}
 	for _, st := range stagings {
 		c.endStaging(st)
+	}
+	c.mu.Lock()
+	sl := c.slab
+	c.slab = slab{}
+	c.mu.Unlock()
+	if sl.buf.Size != 0 {
+		c.revoke(sl.mw)
+		c.s.pool.Free(sl.buf)
 	}
 	for _, mw := range c.allMWs {
 		mw.Close()
@@ -473,6 +490,10 @@ func (c *conn) handle(req *proto.Request, spare *int) proto.Reply {
 		return c.preparePatch(key, int(req.Length), req.Base)
 	case proto.OpClone:
 		return c.clone(key, req.Base)
+	case proto.OpSlab:
+		return c.grantSlab()
+	case proto.OpPatchSlab:
+		return c.patchFromSlab(key, req)
 	case proto.OpCommit:
 		return c.commit(key, req.CRC)
 	case proto.OpAbort:
@@ -603,6 +624,9 @@ type stageSpec struct {
 	length  int           // bytes staged
 	base    chunk.Version // the version a patch applies to; 0 for a plain write
 	baseLen int           // the base's length (a patch only)
+	// src, when not nil, is the staged bytes themselves (a patch from the
+	// slab), copied at once instead of granting the client a window.
+	src []byte
 }
 
 // claim returns the length of the version to claim disk room for.
@@ -668,7 +692,9 @@ func (c *conn) prepare(key chunk.Key, sp stageSpec) proto.Reply {
 		return undo(proto.StatusBusy)
 	}
 	addr := s.pool.Addr(st.buf)
-	if length > 0 {
+	if sp.src != nil {
+		copy(s.pool.Bytes(st.buf)[:length], sp.src)
+	} else if length > 0 {
 		select {
 		case st.mw = <-c.mws:
 		default:
@@ -821,8 +847,8 @@ func (c *conn) tokenAllows(req *proto.Request) proto.Status {
 		return proto.StatusNotAuthorized
 	}
 	switch req.Op {
-	case proto.OpRenewLease, proto.OpReleaseLease:
-		return proto.StatusOK // the connection's own leases
+	case proto.OpRenewLease, proto.OpReleaseLease, proto.OpSlab:
+		return proto.StatusOK // the connection's own leases and slab
 	case proto.OpAuthorize:
 		capability, w := req.Capability()
 		if w && c.token.ReadOnly {
@@ -854,7 +880,7 @@ func (c *conn) tokenAllows(req *proto.Request) proto.Status {
 // token's connection).
 func writes(op proto.Op) bool {
 	switch op {
-	case proto.OpPrepareWrite, proto.OpCommit, proto.OpAbort, proto.OpDelete, proto.OpPreparePatch, proto.OpClone:
+	case proto.OpPrepareWrite, proto.OpCommit, proto.OpAbort, proto.OpDelete, proto.OpPreparePatch, proto.OpPatchSlab, proto.OpClone:
 		return true
 	}
 	return false

@@ -59,6 +59,14 @@
 //     and answers its {length, crc32c}. Clone stores a copy of the base
 //     straight from its resident copy and answers {length, crc32c}; cloning a
 //     version already stored with the base's length and crc32c answers OK.
+//   - Slab and PatchSlab: a patch in one round trip. Slab grants the
+//     connection, once and until it ends, a staging slab of SlabPerConn bytes
+//     (offered in the accept data; counted in the connection's staging). The
+//     client RDMA_WRITEs a patch into a part of the slab it is not using for
+//     another and sends PatchSlab(chunk, new version, length, base, offset)
+//     and Commit in one message: PatchSlab checks what PreparePatch checks and
+//     copies the patch out of the slab into a staging of its own, so the
+//     commit verifies and applies bytes the client can no longer change.
 //   - Delete, Stat and List work on stored versions.
 //
 // A version is never overwritten: a new version goes to a free slot, so a reader of

@@ -4,10 +4,12 @@ import (
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 	"github.com/rdmafs/rdmafs/chunkserver/mempool"
 	"github.com/rdmafs/rdmafs/chunkserver/proto"
+	"github.com/rdmafs/rdmafs/rdma"
 )
 
 // Partial-stripe writes: a new version derived on chunkd from a base version of
-// the same chunk, by a patch (PreparePatch, then Commit) or as a copy (Clone).
+// the same chunk, by a patch (PreparePatch or PatchSlab, then Commit) or as a
+// copy (Clone).
 // The new version is stored like any other (store.Put: complete, checksummed,
 // durable); the base is never modified.
 
@@ -38,6 +40,101 @@ func (c *conn) preparePatch(key chunk.Key, length int, base chunk.Version) proto
 		return proto.Reply{Status: proto.StatusInvalid}
 	}
 	return c.prepare(key, stageSpec{length: length, base: base, baseLen: int(info.Length)})
+}
+
+// grantSlab answers the connection's slab, granting it on first use: a buffer
+// of SlabPerConn bytes held until the connection ends and counted in its
+// staging, and a window granting the client remote write of it.
+func (c *conn) grantSlab() proto.Reply {
+	s := c.s
+	size := s.cfg.SlabPerConn
+	if size == 0 {
+		return proto.Reply{Status: proto.StatusInvalid}
+	}
+	c.mu.Lock()
+	switch {
+	case c.slab.buf.Size != 0:
+		rep := c.slab.rep
+		c.mu.Unlock()
+		return rep
+	case c.staging == nil:
+		c.mu.Unlock()
+		return proto.Reply{Status: proto.StatusShuttingDown}
+	case c.stagedBytes+size > s.cfg.MaxStagingPerConn:
+		c.mu.Unlock()
+		return proto.Reply{Status: proto.StatusBusy}
+	}
+	c.stagedBytes += size
+	c.mu.Unlock()
+	sl := slab{}
+	undo := func(status proto.Status) proto.Reply {
+		if sl.mw != nil {
+			c.mws <- sl.mw
+		}
+		if sl.buf.Size != 0 {
+			s.pool.Free(sl.buf)
+		}
+		c.mu.Lock()
+		c.stagedBytes -= size
+		rep := c.slab.rep // a concurrent grant that won
+		c.mu.Unlock()
+		if status == proto.StatusOK {
+			return rep
+		}
+		return proto.Reply{Status: status}
+	}
+	var err error
+	if sl.buf, err = s.cache.alloc(size); err != nil {
+		c.noteErr("slab", chunk.Key{}, err)
+		return undo(proto.StatusBusy)
+	}
+	select {
+	case sl.mw = <-c.mws:
+	default:
+		return undo(proto.StatusBusy)
+	}
+	addr := s.pool.Addr(sl.buf)
+	rkey, err := c.qp.BindMW(sl.mw, s.pool.MR(), addr, uint64(size), rdma.AccessRemoteWrite)
+	if err != nil {
+		c.noteErr("bind", chunk.Key{}, err)
+		return undo(proto.StatusBusy)
+	}
+	sl.rep = proto.Reply{Addr: addr, RKey: rkey, Length: uint32(size)}
+	c.mu.Lock()
+	if c.staging == nil || c.slab.buf.Size != 0 {
+		closing := c.staging == nil
+		c.mu.Unlock()
+		c.qp.InvalidateMW(sl.mw)
+		if closing {
+			return undo(proto.StatusShuttingDown)
+		}
+		return undo(proto.StatusOK)
+	}
+	c.slab = sl
+	c.mu.Unlock()
+	return sl.rep
+}
+
+// patchFromSlab stages, as preparePatch does, the patch of req.Length bytes the
+// client wrote into the connection's slab at req.Slab: the bytes are copied out
+// of the slab now, so that the commit that follows verifies and applies bytes
+// the client can no longer change. A range outside the slab, or no slab,
+// answers StatusInvalid.
+func (c *conn) patchFromSlab(key chunk.Key, req *proto.Request) proto.Reply {
+	c.mu.Lock()
+	sl := c.slab
+	c.mu.Unlock()
+	n, off := int(req.Length), int(req.Slab)
+	if sl.buf.Size == 0 || off+n > int(sl.rep.Length) || n < proto.PatchHeaderLen(0) {
+		return proto.Reply{Status: proto.StatusInvalid}
+	}
+	info, status := c.checkBase(key, req.Base)
+	if status != proto.StatusOK {
+		return proto.Reply{Status: status}
+	}
+	src := c.s.pool.Bytes(sl.buf)[off : off+n]
+	rep := c.prepare(key, stageSpec{length: n, base: req.Base, baseLen: int(info.Length), src: src})
+	return proto.Reply{Status: rep.Status}
 }
 
 // commitPatch builds and stores the version of a patch staging whose window is

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/rdmafs/rdmafs/chunkserver"
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 	"github.com/rdmafs/rdmafs/chunkserver/chunktest"
 	"github.com/rdmafs/rdmafs/chunkserver/client"
@@ -56,11 +57,28 @@ func readBack(t *testing.T, c *client.Client, env *chunktest.ClientEnv, off int,
 	return append([]byte(nil), env.Bytes()[off:off+n]...)
 }
 
+// stagings are the two ways a patch reaches chunkd: through the connection's
+// slab when it fits a part of it, otherwise (and always from a chunkd without
+// slabs) through a staging granted for it.
+var stagings = []struct {
+	name string
+	cfg  chunkserver.Config
+}{
+	{"slab", chunkserver.Config{}},
+	{"staged", chunkserver.Config{SlabPerConn: -1}},
+}
+
 // TestPatch derives versions with patches: the new version is the base with
 // the ranges overwritten, durable and checksummed; the base is untouched; a
 // base not resident is loaded from disk.
 func TestPatch(t *testing.T) {
-	s := chunktest.Start(t, chunktest.Options{})
+	for _, st := range stagings {
+		t.Run(st.name, func(t *testing.T) { testPatch(t, st.cfg) })
+	}
+}
+
+func testPatch(t *testing.T, cfg chunkserver.Config) {
+	s := chunktest.Start(t, chunktest.Options{Config: cfg})
 	c, env := s.Dial(t)
 	ctx := ctxT(t)
 	const size = 256 << 10
@@ -105,7 +123,7 @@ func TestPatch(t *testing.T) {
 	// that is not resident loads it from disk.
 	dir := s.Dir
 	s.Stop()
-	s2 := chunktest.Start(t, chunktest.Options{Dir: dir})
+	s2 := chunktest.Start(t, chunktest.Options{Dir: dir, Config: cfg})
 	c2, env2 := s2.Dial(t)
 	if got := readBack(t, c2, env2, 4<<20, k2, size); !bytes.Equal(got, model) {
 		t.Fatal("patched version after restart differs from the model")
@@ -192,7 +210,13 @@ func TestClone(t *testing.T) {
 // TestPatchErrors: every refused patch or clone answers its status and leaves
 // nothing stored, staged or claimed.
 func TestPatchErrors(t *testing.T) {
-	s := chunktest.Start(t, chunktest.Options{MaxLength: 1 << 20})
+	for _, st := range stagings {
+		t.Run(st.name, func(t *testing.T) { testPatchErrors(t, st.cfg) })
+	}
+}
+
+func testPatchErrors(t *testing.T, cfg chunkserver.Config) {
+	s := chunktest.Start(t, chunktest.Options{MaxLength: 1 << 20, Config: cfg})
 	c, env := s.Dial(t)
 	other, _ := s.Dial(t)
 	ctx := ctxT(t)
@@ -378,5 +402,99 @@ func TestPatchSpace(t *testing.T) {
 	}
 	if _, err := c.Clone(ctx, k(3), 1); err != nil {
 		t.Fatalf("clone after a delete: %v", err)
+	}
+}
+
+// TestPatchSlab: a patch that fits a part of the connection's slab goes as
+// OpPatchSlab, a larger one as OpPreparePatch; more patches at once than the
+// slab has parts all land; chunkd refuses a slab patch outside its slab, or
+// before the connection has one, and keeps one slab per connection, which it
+// frees when the connection ends.
+func TestPatchSlab(t *testing.T) {
+	s := chunktest.Start(t, chunktest.Options{Mem: 16 << 20})
+	c, env := s.Dial(t)
+	ctx := ctxT(t)
+	const size = 256 << 10
+	ops := func(op proto.Op) float64 {
+		return testutil.ToFloat64(s.Metrics().Ops.WithLabelValues(op.String(), proto.StatusOK.String()))
+	}
+	base := put(t, c, env, 0, chunk.Key{Chunk: 90, Version: 1}, size)
+	src := content(chunk.Key{Chunk: 90, Version: 99}, size)
+
+	small := []proto.PatchRange{{Off: 4096, Len: 4096}}
+	sgl, crc := stagePatch(env, 1<<20, small, src)
+	if _, err := c.WritePatch(ctx, chunk.Key{Chunk: 90, Version: 2}, 1, sgl, crc); err != nil {
+		t.Fatal(err)
+	}
+	large := []proto.PatchRange{{Off: 0, Len: client.SlabPart}}
+	sgl, crc = stagePatch(env, 1<<20, large, src)
+	if _, err := c.WritePatch(ctx, chunk.Key{Chunk: 90, Version: 3}, 1, sgl, crc); err != nil {
+		t.Fatal(err)
+	}
+	if p, s := ops(proto.OpPatchSlab), ops(proto.OpPreparePatch); p != 1 || s != 1 {
+		t.Fatalf("PatchSlab %v, PreparePatch %v: want one each", p, s)
+	}
+	for v, ranges := range map[uint64][]proto.PatchRange{2: small, 3: large} {
+		if got := readBack(t, c, env, 4<<20, chunk.Key{Chunk: 90, Version: v}, size); !bytes.Equal(got, applyModel(base, ranges, src)) {
+			t.Fatalf("version %d differs from the model", v)
+		}
+	}
+
+	// Three times as many patches at once as the slab has parts.
+	const n = 3 * (256 << 10) / client.SlabPart
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		put(t, c, env, 0, chunk.Key{Chunk: 100 + uint64(i), Version: 1}, size)
+	}
+	for i := range n {
+		wg.Go(func() {
+			r := []proto.PatchRange{{Off: uint32(i * 512), Len: 512}}
+			sgl, crc := stagePatch(env, (8+2*i)*128<<10, r, src)
+			key := chunk.Key{Chunk: 100 + uint64(i), Version: 2}
+			info, err := c.WritePatch(ctx, key, 1, sgl, crc)
+			if err == nil && info.CRC != store.Checksum(applyModel(content(chunk.Key{Chunk: key.Chunk, Version: 1}, size), r, src)) {
+				err = fmt.Errorf("patch %d: crc %08x differs from the model's", i, info.CRC)
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Raw requests: a slab patch before the connection asked for its slab,
+	// and outside the slab, is refused; the slab is granted once.
+	raw, _ := s.Dial(t)
+	req := proto.Request{Op: proto.OpPatchSlab, Chunk: 90, Version: 7, Base: 1, Length: 64}
+	if reps, err := raw.Do(ctx, []proto.Request{req}); err != nil || reps[0].Status != proto.StatusInvalid {
+		t.Fatalf("slab patch without a slab = %+v, %v; want invalid", reps, err)
+	}
+	first, err := raw.Do(ctx, []proto.Request{{Op: proto.OpSlab}, {Op: proto.OpSlab}})
+	if err != nil || first[0].Status != proto.StatusOK || first[0].Length != 256<<10 ||
+		first[1].Addr != first[0].Addr || first[1].RKey != first[0].RKey || first[1].Length != first[0].Length {
+		t.Fatalf("slab grants = %+v, %v; want the same 256 KiB slab twice", first, err)
+	}
+	req.Slab, req.Length = 252<<10, 4097
+	if reps, err := raw.Do(ctx, []proto.Request{req}); err != nil || reps[0].Status != proto.StatusInvalid {
+		t.Fatalf("slab patch past the slab = %+v, %v; want invalid", reps, err)
+	}
+	if info, err := c.Stat(ctx, chunk.Key{Chunk: 90, Version: 7}); err == nil {
+		t.Fatalf("refused slab patch stored: %+v", info)
+	}
+
+	// A connection's slab goes with it: far more connections, one after
+	// the other, than the 16 MiB of memory holds slabs.
+	for i := range 100 {
+		cl := env.Dial(t, s.Addr(), s.Secret)
+		reps, err := cl.Do(ctx, []proto.Request{{Op: proto.OpSlab}})
+		if err != nil || reps[0].Status != proto.StatusOK {
+			t.Fatalf("slab of connection %d: %+v, %v", i, reps, err)
+		}
+		cl.Close()
 	}
 }

@@ -51,6 +51,11 @@ type Config struct {
 	// MaxStagingPerConn bounds the staging bytes one connection may hold
 	// (default a quarter of MemBytes).
 	MaxStagingPerConn int
+	// SlabPerConn is the size of the staging slab a connection may ask for
+	// (OpSlab), held for the connection's life and counted in its staging:
+	// a patch that fits it is written in one round trip. A multiple of
+	// 4 KiB; default 256 KiB; negative: no slabs.
+	SlabPerConn int
 	// MaxConns bounds the connections (default 1024).
 	MaxConns int
 	// ReapInterval is how often expired leases and staging are revoked
@@ -109,6 +114,12 @@ func (c *Config) setDefaults() error {
 	def(&c.WindowsPerConn, 256)
 	def(&c.MaxStagingPerConn, c.MemBytes/4)
 	def(&c.MaxConns, 1024)
+	switch {
+	case c.SlabPerConn == 0:
+		c.SlabPerConn = 256 << 10
+	case c.SlabPerConn < 0:
+		c.SlabPerConn = 0
+	}
 	defd(&c.LeaseTTL, 10*time.Second)
 	defd(&c.StagingTTL, 60*time.Second)
 	defd(&c.ReapInterval, 50*time.Millisecond)
@@ -136,7 +147,7 @@ func (c *Config) setDefaults() error {
 // does not know the chunkserver; chunkd registers again.
 var ErrNotRegistered = errors.New("chunkserver: not registered with the metadata service")
 
-const numOps = int(proto.OpAuthorize) + 1
+const numOps = int(proto.LastOp) + 1
 const numStatus = int(proto.StatusShuttingDown) + 1
 
 // Server is a running chunkd: a listener, a registered memory pool and the
@@ -376,7 +387,7 @@ func (s *Server) handshake(ctx context.Context, req rdma.ConnRequest) {
 	c.token = cd.Token
 	accept := proto.EncodeAccept(cd.Key(s.cfg.Secret), req.PrivateData(), proto.AcceptData{
 		Credits: s.cfg.Credits, MaxBatch: s.cfg.MaxBatch, MaxMsg: s.cfg.MaxMsg,
-		MaxLength: s.store.MaxLength(), LeaseTTL: s.cfg.LeaseTTL,
+		MaxLength: s.store.MaxLength(), LeaseTTL: s.cfg.LeaseTTL, Slab: s.cfg.SlabPerConn,
 	})
 	if err := req.Accept(c.qp, accept); err != nil {
 		log.Warn("chunkd: accept", "err", err)

@@ -46,7 +46,7 @@ func (c *Caps) get(chunk uint64) (capability, bool) {
 // on a token's connection).
 func chunkOp(op proto.Op) bool {
 	switch op {
-	case proto.OpRenewLease, proto.OpReleaseLease, proto.OpAuthorize:
+	case proto.OpRenewLease, proto.OpReleaseLease, proto.OpAuthorize, proto.OpSlab:
 		return false
 	}
 	return true

@@ -142,6 +142,8 @@ type Client struct {
 	sq    chan struct{} // room in the send queue
 	next  atomic.Uint64
 
+	slab slab // the connection's staging slab on chunkd, for patches
+
 	opPool sync.Pool // *op, reused so that reads and writes do not allocate
 	// qpMu guards posting against Close: posts hold it shared and check
 	// qpClosed, Close sets qpClosed holding it exclusively (and only then
@@ -991,7 +993,18 @@ func (c *Client) WriteVersion(ctx context.Context, key chunk.Key, sgl []rdma.SGE
 // fails with StatusInvalid and stores nothing; see PreparePatch for the other
 // statuses. A commit retried after a lost ack answers OK with the stored
 // version's info while chunkd remembers the patch (see the chunkserver package).
+//
+// A patch that fits a free part of the connection's slab (a chunkd that
+// offers one) goes in one round trip: RDMA_WRITE into the part, then
+// OpPatchSlab and OpCommit in one message.
 func (c *Client) WritePatch(ctx context.Context, key chunk.Key, base chunk.Version, sgl []rdma.SGE, crc uint32) (chunk.Info, error) {
+	n := 0
+	for _, s := range sgl {
+		n += int(s.Length)
+	}
+	if part, ok := c.slabPart(ctx, n); ok {
+		return c.writePatchSlab(ctx, key, base, sgl, n, crc, part)
+	}
 	return c.writeStaged(ctx, proto.OpPreparePatch, key, base, sgl, crc)
 }
 

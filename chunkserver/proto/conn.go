@@ -142,6 +142,10 @@ type AcceptData struct {
 	MaxMsg    int           // bytes per message (requests and replies)
 	MaxLength int           // largest chunk version length
 	LeaseTTL  time.Duration // default lease time
+	// Slab is the size of the staging slab the connection may ask for
+	// (OpSlab); 0: chunkd has none (it predates slabs, or is configured
+	// without), and patches go through OpPreparePatch.
+	Slab int
 }
 
 // EncodeAccept returns the accept private data for a, bound to the client's
@@ -156,7 +160,7 @@ func EncodeAccept(secret []byte, connect []byte, a AcceptData) []byte {
 	binary.LittleEndian.PutUint32(b[8:], uint32(a.MaxMsg))
 	binary.LittleEndian.PutUint32(b[12:], uint32(a.MaxLength))
 	binary.LittleEndian.PutUint32(b[16:], uint32(a.LeaseTTL/time.Millisecond))
-	binary.LittleEndian.PutUint32(b[20:], 0)
+	binary.LittleEndian.PutUint32(b[20:], uint32(a.Slab))
 	copy(b[24:], mac(secret, "rdmafs chunkd accept\x00", connect, b[:24]))
 	return b
 }
@@ -183,8 +187,9 @@ func DecodeAccept(secret, connect, b []byte) (AcceptData, error) {
 		MaxMsg:    int(binary.LittleEndian.Uint32(b[8:])),
 		MaxLength: int(binary.LittleEndian.Uint32(b[12:])),
 		LeaseTTL:  time.Duration(binary.LittleEndian.Uint32(b[16:])) * time.Millisecond,
+		Slab:      int(binary.LittleEndian.Uint32(b[20:])),
 	}
-	if a.Credits < 1 || a.MaxBatch < 1 || a.MaxMsg < RequestsSize(1) || a.MaxMsg < HeaderLen+ReplyLen {
+	if a.Credits < 1 || a.MaxBatch < 1 || a.MaxMsg < RequestsSize(1) || a.MaxMsg < HeaderLen+ReplyLen || a.Slab%SlabAlign != 0 || a.Slab > MaxSlab {
 		return AcceptData{}, fmt.Errorf("proto: accept data with unusable limits %+v", a)
 	}
 	return a, nil

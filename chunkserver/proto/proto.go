@@ -6,12 +6,13 @@
 // A message is a 16-byte header followed by a batch of fixed-size items:
 //
 //	header:  magic u16 | version u8 | kind u8 | count u16 | reserved u16 | request id u64
-//	request: op u8 | flags u8 | reserved u16 | length u32 | chunk u64 | version u64 | arg u64   (32 bytes)
+//	request: op u8 | flags u8 | slab u16 | length u32 | chunk u64 | version u64 | arg u64   (32 bytes)
 //	reply:   op u8 | reserved u8 | status u16 | length u32 | arg u64 | addr u64 | rkey u32 | crc u32 | ttl ms u32 | n u32 (40 bytes)
 //
 // arg is the lease id (RenewLease, ReleaseLease, and the ReadLease reply), the
 // CRC32C (Commit) or the base version a new version derives from (PreparePatch,
-// Clone). A List reply is followed by n entries of version u64 | length u32 | crc
+// PatchSlab, Clone). slab is the offset of a PatchSlab's patch in the
+// connection's slab, in units of SlabAlign; 0 in every other request. A List reply is followed by n entries of version u64 | length u32 | crc
 // u32. All integers are little endian. The replies of a batch come in the order of
 // its requests, in one message that carries the request's id.
 //
@@ -23,6 +24,11 @@
 // where data is the ranges' bytes back to back in table order. The ranges are
 // sorted by offset, do not overlap, are not empty and lie inside the base
 // version; the new version has exactly the base version's length.
+//
+// A patch that fits the connection's slab (OpSlab: a region chunkd grants the
+// connection once, for its lifetime) costs one round trip instead of two: the
+// client RDMA_WRITEs it into a part of the slab it is not using for another
+// patch and sends OpPatchSlab and OpCommit in one message.
 package proto
 
 import (
@@ -98,9 +104,31 @@ const (
 	// token's connection is refused every other request on a chunk it has
 	// not authorized (StatusNotAuthorized); other connections need none.
 	OpAuthorize Op = 12
+	// OpSlab asks for the connection's slab: {Addr, RKey, Length} of a region
+	// the client may RDMA_WRITE patches into until the connection ends. Asking
+	// again answers the same slab. Only sent to a chunkd whose AcceptData
+	// offers one.
+	OpSlab Op = 13
+	// OpPatchSlab stages, as OpPreparePatch does, the patch of Length bytes
+	// the client wrote at offset Slab of the connection's slab, which derives
+	// (Chunk, Version) from (Chunk, Base). The bytes are copied when the
+	// request is served: the OpCommit that follows it in the same message
+	// verifies and stores them, and the client may reuse that part of the
+	// slab once the reply has come.
+	OpPatchSlab Op = 14
+
+	// LastOp is the highest operation this package knows.
+	LastOp = OpPatchSlab
 )
 
-var opNames = [...]string{"", "ReadLease", "RenewLease", "ReleaseLease", "PrepareWrite", "Commit", "Abort", "Delete", "Stat", "List", "PreparePatch", "Clone", "Authorize"}
+// SlabAlign is the unit of a patch's offset in the slab and of the slab's size;
+// MaxSlab is the largest slab a request can address.
+const (
+	SlabAlign = 4096
+	MaxSlab   = 1 << 16 * SlabAlign
+)
+
+var opNames = [...]string{"", "ReadLease", "RenewLease", "ReleaseLease", "PrepareWrite", "Commit", "Abort", "Delete", "Stat", "List", "PreparePatch", "Clone", "Authorize", "Slab", "PatchSlab"}
 
 func (o Op) String() string {
 	if o > 0 && int(o) < len(opNames) {
@@ -110,7 +138,7 @@ func (o Op) String() string {
 }
 
 // Valid reports whether o is a known operation.
-func (o Op) Valid() bool { return o >= OpReadLease && o <= OpAuthorize }
+func (o Op) Valid() bool { return o >= OpReadLease && o <= LastOp }
 
 // AuthorizeRequest returns the OpAuthorize request presenting capability
 // (datakey.CapabilitySize bytes) for chunk, for writing if write. The
@@ -213,13 +241,16 @@ type Request struct {
 	Op      Op
 	Chunk   uint64
 	Version uint64
-	Length  uint32 // PrepareWrite, PreparePatch
+	Length  uint32 // PrepareWrite, PreparePatch, PatchSlab
 	LeaseID uint64 // RenewLease, ReleaseLease
 	CRC     uint32 // Commit
-	// Base is the version the new one derives from (PreparePatch, Clone). It
-	// must be stored and 0 < Base < Version: chunkd answers StatusInvalid
-	// otherwise (the decoder accepts any value).
+	// Base is the version the new one derives from (PreparePatch, PatchSlab,
+	// Clone). It must be stored and 0 < Base < Version: chunkd answers
+	// StatusInvalid otherwise (the decoder accepts any value).
 	Base uint64
+	// Slab is the offset of a PatchSlab's patch in the connection's slab, a
+	// multiple of SlabAlign below MaxSlab (the encoder refuses others).
+	Slab uint32
 }
 
 // VersionInfo is one entry of a List reply.
@@ -234,9 +265,9 @@ type Reply struct {
 	Op       Op
 	Status   Status
 	LeaseID  uint64 // ReadLease
-	Addr     uint64 // ReadLease, PrepareWrite, PreparePatch: remote address of the granted region
-	RKey     uint32 // ReadLease, PrepareWrite, PreparePatch: rkey of the granted region
-	Length   uint32 // ReadLease, PrepareWrite, PreparePatch, Stat; Commit, Clone: the stored version's
+	Addr     uint64 // ReadLease, PrepareWrite, PreparePatch, Slab: remote address of the granted region
+	RKey     uint32 // ReadLease, PrepareWrite, PreparePatch, Slab: rkey of the granted region
+	Length   uint32 // ReadLease, PrepareWrite, PreparePatch, Slab, Stat; Commit, Clone: the stored version's
 	CRC      uint32 // ReadLease, Stat; Commit, Clone: the stored version's
 	TTL      uint32 // ReadLease, RenewLease, PrepareWrite, PreparePatch: milliseconds the grant lasts
 	Versions []VersionInfo
@@ -304,7 +335,14 @@ func EncodeRequests(b []byte, id uint64, reqs []Request) (int, error) {
 		q := p[i*RequestLen : (i+1)*RequestLen]
 		q[0] = byte(r.Op)
 		q[1] = 0
-		binary.LittleEndian.PutUint16(q[2:], 0)
+		var slab uint32
+		if r.Op == OpPatchSlab {
+			if r.Slab%SlabAlign != 0 || r.Slab >= MaxSlab {
+				return 0, fmt.Errorf("proto: slab offset %d not a multiple of %d below %d", r.Slab, SlabAlign, MaxSlab)
+			}
+			slab = r.Slab / SlabAlign
+		}
+		binary.LittleEndian.PutUint16(q[2:], uint16(slab))
 		binary.LittleEndian.PutUint32(q[4:], r.Length)
 		binary.LittleEndian.PutUint64(q[8:], r.Chunk)
 		binary.LittleEndian.PutUint64(q[16:], r.Version)
@@ -314,7 +352,7 @@ func EncodeRequests(b []byte, id uint64, reqs []Request) (int, error) {
 			arg = r.LeaseID
 		case OpCommit:
 			arg = uint64(r.CRC)
-		case OpPreparePatch, OpClone, OpAuthorize:
+		case OpPreparePatch, OpPatchSlab, OpClone, OpAuthorize:
 			arg = r.Base
 		}
 		binary.LittleEndian.PutUint64(q[24:], arg)
@@ -368,6 +406,9 @@ func DecodeRequests(b []byte, dst []Request) (uint64, []Request, error) {
 			r.CRC = uint32(arg)
 		case OpPreparePatch, OpClone, OpAuthorize:
 			r.Base = arg
+		case OpPatchSlab:
+			r.Base = arg
+			r.Slab = uint32(binary.LittleEndian.Uint16(q[2:])) * SlabAlign
 		}
 		dst[i] = r
 	}

@@ -23,6 +23,9 @@ func sampleRequests() []Request {
 		{Op: OpList, Chunk: 3},
 		{Op: OpPreparePatch, Chunk: 3, Version: 6, Length: 4096, Base: 4},
 		{Op: OpClone, Chunk: 3, Version: 7, Base: 0xffffffffffff},
+		{Op: OpSlab},
+		{Op: OpPatchSlab, Chunk: 3, Version: 8, Length: 5000, Base: 7, Slab: 3 * SlabAlign},
+		{Op: OpPatchSlab, Chunk: 3, Version: 9, Length: 1, Base: 8, Slab: MaxSlab - SlabAlign},
 	}
 }
 
@@ -35,6 +38,7 @@ func sampleReplies() []Reply {
 		{Op: OpCommit, Length: 1 << 20, CRC: 0xfeedface},
 		{Op: OpPreparePatch, Addr: 0x7f0000002000, RKey: 0x55, Length: 24, TTL: 60000},
 		{Op: OpClone, Length: 4096, CRC: 7},
+		{Op: OpSlab, Addr: 0x7f0000003000, RKey: 0x56, Length: 256 << 10},
 	}
 }
 
@@ -48,6 +52,15 @@ func TestRequestsRoundTrip(t *testing.T) {
 	id, got, err := DecodeRequests(buf[:n], make([]Request, 0, 16))
 	if err != nil || id != 42 || !reflect.DeepEqual(got, reqs) {
 		t.Fatalf("DecodeRequests = %d %+v %v", id, got, err)
+	}
+}
+
+func TestSlabOffsetRefused(t *testing.T) {
+	buf := make([]byte, 4096)
+	for _, off := range []uint32{1, SlabAlign + 17, MaxSlab} {
+		if _, err := EncodeRequests(buf, 1, []Request{{Op: OpPatchSlab, Chunk: 1, Version: 2, Base: 1, Length: 8, Slab: off}}); err == nil {
+			t.Errorf("slab offset %d encoded", off)
+		}
 	}
 }
 
@@ -149,7 +162,7 @@ func TestConnectAccept(t *testing.T) {
 	if _, err := DecodeConnect(secret, b[:20], now, time.Minute); !errors.Is(err, ErrAuth) {
 		t.Fatalf("short token: %v", err)
 	}
-	a := AcceptData{Credits: 32, MaxBatch: 64, MaxMsg: 4096, MaxLength: 16 << 20, LeaseTTL: 10 * time.Second}
+	a := AcceptData{Credits: 32, MaxBatch: 64, MaxMsg: 4096, MaxLength: 16 << 20, LeaseTTL: 10 * time.Second, Slab: 256 << 10}
 	ab := EncodeAccept(secret, b, a)
 	if len(ab) != AcceptDataLen {
 		t.Fatalf("accept data %d bytes", len(ab))
@@ -228,14 +241,14 @@ func FuzzDecodeConnect(f *testing.F) {
 func FuzzDecodeAccept(f *testing.F) {
 	secret := []byte("s")
 	connect := EncodeConnect(secret, ConnectData{Time: time.Unix(1700000000, 0)})
-	f.Add(EncodeAccept(secret, connect, AcceptData{Credits: 1, MaxBatch: 1, MaxMsg: 4096, MaxLength: 1, LeaseTTL: time.Second}))
+	f.Add(EncodeAccept(secret, connect, AcceptData{Credits: 1, MaxBatch: 1, MaxMsg: 4096, MaxLength: 1, LeaseTTL: time.Second, Slab: 64 << 10}))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		a, err := DecodeAccept(secret, connect, b)
 		if err != nil {
 			return
 		}
-		if a.Credits < 1 || a.MaxBatch < 1 {
+		if a.Credits < 1 || a.MaxBatch < 1 || a.Slab%SlabAlign != 0 || a.Slab > MaxSlab {
 			t.Fatalf("unusable limits accepted: %+v", a)
 		}
 	})

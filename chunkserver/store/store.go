@@ -804,9 +804,12 @@ func (s *Store) Put(key chunk.Key, data []byte, crc uint32) error {
 	s.writing[key] = struct{}{}
 	seq := s.nextSeq
 	s.nextSeq++
+	low := len(s.free[0]) < spareSlots/2
 	s.mu.Unlock()
 	s.unlink(victims)
-	s.poke() // replenish the spare slots
+	if low {
+		s.poke() // replenish the spare slots
+	}
 
 	if !reuse {
 		n, err = s.newSlot()
