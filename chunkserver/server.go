@@ -140,6 +140,9 @@ func (c *Config) setDefaults() error {
 	if proto.RequestsSize(c.MaxBatch) > c.MaxMsg || proto.HeaderLen+c.MaxBatch*proto.ReplyLen > c.MaxMsg {
 		return fmt.Errorf("chunkserver: a batch of %d does not fit messages of %d bytes", c.MaxBatch, c.MaxMsg)
 	}
+	if c.SlabPerConn%proto.SlabAlign != 0 || c.SlabPerConn > proto.MaxSlab {
+		return fmt.Errorf("chunkserver: slab of %d bytes: a multiple of %d up to %d", c.SlabPerConn, proto.SlabAlign, proto.MaxSlab)
+	}
 	return nil
 }
 
