@@ -12,9 +12,11 @@ import (
 	"testing"
 
 	"github.com/klauspost/reedsolomon"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/rdmafs/rdmafs/chunkserver/chunk"
 	"github.com/rdmafs/rdmafs/chunkserver/chunktest"
+	"github.com/rdmafs/rdmafs/chunkserver/proto"
 	"github.com/rdmafs/rdmafs/fs/fstest"
 	"github.com/rdmafs/rdmafs/internal/stripe"
 	"github.com/rdmafs/rdmafs/meta/metapb"
@@ -205,6 +207,16 @@ func TestDeltaKeepsOldBytes(t *testing.T) {
 	kept, deltas, held := st.DeltaOldKept.Load(), st.DeltaWrites.Load(), st.NextGrantsUsed.Load()
 	if deltas < 30 || kept < 20 || held < 20 {
 		t.Fatalf("%d delta writes, %d ranges' old bytes kept by the mount, %d written with a grant held, in 40 fsyncs of the same pages", deltas, kept, held)
+	}
+	// Each patch fits a part of the connection's slab: one round trip each.
+	var slab, staged float64
+	for _, cs := range c.Chunk {
+		ops := cs.Metrics().Ops
+		slab += testutil.ToFloat64(ops.WithLabelValues(proto.OpPatchSlab.String(), proto.StatusOK.String()))
+		staged += testutil.ToFloat64(ops.WithLabelValues(proto.OpPreparePatch.String(), proto.StatusOK.String()))
+	}
+	if slab < 3*float64(deltas) || staged != 0 {
+		t.Fatalf("%v patches through the slab, %v staged, for %d delta writes of three shards or more", slab, staged, deltas)
 	}
 	fresh, _ := c.Mount(t)
 	readsBack(t, "db", model, fresh, other)
