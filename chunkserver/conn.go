@@ -216,6 +216,8 @@ func (c *conn) destroy() {
 	if sl.buf.Size != 0 {
 		c.revoke(sl.mw)
 		c.s.pool.Free(sl.buf)
+		c.s.slabBytes.Add(-int64(sl.rep.Length))
+		c.s.metrics.StagingBytes.Sub(float64(sl.rep.Length))
 	}
 	for _, mw := range c.allMWs {
 		mw.Close()
@@ -847,8 +849,10 @@ func (c *conn) tokenAllows(req *proto.Request) proto.Status {
 		return proto.StatusNotAuthorized
 	}
 	switch req.Op {
-	case proto.OpRenewLease, proto.OpReleaseLease, proto.OpSlab:
-		return proto.StatusOK // the connection's own leases and slab
+	case proto.OpRenewLease, proto.OpReleaseLease:
+		return proto.StatusOK // the connection's own leases
+	case proto.OpSlab:
+		return proto.StatusOK // refused above to a read-only token (writes)
 	case proto.OpAuthorize:
 		capability, w := req.Capability()
 		if w && c.token.ReadOnly {
@@ -880,7 +884,7 @@ func (c *conn) tokenAllows(req *proto.Request) proto.Status {
 // token's connection).
 func writes(op proto.Op) bool {
 	switch op {
-	case proto.OpPrepareWrite, proto.OpCommit, proto.OpAbort, proto.OpDelete, proto.OpPreparePatch, proto.OpPatchSlab, proto.OpClone:
+	case proto.OpPrepareWrite, proto.OpCommit, proto.OpAbort, proto.OpDelete, proto.OpPreparePatch, proto.OpSlab, proto.OpPatchSlab, proto.OpClone:
 		return true
 	}
 	return false

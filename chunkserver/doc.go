@@ -61,7 +61,8 @@
 //     version already stored with the base's length and crc32c answers OK.
 //   - Slab and PatchSlab: a patch in one round trip. Slab grants the
 //     connection, once and until it ends, a staging slab of SlabPerConn bytes
-//     (offered in the accept data; counted in the connection's staging). The
+//     (offered in the accept data; all slabs together take at most an eighth
+//     of the registered memory; refused to a read-only token). The
 //     client RDMA_WRITEs a patch into a part of the slab it is not using for
 //     another and sends PatchSlab(chunk, new version, length, base, offset)
 //     and Commit in one message: PatchSlab checks what PreparePatch checks and

@@ -43,8 +43,12 @@ func (c *conn) preparePatch(key chunk.Key, length int, base chunk.Version) proto
 }
 
 // grantSlab answers the connection's slab, granting it on first use: a buffer
-// of SlabPerConn bytes held until the connection ends and counted in its
-// staging, and a window granting the client remote write of it.
+// of SlabPerConn bytes held until the connection ends, and a window granting
+// the client remote write of it. The slabs of all connections together are
+// bounded by an eighth of the registered memory (beyond it: StatusBusy, and
+// the client stages its patches as before); they are not counted in a
+// connection's staging quota, so a connection with a slab can still stage a
+// version of the largest length.
 func (c *conn) grantSlab() proto.Reply {
 	s := c.s
 	size := s.cfg.SlabPerConn
@@ -60,12 +64,12 @@ func (c *conn) grantSlab() proto.Reply {
 	case c.staging == nil:
 		c.mu.Unlock()
 		return proto.Reply{Status: proto.StatusShuttingDown}
-	case c.stagedBytes+size > s.cfg.MaxStagingPerConn:
-		c.mu.Unlock()
+	}
+	c.mu.Unlock()
+	if s.slabBytes.Add(int64(size)) > int64(s.cfg.MemBytes/8) {
+		s.slabBytes.Add(-int64(size))
 		return proto.Reply{Status: proto.StatusBusy}
 	}
-	c.stagedBytes += size
-	c.mu.Unlock()
 	sl := slab{}
 	undo := func(status proto.Status) proto.Reply {
 		if sl.mw != nil {
@@ -74,8 +78,8 @@ func (c *conn) grantSlab() proto.Reply {
 		if sl.buf.Size != 0 {
 			s.pool.Free(sl.buf)
 		}
+		s.slabBytes.Add(-int64(size))
 		c.mu.Lock()
-		c.stagedBytes -= size
 		rep := c.slab.rep // a concurrent grant that won
 		c.mu.Unlock()
 		if status == proto.StatusOK {
@@ -112,6 +116,7 @@ func (c *conn) grantSlab() proto.Reply {
 	}
 	c.slab = sl
 	c.mu.Unlock()
+	s.metrics.StagingBytes.Add(float64(size))
 	return sl.rep
 }
 
@@ -131,6 +136,16 @@ func (c *conn) patchFromSlab(key chunk.Key, req *proto.Request) proto.Reply {
 	info, status := c.checkBase(key, req.Base)
 	if status != proto.StatusOK {
 		return proto.Reply{Status: status}
+	}
+	// A staging of the same version this connection left (an abandoned
+	// prepare) goes: the Commit that follows must apply this patch or
+	// nothing, never that staging.
+	c.mu.Lock()
+	old := c.staging[key]
+	delete(c.staging, key)
+	c.mu.Unlock()
+	if old != nil {
+		c.endStaging(old)
 	}
 	src := c.s.pool.Bytes(sl.buf)[off : off+n]
 	rep := c.prepare(key, stageSpec{length: n, base: req.Base, baseLen: int(info.Length), src: src})

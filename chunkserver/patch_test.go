@@ -328,6 +328,13 @@ func testPatchErrors(t *testing.T, cfg chunkserver.Config) {
 	if n := testutil.ToFloat64(s.Metrics().Errors.WithLabelValues("patch")) - badPatches; n != 4 {
 		t.Fatalf("%v bad patches counted, want 4", n)
 	}
+	slabPatches := 0.0
+	for st := proto.StatusOK; st <= proto.StatusShuttingDown; st++ {
+		slabPatches += testutil.ToFloat64(s.Metrics().Ops.WithLabelValues(proto.OpPatchSlab.String(), st.String()))
+	}
+	if slabs := cfg.SlabPerConn >= 0; slabs != (slabPatches > 0) {
+		t.Fatalf("%v slab patches served with slabs %v", slabPatches, slabs)
+	}
 	// Nothing is left staged but the other connection's grant, the base is
 	// intact, and a good patch and a clone of the refused version succeed
 	// (nothing left claimed it).
@@ -485,6 +492,21 @@ func TestPatchSlab(t *testing.T) {
 	}
 	if info, err := c.Stat(ctx, chunk.Key{Chunk: 90, Version: 7}); err == nil {
 		t.Fatalf("refused slab patch stored: %+v", info)
+	}
+
+	// A slab is not counted in the connection's staging quota (a quarter of
+	// the 16 MiB): the connection holding one still stages a version of the
+	// whole quota.
+	put(t, c, env, 20<<20, chunk.Key{Chunk: 95, Version: 1}, 4<<20)
+
+	// A slab patch replaces a staging of the same version the connection
+	// left: its commit applies the patch, not the abandoned bytes.
+	if _, err := c.PrepareWrite(ctx, chunk.Key{Chunk: 90, Version: 8}, size); err != nil {
+		t.Fatal(err)
+	}
+	sgl, crc = stagePatch(env, 1<<20, small, src)
+	if info, err := c.WritePatch(ctx, chunk.Key{Chunk: 90, Version: 8}, 1, sgl, crc); err != nil || info.CRC != store.Checksum(applyModel(base, small, src)) {
+		t.Fatalf("slab patch over an abandoned staging = %+v, %v", info, err)
 	}
 
 	// A connection's slab goes with it: far more connections, one after

@@ -52,9 +52,10 @@ type Config struct {
 	// (default a quarter of MemBytes).
 	MaxStagingPerConn int
 	// SlabPerConn is the size of the staging slab a connection may ask for
-	// (OpSlab), held for the connection's life and counted in its staging:
-	// a patch that fits it is written in one round trip. A multiple of
-	// 4 KiB; default 256 KiB; negative: no slabs.
+	// (OpSlab), held for the connection's life: a patch that fits it is
+	// written in one round trip. The slabs of all connections together take
+	// at most an eighth of MemBytes. A multiple of 4 KiB; default 256 KiB;
+	// negative: no slabs.
 	SlabPerConn int
 	// MaxConns bounds the connections (default 1024).
 	MaxConns int
@@ -169,6 +170,7 @@ type Server struct {
 	opLat   [numOps]prometheus.Observer
 
 	nextLease atomic.Uint64
+	slabBytes atomic.Int64  // the connections' slabs (grantSlab)
 	requests  atomic.Uint64 // requests served, for the heartbeat's load
 	full      atomic.Bool   // the last claim of disk room was refused for want of space
 

@@ -66,6 +66,10 @@ func TestTokenConnections(t *testing.T) {
 	if err := ro.Delete(ctx, key); !proto.IsStatus(err, proto.StatusNotAuthorized) {
 		t.Fatalf("delete with a read-only token: %v, want not authorized", err)
 	}
+	// A staging slab holds memory for writes: none for a read-only token.
+	if reps, err := ro.Do(ctx, []proto.Request{{Op: proto.OpSlab}}); err != nil || reps[0].Status != proto.StatusNotAuthorized {
+		t.Fatalf("slab for a read-only token = %+v, %v; want not authorized", reps, err)
+	}
 	// A chunk without a capability, or with a forged one, is not served.
 	if _, err := ro.Stat(ctx, chunk.Key{Chunk: 10, Version: 1}); !proto.IsStatus(err, proto.StatusNotAuthorized) {
 		t.Fatalf("stat of a chunk the token has no capability for: %v, want not authorized", err)
@@ -80,6 +84,9 @@ func TestTokenConnections(t *testing.T) {
 	}
 	if err := rw.WriteVersion(ctx, chunk.Key{Chunk: 11, Version: 1}, []rdma.SGE{rwEnv.SGE(0, 4096)}, store.Checksum(rwEnv.Bytes()[:4096])); err != nil {
 		t.Fatalf("write with a read-write token: %v", err)
+	}
+	if reps, err := rw.Do(ctx, []proto.Request{{Op: proto.OpSlab}}); err != nil || reps[0].Status != proto.StatusOK {
+		t.Fatalf("slab for a read-write token = %+v, %v", reps, err)
 	}
 	if err := rw.Delete(ctx, outside); !proto.IsStatus(err, proto.StatusNotAuthorized) {
 		t.Fatalf("delete of a chunk the token has no capability for: %v, want not authorized", err)

@@ -189,8 +189,11 @@ func DecodeAccept(secret, connect, b []byte) (AcceptData, error) {
 		LeaseTTL:  time.Duration(binary.LittleEndian.Uint32(b[16:])) * time.Millisecond,
 		Slab:      int(binary.LittleEndian.Uint32(b[20:])),
 	}
-	if a.Credits < 1 || a.MaxBatch < 1 || a.MaxMsg < RequestsSize(1) || a.MaxMsg < HeaderLen+ReplyLen || a.Slab%SlabAlign != 0 || a.Slab > MaxSlab {
+	if a.Credits < 1 || a.MaxBatch < 1 || a.MaxMsg < RequestsSize(1) || a.MaxMsg < HeaderLen+ReplyLen {
 		return AcceptData{}, fmt.Errorf("proto: accept data with unusable limits %+v", a)
+	}
+	if a.Slab%SlabAlign != 0 || a.Slab > MaxSlab {
+		a.Slab = 0 // a slab this client cannot address: patches are staged
 	}
 	return a, nil
 }

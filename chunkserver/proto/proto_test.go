@@ -171,6 +171,14 @@ func TestConnectAccept(t *testing.T) {
 	if err != nil || ga != a {
 		t.Fatalf("DecodeAccept = %+v, %v", ga, err)
 	}
+	// A slab this client cannot address is no slab, not a refused connection.
+	for _, bad := range []int{SlabAlign + 1, MaxSlab + SlabAlign} {
+		odd := a
+		odd.Slab = bad
+		if ga, err := DecodeAccept(secret, b, EncodeAccept(secret, b, odd)); err != nil || ga.Slab != 0 {
+			t.Fatalf("accept with a slab of %d = %+v, %v; want no slab", bad, ga, err)
+		}
+	}
 	other := EncodeConnect(secret, ConnectData{Time: now, Nonce: [8]byte{9}})
 	if _, err := DecodeAccept(secret, other, ab); !errors.Is(err, ErrAuth) {
 		t.Fatalf("accept bound to another connect: %v", err)
