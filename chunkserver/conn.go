@@ -489,7 +489,7 @@ func (c *conn) handle(req *proto.Request, spare *int) proto.Reply {
 	case proto.OpPrepareWrite:
 		return c.prepare(key, stageSpec{length: int(req.Length)})
 	case proto.OpPreparePatch:
-		return c.preparePatch(key, int(req.Length), req.Base)
+		return c.preparePatch(key, int(req.Length), req.Base, nil)
 	case proto.OpClone:
 		return c.clone(key, req.Base)
 	case proto.OpSlab:

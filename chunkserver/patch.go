@@ -30,8 +30,9 @@ func (c *conn) checkBase(key chunk.Key, base chunk.Version) (chunk.Info, proto.S
 // preparePatch reserves the staging of a patch of length bytes that derives key
 // from (key.Chunk, base): as prepare does for a plain write, except that the
 // disk room claimed is the base's length. A staging too short for a patch
-// header answers StatusInvalid.
-func (c *conn) preparePatch(key chunk.Key, length int, base chunk.Version) proto.Reply {
+// header answers StatusInvalid. With src (a patch from the slab) the staging
+// holds a copy of src and grants the client nothing.
+func (c *conn) preparePatch(key chunk.Key, length int, base chunk.Version, src []byte) proto.Reply {
 	info, status := c.checkBase(key, base)
 	if status != proto.StatusOK {
 		return proto.Reply{Status: status}
@@ -39,7 +40,7 @@ func (c *conn) preparePatch(key chunk.Key, length int, base chunk.Version) proto
 	if length < proto.PatchHeaderLen(0) {
 		return proto.Reply{Status: proto.StatusInvalid}
 	}
-	return c.prepare(key, stageSpec{length: length, base: base, baseLen: int(info.Length)})
+	return c.prepare(key, stageSpec{length: length, base: base, baseLen: int(info.Length), src: src})
 }
 
 // grantSlab answers the connection's slab, granting it on first use: a buffer
@@ -130,12 +131,8 @@ func (c *conn) patchFromSlab(key chunk.Key, req *proto.Request) proto.Reply {
 	sl := c.slab
 	c.mu.Unlock()
 	n, off := int(req.Length), int(req.Slab)
-	if sl.buf.Size == 0 || off+n > int(sl.rep.Length) || n < proto.PatchHeaderLen(0) {
+	if sl.buf.Size == 0 || off+n > int(sl.rep.Length) {
 		return proto.Reply{Status: proto.StatusInvalid}
-	}
-	info, status := c.checkBase(key, req.Base)
-	if status != proto.StatusOK {
-		return proto.Reply{Status: status}
 	}
 	// A staging of the same version this connection left (an abandoned
 	// prepare) goes: the Commit that follows must apply this patch or
@@ -147,8 +144,7 @@ func (c *conn) patchFromSlab(key chunk.Key, req *proto.Request) proto.Reply {
 	if old != nil {
 		c.endStaging(old)
 	}
-	src := c.s.pool.Bytes(sl.buf)[off : off+n]
-	rep := c.prepare(key, stageSpec{length: n, base: req.Base, baseLen: int(info.Length), src: src})
+	rep := c.preparePatch(key, n, req.Base, c.s.pool.Bytes(sl.buf)[off:off+n])
 	return proto.Reply{Status: rep.Status}
 }
 

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -511,6 +512,9 @@ func TestPatchSlab(t *testing.T) {
 
 	// A connection's slab goes with it: far more connections, one after
 	// the other, than the 16 MiB of memory holds slabs.
+	// Each is waited for to be gone (staging_bytes back where it was), so
+	// that the budget of eight slabs is not outrun by chunkd noticing closes.
+	held := testutil.ToFloat64(s.Metrics().StagingBytes)
 	for i := range 100 {
 		cl := env.Dial(t, s.Addr(), s.Secret)
 		reps, err := cl.Do(ctx, []proto.Request{{Op: proto.OpSlab}})
@@ -518,5 +522,11 @@ func TestPatchSlab(t *testing.T) {
 			t.Fatalf("slab of connection %d: %+v, %v", i, reps, err)
 		}
 		cl.Close()
+		for deadline := time.Now().Add(10 * time.Second); testutil.ToFloat64(s.Metrics().StagingBytes) != held; {
+			if time.Now().After(deadline) {
+				t.Fatalf("connection %d closed, its slab still held: staging_bytes %v, %v before", i, testutil.ToFloat64(s.Metrics().StagingBytes), held)
+			}
+			time.Sleep(time.Millisecond)
+		}
 	}
 }
