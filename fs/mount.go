@@ -38,18 +38,26 @@ func Mount(mountpoint string, root *Node, opts MountOptions) (*fuse.Server, erro
 	negative := time.Duration(0)
 	gopts := &gofs.Options{
 		MountOptions: fuse.MountOptions{
-			FsName:                   "rdmafs",
-			Name:                     "rdmafs",
-			MaxWrite:                 1 << 20,
-			MaxReadAhead:             opts.MaxReadAhead,
-			MaxBackground:            opts.MaxBackground,
-			AllowOther:               true,
-			DirectMount:              true,
-			EnableLocks:              true,
-			DisableXAttrs:            false,
-			Options:                  []string{"default_permissions"},
-			Debug:                    opts.Debug,
-			ExplicitDataCacheControl: false,
+			FsName:        "rdmafs",
+			Name:          "rdmafs",
+			MaxWrite:      1 << 20,
+			MaxReadAhead:  opts.MaxReadAhead,
+			MaxBackground: opts.MaxBackground,
+			AllowOther:    true,
+			DirectMount:   true,
+			EnableLocks:   true,
+			DisableXAttrs: false,
+			Options:       []string{"default_permissions"},
+			Debug:         opts.Debug,
+			// The kernel keeps a file's pages when its mtime or size
+			// changes (FUSE_EXPLICIT_INVAL_DATA): writes through this
+			// mount go through them, so its own commits leave them
+			// valid, where FUSE_AUTO_INVAL_DATA dropped them after each
+			// and a database read its pages again every transaction.
+			// Other mounts' changes reach the kernel as the engine's
+			// reads do: at the next open (close-to-open, no KEEP_CACHE)
+			// or lock (locks.go).
+			ExplicitDataCacheControl: true,
 			// Read replies are bytes in memory, for which go-fuse's splice
 			// path only adds system calls on a pipe before the same writev
 			// (what that cost: docs/performance.md).

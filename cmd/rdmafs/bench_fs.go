@@ -27,6 +27,7 @@ func newBenchFSCommand() *cobra.Command {
 	var (
 		size, jobs, transport, clusterDir, data string
 		runtime, rounds, inserts                int
+		permCeiling                             bool
 	)
 	c := &cobra.Command{
 		Use:   "fs",
@@ -50,7 +51,12 @@ and now and then on a neighbour that takes the CPU for a few seconds.
 The reference of a fio job is the FUSE ceiling. sqlite's inserts are timed on
 rdmafs, on the ceiling and on the machine's local disk ($TMPDIR), and compared
 with each: the ceiling does no durable writes at all, so it bounds what any
-FUSE file system can reach against the local disk.`,
+FUSE file system can reach against the local disk.
+
+--ceiling-permissions also runs the fio jobs on a second ceiling mounted with
+default_permissions, as rdmafs is (the kernel checks permissions, and asks for
+a directory's attributes again after each create or unlink in it), and prints
+rdmafs against it too: the like-for-like reference for metadata jobs.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if rounds < 1 {
@@ -71,16 +77,17 @@ FUSE file system can reach against the local disk.`,
 				return err
 			}
 			return runBenchFS(cmd.Context(), cmd.OutOrStdout(), benchFSConfig{jobs: strings.Split(jobs, ","), size: size, runtime: runtime,
-				rounds: rounds, inserts: inserts, transport: transport, clusterDir: clusterDir, base: base})
+				rounds: rounds, inserts: inserts, transport: transport, clusterDir: clusterDir, base: base, permCeiling: permCeiling})
 		},
 	}
 	fl := c.Flags()
 	fl.StringVar(&size, "size", "512M", "fio file size")
 	fl.IntVar(&runtime, "runtime", 10, "seconds of each timed job")
-	fl.IntVar(&rounds, "rounds", 2, "rounds of four runs (rdmafs, ceiling, ceiling, rdmafs)")
+	fl.IntVar(&rounds, "rounds", 2, "rounds of four runs (rdmafs, ceiling, ceiling, rdmafs; six with --ceiling-permissions)")
 	fl.StringVar(&jobs, "jobs", "bench/jobs.fio,bench/small.fio,bench/small-stat.fio", "fio job files, comma-separated (they use DIR, SIZE, RUNTIME)")
 	fl.IntVar(&inserts, "sqlite-inserts", 300, "sqlite rollback-journal inserts (one transaction each) timed on rdmafs, the ceiling and local disk ($TMPDIR); 0: skip")
 	fl.StringVar(&transport, "transport", "auto", "rdma transport")
+	fl.BoolVar(&permCeiling, "ceiling-permissions", false, "also run the fio jobs on a ceiling mounted with default_permissions, as rdmafs is")
 	fl.StringVar(&clusterDir, "dir", "", "cluster directory (default: a new one where --data says, removed after)")
 	fl.StringVar(&data, "data", "memory", `where the cluster keeps its data: "memory" (tmpfs, like the ceiling) or "disk"`)
 	return c
@@ -151,7 +158,8 @@ type benchFSConfig struct {
 	jobs             []string // fio job files, run in order
 	size             string
 	runtime, rounds  int
-	inserts          int // sqlite inserts per run (0: none)
+	inserts          int  // sqlite inserts per run (0: none)
+	permCeiling      bool // also a ceiling with default_permissions (fio jobs only)
 	transport        string
 	clusterDir, base string
 }
@@ -187,15 +195,28 @@ func runBenchFS(ctx context.Context, w io.Writer, cfg benchFSConfig) error {
 	// The ceiling is served by this process: with the processors a mount
 	// gets, so that both daemons run under the same scheduler settings.
 	useMountProcs()
-	srv, err := fuseceiling.Mount(backing, ceilMnt)
+	unmount, err := mountCeiling(backing, ceilMnt, false)
 	if err != nil {
-		return fmt.Errorf("bench fs: %w", err)
+		return err
 	}
-	defer func() {
-		for i := 0; i < 50 && srv.Unmount() != nil; i++ {
-			time.Sleep(100 * time.Millisecond)
+	defer unmount()
+	var permMnt string
+	if cfg.permCeiling {
+		permBacking, err := os.MkdirTemp("/dev/shm", "rdmafs-ceiling-perm-")
+		if err != nil {
+			return fmt.Errorf("bench fs: tmpfs directory: %w", err)
 		}
-	}()
+		defer os.RemoveAll(permBacking)
+		if permMnt, err = os.MkdirTemp("", "rdmafs-ceiling-perm-mnt-"); err != nil {
+			return err
+		}
+		defer os.Remove(permMnt)
+		unmount, err := mountCeiling(permBacking, permMnt, true)
+		if err != nil {
+			return err
+		}
+		defer unmount()
+	}
 	env := func(dir string) []string {
 		return []string{"DIR=" + dir, "SIZE=" + size, fmt.Sprintf("RUNTIME=%d", runtime)}
 	}
@@ -214,10 +235,15 @@ func runBenchFS(ctx context.Context, w io.Writer, cfg benchFSConfig) error {
 	}
 	ours := &target{name: "rdmafs", mnt: cl.MountPoint}
 	ceil := &target{name: "ceiling", mnt: ceilMnt}
-	local := &target{name: "local disk"} // sqlite only
+	perm := &target{name: "ceiling with default_permissions", mnt: permMnt} // fio only
+	local := &target{name: "local disk"}                                    // sqlite only
 	var order []*target
 	for range rounds {
-		order = append(order, ours, ceil, ceil, ours)
+		if cfg.permCeiling {
+			order = append(order, ours, ceil, perm, perm, ceil, ours)
+		} else {
+			order = append(order, ours, ceil, ceil, ours)
+		}
 	}
 	for i, t := range order {
 		dir := filepath.Join(t.mnt, fmt.Sprintf("bench-%d", i))
@@ -233,7 +259,7 @@ func runBenchFS(ctx context.Context, w io.Writer, cfg benchFSConfig) error {
 			}
 			res = append(res, r...)
 		}
-		if cfg.inserts > 0 {
+		if cfg.inserts > 0 && t != perm {
 			if err := sqliteRuns(ctx, dir, cfg.inserts, &t.sqlite); err != nil {
 				os.RemoveAll(dir)
 				return fmt.Errorf("bench fs: %s: %w", t.name, err)
@@ -266,6 +292,13 @@ func runBenchFS(ctx context.Context, w io.Writer, cfg benchFSConfig) error {
 			return fmt.Errorf("bench fs: job %s is missing from a run", r.Name)
 		}
 		fmt.Fprintf(tw, "%s\t%.0f %s\t%.0f %s\t%.2f\t%s\t%s\t\n", r.Name, median(a), unit, median(b), unit, median(a)/median(b), joinFigures(a), joinFigures(b))
+		if cfg.permCeiling {
+			c, _, cok := figures(perm.runs, i)
+			if !cok {
+				return fmt.Errorf("bench fs: job %s is missing from a run", r.Name)
+			}
+			fmt.Fprintf(tw, "%s (vs %s)\t%.0f %s\t%.0f %s\t%.2f\t%s\t%s\t\n", r.Name, perm.name, median(a), unit, median(c), unit, median(a)/median(c), joinFigures(a), joinFigures(c))
+		}
 	}
 	for j, db := range sqliteDatabases {
 		for _, ref := range []*target{local, ceil} {
@@ -277,6 +310,20 @@ func runBenchFS(ctx context.Context, w io.Writer, cfg benchFSConfig) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// mountCeiling mounts the FUSE ceiling of backing at mnt (with permissions:
+// default_permissions) and returns its unmount.
+func mountCeiling(backing, mnt string, permissions bool) (func(), error) {
+	srv, err := fuseceiling.Mount(backing, mnt, permissions)
+	if err != nil {
+		return nil, fmt.Errorf("bench fs: %w", err)
+	}
+	return func() {
+		for i := 0; i < 50 && srv.Unmount() != nil; i++ {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}, nil
 }
 
 // figures returns job i's figure from each run — IOPS for the 4 KiB random

@@ -53,7 +53,10 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 
 // Mount mounts dir at mountpoint with the same kernel options as rdmafs
 // (1 MiB writes and readahead, asynchronous direct I/O) and returns the server.
-func Mount(dir, mountpoint string) (*fuse.Server, error) {
+// With permissions the kernel checks permissions (default_permissions, as on
+// rdmafs): it then asks for a directory's attributes again after every
+// create or unlink in it, before the next lookup in it.
+func Mount(dir, mountpoint string, permissions bool) (*fuse.Server, error) {
 	var st syscall.Stat_t
 	if err := syscall.Stat(dir, &st); err != nil {
 		return nil, fmt.Errorf("fuseceiling: %w", err)
@@ -66,9 +69,13 @@ func Mount(dir, mountpoint string) (*fuse.Server, error) {
 	rootNode := root.NewNode(root, nil, "", &st) //lint:ignore SA1019 as above
 	root.RootNode = rootNode
 	sec := time.Second
+	var opts []string
+	if permissions {
+		opts = []string{"default_permissions"}
+	}
 	srv, err := gofs.Mount(mountpoint, rootNode, &gofs.Options{
 		MountOptions: fuse.MountOptions{FsName: "fuseceiling", Name: "fuseceiling", MaxWrite: 1 << 20, MaxReadAhead: 1 << 20,
-			MaxBackground: 64, DirectMount: true, AllowOther: true, ExtraCapabilities: fuse.CAP_ASYNC_DIO},
+			MaxBackground: 64, DirectMount: true, AllowOther: true, ExtraCapabilities: fuse.CAP_ASYNC_DIO, Options: opts},
 		EntryTimeout: &sec, AttrTimeout: &sec,
 	})
 	if err != nil {

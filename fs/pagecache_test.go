@@ -1,0 +1,111 @@
+package fs_test
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmafs/rdmafs/fs/fstest"
+	"github.com/rdmafs/rdmafs/internal/stripe"
+)
+
+// fuseReads returns how many READ requests reached the mount whose metrics
+// reg holds.
+func fuseReads(t *testing.T, reg *prometheus.Registry) uint64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != "rdmafs_client_fuse_request_duration_seconds" {
+			continue
+		}
+		for _, m := range f.Metric {
+			if len(m.Label) == 1 && m.Label[0].GetValue() == "read" {
+				return m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return 0
+}
+
+// forceStat asks the mount for path's attributes, past the kernel's cache
+// (AT_STATX_FORCE_SYNC), as a stat after the attribute timeout would.
+func forceStat(t *testing.T, path string) unix.Statx_t {
+	t.Helper()
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_STATX_FORCE_SYNC, unix.STATX_BASIC_STATS, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// TestPageCacheAfterCommits: the kernel keeps a file's pages across the
+// mount's own commits (a database rereads no page after its fsync'ed
+// transaction), and another mount's change reaches it at the next open.
+func TestPageCacheAfterCommits(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := fstest.Start(t, fstest.Options{Chunkservers: 3, Layout: stripe.Layout{K: 2, M: 1, Unit: 64 << 10}, Metrics: reg})
+	path := filepath.Join(c.Dir, "db")
+	const size = 256 << 10
+	want := bytes.Repeat([]byte{'a'}, size)
+	if err := os.WriteFile(path, want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got := make([]byte, size)
+	if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("first read: %v", err)
+	}
+
+	// Own commits: write, fsync, stat, read back; the pages answer.
+	before := fuseReads(t, reg)
+	for i := range 20 {
+		page := bytes.Repeat([]byte{byte('b' + i)}, 4096)
+		off := int64(i%4) * 64 << 10
+		if _, err := f.WriteAt(page, off); err != nil {
+			t.Fatal(err)
+		}
+		copy(want[off:], page)
+		if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		forceStat(t, path)
+		if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("round %d: read back after fsync: %v, or other bytes", i, err)
+		}
+	}
+	if n := fuseReads(t, reg) - before; n != 0 {
+		t.Errorf("%d READ requests reached the mount after its own commits, want 0 (the kernel dropped its pages)", n)
+	}
+
+	// Another mount's change: this mount's open descriptor may go on
+	// reading what it cached (close-to-open, as the engine's reads do), but
+	// the size it reports is the new one, and a new open reads the new bytes.
+	other, _ := c.Mount(t)
+	if err := os.WriteFile(filepath.Join(other, "db"), bytes.Repeat([]byte{'z'}, 8192), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if st := forceStat(t, path); st.Size != 8192 {
+		t.Fatalf("size after the other mount's truncating write: %d, want 8192", st.Size)
+	}
+	if b, err := os.ReadFile(path); err != nil || !bytes.Equal(b, bytes.Repeat([]byte{'z'}, 8192)) {
+		t.Fatalf("reopened after the other mount's change: %d bytes, %v", len(b), err)
+	}
+	before = fuseReads(t, reg)
+	if n, err := f.ReadAt(got[:8192], 0); n != 8192 || !bytes.Equal(got[:8192], bytes.Repeat([]byte{'z'}, 8192)) {
+		t.Fatalf("read through the old descriptor after a new open: %d bytes, %v", n, err)
+	}
+	if n := fuseReads(t, reg) - before; n != 0 {
+		t.Errorf("%d READ requests for pages the new open read in", n)
+	}
+}
