@@ -57,14 +57,14 @@ func (d *pairedReads) Created(uint64, *metapb.Layout)     {}
 func (d *pairedReads) Write(context.Context, uint64, []byte, int64) (int, error) {
 	return 0, syscall.EROFS
 }
-func (d *pairedReads) Flush(context.Context, uint64) error                     { return nil }
-func (d *pairedReads) Sync(context.Context, uint64) error                      { return nil }
-func (d *pairedReads) Truncate(context.Context, uint64, uint64) error          { return nil }
-func (d *pairedReads) Truncated(uint64)                                        {}
-func (d *pairedReads) Size(uint64) (int64, bool)                               { return fileSize, true }
-func (d *pairedReads) Forget(uint64)                                           {}
-func (d *pairedReads) WriteErrors(uint64) (uint64, error)                      { return 0, nil }
-func (d *pairedReads) ObserveCommits(func(uint64), func(uint64, *metapb.Attr)) {}
+func (d *pairedReads) Flush(context.Context, uint64) error                                   { return nil }
+func (d *pairedReads) Sync(context.Context, uint64) error                                    { return nil }
+func (d *pairedReads) Truncate(context.Context, uint64, uint64) error                        { return nil }
+func (d *pairedReads) Truncated(uint64)                                                      {}
+func (d *pairedReads) Size(uint64) (int64, bool)                                             { return fileSize, true }
+func (d *pairedReads) Forget(uint64)                                                         {}
+func (d *pairedReads) WriteErrors(uint64) (uint64, error)                                    { return 0, nil }
+func (d *pairedReads) ObserveCommits(func(uint64), func(uint64, *metapb.CommitStripesReply)) {}
 
 // iocb and ioEvent are the kernel's struct iocb and struct io_event (linux/aio_abi.h).
 type iocb struct {

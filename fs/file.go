@@ -92,6 +92,7 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			return nil, 0, errno(err)
 		}
 	}
+	n.fsys.stamps.set(n.ino, r.Attr) // the engine starts over, and the kernel unless unchanged
 	h := n.fsys.newHandle(n, n.ino, flags)
 	if killSuid { // an O_TRUNC open by a caller without CAP_FSETID
 		if e := n.killSuidgid(ctx, h); e != 0 {

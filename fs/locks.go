@@ -122,6 +122,7 @@ func (f *fileHandle) setLock(ctx context.Context, owner uint64, lk *fuse.FileLoc
 			return dataErrno(err)
 		}
 	}
+	var granted *metapb.Attr // the file's state meta answered with the lock
 	if local, e := f.node.lockOwned(metapb.NormalLock(l), wait); local {
 		if e != 0 {
 			return e
@@ -133,23 +134,27 @@ func (f *fileHandle) setLock(ctx context.Context, owner uint64, lk *fuse.FileLoc
 				return errno(err)
 			}
 			if r.Granted {
+				granted = r.Attr
 				break
 			}
 			// The service bounds each wait: ask again.
 		}
 	}
-	if locking && !f.node.owns() {
+	if locking && !f.node.owns() && !f.fsys.stamps.shows(f.ino, granted) {
 		// A lock taken: what this mount cached of the file may predate the
 		// last holder's writes on another mount, as NFS clients assume
 		// too. Reread it: the engine's committed state, the kernel's pages
 		// and attributes. (A file the mount owns no other mount has
-		// reached: its cache is current.)
+		// reached, and one whose state is what the caches show (its
+		// stamp, cachestamp.go) nobody changed since: their caches are
+		// current.)
 		if f.fsys.opts.Data != nil {
 			if err := f.fsys.opts.Data.Open(ctx, f.ino); err != nil {
 				return dataErrno(err)
 			}
 		}
 		f.node.NotifyContent(0, 0)
+		f.fsys.stamps.set(f.ino, granted)
 	}
 	if locking {
 		f.revalidateSiblings()

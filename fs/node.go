@@ -65,9 +65,9 @@ type Data interface {
 	Forget(ino uint64)
 	// ObserveCommits registers the functions called before each commit of
 	// a file's written data is sent to meta (begin) and after it returned
-	// (end, with the attributes meta answered, nil if it failed). It is
-	// called once, before the file system serves.
-	ObserveCommits(begin func(ino uint64), end func(ino uint64, a *metapb.Attr))
+	// (end, with meta's reply, nil if it failed). It is called once, before
+	// the file system serves.
+	ObserveCommits(begin func(ino uint64), end func(ino uint64, r *metapb.CommitStripesReply))
 }
 
 // Options configure the file system.
@@ -114,8 +114,9 @@ type FS struct {
 	locks     lockTable      // the file locks this mount's processes hold
 	kill      reqNotes[bool] // requests to clear set-user-ID (killpriv.go)
 	stats     Stats
-	leases    leaseTable // the directory leases the mount holds (lease.go)
-	owned     ownTable   // the files whose attributes the mount knows (own.go)
+	leases    leaseTable  // the directory leases the mount holds (lease.go)
+	owned     ownTable    // the files whose attributes the mount knows (own.go)
+	stamps    cacheStamps // the state the caches of each file show (cachestamp.go)
 
 	// Read replies, so that a read costs no allocation.
 	inPlace      sync.Pool // of *inPlaceResult
@@ -775,6 +776,7 @@ func (n *Node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 	n.beginChange()
 	r, err := n.fsys.meta.SetAttr(ctx, req)
 	n.endChange(r.GetAttr())
+	n.fsys.stamps.set(n.ino, nil) // changed, by a call that names no state it replaced
 	if d := n.fsys.opts.Data; d != nil && req.SetSize {
 		d.Truncated(n.ino)
 	}

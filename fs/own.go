@@ -206,9 +206,10 @@ func (fsys *FS) beginCommit(ino uint64) {
 	}
 }
 
-func (fsys *FS) endCommit(ino uint64, a *metapb.Attr) {
+func (fsys *FS) endCommit(ino uint64, r *metapb.CommitStripesReply) {
+	fsys.stamps.committed(ino, r.GetPrevCtimeNs(), r.GetAttr())
 	if n := fsys.owned.get(ino); n != nil {
-		n.endChange(a)
+		n.endChange(r.GetAttr())
 	}
 }
 
@@ -216,6 +217,7 @@ func (fsys *FS) endCommit(ino uint64, a *metapb.Attr) {
 // inode, and no lookup reaches this node again.
 func (n *Node) OnForget() {
 	n.fsys.owned.remove(n)
+	n.fsys.stamps.set(n.ino, nil)
 	if d := n.fsys.opts.Data; d != nil && n.StableAttr().Mode&syscall.S_IFMT == syscall.S_IFREG {
 		d.Forget(n.ino)
 	}

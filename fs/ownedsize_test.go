@@ -24,7 +24,7 @@ type commitInSize struct {
 	dirty      map[uint64]bool
 	armed      bool
 	begin      func(uint64)
-	end        func(uint64, *metapb.Attr)
+	end        func(uint64, *metapb.CommitStripesReply)
 	committed  chan uint64 // receives the inode committed inside Size
 	attrOfSize func(ino uint64, size int) *metapb.Attr
 }
@@ -39,7 +39,7 @@ func (d *commitInSize) Size(ino uint64) (int64, bool) {
 	d.mu.Unlock()
 	if armed {
 		d.begin(ino)
-		d.end(ino, d.attrOfSize(ino, size))
+		d.end(ino, &metapb.CommitStripesReply{Attr: d.attrOfSize(ino, size)})
 		d.mu.Lock()
 		d.dirty[ino] = false
 		d.mu.Unlock()
@@ -73,7 +73,7 @@ func (d *commitInSize) Read(_ context.Context, ino uint64, p []byte, off int64) 
 	return copy(p, b[off:]), nil
 }
 
-func (d *commitInSize) ObserveCommits(begin func(uint64), end func(uint64, *metapb.Attr)) {
+func (d *commitInSize) ObserveCommits(begin func(uint64), end func(uint64, *metapb.CommitStripesReply)) {
 	d.begin, d.end = begin, end
 }
 

@@ -109,3 +109,82 @@ func TestPageCacheAfterCommits(t *testing.T) {
 		t.Errorf("%d READ requests for pages the new open read in", n)
 	}
 }
+
+// lockFile sets (typ F_WRLCK or F_RDLCK) or clears (F_UNLCK) a record lock
+// of the whole file, waiting for it.
+func lockFile(t *testing.T, f *os.File, typ int16) {
+	t.Helper()
+	if err := unix.FcntlFlock(f.Fd(), unix.F_SETLKW, &unix.Flock_t{Type: typ}); err != nil {
+		t.Fatalf("lock %d: %v", typ, err)
+	}
+}
+
+// TestLockKeepsUnchangedCaches: a mount that takes a lock of a file other
+// mounts can reach keeps what it cached of it when the file is as its
+// caches show it (it wrote the file last, under the lock), and drops it
+// when another mount changed the file meanwhile.
+func TestLockKeepsUnchangedCaches(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := fstest.Start(t, fstest.Options{Chunkservers: 3, Layout: stripe.Layout{K: 2, M: 1, Unit: 64 << 10}, Metrics: reg})
+	other, _ := c.Mount(t)
+	// Made through the other mount: this one does not own it.
+	const size = 256 << 10
+	want := bytes.Repeat([]byte{'a'}, size)
+	if err := os.WriteFile(filepath.Join(other, "db"), want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(c.Dir, "db"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got := make([]byte, size)
+	transaction := func(i int) {
+		t.Helper()
+		lockFile(t, f, unix.F_WRLCK)
+		if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("transaction %d: read under the lock: %v, or other bytes", i, err)
+		}
+		page := bytes.Repeat([]byte{byte('b' + i)}, 4096)
+		off := int64(i%4) * 64 << 10
+		if _, err := f.WriteAt(page, off); err != nil {
+			t.Fatal(err)
+		}
+		copy(want[off:], page)
+		if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		lockFile(t, f, unix.F_UNLCK)
+	}
+	transaction(0) // reads the file in
+	before := fuseReads(t, reg)
+	for i := 1; i <= 10; i++ {
+		transaction(i)
+	}
+	if n := fuseReads(t, reg) - before; n != 0 {
+		t.Errorf("%d READ requests in 10 transactions on a file only this mount changed, want 0", n)
+	}
+
+	// Another mount's transaction: the next lock here drops the caches and
+	// reads its bytes.
+	g, err := os.OpenFile(filepath.Join(other, "db"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	lockFile(t, g, unix.F_WRLCK)
+	page := bytes.Repeat([]byte{'z'}, 4096)
+	if _, err := g.WriteAt(page, 8192); err != nil {
+		t.Fatal(err)
+	}
+	copy(want[8192:], page)
+	if err := g.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	lockFile(t, g, unix.F_UNLCK)
+	before = fuseReads(t, reg)
+	transaction(11) // checks the other mount's bytes under the lock
+	if n := fuseReads(t, reg) - before; n == 0 {
+		t.Error("no READ request after another mount's transaction: the caches were kept")
+	}
+}

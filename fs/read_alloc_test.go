@@ -12,7 +12,7 @@ import (
 // bytesData is a Data whose every file holds byte(offset) at each offset.
 type bytesData struct{ Data }
 
-func (bytesData) ObserveCommits(func(uint64), func(uint64, *metapb.Attr)) {}
+func (bytesData) ObserveCommits(func(uint64), func(uint64, *metapb.CommitStripesReply)) {}
 
 func (bytesData) Read(_ context.Context, _ uint64, p []byte, off int64) (int, error) {
 	for i := range p {

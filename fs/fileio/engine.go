@@ -117,15 +117,15 @@ type Engine struct {
 // commitObserver is what ObserveCommits registered.
 type commitObserver struct {
 	begin func(ino uint64)
-	end   func(ino uint64, a *metapb.Attr)
+	end   func(ino uint64, r *metapb.CommitStripesReply)
 }
 
 // ObserveCommits implements fs.Data: begin is called before each commit of
 // a file's written stripes is sent to meta, and end when it has returned,
-// with the file's attributes meta answered (nil when it failed). end is
-// called before the engine lets go of the writes the commit carried: Size
-// reports them until end has returned.
-func (e *Engine) ObserveCommits(begin func(ino uint64), end func(ino uint64, a *metapb.Attr)) {
+// with meta's reply (nil when it failed). end is called before the engine
+// lets go of the writes the commit carried: Size reports them until end has
+// returned.
+func (e *Engine) ObserveCommits(begin func(ino uint64), end func(ino uint64, r *metapb.CommitStripesReply)) {
 	e.observer.Store(&commitObserver{begin: begin, end: end})
 }
 
@@ -146,11 +146,11 @@ func (e *Engine) commit(ctx context.Context, req *metapb.CommitStripesRequest, b
 		r, err = e.cfg.Meta.CommitStripes(ctx, req)
 	}
 	if o != nil {
-		var a *metapb.Attr
-		if err == nil {
-			a = r.GetAttr()
+		if err != nil {
+			o.end(req.Ino, nil)
+		} else {
+			o.end(req.Ino, r)
 		}
-		o.end(req.Ino, a)
 	}
 	return r, err
 }

@@ -79,8 +79,9 @@ func (s *Service) Lock(ctx context.Context, req *metapb.LockRequest) (*metapb.Lo
 			}
 		}
 		var holders []metapb.LockOwner
+		var attr *metapb.Attr
 		err := s.updateLogged(ctx, func(t kv.Txn) error {
-			holders = holders[:0]
+			holders, attr = holders[:0], nil
 			rec, err := getLocks(t, req.Ino)
 			if err != nil {
 				return err
@@ -94,6 +95,12 @@ func (s *Service) Lock(ctx context.Context, req *metapb.LockRequest) (*metapb.Lo
 				if len(holders) > 0 {
 					return nil
 				}
+				ino := &metapb.InodeRecord{}
+				if ok, err := getMsg(t, keys.Inode(req.Ino), ino); err != nil {
+					return err
+				} else if ok {
+					attr = ino.Attr
+				}
 			}
 			return putLocks(t, req.Ino, l.Session, metapb.SetLock(rec.Locks, norm))
 		})
@@ -102,7 +109,7 @@ func (s *Service) Lock(ctx context.Context, req *metapb.LockRequest) (*metapb.Lo
 		}
 		if len(holders) == 0 {
 			s.lockChanged(req.Ino)
-			return &metapb.LockReply{Granted: true}, nil
+			return &metapb.LockReply{Granted: true, Attr: attr}, nil
 		}
 		if !req.Wait {
 			return nil, metaerr.New(syscall.EAGAIN, "inode %d: a conflicting lock is held", req.Ino)

@@ -137,3 +137,51 @@ func TestKillPrivByWriter(t *testing.T) {
 		wantErrno(t, chmod(alice, 0o644), syscall.EPERM) // may not write it
 	})
 }
+
+// TestStateInReplies: a granted lock answers the file's attributes, and a
+// commit names the ctime it replaced, so that a mount can tell whether the
+// state its caches show is still the file's (fs/cachestamp.go).
+func TestStateInReplies(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		f := smallFile(t, e)
+		r, err := e.s.OpenSession(e.ctx, &metapb.OpenSessionRequest{Client: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lock := func(typ metapb.LockType) *metapb.LockReply {
+			t.Helper()
+			lr, err := e.s.Lock(e.ctx, &metapb.LockRequest{Ino: f, Lock: &metapb.FileLock{Session: r.SessionId, Owner: 1, Type: typ, End: 99}})
+			if err != nil || !lr.Granted {
+				t.Fatalf("lock %v: %v %v", typ, lr, err)
+			}
+			return lr
+		}
+		before := e.attr(f)
+		if a := lock(metapb.LockType_LOCK_WRITE).Attr; a == nil || a.Ino != f || a.CtimeNs != before.CtimeNs || a.MtimeNs != before.MtimeNs {
+			t.Fatalf("lock's attributes %v, want the file's %v", a, before)
+		}
+		commit := func(expected uint64, data string) *metapb.CommitStripesReply {
+			t.Helper()
+			c, err := e.s.CommitStripes(e.ctx, &metapb.CommitStripesRequest{Ino: f, Size: uint64(len(data)), MtimeNs: time.Now().UnixNano(),
+				Stripes: []*metapb.StripeCommit{{Stripe: 0, ExpectedVersion: expected, Length: uint64(len(data)), Inline: true, Data: []byte(data)}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+		c1 := commit(0, "one")
+		if c1.PrevCtimeNs != before.CtimeNs {
+			t.Fatalf("first commit replaced ctime %d, want %d", c1.PrevCtimeNs, before.CtimeNs)
+		}
+		c2 := commit(c1.Versions[0], "two")
+		if c2.PrevCtimeNs != c1.Attr.CtimeNs || c2.Attr.CtimeNs == c1.Attr.CtimeNs {
+			t.Fatalf("second commit replaced ctime %d (now %d), want the first's %d", c2.PrevCtimeNs, c2.Attr.CtimeNs, c1.Attr.CtimeNs)
+		}
+		if a := lock(metapb.LockType_LOCK_READ).Attr; a.CtimeNs != c2.Attr.CtimeNs || a.Size != 3 {
+			t.Fatalf("lock after the commits: %v, want the second commit's state %v", a, c2.Attr)
+		}
+		if a := lock(metapb.LockType_LOCK_UNLOCK).Attr; a != nil {
+			t.Fatalf("an unlock answered attributes %v", a)
+		}
+	})
+}

@@ -421,18 +421,21 @@ func (s *Service) CommitStripes(ctx context.Context, req *metapb.CommitStripesRe
 			versions[p.i] = p.st.Version
 		}
 		a := rec.Attr
+		prevCtime := a.CtimeNs
 		a.Size = max(a.Size, req.Size)
 		a.MtimeNs = req.MtimeNs
 		if a.MtimeNs == 0 {
 			a.MtimeNs = now
 		}
-		a.CtimeNs = now
+		// Each commit moves ctime on, even when the clock did not: a mount
+		// tells by it whether the file is as its caches show it.
+		a.CtimeNs = max(now, prevCtime+1)
 		// Set-user-ID and set-group-ID stay: the mount clears them when
 		// the writer lacks CAP_FSETID, as the kernel asks (fs/killpriv.go).
 		if err := s.putInode(t, rec); err != nil {
 			return err
 		}
-		out = &metapb.CommitStripesReply{Attr: a, Versions: versions}
+		out = &metapb.CommitStripesReply{Attr: a, Versions: versions, PrevCtimeNs: prevCtime}
 		if len(req.GrantNext) == 0 {
 			return nil
 		}

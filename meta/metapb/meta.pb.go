@@ -5719,8 +5719,11 @@ type CommitStripesReply struct {
 	// committed: a writer uses one only while it can still commit in time.
 	NextGrants      []*StripeGrant `protobuf:"bytes,4,rep,name=next_grants,json=nextGrants,proto3" json:"next_grants,omitempty"`
 	NextGrantsTtlMs uint32         `protobuf:"varint,5,opt,name=next_grants_ttl_ms,json=nextGrantsTtlMs,proto3" json:"next_grants_ttl_ms,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// prev_ctime_ns is the file's ctime before this commit: a mount whose
+	// caches showed the file at that ctime shows it at attr's after it.
+	PrevCtimeNs   int64 `protobuf:"varint,6,opt,name=prev_ctime_ns,json=prevCtimeNs,proto3" json:"prev_ctime_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CommitStripesReply) Reset() {
@@ -5784,6 +5787,13 @@ func (x *CommitStripesReply) GetNextGrants() []*StripeGrant {
 func (x *CommitStripesReply) GetNextGrantsTtlMs() uint32 {
 	if x != nil {
 		return x.NextGrantsTtlMs
+	}
+	return 0
+}
+
+func (x *CommitStripesReply) GetPrevCtimeNs() int64 {
+	if x != nil {
+		return x.PrevCtimeNs
 	}
 	return 0
 }
@@ -9751,9 +9761,12 @@ func (x *LockRequest) GetTest() bool {
 }
 
 type LockReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Granted       bool                   `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`  // the lock is set (not with test)
-	Conflict      *FileLock              `protobuf:"bytes,2,opt,name=conflict,proto3" json:"conflict,omitempty"` // test: a lock in the way, if any
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Granted  bool                   `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`  // the lock is set (not with test)
+	Conflict *FileLock              `protobuf:"bytes,2,opt,name=conflict,proto3" json:"conflict,omitempty"` // test: a lock in the way, if any
+	// attr is the file's attributes when a lock (not an unlock) was set: a
+	// mount whose caches of the file show these keeps them.
+	Attr          *Attr `protobuf:"bytes,3,opt,name=attr,proto3" json:"attr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -9798,6 +9811,13 @@ func (x *LockReply) GetGranted() bool {
 func (x *LockReply) GetConflict() *FileLock {
 	if x != nil {
 		return x.Conflict
+	}
+	return nil
+}
+
+func (x *LockReply) GetAttr() *Attr {
+	if x != nil {
+		return x.Attr
 	}
 	return nil
 }
@@ -10253,14 +10273,15 @@ const file_meta_proto_rawDesc = "" +
 	"\bmtime_ns\x18\x04 \x01(\x03R\amtimeNs\x12\x12\n" +
 	"\x04sync\x18\x05 \x01(\bR\x04sync\x12\x1d\n" +
 	"\n" +
-	"grant_next\x18\x06 \x03(\x04R\tgrantNext\"\xf0\x01\n" +
+	"grant_next\x18\x06 \x03(\x04R\tgrantNext\"\x94\x02\n" +
 	"\x12CommitStripesReply\x12(\n" +
 	"\x04attr\x18\x01 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x04attr\x12\x1a\n" +
 	"\bversions\x18\x02 \x03(\x04R\bversions\x12)\n" +
 	"\x10conflict_stripes\x18\x03 \x03(\x04R\x0fconflictStripes\x12<\n" +
 	"\vnext_grants\x18\x04 \x03(\v2\x1b.rdmafs.meta.v1.StripeGrantR\n" +
 	"nextGrants\x12+\n" +
-	"\x12next_grants_ttl_ms\x18\x05 \x01(\rR\x0fnextGrantsTtlMs\"Q\n" +
+	"\x12next_grants_ttl_ms\x18\x05 \x01(\rR\x0fnextGrantsTtlMs\x12\"\n" +
+	"\rprev_ctime_ns\x18\x06 \x01(\x03R\vprevCtimeNs\"Q\n" +
 	"\x11GetStripesRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
 	"\x05first\x18\x02 \x01(\x04R\x05first\x12\x14\n" +
@@ -10620,10 +10641,11 @@ const file_meta_proto_rawDesc = "" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12,\n" +
 	"\x04lock\x18\x02 \x01(\v2\x18.rdmafs.meta.v1.FileLockR\x04lock\x12\x12\n" +
 	"\x04wait\x18\x03 \x01(\bR\x04wait\x12\x12\n" +
-	"\x04test\x18\x04 \x01(\bR\x04test\"[\n" +
+	"\x04test\x18\x04 \x01(\bR\x04test\"\x85\x01\n" +
 	"\tLockReply\x12\x18\n" +
 	"\agranted\x18\x01 \x01(\bR\agranted\x124\n" +
-	"\bconflict\x18\x02 \x01(\v2\x18.rdmafs.meta.v1.FileLockR\bconflict*]\n" +
+	"\bconflict\x18\x02 \x01(\v2\x18.rdmafs.meta.v1.FileLockR\bconflict\x12(\n" +
+	"\x04attr\x18\x03 \x01(\v2\x14.rdmafs.meta.v1.AttrR\x04attr*]\n" +
 	"\n" +
 	"RenameFlag\x12\x0f\n" +
 	"\vRENAME_NONE\x10\x00\x12\x14\n" +
@@ -10940,111 +10962,112 @@ var file_meta_proto_depIdxs = []int32{
 	130, // 90: rdmafs.meta.v1.LockRecord.locks:type_name -> rdmafs.meta.v1.FileLock
 	130, // 91: rdmafs.meta.v1.LockRequest.lock:type_name -> rdmafs.meta.v1.FileLock
 	130, // 92: rdmafs.meta.v1.LockReply.conflict:type_name -> rdmafs.meta.v1.FileLock
-	9,   // 93: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
-	15,  // 94: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
-	17,  // 95: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
-	18,  // 96: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
-	19,  // 97: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
-	20,  // 98: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
-	21,  // 99: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
-	22,  // 100: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
-	24,  // 101: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
-	25,  // 102: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
-	26,  // 103: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
-	29,  // 104: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
-	30,  // 105: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
-	33,  // 106: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
-	35,  // 107: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
-	36,  // 108: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
-	38,  // 109: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
-	53,  // 110: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
-	28,  // 111: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
-	55,  // 112: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
-	61,  // 113: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
-	57,  // 114: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
-	63,  // 115: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
-	12,  // 116: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
-	64,  // 117: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
-	65,  // 118: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
-	66,  // 119: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
-	132, // 120: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
-	67,  // 121: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
-	68,  // 122: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
-	69,  // 123: rdmafs.meta.v1.Meta.Relayout:input_type -> rdmafs.meta.v1.RelayoutRequest
-	74,  // 124: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
-	81,  // 125: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
-	79,  // 126: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
-	83,  // 127: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
-	95,  // 128: rdmafs.meta.v1.Meta.Info:input_type -> rdmafs.meta.v1.InfoRequest
-	39,  // 129: rdmafs.meta.v1.Meta.Snapshot:input_type -> rdmafs.meta.v1.SnapshotRequest
-	41,  // 130: rdmafs.meta.v1.Meta.RemoveTree:input_type -> rdmafs.meta.v1.RemoveTreeRequest
-	43,  // 131: rdmafs.meta.v1.Meta.Trash:input_type -> rdmafs.meta.v1.TrashRequest
-	46,  // 132: rdmafs.meta.v1.Meta.Config:input_type -> rdmafs.meta.v1.ConfigRequest
-	49,  // 133: rdmafs.meta.v1.Meta.Quota:input_type -> rdmafs.meta.v1.QuotaRequest
-	100, // 134: rdmafs.meta.v1.Meta.Check:input_type -> rdmafs.meta.v1.CheckRequest
-	86,  // 135: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
-	89,  // 136: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
-	102, // 137: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
-	120, // 138: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
-	122, // 139: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
-	93,  // 140: rdmafs.meta.v1.Meta.Scrub:input_type -> rdmafs.meta.v1.ScrubRequest
-	92,  // 141: rdmafs.meta.v1.Meta.Inventory:input_type -> rdmafs.meta.v1.InventoryRequest
-	123, // 142: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
-	10,  // 143: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
-	16,  // 144: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	16,  // 145: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
-	10,  // 146: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
-	10,  // 147: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
-	10,  // 148: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
-	10,  // 149: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
-	23,  // 150: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
-	10,  // 151: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
-	14,  // 152: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
-	14,  // 153: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
-	27,  // 154: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
-	32,  // 155: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
-	34,  // 156: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
-	27,  // 157: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
-	37,  // 158: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
-	27,  // 159: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
-	54,  // 160: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
-	27,  // 161: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
-	56,  // 162: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
-	62,  // 163: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
-	59,  // 164: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
-	27,  // 165: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
-	13,  // 166: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
-	27,  // 167: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
-	16,  // 168: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
-	27,  // 169: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
-	133, // 170: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
-	27,  // 171: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
-	72,  // 172: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
-	70,  // 173: rdmafs.meta.v1.Meta.Relayout:output_type -> rdmafs.meta.v1.RelayoutReply
-	76,  // 174: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
-	82,  // 175: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
-	80,  // 176: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
-	85,  // 177: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
-	99,  // 178: rdmafs.meta.v1.Meta.Info:output_type -> rdmafs.meta.v1.InfoReply
-	40,  // 179: rdmafs.meta.v1.Meta.Snapshot:output_type -> rdmafs.meta.v1.SnapshotReply
-	42,  // 180: rdmafs.meta.v1.Meta.RemoveTree:output_type -> rdmafs.meta.v1.RemoveTreeReply
-	45,  // 181: rdmafs.meta.v1.Meta.Trash:output_type -> rdmafs.meta.v1.TrashReply
-	48,  // 182: rdmafs.meta.v1.Meta.Config:output_type -> rdmafs.meta.v1.ConfigReply
-	51,  // 183: rdmafs.meta.v1.Meta.Quota:output_type -> rdmafs.meta.v1.QuotaReply
-	101, // 184: rdmafs.meta.v1.Meta.Check:output_type -> rdmafs.meta.v1.CheckReply
-	87,  // 185: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
-	91,  // 186: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
-	104, // 187: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
-	121, // 188: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
-	27,  // 189: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
-	94,  // 190: rdmafs.meta.v1.Meta.Scrub:output_type -> rdmafs.meta.v1.ScrubReply
-	27,  // 191: rdmafs.meta.v1.Meta.Inventory:output_type -> rdmafs.meta.v1.Empty
-	124, // 192: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
-	143, // [143:193] is the sub-list for method output_type
-	93,  // [93:143] is the sub-list for method input_type
-	93,  // [93:93] is the sub-list for extension type_name
-	93,  // [93:93] is the sub-list for extension extendee
-	0,   // [0:93] is the sub-list for field type_name
+	7,   // 93: rdmafs.meta.v1.LockReply.attr:type_name -> rdmafs.meta.v1.Attr
+	9,   // 94: rdmafs.meta.v1.Meta.Lookup:input_type -> rdmafs.meta.v1.LookupRequest
+	15,  // 95: rdmafs.meta.v1.Meta.GetAttr:input_type -> rdmafs.meta.v1.GetAttrRequest
+	17,  // 96: rdmafs.meta.v1.Meta.SetAttr:input_type -> rdmafs.meta.v1.SetAttrRequest
+	18,  // 97: rdmafs.meta.v1.Meta.Create:input_type -> rdmafs.meta.v1.CreateRequest
+	19,  // 98: rdmafs.meta.v1.Meta.Mknod:input_type -> rdmafs.meta.v1.MknodRequest
+	20,  // 99: rdmafs.meta.v1.Meta.Mkdir:input_type -> rdmafs.meta.v1.MkdirRequest
+	21,  // 100: rdmafs.meta.v1.Meta.Symlink:input_type -> rdmafs.meta.v1.SymlinkRequest
+	22,  // 101: rdmafs.meta.v1.Meta.Readlink:input_type -> rdmafs.meta.v1.ReadlinkRequest
+	24,  // 102: rdmafs.meta.v1.Meta.Link:input_type -> rdmafs.meta.v1.LinkRequest
+	25,  // 103: rdmafs.meta.v1.Meta.Unlink:input_type -> rdmafs.meta.v1.UnlinkRequest
+	26,  // 104: rdmafs.meta.v1.Meta.Rmdir:input_type -> rdmafs.meta.v1.RmdirRequest
+	29,  // 105: rdmafs.meta.v1.Meta.Rename:input_type -> rdmafs.meta.v1.RenameRequest
+	30,  // 106: rdmafs.meta.v1.Meta.ReadDir:input_type -> rdmafs.meta.v1.ReadDirRequest
+	33,  // 107: rdmafs.meta.v1.Meta.GetXattr:input_type -> rdmafs.meta.v1.GetXattrRequest
+	35,  // 108: rdmafs.meta.v1.Meta.SetXattr:input_type -> rdmafs.meta.v1.SetXattrRequest
+	36,  // 109: rdmafs.meta.v1.Meta.ListXattr:input_type -> rdmafs.meta.v1.ListXattrRequest
+	38,  // 110: rdmafs.meta.v1.Meta.RemoveXattr:input_type -> rdmafs.meta.v1.RemoveXattrRequest
+	53,  // 111: rdmafs.meta.v1.Meta.StatFS:input_type -> rdmafs.meta.v1.StatFSRequest
+	28,  // 112: rdmafs.meta.v1.Meta.Sync:input_type -> rdmafs.meta.v1.SyncRequest
+	55,  // 113: rdmafs.meta.v1.Meta.OpenSession:input_type -> rdmafs.meta.v1.OpenSessionRequest
+	61,  // 114: rdmafs.meta.v1.Meta.AllocInodes:input_type -> rdmafs.meta.v1.AllocInodesRequest
+	57,  // 115: rdmafs.meta.v1.Meta.Batch:input_type -> rdmafs.meta.v1.BatchRequest
+	63,  // 116: rdmafs.meta.v1.Meta.KeepAlive:input_type -> rdmafs.meta.v1.KeepAliveRequest
+	12,  // 117: rdmafs.meta.v1.Meta.Recalls:input_type -> rdmafs.meta.v1.RecallsRequest
+	64,  // 118: rdmafs.meta.v1.Meta.CloseSession:input_type -> rdmafs.meta.v1.CloseSessionRequest
+	65,  // 119: rdmafs.meta.v1.Meta.Open:input_type -> rdmafs.meta.v1.OpenRequest
+	66,  // 120: rdmafs.meta.v1.Meta.Release:input_type -> rdmafs.meta.v1.ReleaseRequest
+	132, // 121: rdmafs.meta.v1.Meta.Lock:input_type -> rdmafs.meta.v1.LockRequest
+	67,  // 122: rdmafs.meta.v1.Meta.SetLayout:input_type -> rdmafs.meta.v1.SetLayoutRequest
+	68,  // 123: rdmafs.meta.v1.Meta.GetLayout:input_type -> rdmafs.meta.v1.GetLayoutRequest
+	69,  // 124: rdmafs.meta.v1.Meta.Relayout:input_type -> rdmafs.meta.v1.RelayoutRequest
+	74,  // 125: rdmafs.meta.v1.Meta.GrantWrite:input_type -> rdmafs.meta.v1.GrantWriteRequest
+	81,  // 126: rdmafs.meta.v1.Meta.CommitStripes:input_type -> rdmafs.meta.v1.CommitStripesRequest
+	79,  // 127: rdmafs.meta.v1.Meta.ReplaceShards:input_type -> rdmafs.meta.v1.ReplaceShardsRequest
+	83,  // 128: rdmafs.meta.v1.Meta.GetStripes:input_type -> rdmafs.meta.v1.GetStripesRequest
+	95,  // 129: rdmafs.meta.v1.Meta.Info:input_type -> rdmafs.meta.v1.InfoRequest
+	39,  // 130: rdmafs.meta.v1.Meta.Snapshot:input_type -> rdmafs.meta.v1.SnapshotRequest
+	41,  // 131: rdmafs.meta.v1.Meta.RemoveTree:input_type -> rdmafs.meta.v1.RemoveTreeRequest
+	43,  // 132: rdmafs.meta.v1.Meta.Trash:input_type -> rdmafs.meta.v1.TrashRequest
+	46,  // 133: rdmafs.meta.v1.Meta.Config:input_type -> rdmafs.meta.v1.ConfigRequest
+	49,  // 134: rdmafs.meta.v1.Meta.Quota:input_type -> rdmafs.meta.v1.QuotaRequest
+	100, // 135: rdmafs.meta.v1.Meta.Check:input_type -> rdmafs.meta.v1.CheckRequest
+	86,  // 136: rdmafs.meta.v1.Meta.Register:input_type -> rdmafs.meta.v1.RegisterRequest
+	89,  // 137: rdmafs.meta.v1.Meta.Heartbeat:input_type -> rdmafs.meta.v1.HeartbeatRequest
+	102, // 138: rdmafs.meta.v1.Meta.Status:input_type -> rdmafs.meta.v1.StatusRequest
+	120, // 139: rdmafs.meta.v1.Meta.RepairPoll:input_type -> rdmafs.meta.v1.RepairPollRequest
+	122, // 140: rdmafs.meta.v1.Meta.Drain:input_type -> rdmafs.meta.v1.DrainRequest
+	93,  // 141: rdmafs.meta.v1.Meta.Scrub:input_type -> rdmafs.meta.v1.ScrubRequest
+	92,  // 142: rdmafs.meta.v1.Meta.Inventory:input_type -> rdmafs.meta.v1.InventoryRequest
+	123, // 143: rdmafs.meta.v1.Meta.Rebalance:input_type -> rdmafs.meta.v1.RebalanceRequest
+	10,  // 144: rdmafs.meta.v1.Meta.Lookup:output_type -> rdmafs.meta.v1.EntryReply
+	16,  // 145: rdmafs.meta.v1.Meta.GetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	16,  // 146: rdmafs.meta.v1.Meta.SetAttr:output_type -> rdmafs.meta.v1.AttrReply
+	10,  // 147: rdmafs.meta.v1.Meta.Create:output_type -> rdmafs.meta.v1.EntryReply
+	10,  // 148: rdmafs.meta.v1.Meta.Mknod:output_type -> rdmafs.meta.v1.EntryReply
+	10,  // 149: rdmafs.meta.v1.Meta.Mkdir:output_type -> rdmafs.meta.v1.EntryReply
+	10,  // 150: rdmafs.meta.v1.Meta.Symlink:output_type -> rdmafs.meta.v1.EntryReply
+	23,  // 151: rdmafs.meta.v1.Meta.Readlink:output_type -> rdmafs.meta.v1.ReadlinkReply
+	10,  // 152: rdmafs.meta.v1.Meta.Link:output_type -> rdmafs.meta.v1.EntryReply
+	14,  // 153: rdmafs.meta.v1.Meta.Unlink:output_type -> rdmafs.meta.v1.DirReply
+	14,  // 154: rdmafs.meta.v1.Meta.Rmdir:output_type -> rdmafs.meta.v1.DirReply
+	27,  // 155: rdmafs.meta.v1.Meta.Rename:output_type -> rdmafs.meta.v1.Empty
+	32,  // 156: rdmafs.meta.v1.Meta.ReadDir:output_type -> rdmafs.meta.v1.ReadDirReply
+	34,  // 157: rdmafs.meta.v1.Meta.GetXattr:output_type -> rdmafs.meta.v1.GetXattrReply
+	27,  // 158: rdmafs.meta.v1.Meta.SetXattr:output_type -> rdmafs.meta.v1.Empty
+	37,  // 159: rdmafs.meta.v1.Meta.ListXattr:output_type -> rdmafs.meta.v1.ListXattrReply
+	27,  // 160: rdmafs.meta.v1.Meta.RemoveXattr:output_type -> rdmafs.meta.v1.Empty
+	54,  // 161: rdmafs.meta.v1.Meta.StatFS:output_type -> rdmafs.meta.v1.StatFSReply
+	27,  // 162: rdmafs.meta.v1.Meta.Sync:output_type -> rdmafs.meta.v1.Empty
+	56,  // 163: rdmafs.meta.v1.Meta.OpenSession:output_type -> rdmafs.meta.v1.OpenSessionReply
+	62,  // 164: rdmafs.meta.v1.Meta.AllocInodes:output_type -> rdmafs.meta.v1.AllocInodesReply
+	59,  // 165: rdmafs.meta.v1.Meta.Batch:output_type -> rdmafs.meta.v1.BatchReply
+	27,  // 166: rdmafs.meta.v1.Meta.KeepAlive:output_type -> rdmafs.meta.v1.Empty
+	13,  // 167: rdmafs.meta.v1.Meta.Recalls:output_type -> rdmafs.meta.v1.RecallsReply
+	27,  // 168: rdmafs.meta.v1.Meta.CloseSession:output_type -> rdmafs.meta.v1.Empty
+	16,  // 169: rdmafs.meta.v1.Meta.Open:output_type -> rdmafs.meta.v1.AttrReply
+	27,  // 170: rdmafs.meta.v1.Meta.Release:output_type -> rdmafs.meta.v1.Empty
+	133, // 171: rdmafs.meta.v1.Meta.Lock:output_type -> rdmafs.meta.v1.LockReply
+	27,  // 172: rdmafs.meta.v1.Meta.SetLayout:output_type -> rdmafs.meta.v1.Empty
+	72,  // 173: rdmafs.meta.v1.Meta.GetLayout:output_type -> rdmafs.meta.v1.LayoutReply
+	70,  // 174: rdmafs.meta.v1.Meta.Relayout:output_type -> rdmafs.meta.v1.RelayoutReply
+	76,  // 175: rdmafs.meta.v1.Meta.GrantWrite:output_type -> rdmafs.meta.v1.GrantWriteReply
+	82,  // 176: rdmafs.meta.v1.Meta.CommitStripes:output_type -> rdmafs.meta.v1.CommitStripesReply
+	80,  // 177: rdmafs.meta.v1.Meta.ReplaceShards:output_type -> rdmafs.meta.v1.ReplaceShardsReply
+	85,  // 178: rdmafs.meta.v1.Meta.GetStripes:output_type -> rdmafs.meta.v1.GetStripesReply
+	99,  // 179: rdmafs.meta.v1.Meta.Info:output_type -> rdmafs.meta.v1.InfoReply
+	40,  // 180: rdmafs.meta.v1.Meta.Snapshot:output_type -> rdmafs.meta.v1.SnapshotReply
+	42,  // 181: rdmafs.meta.v1.Meta.RemoveTree:output_type -> rdmafs.meta.v1.RemoveTreeReply
+	45,  // 182: rdmafs.meta.v1.Meta.Trash:output_type -> rdmafs.meta.v1.TrashReply
+	48,  // 183: rdmafs.meta.v1.Meta.Config:output_type -> rdmafs.meta.v1.ConfigReply
+	51,  // 184: rdmafs.meta.v1.Meta.Quota:output_type -> rdmafs.meta.v1.QuotaReply
+	101, // 185: rdmafs.meta.v1.Meta.Check:output_type -> rdmafs.meta.v1.CheckReply
+	87,  // 186: rdmafs.meta.v1.Meta.Register:output_type -> rdmafs.meta.v1.RegisterReply
+	91,  // 187: rdmafs.meta.v1.Meta.Heartbeat:output_type -> rdmafs.meta.v1.HeartbeatReply
+	104, // 188: rdmafs.meta.v1.Meta.Status:output_type -> rdmafs.meta.v1.StatusReply
+	121, // 189: rdmafs.meta.v1.Meta.RepairPoll:output_type -> rdmafs.meta.v1.RepairPollReply
+	27,  // 190: rdmafs.meta.v1.Meta.Drain:output_type -> rdmafs.meta.v1.Empty
+	94,  // 191: rdmafs.meta.v1.Meta.Scrub:output_type -> rdmafs.meta.v1.ScrubReply
+	27,  // 192: rdmafs.meta.v1.Meta.Inventory:output_type -> rdmafs.meta.v1.Empty
+	124, // 193: rdmafs.meta.v1.Meta.Rebalance:output_type -> rdmafs.meta.v1.RebalanceReply
+	144, // [144:194] is the sub-list for method output_type
+	94,  // [94:144] is the sub-list for method input_type
+	94,  // [94:94] is the sub-list for extension type_name
+	94,  // [94:94] is the sub-list for extension extendee
+	0,   // [0:94] is the sub-list for field type_name
 }
 
 func init() { file_meta_proto_init() }
