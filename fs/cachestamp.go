@@ -14,11 +14,13 @@ import (
 // state, as (ctime, mtime, size), that the mount's caches of it show: a lock
 // whose reply shows the same state keeps them.
 //
-// A stamp is set when the caches start over from meta's state (an open, a
-// lock that dropped them) and moves on with each commit of this mount made
-// on top of it (its reply names the ctime it replaced); any other change
-// through the mount (a setattr) or a commit on top of another state leaves
-// it unknown, and the next lock drops the caches.
+// A stamp is set when the caches start over from meta's state (an open that
+// drops the kernel's pages, a lock that dropped them) and moves on with each
+// commit of this mount made on top of it (its reply names the ctime it
+// replaced). Any other change through the mount (a setattr, an fallocate, an
+// O_DIRECT write, which bypasses the kernel's pages), a commit on top of
+// another state, or an open that keeps pages of another state leaves it
+// unknown, and the next lock drops the caches.
 
 // stamp is a file's state as its attributes show it.
 type stamp struct {

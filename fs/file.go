@@ -92,7 +92,13 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			return nil, 0, errno(err)
 		}
 	}
-	n.fsys.stamps.set(n.ino, r.Attr) // the engine starts over, and the kernel unless unchanged
+	if !unchanged {
+		n.fsys.stamps.set(n.ino, r.Attr) // the engine and the kernel start over
+	} else if !n.fsys.stamps.shows(n.ino, r.Attr) {
+		// The kernel keeps pages that may show another state with the
+		// same mtime and size (a rewrite that put the mtime back).
+		n.fsys.stamps.set(n.ino, nil)
+	}
 	h := n.fsys.newHandle(n, n.ino, flags)
 	if killSuid { // an O_TRUNC open by a caller without CAP_FSETID
 		if e := n.killSuidgid(ctx, h); e != 0 {
@@ -263,6 +269,12 @@ func (f *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 	if e := f.dropPrivs(ctx, killSuid); e != 0 {
 		return 0, e
 	}
+	if f.flags&syscall.O_DIRECT != 0 {
+		// Not through the kernel's pages (FOPEN_DIRECT_IO): they may hold
+		// what a read cached before the write reached the engine, so the
+		// next lock rereads the file (cachestamp.go).
+		f.fsys.stamps.set(f.ino, nil)
+	}
 	n, err := d.Write(ctx, f.ino, data, off)
 	if err != nil {
 		return uint32(n), dataErrno(err)
@@ -314,6 +326,17 @@ func (f *fileHandle) dropBehind(off, n int64) {
 // the file's create if the mount answered it early, so that the next open
 // anywhere sees it (close-to-open consistency).
 func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
+	if f.closerLocks(ctx) && f.flags&syscall.O_ACCMODE != syscall.O_RDONLY && f.fsys.opts.Data != nil {
+		// What was written under the closer's locks is committed before
+		// they go, as at an unlock, so that the next holder reads it.
+		kctx, done := killable(ctx)
+		err := f.fsys.opts.Data.Flush(kctx, f.ino)
+		done()
+		if err != nil {
+			f.releaseLocks(ctx)
+			return dataErrno(f.writeFailure(err))
+		}
+	}
 	f.releaseLocks(ctx)
 	leased := f.node.createdUnderLease()
 	if leased {
@@ -428,6 +451,7 @@ func (f *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode
 		r, err := f.fsys.meta.SetAttr(ctx, &metapb.SetAttrRequest{Caller: f.fsys.callers.of(ctx), Ino: f.ino,
 			SetSize: true, Size: end, SessionId: f.fsys.opts.Session})
 		f.node.endChange(r.GetAttr())
+		f.fsys.stamps.set(f.ino, nil) // changed, by a call that names no state it replaced
 		d.Truncated(f.ino)
 		return errno(err)
 	case unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE:

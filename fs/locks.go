@@ -199,6 +199,13 @@ func (f *fileHandle) revalidateSiblings() {
 	}
 }
 
+// closerLocks reports whether the process closing the file (the lock owner
+// of the FLUSH request ctx) holds record locks on it.
+func (f *fileHandle) closerLocks(ctx context.Context) bool {
+	owner, ok := f.fsys.locks.flushing.of(ctx)
+	return ok && f.fsys.locks.holds(owner, f.ino)
+}
+
 // releaseLocks is called at FLUSH (every close of a descriptor): the closing
 // process's record locks on the file go, as POSIX wants. The caller holds
 // the request's own context.

@@ -139,7 +139,7 @@ func TestLockKeepsUnchangedCaches(t *testing.T) {
 	}
 	defer f.Close()
 	got := make([]byte, size)
-	transaction := func(i int) {
+	transactionOn := func(f *os.File, i int) {
 		t.Helper()
 		lockFile(t, f, unix.F_WRLCK)
 		if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
@@ -156,6 +156,7 @@ func TestLockKeepsUnchangedCaches(t *testing.T) {
 		}
 		lockFile(t, f, unix.F_UNLCK)
 	}
+	transaction := func(i int) { t.Helper(); transactionOn(f, i) }
 	transaction(0) // reads the file in
 	before := fuseReads(t, reg)
 	for i := 1; i <= 10; i++ {
@@ -172,19 +173,113 @@ func TestLockKeepsUnchangedCaches(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	lockFile(t, g, unix.F_WRLCK)
-	page := bytes.Repeat([]byte{'z'}, 4096)
-	if _, err := g.WriteAt(page, 8192); err != nil {
-		t.Fatal(err)
+	otherWrites := func(off int64, b byte) {
+		t.Helper()
+		lockFile(t, g, unix.F_WRLCK)
+		page := bytes.Repeat([]byte{b}, 4096)
+		if _, err := g.WriteAt(page, off); err != nil {
+			t.Fatal(err)
+		}
+		copy(want[off:], page)
+		if err := g.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		lockFile(t, g, unix.F_UNLCK)
 	}
-	copy(want[8192:], page)
-	if err := g.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	lockFile(t, g, unix.F_UNLCK)
+	otherWrites(8192, 'z')
 	before = fuseReads(t, reg)
 	transaction(11) // checks the other mount's bytes under the lock
 	if n := fuseReads(t, reg) - before; n == 0 {
 		t.Error("no READ request after another mount's transaction: the caches were kept")
+	}
+
+	// This mount's commit on top of the other mount's change, made without
+	// a lock: it does not vouch for the caches, and the next lock rereads.
+	otherWrites(16384, 'y')
+	if _, err := f.WriteAt(bytes.Repeat([]byte{'x'}, 4096), 3*64<<10+4096); err != nil {
+		t.Fatal(err)
+	}
+	copy(want[3*64<<10+4096:], bytes.Repeat([]byte{'x'}, 4096))
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	transaction(12)
+
+	// An open that keeps the kernel's pages because the other mount's
+	// rewrite put the mtime back: the lock after it still rereads.
+	st, err := os.Stat(filepath.Join(c.Dir, "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reopen := func() *os.File {
+		t.Helper()
+		f, err := os.OpenFile(filepath.Join(c.Dir, "db"), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	f2 := reopen() // the mtime this mount saw at its last open
+	lockFile(t, f2, unix.F_RDLCK)
+	if _, err := f2.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read after reopening: %v, or other bytes", err)
+	}
+	lockFile(t, f2, unix.F_UNLCK)
+	otherWrites(24576, 'w')
+	if err := os.Chtimes(filepath.Join(other, "db"), st.ModTime(), st.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	transactionOn(reopen(), 13) // the open keeps the pages; the lock may not
+}
+
+// TestCloseCommitsBeforeUnlock: a process that writes under a record lock
+// and closes the file without unlocking has its writes committed before
+// the close lets the lock go, so the mount that waited for the lock reads
+// them.
+func TestCloseCommitsBeforeUnlock(t *testing.T) {
+	c := fstest.Start(t, fstest.Options{Chunkservers: 3, Layout: stripe.Layout{K: 2, M: 1, Unit: 64 << 10}})
+	other, _ := c.Mount(t)
+	const size = 256 << 10
+	if err := os.WriteFile(filepath.Join(other, "db"), bytes.Repeat([]byte{'a'}, size), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	round := func(i int) {
+		f, err := os.OpenFile(filepath.Join(c.Dir, "db"), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		lockFile(t, f, unix.F_WRLCK)
+		g, err := os.OpenFile(filepath.Join(other, "db"), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Close()
+		old := make([]byte, size) // cached on the other mount
+		if _, err := g.ReadAt(old, 0); err != nil {
+			t.Fatal(err)
+		}
+		locked := make(chan error, 1)
+		go func() {
+			locked <- unix.FcntlFlock(g.Fd(), unix.F_SETLKW, &unix.Flock_t{Type: unix.F_WRLCK})
+		}()
+		page := bytes.Repeat([]byte{byte('b' + i)}, size)
+		if _, err := f.WriteAt(page, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil { // lets the lock go, no unlock
+			t.Fatal(err)
+		}
+		if err := <-locked; err != nil {
+			t.Fatalf("round %d: the other mount's lock: %v", i, err)
+		}
+		got := make([]byte, size)
+		if _, err := g.ReadAt(got, 0); err != nil || !bytes.Equal(got, page) {
+			t.Fatalf("round %d: the next holder read other bytes than the closed writer's (%v)", i, err)
+		}
+	}
+	for i := range 5 {
+		round(i)
 	}
 }

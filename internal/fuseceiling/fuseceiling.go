@@ -52,7 +52,8 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 }
 
 // Mount mounts dir at mountpoint with the same kernel options as rdmafs
-// (1 MiB writes and readahead, asynchronous direct I/O) and returns the server.
+// (1 MiB writes and readahead, asynchronous direct I/O, pages kept when a
+// file's mtime changes) and returns the server.
 // With permissions the kernel checks permissions (default_permissions, as on
 // rdmafs): it then asks for a directory's attributes again after every
 // create or unlink in it, before the next lookup in it.
@@ -75,7 +76,10 @@ func Mount(dir, mountpoint string, permissions bool) (*fuse.Server, error) {
 	}
 	srv, err := gofs.Mount(mountpoint, rootNode, &gofs.Options{
 		MountOptions: fuse.MountOptions{FsName: "fuseceiling", Name: "fuseceiling", MaxWrite: 1 << 20, MaxReadAhead: 1 << 20,
-			MaxBackground: 64, DirectMount: true, AllowOther: true, ExtraCapabilities: fuse.CAP_ASYNC_DIO, Options: opts},
+			MaxBackground: 64, DirectMount: true, AllowOther: true, ExtraCapabilities: fuse.CAP_ASYNC_DIO, Options: opts,
+			// As rdmafs: pages stay cached when a file's mtime changes
+			// (nothing but this mount changes the files).
+			ExplicitDataCacheControl: true},
 		EntryTimeout: &sec, AttrTimeout: &sec,
 	})
 	if err != nil {

@@ -226,7 +226,7 @@ func (s *Service) truncateOnOpen(t kv.Txn, rec *metapb.InodeRecord) error {
 		return err
 	}
 	now := s.now().UnixNano()
-	rec.Attr.Size, rec.Attr.MtimeNs, rec.Attr.CtimeNs = 0, now, now
+	rec.Attr.Size, rec.Attr.MtimeNs, rec.Attr.CtimeNs = 0, now, max(now, rec.Attr.CtimeNs+1)
 	caps := keys.Xattr(rec.Attr.Ino, capsXattr)
 	if _, ok, err := t.Get(caps); err != nil {
 		return err
