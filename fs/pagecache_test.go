@@ -13,25 +13,17 @@ import (
 	"github.com/rdmafs/rdmafs/internal/stripe"
 )
 
-// fuseReads returns how many READ requests reached the mount whose metrics
-// reg holds.
-func fuseReads(t *testing.T, reg *prometheus.Registry) uint64 {
+// syncPage writes a page of b at off of f, and into want, and fsyncs f.
+func syncPage(t *testing.T, f *os.File, want []byte, off int64, b byte) {
 	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
+	page := bytes.Repeat([]byte{b}, 4096)
+	if _, err := f.WriteAt(page, off); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range fams {
-		if f.GetName() != "rdmafs_client_fuse_request_duration_seconds" {
-			continue
-		}
-		for _, m := range f.Metric {
-			if len(m.Label) == 1 && m.Label[0].GetValue() == "read" {
-				return m.GetHistogram().GetSampleCount()
-			}
-		}
+	copy(want[off:], page)
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
 	}
-	return 0
 }
 
 // forceStat asks the mount for path's attributes, past the kernel's cache
@@ -68,23 +60,15 @@ func TestPageCacheAfterCommits(t *testing.T) {
 	}
 
 	// Own commits: write, fsync, stat, read back; the pages answer.
-	before := fuseReads(t, reg)
+	before := fuseRequests(t, reg, "read")
 	for i := range 20 {
-		page := bytes.Repeat([]byte{byte('b' + i)}, 4096)
-		off := int64(i%4) * 64 << 10
-		if _, err := f.WriteAt(page, off); err != nil {
-			t.Fatal(err)
-		}
-		copy(want[off:], page)
-		if err := f.Sync(); err != nil {
-			t.Fatal(err)
-		}
+		syncPage(t, f, want, int64(i%4)*64<<10, byte('b'+i))
 		forceStat(t, path)
 		if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
 			t.Fatalf("round %d: read back after fsync: %v, or other bytes", i, err)
 		}
 	}
-	if n := fuseReads(t, reg) - before; n != 0 {
+	if n := fuseRequests(t, reg, "read") - before; n != 0 {
 		t.Errorf("%d READ requests reached the mount after its own commits, want 0 (the kernel dropped its pages)", n)
 	}
 
@@ -101,11 +85,11 @@ func TestPageCacheAfterCommits(t *testing.T) {
 	if b, err := os.ReadFile(path); err != nil || !bytes.Equal(b, bytes.Repeat([]byte{'z'}, 8192)) {
 		t.Fatalf("reopened after the other mount's change: %d bytes, %v", len(b), err)
 	}
-	before = fuseReads(t, reg)
+	before = fuseRequests(t, reg, "read")
 	if n, err := f.ReadAt(got[:8192], 0); n != 8192 || !bytes.Equal(got[:8192], bytes.Repeat([]byte{'z'}, 8192)) {
 		t.Fatalf("read through the old descriptor after a new open: %d bytes, %v", n, err)
 	}
-	if n := fuseReads(t, reg) - before; n != 0 {
+	if n := fuseRequests(t, reg, "read") - before; n != 0 {
 		t.Errorf("%d READ requests for pages the new open read in", n)
 	}
 }
@@ -145,24 +129,16 @@ func TestLockKeepsUnchangedCaches(t *testing.T) {
 		if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
 			t.Fatalf("transaction %d: read under the lock: %v, or other bytes", i, err)
 		}
-		page := bytes.Repeat([]byte{byte('b' + i)}, 4096)
-		off := int64(i%4) * 64 << 10
-		if _, err := f.WriteAt(page, off); err != nil {
-			t.Fatal(err)
-		}
-		copy(want[off:], page)
-		if err := f.Sync(); err != nil {
-			t.Fatal(err)
-		}
+		syncPage(t, f, want, int64(i%4)*64<<10, byte('b'+i))
 		lockFile(t, f, unix.F_UNLCK)
 	}
 	transaction := func(i int) { t.Helper(); transactionOn(f, i) }
 	transaction(0) // reads the file in
-	before := fuseReads(t, reg)
+	before := fuseRequests(t, reg, "read")
 	for i := 1; i <= 10; i++ {
 		transaction(i)
 	}
-	if n := fuseReads(t, reg) - before; n != 0 {
+	if n := fuseRequests(t, reg, "read") - before; n != 0 {
 		t.Errorf("%d READ requests in 10 transactions on a file only this mount changed, want 0", n)
 	}
 
@@ -176,33 +152,20 @@ func TestLockKeepsUnchangedCaches(t *testing.T) {
 	otherWrites := func(off int64, b byte) {
 		t.Helper()
 		lockFile(t, g, unix.F_WRLCK)
-		page := bytes.Repeat([]byte{b}, 4096)
-		if _, err := g.WriteAt(page, off); err != nil {
-			t.Fatal(err)
-		}
-		copy(want[off:], page)
-		if err := g.Sync(); err != nil {
-			t.Fatal(err)
-		}
+		syncPage(t, g, want, off, b)
 		lockFile(t, g, unix.F_UNLCK)
 	}
 	otherWrites(8192, 'z')
-	before = fuseReads(t, reg)
+	before = fuseRequests(t, reg, "read")
 	transaction(11) // checks the other mount's bytes under the lock
-	if n := fuseReads(t, reg) - before; n == 0 {
+	if n := fuseRequests(t, reg, "read") - before; n == 0 {
 		t.Error("no READ request after another mount's transaction: the caches were kept")
 	}
 
 	// This mount's commit on top of the other mount's change, made without
 	// a lock: it does not vouch for the caches, and the next lock rereads.
 	otherWrites(16384, 'y')
-	if _, err := f.WriteAt(bytes.Repeat([]byte{'x'}, 4096), 3*64<<10+4096); err != nil {
-		t.Fatal(err)
-	}
-	copy(want[3*64<<10+4096:], bytes.Repeat([]byte{'x'}, 4096))
-	if err := f.Sync(); err != nil {
-		t.Fatal(err)
-	}
+	syncPage(t, f, want, 3*64<<10+4096, 'x')
 	transaction(12)
 
 	// An open that keeps the kernel's pages because the other mount's
