@@ -326,18 +326,9 @@ func (f *fileHandle) dropBehind(off, n int64) {
 // the file's create if the mount answered it early, so that the next open
 // anywhere sees it (close-to-open consistency).
 func (f *fileHandle) Flush(ctx context.Context) syscall.Errno {
-	if f.closerLocks(ctx) && f.flags&syscall.O_ACCMODE != syscall.O_RDONLY && f.fsys.opts.Data != nil {
-		// What was written under the closer's locks is committed before
-		// they go, as at an unlock, so that the next holder reads it.
-		kctx, done := killable(ctx)
-		err := f.fsys.opts.Data.Flush(kctx, f.ino)
-		done()
-		if err != nil {
-			f.releaseLocks(ctx)
-			return dataErrno(f.writeFailure(err))
-		}
+	if err := f.releaseLocks(ctx); err != nil {
+		return dataErrno(f.writeFailure(err))
 	}
-	f.releaseLocks(ctx)
 	leased := f.node.createdUnderLease()
 	if leased {
 		// Nothing to wait for: the create, and the data of a file small

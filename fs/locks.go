@@ -115,10 +115,8 @@ func (f *fileHandle) setLock(ctx context.Context, owner uint64, lk *fuse.FileLoc
 	defer done()
 	l := f.lockOf(owner, lk, flags)
 	locking := l.Type != metapb.LockType_LOCK_UNLOCK
-	if !locking && f.fsys.opts.Data != nil {
-		// What was written under the lock is committed before it goes,
-		// so that the next holder, on any mount, reads it.
-		if err := f.fsys.opts.Data.Flush(ctx, f.ino); err != nil {
+	if !locking {
+		if err := f.commitBeforeUnlock(ctx); err != nil {
 			return dataErrno(err)
 		}
 	}
@@ -199,26 +197,30 @@ func (f *fileHandle) revalidateSiblings() {
 	}
 }
 
-// closerLocks reports whether the process closing the file (the lock owner
-// of the FLUSH request ctx) holds record locks on it.
-func (f *fileHandle) closerLocks(ctx context.Context) bool {
-	owner, ok := f.fsys.locks.flushing.of(ctx)
-	return ok && f.fsys.locks.holds(owner, f.ino)
+// commitBeforeUnlock commits what was written to the file before a lock of
+// it goes, so that the next holder, on any mount, reads it.
+func (f *fileHandle) commitBeforeUnlock(ctx context.Context) error {
+	if f.fsys.opts.Data == nil {
+		return nil
+	}
+	return f.fsys.opts.Data.Flush(ctx, f.ino)
 }
 
 // releaseLocks is called at FLUSH (every close of a descriptor): the closing
-// process's record locks on the file go, as POSIX wants. The caller holds
-// the request's own context.
-func (f *fileHandle) releaseLocks(ctx context.Context) {
+// process's record locks on the file go, as POSIX wants, once what was
+// written under them is committed (as at an unlock); they go even if that
+// fails, whose error it returns. The caller holds the request's own context.
+func (f *fileHandle) releaseLocks(ctx context.Context) error {
 	owner, ok := f.fsys.locks.flushing.of(ctx)
-	if !ok {
-		return
+	if !ok || !f.fsys.locks.holds(owner, f.ino) {
+		return nil
 	}
-	if !f.fsys.locks.holds(owner, f.ino) {
-		return
-	}
+	kctx, done := killable(ctx)
+	err := f.commitBeforeUnlock(kctx)
+	done()
 	f.unlockAll(owner, false)
 	f.fsys.locks.held(owner, f.ino, false)
+	return err
 }
 
 // releaseFileLocks is called at RELEASE (the last close of the open file):
